@@ -1,0 +1,92 @@
+//! The crate's error type.
+
+use std::fmt;
+
+use crate::job::BoxError;
+
+/// A `Result` with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where a user callback panicked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Site {
+    /// `Job::chunk` or `Chunk::step` of chunk `chunk` (0-based) in phase `phase`.
+    Chunk {
+        /// The phase (0-based).
+        phase: u64,
+        /// The chunk index within the phase.
+        chunk: u64,
+    },
+    /// `Reducer::combine` or `Reducer::identity` in phase `phase`.
+    Reducer {
+        /// The phase (0-based).
+        phase: u64,
+    },
+    /// `Job::end_phase`, `Job::iterations` or `Job::reducer` between phases.
+    Job {
+        /// The phase (0-based) that had ended or was starting.
+        phase: u64,
+    },
+    /// `Input::load`.
+    Input,
+}
+
+impl fmt::Display for Site {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Site::Chunk { phase, chunk } => write!(f, "chunk {chunk} of phase {phase}"),
+            Site::Reducer { phase } => write!(f, "the reducer in phase {phase}"),
+            Site::Job { phase } => write!(f, "the job between phases (phase {phase})"),
+            Site::Input => f.write_str("the input loader"),
+        }
+    }
+}
+
+/// Errors of the executor and of job runs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A builder or submit setting is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// User code panicked; the job is stopped, the process and other jobs go on.
+    #[error("job {job} panicked in {site}: {message}")]
+    Panicked {
+        /// The job's name.
+        job: &'static str,
+        /// Where it panicked.
+        site: Site,
+        /// The panic message, when it was a string.
+        message: String,
+    },
+    /// The job's [`Input`](crate::Input) could not be loaded.
+    #[error("job {job}: loading its input failed")]
+    Input {
+        /// The job's name.
+        job: &'static str,
+        /// What the loader returned.
+        #[source]
+        source: BoxError,
+    },
+    /// The job was cancelled through its handle.
+    #[error("job {job} was cancelled")]
+    Cancelled {
+        /// The job's name.
+        job: &'static str,
+    },
+    /// A worker thread could not be started.
+    #[error("could not start a worker thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// The message of a caught panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}

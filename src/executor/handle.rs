@@ -1,0 +1,252 @@
+//! The handle of a running job, and what a job ends with.
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use super::{Shared, worker};
+use crate::error::{Error, Result};
+use crate::job::{Job, Value};
+
+/// How a job ended.
+#[non_exhaustive]
+pub enum Outcome<J: Job> {
+    /// Every phase ran; the job and its value.
+    Finished(Finished<J>),
+}
+
+impl<J: Job> Outcome<J> {
+    /// The finished job, if it finished.
+    pub fn finished(self) -> Option<Finished<J>> {
+        match self {
+            Outcome::Finished(f) => Some(f),
+        }
+    }
+}
+
+impl<J: Job> fmt::Debug for Outcome<J>
+where
+    Value<J>: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Finished(x) => f.debug_tuple("Finished").field(x).finish(),
+        }
+    }
+}
+
+/// A finished job: the job as its last `end_phase` left it, and the last phase's value.
+pub struct Finished<J: Job> {
+    /// The job after its last phase.
+    pub job: J,
+    /// The value of the last phase.
+    pub value: Value<J>,
+}
+
+impl<J: Job> Finished<J> {
+    /// The value of the last phase.
+    pub fn into_value(self) -> Value<J> {
+        self.value
+    }
+}
+
+impl<J: Job> fmt::Debug for Finished<J>
+where
+    Value<J>: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Finished")
+            .field("job", &J::NAME)
+            .field("value", &self.value)
+            .finish()
+    }
+}
+
+/// Progress of a job, from [`JobHandle::progress`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// The current phase (0-based).
+    pub phase: u64,
+    /// Iterations of the current phase done (whole chunks, plus the running chunks'
+    /// published progress when they report it).
+    pub done: u64,
+    /// Iterations of the current phase.
+    pub total: u64,
+    /// Iterations done since the job started, all phases.
+    pub done_all_phases: u64,
+    /// Iterations per second since the job started.
+    pub rate: f64,
+    /// Time left in the current phase at `rate`; `None` before anything was measured.
+    pub eta: Option<Duration>,
+    /// Local workers (threads, or 1 for the inline worker), retiring ones included.
+    pub local_workers: usize,
+}
+
+/// A running job: scale it, watch it, cancel it, wait for it or await it.
+///
+/// Dropping the handle leaves the job running to its end in the background.
+pub struct JobHandle<J: Job> {
+    shared: Arc<Shared<J>>,
+}
+
+impl<J: Job> fmt::Debug for JobHandle<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobHandle")
+            .field("job", &J::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: Job> JobHandle<J> {
+    pub(super) fn new(shared: Arc<Shared<J>>) -> Self {
+        JobHandle { shared }
+    }
+
+    /// Grows or shrinks the job's local worker threads. New threads start at once; a
+    /// retired worker hands its chunk over with its live state at its next adjustment point
+    /// and exits. Zero runs the job inline on the thread blocked in [`JobHandle::wait`].
+    pub fn set_local_workers(&self, n: usize) {
+        self.shared.lock().set_target(&self.shared, n);
+    }
+
+    /// The requested number of local worker threads.
+    pub fn local_workers(&self) -> usize {
+        self.shared.lock().target
+    }
+
+    /// A progress report. Takes the job's lock briefly; fine to call every few milliseconds.
+    pub fn progress(&self) -> Progress {
+        let st = self.shared.lock();
+        let (done_chunks, total) = st.core.progress();
+        let running: u64 = st
+            .locals
+            .iter()
+            .filter(|(w, _)| st.core.running_on(**w).is_some())
+            .map(|(_, l)| l.cell.progress.load(Ordering::Relaxed))
+            .sum();
+        let done = (done_chunks + running).min(total);
+        let done_all_phases = st.iterations_before + done;
+        let secs = self.shared.started.elapsed().as_secs_f64();
+        let rate = if secs > 0.0 {
+            done_all_phases as f64 / secs
+        } else {
+            0.0
+        };
+        let eta = (rate > 0.0).then(|| Duration::from_secs_f64((total - done) as f64 / rate));
+        Progress {
+            phase: st.phase,
+            done,
+            total,
+            done_all_phases,
+            rate,
+            eta,
+            local_workers: st.locals.len(),
+        }
+    }
+
+    /// Cancels the job: workers stop at their next adjustment point, and waiting returns
+    /// [`Error::Cancelled`]. No effect on a job that has already ended.
+    pub fn cancel(&self) {
+        let mut st = self.shared.lock();
+        st.fail(&self.shared, Error::Cancelled { job: J::NAME });
+    }
+
+    /// Whether the job has ended (finished, failed or cancelled).
+    pub fn is_finished(&self) -> bool {
+        self.shared.lock().ended
+    }
+
+    /// Blocks until the job ends. With zero local workers, the calling thread runs the job.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Panicked`] if user code panicked, [`Error::Cancelled`], [`Error::Input`],
+    /// [`Error::Spawn`].
+    pub fn wait(self) -> Result<Outcome<J>> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        {
+            let mut st = self.shared.lock();
+            st.waiter = Some(tx);
+            st.settle(&self.shared);
+        }
+        worker::serve_inline(&self.shared, &rx);
+        let mut st = self.shared.lock();
+        st.waiter = None;
+        st.result.take().unwrap_or_else(|| {
+            Err(Error::InvalidConfig(
+                "internal: the job's result was taken twice".into(),
+            ))
+        })
+    }
+}
+
+impl<J: Job> IntoFuture for JobHandle<J> {
+    type Output = Result<Outcome<J>>;
+    type IntoFuture = JobFuture<J>;
+
+    /// Awaiting never blocks the runtime's threads; with zero local workers the job runs
+    /// inline on one helper thread.
+    fn into_future(self) -> JobFuture<J> {
+        JobFuture {
+            shared: self.shared,
+            helper: false,
+        }
+    }
+}
+
+/// The future of a job's outcome; see [`JobHandle`]'s `IntoFuture`.
+pub struct JobFuture<J: Job> {
+    shared: Arc<Shared<J>>,
+    helper: bool,
+}
+
+impl<J: Job> fmt::Debug for JobFuture<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobFuture")
+            .field("job", &J::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: Job> Future for JobFuture<J> {
+    type Output = Result<Outcome<J>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.shared.lock();
+        if let Some(result) = st.result.take() {
+            return Poll::Ready(result);
+        }
+        st.waker = Some(cx.waker().clone());
+        if !self.helper && st.waiter.is_none() {
+            // The inline role, should the target be or become zero, goes to a helper thread.
+            let (tx, rx) = crossbeam_channel::unbounded();
+            st.waiter = Some(tx);
+            st.settle(&self.shared);
+            drop(st);
+            let shared = Arc::clone(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("malleable-{}-inline", J::NAME))
+                .spawn(move || {
+                    worker::serve_inline(&shared, &rx);
+                    shared.lock().waiter = None;
+                });
+            if let Err(e) = spawned {
+                let mut st = self.shared.lock();
+                st.waiter = None;
+                st.fail(&self.shared, Error::Spawn(e));
+                return Poll::Ready(
+                    st.result
+                        .take()
+                        .unwrap_or(Err(Error::Cancelled { job: J::NAME })),
+                );
+            }
+            self.helper = true;
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,553 @@
+//! The executor: builder, job handles and outcomes; it wires the sans-IO core to workers.
+//!
+//! - `mod.rs` (this file): [`Executor`], [`Builder`], and the shared state of one job run.
+//! - `handle.rs`: [`JobHandle`] (scale, progress, cancel, wait or await) and [`Outcome`].
+//! - `worker.rs`: the loop of a local worker thread (and of the inline worker).
+//!
+//! # How a job runs
+//!
+//! Each submitted job gets its own state (`Shared`): the core behind one mutex, the local
+//! workers' mailboxes (crossbeam channels) and their attention flags. There is no global
+//! pool: two executors, or two jobs of one executor, never share threads.
+//!
+//! A worker runs steps back to back and reads one atomic flag per step. It takes the mutex
+//! only when a chunk ends or it was interrupted; under the mutex it feeds the event to the
+//! core and carries out the commands the core returns (sending `Run` and `Release` messages,
+//! setting flags). Every command is carried out before the mutex is released, so a flag is
+//! never set for a request the core has already withdrawn.
+//!
+//! # Inline mode
+//!
+//! With zero local workers the job runs on the thread that waits for it with the blocking
+//! [`JobHandle::wait`] (or [`Executor::run`]): that thread joins the core as a worker. Raising
+//! the count retires the inline worker at its next adjustment point and spawns threads;
+//! lowering it to zero retires the threads and the waiting thread takes over. A job that is
+//! awaited (async) with zero workers runs inline on one helper thread, never on a runtime
+//! thread.
+
+mod handle;
+mod worker;
+
+pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress};
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::Waker;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use crossbeam_utils::CachePadded;
+
+use crate::error::{Error, Result, Site};
+use crate::job::{Input, Job, Next, Value};
+use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
+
+/// Runs jobs on local worker threads.
+///
+/// Cheap to clone; holds only configuration. Each submitted job gets its own threads.
+#[derive(Debug, Clone)]
+pub struct Executor {
+    config: Config,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Config {
+    local_workers: usize,
+    schedule: Schedule,
+    chunking: Chunking,
+}
+
+/// Configures an [`Executor`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    config: Config,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        Builder {
+            config: Config {
+                local_workers: threads,
+                schedule: Schedule::default(),
+                chunking: Chunking::default(),
+            },
+        }
+    }
+}
+
+impl Builder {
+    /// Local worker threads each job starts with (default: the available parallelism).
+    /// Zero runs jobs inline on the thread that waits for them.
+    pub fn local_workers(mut self, n: usize) -> Self {
+        self.config.local_workers = n;
+        self
+    }
+
+    /// How chunks are handed to workers (default [`Schedule::Dynamic`]).
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.config.schedule = schedule;
+        self
+    }
+
+    /// How each phase is cut into chunks (default [`Chunking::Count`]`(1024)`). Ignored by
+    /// [`Schedule::Guided`], which has its own sizes.
+    pub fn chunking(mut self, chunking: Chunking) -> Self {
+        self.config.chunking = chunking;
+        self
+    }
+
+    /// Builds the executor.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a chunk count or size of zero, or a guided schedule with
+    /// zero workers or a zero minimum chunk.
+    pub fn build(self) -> Result<Executor> {
+        self.config.chunking.validate()?;
+        if let Schedule::Guided(g) = self.config.schedule {
+            if g.workers == 0 || g.min_chunk == 0 {
+                return Err(Error::InvalidConfig(
+                    "guided schedule needs workers >= 1 and min_chunk >= 1".into(),
+                ));
+            }
+        }
+        Ok(Executor {
+            config: self.config,
+        })
+    }
+}
+
+impl Executor {
+    /// A builder with the defaults.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Starts `job` in the background on its own worker threads.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Panicked`] if `iterations` or `reducer` panics on the first phase;
+    /// [`Error::Spawn`] if a worker thread cannot be started.
+    pub fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
+        let (plan, reducer) = first_phase(&job, &self.config)?;
+        let shared = Arc::new(Shared {
+            config: self.config,
+            input: OnceLock::new(),
+            started: Instant::now(),
+            state: Mutex::new(State {
+                core: Core::new(self.config.schedule, plan, reducer),
+                job: Some(Arc::new(job)),
+                phase: 0,
+                iterations_before: 0,
+                target: self.config.local_workers,
+                locals: HashMap::new(),
+                waiter: None,
+                next_id: 0,
+                result: None,
+                ended: false,
+                waker: None,
+                out: Vec::new(),
+                workers_gauge: metrics::gauge!(crate::metrics::WORKERS, "job" => J::NAME),
+            }),
+        });
+        {
+            let mut st = shared.lock();
+            st.settle(&shared);
+            if let Some(Err(e)) = st.result.take_if(|r| r.is_err()) {
+                return Err(e);
+            }
+        }
+        Ok(JobHandle::new(shared))
+    }
+
+    /// Runs `job` to the end, blocking the calling thread (which computes too when the
+    /// executor has zero local workers).
+    ///
+    /// # Errors
+    ///
+    /// As [`Executor::submit`] and [`JobHandle::wait`].
+    pub fn run<J: Job>(&self, job: J) -> Result<Finished<J>> {
+        match self.submit(job)?.wait()? {
+            Outcome::Finished(f) => Ok(f),
+        }
+    }
+}
+
+/// The plan and reducer of the first phase, with user panics caught.
+fn first_phase<J: Job>(job: &J, config: &Config) -> Result<(Plan, J::Reducer)> {
+    catch(Site::Job { phase: 0 }, J::NAME, || {
+        (
+            Plan::new(job.iterations(), config.schedule, config.chunking),
+            job.reducer(),
+        )
+    })
+}
+
+/// Runs user code, turning a panic into [`Error::Panicked`].
+pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| Error::Panicked {
+        job,
+        site,
+        message: crate::error::panic_message(p.as_ref()),
+    })
+}
+
+/// A local worker's attention flag and progress cell, on their own cache line so that the
+/// per-step reads and the occasional progress writes share it with nothing else.
+#[derive(Debug, Default)]
+pub(crate) struct Cell {
+    /// Set (under the state mutex) when the core wants the worker to stop at its next
+    /// adjustment point. The worker reads it with `Relaxed` once per step; what it then does
+    /// happens under the mutex, which orders everything.
+    flag: AtomicBool,
+    /// Iterations done in the worker's current chunk, published at most every few ms.
+    progress: AtomicU64,
+}
+
+/// A message to a local worker (or to the thread waiting in inline mode).
+pub(crate) enum Msg<J: Job> {
+    /// Run a chunk of the current phase as worker `worker`.
+    Run {
+        worker: WorkerId,
+        chunk: u64,
+        range: std::ops::Range<u64>,
+        state: Option<J::Chunk>,
+        job: Arc<J>,
+        phase: u64,
+        cell: Arc<CachePadded<Cell>>,
+    },
+    /// This worker id is released: a thread exits, the inline waiter goes back to waiting.
+    Release,
+    /// Something changed (the job ended, or the inline role may be needed): look again.
+    Wake,
+}
+
+struct Local<J: Job> {
+    tx: Sender<Msg<J>>,
+    cell: Arc<CachePadded<Cell>>,
+    inline: bool,
+    retiring: bool,
+}
+
+/// Everything one job run shares between its workers and its handle.
+pub(crate) struct Shared<J: Job> {
+    config: Config,
+    input: OnceLock<std::result::Result<J::Input, String>>,
+    started: Instant,
+    state: Mutex<State<J>>,
+}
+
+impl<J: Job> fmt::Debug for Shared<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("job", &J::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct State<J: Job> {
+    core: Core<J::Reducer, J::Chunk>,
+    /// The job; `None` only while it is handed to the caller at the end.
+    job: Option<Arc<J>>,
+    phase: u64,
+    /// Iterations of the finished phases.
+    iterations_before: u64,
+    /// Requested local worker threads.
+    target: usize,
+    locals: HashMap<WorkerId, Local<J>>,
+    /// The mailbox of the thread blocked in `wait`, which runs the job when `target` is 0.
+    waiter: Option<Sender<Msg<J>>>,
+    next_id: WorkerId,
+    result: Option<Result<Outcome<J>>>,
+    /// Set once, when the result is stored (it stays set after the result is taken).
+    pub(crate) ended: bool,
+    waker: Option<Waker>,
+    /// The core's command buffer, reused.
+    out: Vec<Command<J::Chunk>>,
+    workers_gauge: metrics::Gauge,
+}
+
+impl<J: Job> Shared<J> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State<J>> {
+        // A panic never happens while the lock is held (user code under it is caught), but be
+        // robust: the state stays consistent, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The job's input, loaded once by the first worker that needs it.
+    pub(crate) fn input(&self, job: &J) -> std::result::Result<&J::Input, Error> {
+        let loaded =
+            self.input.get_or_init(
+                || match catch(Site::Input, J::NAME, || J::Input::load(job)) {
+                    Ok(Ok(input)) => Ok(input),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(panic) => Err(panic.to_string()),
+                },
+            );
+        loaded.as_ref().map_err(|msg| Error::Input {
+            job: J::NAME,
+            source: msg.clone().into(),
+        })
+    }
+}
+
+impl<J: Job> State<J> {
+    /// Feeds an event to the core and carries out the resulting commands. A command for
+    /// `me` is returned instead of sent.
+    pub(crate) fn feed(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<J::Chunk, Value<J>>,
+        me: Option<WorkerId>,
+    ) -> Option<Msg<J>> {
+        let mut out = std::mem::take(&mut self.out);
+        if let Err(rejected) = self.core.handle(event, &mut out) {
+            // Local workers never send an event the ledger refuses; if one does, stop the job
+            // rather than risk a wrong value.
+            self.fail(
+                shared,
+                Error::InvalidConfig(format!("internal: {rejected}")),
+            );
+        }
+        let mine = self.execute(&mut out, me);
+        self.out = out;
+        self.settle(shared);
+        mine
+    }
+
+    /// Carries out core commands; returns the one addressed to `me`.
+    fn execute(
+        &mut self,
+        out: &mut Vec<Command<J::Chunk>>,
+        me: Option<WorkerId>,
+    ) -> Option<Msg<J>> {
+        let mut mine = None;
+        for cmd in out.drain(..) {
+            match cmd {
+                Command::Run {
+                    worker,
+                    chunk,
+                    range,
+                    state,
+                } => {
+                    let (Some(local), Some(job)) = (self.locals.get(&worker), self.job.as_ref())
+                    else {
+                        continue;
+                    };
+                    local.cell.progress.store(0, Ordering::Relaxed);
+                    let msg = Msg::Run {
+                        worker,
+                        chunk,
+                        range,
+                        state,
+                        job: Arc::clone(job),
+                        phase: self.phase,
+                        cell: Arc::clone(&local.cell),
+                    };
+                    if me == Some(worker) {
+                        mine = Some(msg);
+                    } else {
+                        let _ = local.tx.send(msg);
+                    }
+                }
+                Command::Interrupt { worker } => {
+                    if let Some(local) = self.locals.get(&worker) {
+                        local.cell.flag.store(true, Ordering::Relaxed);
+                    }
+                }
+                Command::Release { worker } => {
+                    if let Some(local) = self.locals.remove(&worker) {
+                        if me == Some(worker) {
+                            mine = Some(Msg::Release);
+                        } else {
+                            let _ = local.tx.send(Msg::Release);
+                        }
+                    }
+                }
+            }
+        }
+        mine
+    }
+
+    /// After any change: end finished phases, then bring the workers to the target.
+    pub(crate) fn settle(&mut self, shared: &Arc<Shared<J>>) {
+        while !self.ended && self.core.phase_complete() {
+            self.end_phase(shared);
+        }
+        self.reconcile(shared);
+        self.workers_gauge.set(self.locals.len() as f64);
+    }
+
+    /// The barrier between phases: every chunk is done and no worker holds the job.
+    fn end_phase(&mut self, shared: &Arc<Shared<J>>) {
+        let phase = self.phase;
+        let value = match catch(Site::Reducer { phase }, J::NAME, || {
+            self.core.finish_phase()
+        }) {
+            Ok(v) => v,
+            Err(e) => return self.fail(shared, e),
+        };
+        let Some(arc) = self.job.take() else { return };
+        // Workers drop their handle on the job before they report, and no chunk is pending,
+        // so this is the last one.
+        let mut job = match Arc::try_unwrap(arc) {
+            Ok(job) => job,
+            Err(arc) => {
+                self.job = Some(arc);
+                return self.fail(
+                    shared,
+                    Error::InvalidConfig("internal: job still shared at a phase barrier".into()),
+                );
+            }
+        };
+        metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
+        self.iterations_before += self.core.progress().1;
+        let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
+            Ok(next) => next,
+            Err(e) => return self.fail(shared, e),
+        };
+        match next {
+            Next::Finish => self.complete(Ok(Outcome::Finished(Finished { job, value }))),
+            Next::Continue => {
+                let (plan, reducer) = match catch(Site::Job { phase: phase + 1 }, J::NAME, || {
+                    (
+                        Plan::new(
+                            job.iterations(),
+                            shared.config.schedule,
+                            shared.config.chunking,
+                        ),
+                        job.reducer(),
+                    )
+                }) {
+                    Ok(x) => x,
+                    Err(e) => return self.fail(shared, e),
+                };
+                self.phase += 1;
+                self.job = Some(Arc::new(job));
+                let mut out = std::mem::take(&mut self.out);
+                self.core.start_phase(plan, reducer, &mut out);
+                // Nobody is waiting for a reply here: every worker is idle in its mailbox.
+                let mine = self.execute(&mut out, None);
+                debug_assert!(mine.is_none());
+                self.out = out;
+            }
+        }
+    }
+
+    /// Brings the local workers to the target: spawn or retire threads, start or stop the
+    /// inline worker.
+    fn reconcile(&mut self, shared: &Arc<Shared<J>>) {
+        if self.ended {
+            return;
+        }
+        let threads: Vec<WorkerId> = {
+            let mut v: Vec<WorkerId> = self
+                .locals
+                .iter()
+                .filter(|(_, l)| !l.inline && !l.retiring)
+                .map(|(&w, _)| w)
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let inline: Option<WorkerId> = self
+            .locals
+            .iter()
+            .find(|(_, l)| l.inline && !l.retiring)
+            .map(|(&w, _)| w);
+        for &w in threads.iter().skip(self.target).rev() {
+            self.retire(shared, w);
+        }
+        for _ in threads.len()..self.target {
+            if let Err(e) = self.spawn(shared) {
+                return self.fail(shared, e);
+            }
+        }
+        match (self.target, inline) {
+            (0, None) => {
+                if let Some(tx) = self.waiter.clone() {
+                    let w = self.join(tx, true);
+                    let _ = self.feed(shared, Event::Joined { worker: w }, None);
+                }
+            }
+            (1.., Some(w)) => self.retire(shared, w),
+            _ => {}
+        }
+    }
+
+    fn join(&mut self, tx: Sender<Msg<J>>, inline: bool) -> WorkerId {
+        let w = self.next_id;
+        self.next_id += 1;
+        self.locals.insert(
+            w,
+            Local {
+                tx,
+                cell: Arc::default(),
+                inline,
+                retiring: false,
+            },
+        );
+        w
+    }
+
+    fn spawn(&mut self, shared: &Arc<Shared<J>>) -> Result<()> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let w = self.join(tx, false);
+        let shared2 = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("malleable-{}-{w}", J::NAME))
+            .spawn(move || worker::thread_main(shared2, rx));
+        if let Err(e) = spawned {
+            self.locals.remove(&w);
+            return Err(Error::Spawn(e));
+        }
+        let _ = self.feed(shared, Event::Joined { worker: w }, None);
+        Ok(())
+    }
+
+    fn retire(&mut self, shared: &Arc<Shared<J>>, w: WorkerId) {
+        if let Some(l) = self.locals.get_mut(&w) {
+            l.retiring = true;
+            let _ = self.feed(shared, Event::Retire { worker: w }, None);
+        }
+    }
+
+    /// Ends the run with an error: every worker is retired (running ones hand their chunk
+    /// back at their next adjustment point and exit).
+    pub(crate) fn fail(&mut self, _shared: &Arc<Shared<J>>, error: Error) {
+        if !self.ended {
+            self.complete(Err(error));
+        }
+    }
+
+    /// Stores the result, stops every worker and wakes whoever waits.
+    fn complete(&mut self, result: Result<Outcome<J>>) {
+        self.result = Some(result);
+        self.ended = true;
+        let mut out = std::mem::take(&mut self.out);
+        self.core.halt(&mut out);
+        let ids: Vec<WorkerId> = self.locals.keys().copied().collect();
+        for w in ids {
+            let _ = self.core.handle(Event::Retire { worker: w }, &mut out);
+        }
+        let mine = self.execute(&mut out, None);
+        debug_assert!(mine.is_none());
+        self.out = out;
+        if let Some(tx) = &self.waiter {
+            let _ = tx.send(Msg::Wake);
+        }
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// The caller's new target for local threads.
+    pub(crate) fn set_target(&mut self, shared: &Arc<Shared<J>>, n: usize) {
+        self.target = n;
+        self.settle(shared);
+    }
+}

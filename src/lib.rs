@@ -1,0 +1,81 @@
+//! Malleable parallel loops: loops whose workers grow and shrink while they run.
+//!
+//! Implement [`Job`] and [`Chunk`] for the body of a loop — a resumable state machine whose
+//! live state is serde-serializable — or just [`Fold`] for a body over single iterations, and
+//! run it on an [`Executor`]. While it runs, [`JobHandle::set_local_workers`] grows or shrinks
+//! its worker threads (down to zero: the waiting thread computes inline); a retired worker
+//! hands its partial chunk over with its live state. The value is the same, bit for bit,
+//! whatever happened on the way.
+//!
+//! ```
+//! use malleable::{Executor, Fold, Folded, reduce::Sum};
+//! use serde::{Deserialize, Serialize};
+//!
+//! /// Σ 1/i² for i in 1..=n, as a plain loop body.
+//! #[derive(Serialize, Deserialize)]
+//! struct Basel { n: u64 }
+//!
+//! impl Fold for Basel {
+//!     const NAME: &'static str = "basel";
+//!     type Acc = f64;
+//!     type Reducer = Sum<f64>;
+//!     type Input = ();
+//!     fn iterations(&self) -> u64 { self.n }
+//!     fn reducer(&self) -> Sum<f64> { Sum::new() }
+//!     fn body(&self, _: &(), acc: &mut f64, i: u64) {
+//!         let x = (i + 1) as f64;
+//!         *acc += 1.0 / (x * x);
+//!     }
+//! }
+//!
+//! let exec = Executor::builder().local_workers(2).build()?;
+//! let handle = exec.submit(Folded(Basel { n: 2_000_000 }))?;
+//! handle.set_local_workers(1); // shrink while it runs
+//! handle.set_local_workers(3); // and grow
+//! let sum = handle.wait()?.finished().unwrap().into_value();
+//! assert!((sum - std::f64::consts::PI.powi(2) / 6.0).abs() < 1e-6);
+//!
+//! // Bit for bit the same with another worker count, including inline (zero threads).
+//! let inline = Executor::builder().local_workers(0).build()?;
+//! assert_eq!(inline.run(Folded(Basel { n: 2_000_000 }))?.into_value().to_bits(), sum.to_bits());
+//! # Ok::<(), malleable::Error>(())
+//! ```
+//!
+//! # Guarantees
+//!
+//! - **Exactly once.** Every iteration's contribution reaches the value once, whatever the
+//!   scaling history: a chunk runs on one worker at a time, is handed back with its live state,
+//!   and its output is merged once.
+//! - **Deterministic value.** Chunk boundaries are fixed when a phase starts, from the
+//!   [`Chunking`] policy and the phase size alone, and outputs are folded in chunk order; the
+//!   value is bit-identical for any worker count and history, floating-point sums included.
+//!   Every [`Schedule`] keeps this (see [`schedule::Guided`] for how guided does).
+//! - **No round trip per step.** A worker runs steps back to back and reads one atomic flag
+//!   per step; it talks to the core only when a chunk ends or it is asked to adjust.
+//! - **Panics are errors.** A panic in user code ends that job with [`Error::Panicked`]; the
+//!   process and other jobs go on.
+//!
+//! # Layout
+//!
+//! - [`job`](Job): the user contract ([`Job`], [`Chunk`], [`Step`], [`Next`], [`Input`]).
+//! - [`Fold`]: the fold shortcut over single iterations.
+//! - [`reduce`]: [`Reducer`](reduce::Reducer), the built-ins and the ordered merge.
+//! - [`schedule`]: chunk plans, schedules and the sans-IO core.
+//! - [`Executor`], [`JobHandle`]: local worker threads, scaling, progress, async and blocking.
+//! - [`metrics`]: the names of the metrics the executor reports.
+
+#![doc(test(attr(deny(warnings))))]
+
+mod error;
+mod executor;
+mod fold;
+mod job;
+pub mod metrics;
+pub mod reduce;
+pub mod schedule;
+
+pub use error::{Error, Result, Site};
+pub use executor::{Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress};
+pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
+pub use job::{BoxError, Chunk, Input, Job, Next, Step, Value};
+pub use schedule::{Chunking, Guided, Schedule};

@@ -1,0 +1,96 @@
+//! Metric names, all in one place.
+//!
+//! The executor reports through the [`metrics`] facade; install any recorder (Prometheus,
+//! statsd, …) to collect them. Every metric carries the label `job` (the job's
+//! [`Job::NAME`](crate::Job::NAME)). Workers batch their updates: counters and the step-time
+//! histogram are written when a chunk ends or is handed back, never per step or per iteration.
+//!
+//! | name | kind | unit | what |
+//! | --- | --- | --- | --- |
+//! | `malleable_chunks_done_total` | counter | chunks | chunks finished |
+//! | `malleable_steps_total` | counter | steps | `Chunk::step` calls |
+//! | `malleable_handoffs_total` | counter | chunks | chunks handed back at an adjustment point |
+//! | `malleable_step_seconds` | histogram | seconds | duration of one step (log₂ buckets: each sample is its bucket's lower bound) |
+//! | `malleable_workers` | gauge | workers | local workers of the job (threads, or 1 when inline) |
+//! | `malleable_phases_total` | counter | phases | phases finished |
+
+use std::time::Duration;
+
+use metrics::{Counter, Histogram};
+
+/// Chunks finished.
+pub const CHUNKS_DONE: &str = "malleable_chunks_done_total";
+/// `Chunk::step` calls.
+pub const STEPS: &str = "malleable_steps_total";
+/// Chunks handed back at an adjustment point (retire, cancel).
+pub const HANDOFFS: &str = "malleable_handoffs_total";
+/// Duration of one step, in seconds.
+pub const STEP_SECONDS: &str = "malleable_step_seconds";
+/// Local workers of a job.
+pub const WORKERS: &str = "malleable_workers";
+/// Phases finished.
+pub const PHASES: &str = "malleable_phases_total";
+
+/// A worker's batch of step measurements: a log₂ histogram of step nanoseconds and counts,
+/// flushed to the recorder when a chunk ends.
+#[derive(Debug)]
+pub(crate) struct StepStats {
+    buckets: [u32; 64],
+    steps: u64,
+    busy: Duration,
+    steps_counter: Counter,
+    chunks_counter: Counter,
+    handoffs_counter: Counter,
+    histogram: Histogram,
+}
+
+impl StepStats {
+    pub(crate) fn new(job: &'static str) -> StepStats {
+        StepStats {
+            buckets: [0; 64],
+            steps: 0,
+            busy: Duration::ZERO,
+            steps_counter: metrics::counter!(STEPS, "job" => job),
+            chunks_counter: metrics::counter!(CHUNKS_DONE, "job" => job),
+            handoffs_counter: metrics::counter!(HANDOFFS, "job" => job),
+            histogram: metrics::histogram!(STEP_SECONDS, "job" => job),
+        }
+    }
+
+    /// Records one step; no allocation, no atomic.
+    #[inline]
+    pub(crate) fn record(&mut self, d: Duration) {
+        let nanos = d.as_nanos() as u64;
+        self.buckets[(64 - nanos.leading_zeros()) as usize & 63] += 1;
+        self.steps += 1;
+        self.busy += d;
+    }
+
+    /// Time spent in steps since the last flush.
+    pub(crate) fn busy(&self) -> Duration {
+        self.busy
+    }
+
+    /// Sends the batch to the recorder; `done` tells whether the chunk finished or was handed back.
+    pub(crate) fn flush(&mut self, done: bool) {
+        self.steps_counter.increment(self.steps);
+        if done {
+            self.chunks_counter.increment(1);
+        } else {
+            self.handoffs_counter.increment(1);
+        }
+        for (i, n) in self.buckets.iter_mut().enumerate() {
+            if *n > 0 {
+                let lower = if i == 0 {
+                    0.0
+                } else {
+                    (1u64 << (i - 1)) as f64 * 1e-9
+                };
+                self.histogram.record_many(lower, *n as usize);
+                *n = 0;
+            }
+        }
+        self.steps = 0;
+        self.busy = Duration::ZERO;
+    }
+}

@@ -1,0 +1,524 @@
+//! The sans-IO core: the ledger of a phase and the assignment of its chunks to workers.
+//!
+//! The core is a deterministic state machine. The executor feeds it [`Event`]s and carries
+//! out the [`Command`]s it appends to a caller-owned buffer; it has no threads, clocks,
+//! channels or I/O, so local threads, remote workers and the tests drive it the same way.
+//! It is generic over the chunk state `S` (a live chunk for local workers, bytes for remote
+//! ones) and over the reducer, whose values are the chunk outputs.
+//!
+//! # The ledger
+//!
+//! Every chunk of the current phase is in exactly one of these states:
+//!
+//! | state | where |
+//! | --- | --- |
+//! | pending, never started | the schedule's pile or queues, no state |
+//! | pending, suspended with state S | the schedule's pile or queues, and `suspended[c] = S` |
+//! | running on worker W | `workers[W].running == Some(c)` (and maybe `known[c]`, a last state) |
+//! | done with output O | the ordered merge (folded, or held until its predecessors arrive) |
+//!
+//! # Protocol (one worker, as the core sees it)
+//!
+//! 1. `Joined(W)`: W is idle; the core answers `Run(W, c, state)` if a chunk is pending for it.
+//! 2. W runs steps of c back to back, talking to nobody, until the chunk ends or W is
+//!    interrupted; then it reports `Done(W, c, output)` or `Yielded(W, c, state)` and the core
+//!    answers with W's next command (another `Run`, or `Release` if W is retiring), or nothing
+//!    (W is idle until a later event gives it work).
+//! 3. `Retire(W)`: an idle W is released at once; a running W is marked retiring and
+//!    `Interrupt(W)` is emitted; W hands its chunk back with `Yielded` at its next adjustment
+//!    point (or finishes it with `Done`) and is released.
+//! 4. `Lost(W)`: W is gone without a word; its chunk becomes pending again with the last
+//!    state the core holds (`StateReport`), or from the start.
+//!
+//! # Why it is exactly once
+//!
+//! A chunk is handed to at most one worker at a time (it leaves the pile when `Run` is
+//! emitted, and comes back only through `Yielded` or `Lost` of that same worker). `Done` is
+//! accepted only from the worker the chunk runs on, and the ordered merge refuses a second
+//! output of a chunk. A lost worker's late report is refused because the worker is no longer
+//! in the table. So every chunk's output is merged once, and a handed-back chunk resumes from
+//! the exact state it was handed back with.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::time::Duration;
+
+use super::dynamic::Pile;
+use super::static_::Deal;
+use super::{Plan, Schedule};
+use crate::reduce::{OrderedMerge, Reducer};
+
+/// Identifies a worker for the lifetime of a job run; ids are never reused.
+pub(crate) type WorkerId = u64;
+
+/// The index of a chunk within its phase.
+pub(crate) type ChunkId = u64;
+
+/// What a worker measured while running a chunk, reported with `Done` and `Yielded`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Work {
+    /// Iterations the worker did on this chunk during this run (0 if it cannot tell).
+    pub(crate) iterations: u64,
+    /// Time spent in `step` during this run.
+    pub(crate) busy: Duration,
+}
+
+/// An input to the core.
+#[derive(Debug)]
+// `StateReport` and `Lost` come from remote workers (the cluster layer); the tests drive them.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Event<S, O> {
+    /// A worker is ready for work.
+    Joined { worker: WorkerId },
+    /// `worker` finished `chunk` with `output`.
+    Done {
+        worker: WorkerId,
+        chunk: ChunkId,
+        output: O,
+        work: Work,
+    },
+    /// `worker` handed `chunk` back at an adjustment point, with its live state.
+    Yielded {
+        worker: WorkerId,
+        chunk: ChunkId,
+        state: S,
+        work: Work,
+    },
+    /// A copy of the state of `chunk`, running on `worker`, to restart from if it is lost.
+    StateReport {
+        worker: WorkerId,
+        chunk: ChunkId,
+        state: S,
+    },
+    /// Retire `worker` at its next adjustment point.
+    Retire { worker: WorkerId },
+    /// `worker` is gone (its thread or connection died).
+    Lost { worker: WorkerId },
+}
+
+/// An output of the core, for the executor to carry out.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Command<S> {
+    /// Run `chunk` (iterations `range`) on `worker`, from `state` or from the start.
+    Run {
+        worker: WorkerId,
+        chunk: ChunkId,
+        range: Range<u64>,
+        state: Option<S>,
+    },
+    /// Ask `worker` to stop at its next adjustment point and report.
+    Interrupt { worker: WorkerId },
+    /// `worker` has no chunk and leaves: it may exit.
+    Release { worker: WorkerId },
+}
+
+/// An event that does not fit the ledger (a report of a chunk the worker does not run, an
+/// unknown worker). The core's state is unchanged; a remote peer that sends it is faulty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rejected {
+    pub(crate) worker: WorkerId,
+    pub(crate) reason: &'static str,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "event from worker {} rejected: {}",
+            self.worker, self.reason
+        )
+    }
+}
+
+/// Weight of the newest sample in the throughput moving average.
+const EWMA_ALPHA: f64 = 0.3;
+
+#[derive(Debug)]
+struct Slot {
+    running: Option<ChunkId>,
+    retiring: bool,
+    /// Iterations per second, exponentially weighted; 0 until measured.
+    throughput: f64,
+}
+
+#[derive(Debug)]
+enum Pending {
+    Pile(Pile),
+    Deal(Deal),
+}
+
+/// The core for one job run: current phase's ledger and the worker table.
+pub(crate) struct Core<R: Reducer, S> {
+    schedule: Schedule,
+    reducer: R,
+    plan: Plan,
+    pending: Pending,
+    /// States of pending chunks that were started and handed back.
+    suspended: HashMap<ChunkId, S>,
+    /// Last reported states of running chunks, for when their worker is lost.
+    known: HashMap<ChunkId, S>,
+    merge: OrderedMerge<R::Value>,
+    done_chunks: u64,
+    done_iterations: u64,
+    workers: HashMap<WorkerId, Slot>,
+    /// Idle workers, in the order they became idle.
+    idle: Vec<WorkerId>,
+    halted: bool,
+}
+
+impl<R: Reducer, S> fmt::Debug for Core<R, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Core")
+            .field("schedule", &self.schedule)
+            .field("chunks", &self.plan.len())
+            .field("done_chunks", &self.done_chunks)
+            .field("workers", &self.workers.len())
+            .field("halted", &self.halted)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Reducer, S> Core<R, S> {
+    /// A core for a phase with this plan; no workers yet.
+    pub(crate) fn new(schedule: Schedule, plan: Plan, reducer: R) -> Self {
+        let merge = OrderedMerge::new(reducer.identity());
+        let pending = Pending::Pile(Pile::new(0));
+        let mut core = Core {
+            schedule,
+            reducer,
+            plan: Plan::Uniform { n: 0, size: 1 },
+            pending,
+            suspended: HashMap::new(),
+            known: HashMap::new(),
+            merge,
+            done_chunks: 0,
+            done_iterations: 0,
+            workers: HashMap::new(),
+            idle: Vec::new(),
+            halted: false,
+        };
+        core.reset(plan);
+        core
+    }
+
+    fn reset(&mut self, plan: Plan) {
+        let len = plan.len();
+        self.pending = match self.schedule {
+            Schedule::Static => Pending::Deal(Deal::new(len, &self.member_speeds(), &plan)),
+            Schedule::Dynamic | Schedule::Guided(_) => Pending::Pile(Pile::new(len)),
+        };
+        self.plan = plan;
+        self.suspended.clear();
+        self.known.clear();
+        self.done_chunks = 0;
+        self.done_iterations = 0;
+    }
+
+    /// Starts the next phase with `plan` and `reducer`; idle workers get chunks. Call it only
+    /// after [`Core::finish_phase`].
+    pub(crate) fn start_phase(&mut self, plan: Plan, reducer: R, out: &mut Vec<Command<S>>) {
+        debug_assert!(self.workers.values().all(|s| s.running.is_none()));
+        self.merge = OrderedMerge::new(reducer.identity());
+        self.reducer = reducer;
+        self.reset(plan);
+        self.dispatch(out);
+    }
+
+    /// Whether every chunk of the phase is done.
+    pub(crate) fn phase_complete(&self) -> bool {
+        self.done_chunks == self.plan.len()
+    }
+
+    /// Takes the phase's value once it is complete (the merge restarts from the identity).
+    pub(crate) fn finish_phase(&mut self) -> R::Value {
+        debug_assert!(self.phase_complete());
+        let fresh = OrderedMerge::new(self.reducer.identity());
+        std::mem::replace(&mut self.merge, fresh).into_value()
+    }
+
+    /// Stops handing out chunks (for cancel and suspend); running chunks are interrupted and
+    /// handed back, keeping the ledger complete.
+    pub(crate) fn halt(&mut self, out: &mut Vec<Command<S>>) {
+        self.halted = true;
+        for (&w, slot) in &self.workers {
+            if slot.running.is_some() {
+                out.push(Command::Interrupt { worker: w });
+            }
+        }
+    }
+
+    /// Feeds one event; commands go to `out`.
+    ///
+    /// # Errors
+    ///
+    /// An event that does not fit the ledger is rejected and changes nothing.
+    pub(crate) fn handle(
+        &mut self,
+        event: Event<S, R::Value>,
+        out: &mut Vec<Command<S>>,
+    ) -> Result<(), Rejected> {
+        match event {
+            Event::Joined { worker } => {
+                if self.workers.contains_key(&worker) {
+                    return Err(Rejected {
+                        worker,
+                        reason: "joined twice",
+                    });
+                }
+                self.workers.insert(
+                    worker,
+                    Slot {
+                        running: None,
+                        retiring: false,
+                        throughput: 0.0,
+                    },
+                );
+                self.idle.push(worker);
+                self.membership_changed();
+                self.dispatch(out);
+            }
+            Event::Done {
+                worker,
+                chunk,
+                output,
+                work,
+            } => {
+                self.finish_run(worker, chunk, work)?;
+                if !self.merge.add(&self.reducer, chunk, output) {
+                    // Unreachable through `finish_run`, which admits one report per run.
+                    return Err(Rejected {
+                        worker,
+                        reason: "second output for a chunk",
+                    });
+                }
+                self.known.remove(&chunk);
+                let r = self.plan.range(chunk);
+                self.done_chunks += 1;
+                self.done_iterations += r.end - r.start;
+                self.next_for(worker, out);
+            }
+            Event::Yielded {
+                worker,
+                chunk,
+                state,
+                work,
+            } => {
+                self.finish_run(worker, chunk, work)?;
+                self.known.remove(&chunk);
+                self.suspended.insert(chunk, state);
+                self.put_back(chunk);
+                self.next_for(worker, out);
+                self.dispatch(out);
+            }
+            Event::StateReport {
+                worker,
+                chunk,
+                state,
+            } => {
+                self.check_running(worker, chunk)?;
+                self.known.insert(chunk, state);
+            }
+            Event::Retire { worker } => {
+                let slot = self.workers.get_mut(&worker).ok_or(Rejected {
+                    worker,
+                    reason: "unknown worker",
+                })?;
+                if slot.retiring {
+                    return Ok(());
+                }
+                slot.retiring = true;
+                if slot.running.is_some() {
+                    out.push(Command::Interrupt { worker });
+                } else {
+                    self.remove(worker);
+                    out.push(Command::Release { worker });
+                }
+                self.membership_changed();
+            }
+            Event::Lost { worker } => {
+                let slot = self.remove(worker).ok_or(Rejected {
+                    worker,
+                    reason: "unknown worker",
+                })?;
+                if let Some(c) = slot.running {
+                    if let Some(state) = self.known.remove(&c) {
+                        self.suspended.insert(c, state);
+                    }
+                    self.put_back(c);
+                }
+                self.membership_changed();
+                self.dispatch(out);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_running(&self, worker: WorkerId, chunk: ChunkId) -> Result<(), Rejected> {
+        match self.workers.get(&worker) {
+            None => Err(Rejected {
+                worker,
+                reason: "unknown worker",
+            }),
+            Some(s) if s.running != Some(chunk) => Err(Rejected {
+                worker,
+                reason: "chunk not running on this worker",
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Ends `worker`'s run of `chunk` and updates its throughput.
+    fn finish_run(&mut self, worker: WorkerId, chunk: ChunkId, work: Work) -> Result<(), Rejected> {
+        self.check_running(worker, chunk)?;
+        let slot = self.workers.get_mut(&worker).expect("checked above");
+        slot.running = None;
+        let secs = work.busy.as_secs_f64();
+        if work.iterations > 0 && secs > 0.0 {
+            let rate = work.iterations as f64 / secs;
+            slot.throughput = if slot.throughput == 0.0 {
+                rate
+            } else {
+                EWMA_ALPHA * rate + (1.0 - EWMA_ALPHA) * slot.throughput
+            };
+        }
+        Ok(())
+    }
+
+    /// The next command for a worker that just reported: release it if retiring, else give
+    /// it a chunk or make it idle.
+    fn next_for(&mut self, worker: WorkerId, out: &mut Vec<Command<S>>) {
+        if self.workers[&worker].retiring {
+            self.remove(worker);
+            out.push(Command::Release { worker });
+        } else if !self.assign(worker, out) {
+            self.idle.push(worker);
+        }
+    }
+
+    /// Gives `worker` its next pending chunk, if any.
+    fn assign(&mut self, worker: WorkerId, out: &mut Vec<Command<S>>) -> bool {
+        if self.halted {
+            return false;
+        }
+        let chunk = match &mut self.pending {
+            Pending::Pile(p) => p.take(),
+            Pending::Deal(d) => d.take(worker),
+        };
+        let Some(chunk) = chunk else { return false };
+        let state = if self.suspended.is_empty() {
+            None
+        } else {
+            self.suspended.remove(&chunk)
+        };
+        if let Some(slot) = self.workers.get_mut(&worker) {
+            slot.running = Some(chunk);
+        }
+        out.push(Command::Run {
+            worker,
+            chunk,
+            range: self.plan.range(chunk),
+            state,
+        });
+        true
+    }
+
+    /// Gives pending chunks to idle workers.
+    fn dispatch(&mut self, out: &mut Vec<Command<S>>) {
+        let mut i = 0;
+        while i < self.idle.len() {
+            let w = self.idle[i];
+            if self.assign(w, out) {
+                self.idle.swap_remove(i);
+            } else if matches!(self.pending, Pending::Pile(_)) {
+                break; // the pile is empty for everyone
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn put_back(&mut self, chunk: ChunkId) {
+        match &mut self.pending {
+            Pending::Pile(p) => p.put_back(chunk),
+            Pending::Deal(d) => {
+                d.put_back(chunk);
+            }
+        }
+    }
+
+    fn remove(&mut self, worker: WorkerId) -> Option<Slot> {
+        self.idle.retain(|&w| w != worker);
+        self.workers.remove(&worker)
+    }
+
+    /// Workers that take chunks (not retiring), sorted by id, with their throughput (the mean
+    /// of the measured ones for a worker not yet measured).
+    fn member_speeds(&self) -> Vec<(WorkerId, f64)> {
+        let mut v: Vec<(WorkerId, f64)> = self
+            .workers
+            .iter()
+            .filter(|(_, s)| !s.retiring)
+            .map(|(&w, s)| (w, s.throughput))
+            .collect();
+        v.sort_unstable_by_key(|&(w, _)| w);
+        let measured: Vec<f64> = v.iter().map(|&(_, t)| t).filter(|&t| t > 0.0).collect();
+        let mean = if measured.is_empty() {
+            1.0
+        } else {
+            measured.iter().sum::<f64>() / measured.len() as f64
+        };
+        for (_, t) in &mut v {
+            if *t <= 0.0 {
+                *t = mean;
+            }
+        }
+        v
+    }
+
+    fn membership_changed(&mut self) {
+        if matches!(self.pending, Pending::Deal(_)) {
+            let speeds = self.member_speeds();
+            let suspended = &self.suspended;
+            if let Pending::Deal(d) = &mut self.pending {
+                d.redeal(&speeds, &self.plan, |c| !suspended.contains_key(&c));
+            }
+        }
+    }
+
+    // ----- read-only views -----
+
+    /// Iterations of the phase's done chunks, and the phase's total.
+    pub(crate) fn progress(&self) -> (u64, u64) {
+        (self.done_iterations, self.plan.iterations())
+    }
+
+    /// Number of workers in the table (retiring ones included).
+    #[cfg(test)]
+    pub(crate) fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// The chunk `worker` runs, if any.
+    pub(crate) fn running_on(&self, worker: WorkerId) -> Option<ChunkId> {
+        self.workers.get(&worker).and_then(|s| s.running)
+    }
+
+    /// The measured throughput of `worker`, in iterations per second (0 until measured).
+    #[cfg(test)]
+    pub(crate) fn throughput(&self, worker: WorkerId) -> f64 {
+        self.workers.get(&worker).map_or(0.0, |s| s.throughput)
+    }
+
+    /// Whether no chunk is pending (never started or suspended).
+    #[cfg(test)]
+    pub(crate) fn pending_is_empty(&self) -> bool {
+        match &self.pending {
+            Pending::Pile(p) => p.is_empty(),
+            Pending::Deal(d) => d.is_empty(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

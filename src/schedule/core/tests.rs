@@ -1,0 +1,407 @@
+//! The shared schedule suite: a simulated cluster drives the core through random joins,
+//! retirements, losses, hand-backs and steps; every index must be covered exactly once and the
+//! value must equal the sequential fold, for every schedule.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::reduce::{CollectInOrder, Sum};
+use crate::schedule::{Chunking, Guided};
+
+/// A simulated chunk: the next index to cover and the indices covered so far.
+#[derive(Debug, Clone, PartialEq)]
+struct SimChunk {
+    next: u64,
+    end: u64,
+    seen: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Join,
+    Retire(usize),
+    Lose(usize),
+    Step(usize, u64),
+    Report(usize),
+    Interrupt(usize),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        1 => Just(Action::Join),
+        1 => any::<usize>().prop_map(Action::Retire),
+        1 => any::<usize>().prop_map(Action::Lose),
+        8 => (any::<usize>(), 1..50u64).prop_map(|(w, k)| Action::Step(w, k)),
+        1 => any::<usize>().prop_map(Action::Report),
+        1 => any::<usize>().prop_map(Action::Interrupt),
+    ]
+}
+
+fn schedules() -> impl Strategy<Value = Schedule> {
+    prop_oneof![
+        Just(Schedule::Dynamic),
+        Just(Schedule::Static),
+        (1..8u32, 1..20u64)
+            .prop_map(|(workers, min_chunk)| Schedule::Guided(Guided { workers, min_chunk })),
+    ]
+}
+
+fn chunkings() -> impl Strategy<Value = Chunking> {
+    prop_oneof![
+        (1..300u64).prop_map(Chunking::Count),
+        (1..300u64).prop_map(Chunking::Size)
+    ]
+}
+
+struct Sim {
+    core: Core<CollectInOrder<u64>, SimChunk>,
+    running: HashMap<WorkerId, (ChunkId, SimChunk)>,
+    workers: Vec<WorkerId>,
+    next_id: WorkerId,
+    out: Vec<Command<SimChunk>>,
+}
+
+impl Sim {
+    fn apply(&mut self) {
+        while !self.out.is_empty() {
+            self.apply_once();
+        }
+    }
+
+    fn apply_once(&mut self) {
+        for cmd in std::mem::take(&mut self.out) {
+            match cmd {
+                Command::Run {
+                    worker,
+                    chunk,
+                    range,
+                    state,
+                } => {
+                    let st = state.unwrap_or(SimChunk {
+                        next: range.start,
+                        end: range.end,
+                        seen: Vec::new(),
+                    });
+                    assert_eq!(st.end, range.end);
+                    assert!(
+                        self.running.insert(worker, (chunk, st)).is_none(),
+                        "two chunks on one worker"
+                    );
+                }
+                Command::Interrupt { worker } => {
+                    // The worker answers at its next adjustment point.
+                    if let Some((c, st)) = self.running.remove(&worker) {
+                        self.event(Event::Yielded {
+                            worker,
+                            chunk: c,
+                            state: st,
+                            work: Work::default(),
+                        });
+                    }
+                }
+                Command::Release { worker } => {
+                    assert!(
+                        !self.running.contains_key(&worker),
+                        "released while running"
+                    );
+                    self.workers.retain(|&w| w != worker);
+                }
+            }
+        }
+    }
+
+    fn event(&mut self, e: Event<SimChunk, Vec<u64>>) {
+        let mut out = Vec::new();
+        self.core
+            .handle(e, &mut out)
+            .expect("a well-behaved worker's event is accepted");
+        self.out.extend(out);
+    }
+
+    fn pick(&self, i: usize) -> Option<WorkerId> {
+        (!self.workers.is_empty()).then(|| self.workers[i % self.workers.len()])
+    }
+
+    fn act(&mut self, a: Action) {
+        match a {
+            Action::Join => {
+                let w = self.next_id;
+                self.next_id += 1;
+                self.workers.push(w);
+                self.event(Event::Joined { worker: w });
+            }
+            Action::Retire(i) => {
+                if self.workers.len() > 1 {
+                    let w = self.pick(i).unwrap();
+                    self.event(Event::Retire { worker: w });
+                }
+            }
+            Action::Lose(i) => {
+                if self.workers.len() > 1 {
+                    let w = self.pick(i).unwrap();
+                    self.workers.retain(|&x| x != w);
+                    self.running.remove(&w);
+                    self.event(Event::Lost { worker: w });
+                }
+            }
+            Action::Step(i, k) => {
+                let Some(w) = self.pick(i) else { return };
+                let Some((c, st)) = self.running.get_mut(&w) else {
+                    return;
+                };
+                let stop = st.end.min(st.next + k);
+                st.seen.extend(st.next..stop);
+                st.next = stop;
+                if st.next == st.end {
+                    let (c, st) = (*c, self.running.remove(&w).unwrap().1);
+                    let work = Work {
+                        iterations: k,
+                        busy: Duration::from_micros(k),
+                    };
+                    self.event(Event::Done {
+                        worker: w,
+                        chunk: c,
+                        output: st.seen,
+                        work,
+                    });
+                }
+            }
+            Action::Report(i) => {
+                let Some(w) = self.pick(i) else { return };
+                if let Some((c, st)) = self.running.get(&w) {
+                    let (c, st) = (*c, st.clone());
+                    self.event(Event::StateReport {
+                        worker: w,
+                        chunk: c,
+                        state: st,
+                    });
+                }
+            }
+            Action::Interrupt(i) => {
+                let Some(w) = self.pick(i) else { return };
+                if let Some((c, st)) = self.running.remove(&w) {
+                    self.event(Event::Yielded {
+                        worker: w,
+                        chunk: c,
+                        state: st,
+                        work: Work::default(),
+                    });
+                }
+            }
+        }
+        self.apply();
+    }
+}
+
+/// Runs `actions`, then drains with one steady worker; returns the phase value.
+fn simulate(schedule: Schedule, chunking: Chunking, n: u64, actions: &[Action]) -> Vec<u64> {
+    let plan = Plan::new(n, schedule, chunking);
+    let mut sim = Sim {
+        core: Core::new(schedule, plan, CollectInOrder::new()),
+        running: HashMap::new(),
+        workers: Vec::new(),
+        next_id: 0,
+        out: Vec::new(),
+    };
+    sim.act(Action::Join);
+    for &a in actions {
+        sim.act(a);
+    }
+    // Drain: every worker steps until the phase completes. Static may leave a worker idle with
+    // chunks queued elsewhere, so step all of them round-robin.
+    let mut guard = 0;
+    while !sim.core.phase_complete() {
+        if sim.workers.is_empty() {
+            sim.act(Action::Join); // everyone retired: a new worker joins
+        }
+        for i in 0..sim.workers.len() {
+            sim.act(Action::Step(i, 1000));
+        }
+        guard += 1;
+        assert!(guard < 100_000, "no progress: {:?}", sim.core);
+    }
+    assert!(sim.core.pending_is_empty());
+    sim.core.finish_phase()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn every_index_exactly_once(schedule in schedules(), chunking in chunkings(), n in 0..2000u64, actions in prop::collection::vec(action(), 0..200)) {
+        let value = simulate(schedule, chunking, n, &actions);
+        prop_assert_eq!(value, (0..n).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn f64_sum_is_the_chunked_sequential_fold() {
+    // Outputs arrive in reverse order; the merge still folds in chunk order.
+    let plan = Plan::new(1000, Schedule::Dynamic, Chunking::Size(7));
+    let xs: Vec<f64> = (0..1000).map(|i| 1.0 / (1.0 + i as f64)).collect();
+    let chunk_sum = |c: u64| {
+        plan.range(c)
+            .map(|i| xs[i as usize])
+            .fold(0.0, |a, x| a + x)
+    };
+    let mut core: Core<Sum<f64>, ()> = Core::new(Schedule::Dynamic, plan.clone(), Sum::new());
+    let mut out = Vec::new();
+    for w in 0..plan.len() {
+        core.handle(Event::Joined { worker: w }, &mut out).unwrap();
+    }
+    let runs: Vec<(WorkerId, ChunkId)> = out
+        .drain(..)
+        .map(|c| match c {
+            Command::Run { worker, chunk, .. } => (worker, chunk),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for &(w, c) in runs.iter().rev() {
+        core.handle(
+            Event::Done {
+                worker: w,
+                chunk: c,
+                output: chunk_sum(c),
+                work: Work::default(),
+            },
+            &mut out,
+        )
+        .unwrap();
+    }
+    let expected = (0..plan.len()).map(chunk_sum).fold(0.0, |a, x| a + x);
+    assert_eq!(core.finish_phase().to_bits(), expected.to_bits());
+}
+
+#[test]
+fn hostile_events_are_rejected_without_change() {
+    let plan = Plan::new(10, Schedule::Dynamic, Chunking::Size(5));
+    let mut core: Core<Sum<u64>, ()> = Core::new(Schedule::Dynamic, plan, Sum::new());
+    let mut out = Vec::new();
+    core.handle(Event::Joined { worker: 1 }, &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert!(core.handle(Event::Joined { worker: 1 }, &mut out).is_err());
+    assert!(
+        core.handle(
+            Event::Done {
+                worker: 1,
+                chunk: 1,
+                output: 5,
+                work: Work::default()
+            },
+            &mut out
+        )
+        .is_err()
+    );
+    assert!(
+        core.handle(
+            Event::Done {
+                worker: 9,
+                chunk: 0,
+                output: 5,
+                work: Work::default()
+            },
+            &mut out
+        )
+        .is_err()
+    );
+    core.handle(
+        Event::Done {
+            worker: 1,
+            chunk: 0,
+            output: 5,
+            work: Work::default(),
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert!(
+        core.handle(
+            Event::Done {
+                worker: 1,
+                chunk: 0,
+                output: 5,
+                work: Work::default()
+            },
+            &mut out
+        )
+        .is_err(),
+        "a second Done is refused"
+    );
+    assert_eq!(core.progress(), (5, 10));
+}
+
+#[test]
+fn lost_worker_restarts_from_last_reported_state() {
+    let plan = Plan::new(10, Schedule::Dynamic, Chunking::Size(10));
+    let mut core: Core<Sum<u64>, u32> = Core::new(Schedule::Dynamic, plan, Sum::new());
+    let mut out = Vec::new();
+    core.handle(Event::Joined { worker: 1 }, &mut out).unwrap();
+    core.handle(
+        Event::StateReport {
+            worker: 1,
+            chunk: 0,
+            state: 42,
+        },
+        &mut out,
+    )
+    .unwrap();
+    out.clear();
+    core.handle(Event::Lost { worker: 1 }, &mut out).unwrap();
+    assert!(out.is_empty());
+    core.handle(Event::Joined { worker: 2 }, &mut out).unwrap();
+    assert_eq!(
+        out,
+        vec![Command::Run {
+            worker: 2,
+            chunk: 0,
+            range: 0..10,
+            state: Some(42)
+        }]
+    );
+}
+
+#[test]
+fn retire_hands_back_then_releases() {
+    let plan = Plan::new(4, Schedule::Dynamic, Chunking::Size(1));
+    let mut core: Core<Sum<u64>, u32> = Core::new(Schedule::Dynamic, plan, Sum::new());
+    let mut out = Vec::new();
+    core.handle(Event::Joined { worker: 1 }, &mut out).unwrap();
+    core.handle(Event::Joined { worker: 2 }, &mut out).unwrap();
+    out.clear();
+    core.handle(Event::Retire { worker: 1 }, &mut out).unwrap();
+    assert_eq!(out, vec![Command::Interrupt { worker: 1 }]);
+    out.clear();
+    core.handle(
+        Event::Yielded {
+            worker: 1,
+            chunk: 0,
+            state: 7,
+            work: Work::default(),
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, vec![Command::Release { worker: 1 }]);
+    out.clear();
+    core.handle(
+        Event::Done {
+            worker: 2,
+            chunk: 1,
+            output: 1,
+            work: Work::default(),
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        vec![Command::Run {
+            worker: 2,
+            chunk: 0,
+            range: 0..1,
+            state: Some(7)
+        }]
+    );
+}

@@ -1,0 +1,49 @@
+//! Chunk plans, schedules and the sans-IO core that owns the ledger.
+//!
+//! - `plan.rs`: where a phase's chunk boundaries come from ([`Chunking`]); they are fixed when
+//!   the phase starts and never depend on the number of workers.
+//! - `dynamic.rs`: the shared pile in index order ([`Schedule::Dynamic`], the default).
+//! - `static_.rs`: round-robin deal with the two-step reassignment ([`Schedule::Static`]).
+//! - `guided.rs`: shrinking chunk sizes ([`Schedule::Guided`]); handed out like dynamic.
+//! - `core.rs`: the deterministic state machine — events in (worker joined, chunk done, chunk
+//!   handed back, retire, worker lost), commands out (run chunk C on W, interrupt W, release W).
+//!   It has no threads, clocks or I/O.
+//!
+//! # What every schedule keeps
+//!
+//! Every schedule keeps both determinism (the value is bit-identical for any worker count and
+//! history, because boundaries are fixed per phase and outputs merge in chunk order) and
+//! exactly-once (a chunk's output is merged once; a handed-back chunk resumes from the state it
+//! was handed back with).
+
+mod core;
+mod dynamic;
+mod guided;
+mod plan;
+mod static_;
+
+pub(crate) use self::core::{ChunkId, Command, Core, Event, Work, WorkerId};
+pub use guided::Guided;
+pub use plan::Chunking;
+pub(crate) use plan::Plan;
+
+use serde::{Deserialize, Serialize};
+
+/// How chunks are handed to workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Schedule {
+    /// A shared pile in index order; an idle worker takes the lowest pending chunk. New
+    /// workers join with no extra work, and faster workers naturally take more chunks.
+    #[default]
+    Dynamic,
+    /// Chunks dealt round-robin over the workers (sorted by id) when a phase starts, so a
+    /// chunk tends to stay on the same worker from phase to phase. When the worker count
+    /// changes: (1) deal again round-robin over the new workers, skipping finished and running
+    /// chunks; (2) move unstarted chunks from the most to the least loaded worker, load being
+    /// pending iterations divided by the worker's measured throughput. A worker whose queue is
+    /// empty waits for the phase to end: static never steals.
+    Static,
+    /// Shrinking chunks, handed out like [`Schedule::Dynamic`]; see [`Guided`].
+    Guided(Guided),
+}

@@ -1,0 +1,188 @@
+//! The static schedule: a round-robin deal, and the two-step reassignment when the worker
+//! count changes (seed 000, Fig. 5).
+//!
+//! 1. *Deal again*: every pending chunk `c` goes to `workers[c % k]` of the new, sorted worker
+//!    list. Finished and running chunks are skipped. With an unchanged membership this is the
+//!    phase-start deal, which gives affinity from phase to phase.
+//! 2. *Balance*: while moving the last unstarted chunk of the most loaded worker to the least
+//!    loaded one lowers the larger of their two loads, move it. A worker's load is its pending
+//!    iterations divided by its measured throughput, so slower workers get less.
+//!
+//! A worker only runs chunks from its own queue; static never steals. A chunk handed back goes
+//! to the queue of `workers[c % k]`.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use super::{ChunkId, Plan, WorkerId};
+
+/// Per-worker queues of pending chunks, each in index order.
+#[derive(Debug, Default)]
+pub(super) struct Deal {
+    queues: HashMap<WorkerId, VecDeque<ChunkId>>,
+    /// Pending chunks while no worker is present.
+    orphans: BTreeSet<ChunkId>,
+    /// The workers of the last deal, sorted.
+    workers: Vec<WorkerId>,
+}
+
+impl Deal {
+    /// All chunks of a fresh phase, dealt over `workers` (sorted).
+    pub(super) fn new(len: ChunkId, workers: &[(WorkerId, f64)], plan: &Plan) -> Deal {
+        let mut deal = Deal {
+            orphans: (0..len).collect(),
+            ..Deal::default()
+        };
+        deal.redeal(workers, plan, |_| true);
+        deal
+    }
+
+    /// The next chunk of `w`'s queue.
+    pub(super) fn take(&mut self, w: WorkerId) -> Option<ChunkId> {
+        self.queues.get_mut(&w)?.pop_front()
+    }
+
+    /// Puts a handed-back chunk into the queue of its round-robin owner.
+    pub(super) fn put_back(&mut self, c: ChunkId) -> Option<WorkerId> {
+        if self.workers.is_empty() {
+            self.orphans.insert(c);
+            return None;
+        }
+        let w = self.workers[(c % self.workers.len() as u64) as usize];
+        let q = self.queues.entry(w).or_default();
+        let at = q.partition_point(|&x| x < c);
+        q.insert(at, c);
+        Some(w)
+    }
+
+    /// The two-step reassignment over `workers` (sorted by id, with their throughput in
+    /// iterations per second). `unstarted(c)` tells whether chunk `c` may move in step 2.
+    pub(super) fn redeal(
+        &mut self,
+        workers: &[(WorkerId, f64)],
+        plan: &Plan,
+        unstarted: impl Fn(ChunkId) -> bool,
+    ) {
+        let mut pending: Vec<ChunkId> = self.orphans.iter().copied().collect();
+        self.orphans.clear();
+        for (_, q) in self.queues.drain() {
+            pending.extend(q);
+        }
+        pending.sort_unstable();
+        self.workers = workers.iter().map(|&(w, _)| w).collect();
+        let k = workers.len();
+        if k == 0 {
+            self.orphans.extend(pending);
+            return;
+        }
+        // Step 1: round-robin over the new list; finished and running chunks are not pending.
+        let mut queues: Vec<VecDeque<ChunkId>> = vec![VecDeque::new(); k];
+        for c in pending {
+            queues[(c % k as u64) as usize].push_back(c);
+        }
+        // Step 2: move unstarted chunks from the most to the least loaded worker.
+        let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
+        let mut load: Vec<f64> = (0..k)
+            .map(|i| queues[i].iter().map(|&c| len_of(plan, c)).sum::<f64>() / speed(i))
+            .collect();
+        loop {
+            let (hi, lo) = extremes(&load);
+            if hi == lo {
+                break;
+            }
+            let Some(pos) = queues[hi].iter().rposition(|&c| unstarted(c)) else {
+                break;
+            };
+            let c = queues[hi][pos];
+            let len = len_of(plan, c);
+            let (new_hi, new_lo) = (load[hi] - len / speed(hi), load[lo] + len / speed(lo));
+            if new_hi.max(new_lo) >= load[hi] {
+                break;
+            }
+            queues[hi].remove(pos);
+            let at = queues[lo].partition_point(|&x| x < c);
+            queues[lo].insert(at, c);
+            load[hi] = new_hi;
+            load[lo] = new_lo;
+        }
+        self.queues = self.workers.iter().copied().zip(queues).collect();
+    }
+
+    /// Every pending chunk.
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> impl Iterator<Item = ChunkId> + '_ {
+        self.queues
+            .values()
+            .flatten()
+            .copied()
+            .chain(self.orphans.iter().copied())
+    }
+
+    /// Whether no chunk is pending.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.orphans.is_empty() && self.queues.values().all(VecDeque::is_empty)
+    }
+
+    /// The queue of `w`, for tests.
+    #[cfg(test)]
+    pub(super) fn queue(&self, w: WorkerId) -> Vec<ChunkId> {
+        self.queues
+            .get(&w)
+            .map(|q| q.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn len_of(plan: &Plan, c: ChunkId) -> f64 {
+    let r = plan.range(c);
+    (r.end - r.start) as f64
+}
+
+/// Indices of the largest and the smallest load.
+fn extremes(load: &[f64]) -> (usize, usize) {
+    let (mut hi, mut lo) = (0, 0);
+    for (i, &l) in load.iter().enumerate() {
+        if l > load[hi] {
+            hi = i;
+        }
+        if l < load[lo] {
+            lo = i;
+        }
+    }
+    (hi, lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of seed 000, Fig. 5: 16 chunks on two threads; thread 1 finished four of its
+    /// chunks; the count doubles to four.
+    #[test]
+    fn figure_5_two_step_reassignment() {
+        let plan = Plan::Uniform { n: 16, size: 1 };
+        let two = [(0, 1.0), (1, 1.0)];
+        let mut deal = Deal::new(16, &two, &plan);
+        assert_eq!(deal.queue(0), vec![0, 2, 4, 6, 8, 10, 12, 14]);
+        for _ in 0..4 {
+            deal.take(1); // chunks 1, 3, 5, 7 finished
+        }
+        let four = [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0)];
+        deal.redeal(&four, &plan, |_| true);
+        let loads: Vec<usize> = (0..4).map(|w| deal.queue(w).len()).collect();
+        // Step 1 alone gives 4, 2, 4, 2 (with 0..16 and 1, 3, 5, 7 skipped); step 2 evens it.
+        assert_eq!(loads.iter().sum::<usize>(), 12);
+        assert!(loads.iter().all(|&l| l == 3), "{loads:?}");
+        let mut all: Vec<ChunkId> = deal.pending().collect();
+        all.sort_unstable();
+        assert_eq!(all, vec![0, 2, 4, 6, 8, 9, 10, 11, 12, 13, 14, 15]);
+    }
+
+    #[test]
+    fn slower_workers_get_less() {
+        let plan = Plan::Uniform { n: 100, size: 1 };
+        let deal = Deal::new(100, &[(0, 3.0), (1, 1.0)], &plan);
+        assert_eq!(deal.queue(0).len(), 75);
+        assert_eq!(deal.queue(1).len(), 25);
+    }
+}
