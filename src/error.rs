@@ -75,6 +75,16 @@ pub enum Error {
         /// The job's name.
         job: &'static str,
     },
+    /// Another clone of the handle already took the outcome.
+    #[error("the outcome of job {job} was already taken by another handle")]
+    OutcomeTaken {
+        /// The job's name.
+        job: &'static str,
+    },
+    /// A bug in this crate caught by a consistency check; the job is stopped rather than
+    /// risk a wrong value. Please report it.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// A worker thread could not be started.
     #[error("could not start a worker thread")]
     Spawn(#[source] std::io::Error),

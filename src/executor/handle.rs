@@ -89,9 +89,20 @@ pub struct Progress {
 
 /// A running job: scale it, watch it, cancel it, wait for it or await it.
 ///
-/// Dropping the handle leaves the job running to its end in the background.
+/// Clones control the same job, so one thread can wait (and compute, in inline mode) while
+/// another scales it. The outcome is delivered once: to the first `wait` or `.await` that
+/// sees it; later ones get [`Error::OutcomeTaken`]. Dropping every handle leaves the job
+/// running to its end in the background.
 pub struct JobHandle<J: Job> {
     shared: Arc<Shared<J>>,
+}
+
+impl<J: Job> Clone for JobHandle<J> {
+    fn clone(&self) -> Self {
+        JobHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
 }
 
 impl<J: Job> fmt::Debug for JobHandle<J> {
@@ -162,6 +173,7 @@ impl<J: Job> JobHandle<J> {
     }
 
     /// Blocks until the job ends. With zero local workers, the calling thread runs the job.
+    /// Wait from one thread at a time.
     ///
     /// # Errors
     ///
@@ -177,11 +189,9 @@ impl<J: Job> JobHandle<J> {
         worker::serve_inline(&self.shared, &rx);
         let mut st = self.shared.lock();
         st.waiter = None;
-        st.result.take().unwrap_or_else(|| {
-            Err(Error::InvalidConfig(
-                "internal: the job's result was taken twice".into(),
-            ))
-        })
+        st.result
+            .take()
+            .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME }))
     }
 }
 
@@ -220,6 +230,9 @@ impl<J: Job> Future for JobFuture<J> {
         let mut st = self.shared.lock();
         if let Some(result) = st.result.take() {
             return Poll::Ready(result);
+        }
+        if st.ended {
+            return Poll::Ready(Err(Error::OutcomeTaken { job: J::NAME }));
         }
         st.waker = Some(cx.waker().clone());
         if !self.helper && st.waiter.is_none() {

@@ -133,13 +133,13 @@ impl Executor {
     /// [`Error::Panicked`] if `iterations` or `reducer` panics on the first phase;
     /// [`Error::Spawn`] if a worker thread cannot be started.
     pub fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
-        let (plan, reducer) = first_phase(&job, &self.config)?;
+        let core = first_phase(&job, &self.config)?;
         let shared = Arc::new(Shared {
             config: self.config,
             input: OnceLock::new(),
             started: Instant::now(),
             state: Mutex::new(State {
-                core: Core::new(self.config.schedule, plan, reducer),
+                core,
                 job: Some(Arc::new(job)),
                 phase: 0,
                 iterations_before: 0,
@@ -178,12 +178,10 @@ impl Executor {
 }
 
 /// The plan and reducer of the first phase, with user panics caught.
-fn first_phase<J: Job>(job: &J, config: &Config) -> Result<(Plan, J::Reducer)> {
+fn first_phase<J: Job>(job: &J, config: &Config) -> Result<Core<J::Reducer, J::Chunk>> {
     catch(Site::Job { phase: 0 }, J::NAME, || {
-        (
-            Plan::new(job.iterations(), config.schedule, config.chunking),
-            job.reducer(),
-        )
+        let plan = Plan::new(job.iterations(), config.schedule, config.chunking);
+        Core::new(config.schedule, plan, job.reducer())
     })
 }
 
@@ -305,13 +303,16 @@ impl<J: Job> State<J> {
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
         let mut out = std::mem::take(&mut self.out);
-        if let Err(rejected) = self.core.handle(event, &mut out) {
-            // Local workers never send an event the ledger refuses; if one does, stop the job
-            // rather than risk a wrong value.
-            self.fail(
-                shared,
-                Error::InvalidConfig(format!("internal: {rejected}")),
-            );
+        let phase = self.phase;
+        // `handle` runs the reducer's `combine`: a panic there ends the job, not the worker.
+        match catch(Site::Reducer { phase }, J::NAME, || {
+            self.core.handle(event, &mut out)
+        }) {
+            Ok(Ok(())) => {}
+            // Local workers never send an event the ledger refuses; if one does, stop the
+            // job rather than risk a wrong value.
+            Ok(Err(rejected)) => self.fail(shared, Error::Internal(rejected.to_string())),
+            Err(panic) => self.fail(shared, panic),
         }
         let mine = self.execute(&mut out, me);
         self.out = out;
@@ -400,7 +401,7 @@ impl<J: Job> State<J> {
                 self.job = Some(arc);
                 return self.fail(
                     shared,
-                    Error::InvalidConfig("internal: job still shared at a phase barrier".into()),
+                    Error::Internal("job still shared at a phase barrier".into()),
                 );
             }
         };
@@ -429,7 +430,13 @@ impl<J: Job> State<J> {
                 self.phase += 1;
                 self.job = Some(Arc::new(job));
                 let mut out = std::mem::take(&mut self.out);
-                self.core.start_phase(plan, reducer, &mut out);
+                let started = catch(Site::Reducer { phase: phase + 1 }, J::NAME, || {
+                    self.core.start_phase(plan, reducer, &mut out)
+                });
+                if let Err(e) = started {
+                    self.out = out;
+                    return self.fail(shared, e);
+                }
                 // Nobody is waiting for a reply here: every worker is idle in its mailbox.
                 let mine = self.execute(&mut out, None);
                 debug_assert!(mine.is_none());
