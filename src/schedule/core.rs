@@ -39,36 +39,37 @@
 //! in the table. So every chunk's output is merged once, and a handed-back chunk resumes from
 //! the exact state it was handed back with.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::time::Duration;
 
 use super::dynamic::Pile;
+use super::idhash::IdMap;
 use super::static_::Deal;
 use super::{Plan, Schedule};
 use crate::reduce::{OrderedMerge, Reducer};
 
 /// Identifies a worker for the lifetime of a job run; ids are never reused.
-pub(crate) type WorkerId = u64;
+pub type WorkerId = u64;
 
 /// The index of a chunk within its phase.
-pub(crate) type ChunkId = u64;
+pub type ChunkId = u64;
 
 /// What a worker measured while running a chunk, reported with `Done` and `Yielded`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Work {
+pub struct Work {
     /// Iterations the worker did on this chunk during this run (0 if it cannot tell).
-    pub(crate) iterations: u64,
+    pub iterations: u64,
     /// Time spent in `step` during this run.
-    pub(crate) busy: Duration,
+    pub busy: Duration,
 }
 
-/// An input to the core.
+/// An input to the core. (Field names say what they hold; each variant's doc says when.)
 #[derive(Debug)]
+#[allow(missing_docs)]
 // `StateReport` and `Lost` come from remote workers (the cluster layer); the tests drive them.
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) enum Event<S, O> {
+pub enum Event<S, O> {
     /// A worker is ready for work.
     Joined { worker: WorkerId },
     /// `worker` finished `chunk` with `output`.
@@ -99,7 +100,8 @@ pub(crate) enum Event<S, O> {
 
 /// An output of the core, for the executor to carry out.
 #[derive(Debug, PartialEq)]
-pub(crate) enum Command<S> {
+#[allow(missing_docs)]
+pub enum Command<S> {
     /// Run `chunk` (iterations `range`) on `worker`, from `state` or from the start.
     Run {
         worker: WorkerId,
@@ -116,9 +118,11 @@ pub(crate) enum Command<S> {
 /// An event that does not fit the ledger (a report of a chunk the worker does not run, an
 /// unknown worker). The core's state is unchanged; a remote peer that sends it is faulty.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Rejected {
-    pub(crate) worker: WorkerId,
-    pub(crate) reason: &'static str,
+pub struct Rejected {
+    /// The worker the event came from.
+    pub worker: WorkerId,
+    /// Why it was rejected.
+    pub reason: &'static str,
 }
 
 impl fmt::Display for Rejected {
@@ -149,19 +153,19 @@ enum Pending {
 }
 
 /// The core for one job run: current phase's ledger and the worker table.
-pub(crate) struct Core<R: Reducer, S> {
+pub struct Core<R: Reducer, S> {
     schedule: Schedule,
     reducer: R,
     plan: Plan,
     pending: Pending,
     /// States of pending chunks that were started and handed back.
-    suspended: HashMap<ChunkId, S>,
+    suspended: IdMap<ChunkId, S>,
     /// Last reported states of running chunks, for when their worker is lost.
-    known: HashMap<ChunkId, S>,
+    known: IdMap<ChunkId, S>,
     merge: OrderedMerge<R::Value>,
     done_chunks: u64,
     done_iterations: u64,
-    workers: HashMap<WorkerId, Slot>,
+    workers: IdMap<WorkerId, Slot>,
     /// Idle workers, in the order they became idle.
     idle: Vec<WorkerId>,
     halted: bool,
@@ -181,7 +185,7 @@ impl<R: Reducer, S> fmt::Debug for Core<R, S> {
 
 impl<R: Reducer, S> Core<R, S> {
     /// A core for a phase with this plan; no workers yet.
-    pub(crate) fn new(schedule: Schedule, plan: Plan, reducer: R) -> Self {
+    pub fn new(schedule: Schedule, plan: Plan, reducer: R) -> Self {
         let merge = OrderedMerge::new(reducer.identity());
         let pending = Pending::Pile(Pile::new(0));
         let mut core = Core {
@@ -189,12 +193,12 @@ impl<R: Reducer, S> Core<R, S> {
             reducer,
             plan: Plan::Uniform { n: 0, size: 1 },
             pending,
-            suspended: HashMap::new(),
-            known: HashMap::new(),
+            suspended: IdMap::default(),
+            known: IdMap::default(),
             merge,
             done_chunks: 0,
             done_iterations: 0,
-            workers: HashMap::new(),
+            workers: IdMap::default(),
             idle: Vec::new(),
             halted: false,
         };
@@ -217,7 +221,7 @@ impl<R: Reducer, S> Core<R, S> {
 
     /// Starts the next phase with `plan` and `reducer`; idle workers get chunks. Call it only
     /// after [`Core::finish_phase`].
-    pub(crate) fn start_phase(&mut self, plan: Plan, reducer: R, out: &mut Vec<Command<S>>) {
+    pub fn start_phase(&mut self, plan: Plan, reducer: R, out: &mut Vec<Command<S>>) {
         debug_assert!(self.workers.values().all(|s| s.running.is_none()));
         self.merge = OrderedMerge::new(reducer.identity());
         self.reducer = reducer;
@@ -226,12 +230,12 @@ impl<R: Reducer, S> Core<R, S> {
     }
 
     /// Whether every chunk of the phase is done.
-    pub(crate) fn phase_complete(&self) -> bool {
+    pub fn phase_complete(&self) -> bool {
         self.done_chunks == self.plan.len()
     }
 
     /// Takes the phase's value once it is complete (the merge restarts from the identity).
-    pub(crate) fn finish_phase(&mut self) -> R::Value {
+    pub fn finish_phase(&mut self) -> R::Value {
         debug_assert!(self.phase_complete());
         let fresh = OrderedMerge::new(self.reducer.identity());
         std::mem::replace(&mut self.merge, fresh).into_value()
@@ -239,7 +243,7 @@ impl<R: Reducer, S> Core<R, S> {
 
     /// Stops handing out chunks (for cancel and suspend); running chunks are interrupted and
     /// handed back, keeping the ledger complete.
-    pub(crate) fn halt(&mut self, out: &mut Vec<Command<S>>) {
+    pub fn halt(&mut self, out: &mut Vec<Command<S>>) {
         self.halted = true;
         for (&w, slot) in &self.workers {
             if slot.running.is_some() {
@@ -253,7 +257,7 @@ impl<R: Reducer, S> Core<R, S> {
     /// # Errors
     ///
     /// An event that does not fit the ledger is rejected and changes nothing.
-    pub(crate) fn handle(
+    pub fn handle(
         &mut self,
         event: Event<S, R::Value>,
         out: &mut Vec<Command<S>>,
@@ -425,17 +429,19 @@ impl<R: Reducer, S> Core<R, S> {
 
     /// Gives pending chunks to idle workers.
     fn dispatch(&mut self, out: &mut Vec<Command<S>>) {
-        let mut i = 0;
-        while i < self.idle.len() {
-            let w = self.idle[i];
-            if self.assign(w, out) {
-                self.idle.swap_remove(i);
-            } else if matches!(self.pending, Pending::Pile(_)) {
-                break; // the pile is empty for everyone
-            } else {
-                i += 1;
+        // Serve idle workers first come, first served; keep the ones that got nothing in order.
+        let mut idle = std::mem::take(&mut self.idle);
+        let mut pile_empty = false;
+        idle.retain(|&w| {
+            if pile_empty {
+                return true;
             }
-        }
+            let assigned = self.assign(w, out);
+            // With a shared pile, one refusal means it is empty for everyone.
+            pile_empty = !assigned && matches!(self.pending, Pending::Pile(_));
+            !assigned
+        });
+        self.idle = idle;
     }
 
     fn put_back(&mut self, chunk: ChunkId) {
@@ -443,6 +449,9 @@ impl<R: Reducer, S> Core<R, S> {
             Pending::Pile(p) => p.put_back(chunk),
             Pending::Deal(d) => {
                 d.put_back(chunk);
+                if d.is_stale() {
+                    self.redeal();
+                }
             }
         }
     }
@@ -477,6 +486,14 @@ impl<R: Reducer, S> Core<R, S> {
     }
 
     fn membership_changed(&mut self) {
+        if let Pending::Deal(d) = &mut self.pending {
+            if d.membership_changed() {
+                self.redeal();
+            }
+        }
+    }
+
+    fn redeal(&mut self) {
         if matches!(self.pending, Pending::Deal(_)) {
             let speeds = self.member_speeds();
             let suspended = &self.suspended;
@@ -489,7 +506,7 @@ impl<R: Reducer, S> Core<R, S> {
     // ----- read-only views -----
 
     /// Iterations of the phase's done chunks, and the phase's total.
-    pub(crate) fn progress(&self) -> (u64, u64) {
+    pub fn progress(&self) -> (u64, u64) {
         (self.done_iterations, self.plan.iterations())
     }
 

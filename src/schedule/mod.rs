@@ -19,13 +19,18 @@
 mod core;
 mod dynamic;
 mod guided;
+mod idhash;
 mod plan;
 mod static_;
 
-pub(crate) use self::core::{ChunkId, Command, Core, Event, Work, WorkerId};
+// The sans-IO core is public (hidden) only so the crate's benchmarks can drive it; it is not
+// a stable API.
+#[doc(hidden)]
+pub use self::core::{ChunkId, Command, Core, Event, Rejected, Work, WorkerId};
 pub use guided::Guided;
 pub use plan::Chunking;
-pub(crate) use plan::Plan;
+#[doc(hidden)]
+pub use plan::Plan;
 
 use serde::{Deserialize, Serialize};
 

@@ -45,7 +45,8 @@ impl Chunking {
 
 /// The chunks of one phase: `len()` contiguous ranges covering `0..n` in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Plan {
+#[allow(missing_docs)]
+pub enum Plan {
     /// Chunks of `size` iterations (the last one shorter).
     Uniform { n: u64, size: u64 },
     /// `bounds[c]..bounds[c + 1]` is chunk `c`; `bounds` starts at 0 and ends at `n`.
@@ -54,7 +55,7 @@ pub(crate) enum Plan {
 
 impl Plan {
     /// The plan for a phase of `n` iterations.
-    pub(crate) fn new(n: u64, schedule: Schedule, chunking: Chunking) -> Plan {
+    pub fn new(n: u64, schedule: Schedule, chunking: Chunking) -> Plan {
         match schedule {
             Schedule::Guided(g) => Plan::Explicit {
                 bounds: g.bounds(n),
@@ -76,7 +77,7 @@ impl Plan {
     }
 
     /// Number of chunks.
-    pub(crate) fn len(&self) -> u64 {
+    pub fn len(&self) -> u64 {
         match self {
             Plan::Uniform { n, size } => n.div_ceil(*size),
             Plan::Explicit { bounds } => bounds.len().saturating_sub(1) as u64,
@@ -84,7 +85,7 @@ impl Plan {
     }
 
     /// Total iterations.
-    pub(crate) fn iterations(&self) -> u64 {
+    pub fn iterations(&self) -> u64 {
         match self {
             Plan::Uniform { n, .. } => *n,
             Plan::Explicit { bounds } => bounds.last().copied().unwrap_or(0),
@@ -92,7 +93,7 @@ impl Plan {
     }
 
     /// The range of chunk `c` (`c < len()`).
-    pub(crate) fn range(&self, c: u64) -> Range<u64> {
+    pub fn range(&self, c: u64) -> Range<u64> {
         match self {
             Plan::Uniform { n, size } => {
                 let start = c * size;

@@ -11,18 +11,23 @@
 //! A worker only runs chunks from its own queue; static never steals. A chunk handed back goes
 //! to the queue of `workers[c % k]`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
+use super::idhash::IdMap;
 use super::{ChunkId, Plan, WorkerId};
 
 /// Per-worker queues of pending chunks, each in index order.
 #[derive(Debug, Default)]
 pub(super) struct Deal {
-    queues: HashMap<WorkerId, VecDeque<ChunkId>>,
+    queues: IdMap<WorkerId, VecDeque<ChunkId>>,
     /// Pending chunks while no worker is present.
     orphans: BTreeSet<ChunkId>,
     /// The workers of the last deal, sorted.
     workers: Vec<WorkerId>,
+    /// Pending chunks in all queues and orphans.
+    len: usize,
+    /// The membership changed while nothing was pending: deal again before the next put-back.
+    stale: bool,
 }
 
 impl Deal {
@@ -38,11 +43,15 @@ impl Deal {
 
     /// The next chunk of `w`'s queue.
     pub(super) fn take(&mut self, w: WorkerId) -> Option<ChunkId> {
-        self.queues.get_mut(&w)?.pop_front()
+        let c = self.queues.get_mut(&w)?.pop_front()?;
+        self.len -= 1;
+        Some(c)
     }
 
     /// Puts a handed-back chunk into the queue of its round-robin owner.
+    /// Call [`Deal::is_stale`] first: a stale deal must be dealt again after the put-back.
     pub(super) fn put_back(&mut self, c: ChunkId) -> Option<WorkerId> {
+        self.len += 1;
         if self.workers.is_empty() {
             self.orphans.insert(c);
             return None;
@@ -62,13 +71,38 @@ impl Deal {
         plan: &Plan,
         unstarted: impl Fn(ChunkId) -> bool,
     ) {
-        let mut pending: Vec<ChunkId> = self.orphans.iter().copied().collect();
-        self.orphans.clear();
+        let mut pending: Vec<ChunkId> = std::mem::take(&mut self.orphans).into_iter().collect();
         for (_, q) in self.queues.drain() {
             pending.extend(q);
         }
         pending.sort_unstable();
+        self.deal(pending, workers, plan, unstarted);
+    }
+
+    /// Records a membership change. With chunks pending it returns `true`: deal again now.
+    /// With none, dealing (O(workers) per change, so O(workers²) for a burst of joins) is
+    /// put off until a chunk is handed back.
+    pub(super) fn membership_changed(&mut self) -> bool {
+        self.stale = self.len == 0;
+        !self.stale
+    }
+
+    /// Whether the membership changed since the last deal.
+    pub(super) fn is_stale(&self) -> bool {
+        self.stale
+    }
+
+    /// Steps 1 and 2 over `pending` (sorted).
+    fn deal(
+        &mut self,
+        pending: Vec<ChunkId>,
+        workers: &[(WorkerId, f64)],
+        plan: &Plan,
+        unstarted: impl Fn(ChunkId) -> bool,
+    ) {
         self.workers = workers.iter().map(|&(w, _)| w).collect();
+        self.len = pending.len();
+        self.stale = false;
         let k = workers.len();
         if k == 0 {
             self.orphans.extend(pending);
@@ -120,7 +154,7 @@ impl Deal {
     /// Whether no chunk is pending.
     #[cfg(test)]
     pub(super) fn is_empty(&self) -> bool {
-        self.orphans.is_empty() && self.queues.values().all(VecDeque::is_empty)
+        self.len == 0
     }
 
     /// The queue of `w`, for tests.
