@@ -72,7 +72,7 @@ fn percentile(v: &mut [Duration], p: f64) -> Duration {
 fn latencies(step_us: u64) {
     let exec = Executor::builder()
         .local_workers(1)
-        .chunking(Chunking::Count(1))
+        .chunking(Chunking::Count(1 << 20))
         .build()
         .unwrap();
     let handle = exec
@@ -91,7 +91,7 @@ fn latencies(step_us: u64) {
             if let Some(&t) = FIRST_STEPS.lock().unwrap().get(before) {
                 break t;
             }
-            std::thread::yield_now();
+            std::thread::sleep(Duration::from_micros(20));
         };
         grow.push(first - t0);
         std::thread::sleep(Duration::from_millis(2));
@@ -102,7 +102,7 @@ fn latencies(step_us: u64) {
             if let Some(&t) = EXITS.lock().unwrap().get(before) {
                 break t;
             }
-            std::thread::yield_now();
+            std::thread::sleep(Duration::from_micros(20));
         };
         retire.push(exit - t0);
     }

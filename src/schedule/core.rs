@@ -510,21 +510,9 @@ impl<R: Reducer, S> Core<R, S> {
         (self.done_iterations, self.plan.iterations())
     }
 
-    /// Number of workers in the table (retiring ones included).
-    #[cfg(test)]
-    pub(crate) fn worker_count(&self) -> usize {
-        self.workers.len()
-    }
-
     /// The chunk `worker` runs, if any.
     pub(crate) fn running_on(&self, worker: WorkerId) -> Option<ChunkId> {
         self.workers.get(&worker).and_then(|s| s.running)
-    }
-
-    /// The measured throughput of `worker`, in iterations per second (0 until measured).
-    #[cfg(test)]
-    pub(crate) fn throughput(&self, worker: WorkerId) -> f64 {
-        self.workers.get(&worker).map_or(0.0, |s| s.throughput)
     }
 
     /// Whether no chunk is pending (never started or suspended).
