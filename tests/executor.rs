@@ -387,3 +387,56 @@ fn a_second_wait_gets_outcome_taken() {
         second.map(|_| ())
     );
 }
+
+/// Names of this process's threads that belong to job `name`.
+fn job_threads(name: &str) -> Vec<String> {
+    let prefix = format!("malleable-{name}-");
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_owned())
+        .filter(|c| c.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn workers_exit_after_a_failure_or_cancel() {
+    #[derive(Serialize, Deserialize)]
+    struct Lk(bool);
+    impl Fold for Lk {
+        const NAME: &'static str = "lk";
+        type Acc = u64;
+        type Reducer = Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            1 << 40
+        }
+        fn reducer(&self) -> Sum<u64> {
+            Sum::new()
+        }
+        fn body(&self, _: &(), acc: &mut u64, i: u64) {
+            if self.0 && i == 1 << 20 {
+                panic!("lk");
+            }
+            *acc += i;
+        }
+    }
+    let e = exec(3, Chunking::Count(1 << 16));
+    assert!(matches!(
+        e.run(Folded(Lk(true))),
+        Err(Error::Panicked { .. })
+    ));
+    let h = e.submit(Folded(Lk(false))).unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    h.cancel();
+    assert!(matches!(h.wait(), Err(Error::Cancelled { .. })));
+    let t0 = Instant::now();
+    while !job_threads("lk").is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "threads left: {:?}",
+            job_threads("lk")
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

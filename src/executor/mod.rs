@@ -552,6 +552,11 @@ impl<J: Job> State<J> {
         }
     }
 
+    /// Forgets a local worker that left the core without a `Release` command.
+    pub(crate) fn release(&mut self, worker: WorkerId) {
+        self.locals.remove(&worker);
+    }
+
     /// The caller's new target for local threads.
     pub(crate) fn set_target(&mut self, shared: &Arc<Shared<J>>, n: usize) {
         self.target = n;

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use crossbeam_utils::CachePadded;
 
-use super::{Cell, Msg, Shared, catch};
-use crate::error::Site;
+use super::{Cell, Msg, Shared, State, catch};
+use crate::error::{Error, Site};
 use crate::job::{Chunk, Job, Step};
 use crate::metrics::StepStats;
-use crate::schedule::{Event, Work};
+use crate::schedule::{Event, Work, WorkerId};
 
 /// How often a worker publishes the progress of its chunk.
 const PUBLISH_EVERY: Duration = Duration::from_millis(8);
@@ -84,8 +84,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
         Ok(input) => input,
         Err(e) => {
             drop(job);
-            shared.lock().fail(shared, e);
-            return None;
+            return abandon(shared, &mut shared.lock(), worker, e);
         }
     };
     let fresh = state.is_none();
@@ -109,10 +108,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
     let mut st = shared.lock();
     cell.flag.store(false, Ordering::Relaxed);
     match ran {
-        Err(e) => {
-            st.fail(shared, e);
-            None
-        }
+        Err(e) => abandon(shared, &mut st, worker, e),
         Ok((c, output, iterations)) => {
             let work = Work {
                 iterations,
@@ -136,6 +132,21 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             st.feed(shared, event, Some(worker))
         }
     }
+}
+
+/// Ends the job with `error` after this worker lost its chunk (user code panicked, or the
+/// input failed to load): the chunk's state is gone, so the worker leaves the core as lost,
+/// and is released.
+fn abandon<J: Job>(
+    shared: &Arc<Shared<J>>,
+    st: &mut State<J>,
+    worker: WorkerId,
+    error: Error,
+) -> Option<Msg<J>> {
+    st.fail(shared, error);
+    st.feed(shared, Event::Lost { worker }, Some(worker));
+    st.release(worker);
+    Some(Msg::Release)
 }
 
 /// Steps `c` until it is done (`Some(output)`) or the flag asks it to stop (`None`).

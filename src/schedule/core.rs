@@ -67,8 +67,6 @@ pub struct Work {
 /// An input to the core. (Field names say what they hold; each variant's doc says when.)
 #[derive(Debug)]
 #[allow(missing_docs)]
-// `StateReport` and `Lost` come from remote workers (the cluster layer); the tests drive them.
-#[cfg_attr(not(test), allow(dead_code))]
 pub enum Event<S, O> {
     /// A worker is ready for work.
     Joined { worker: WorkerId },
