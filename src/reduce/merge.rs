@@ -48,8 +48,41 @@ impl<V> OrderedMerge<V> {
         true
     }
 
+    /// A merge that has folded chunks `0..merged` into `acc` and holds `held` (chunks above
+    /// `merged`), as a snapshot recorded it. Folds any held output that is next in line.
+    pub(crate) fn restore<R: Reducer<Value = V>>(
+        reducer: &R,
+        merged: u64,
+        acc: V,
+        held: impl IntoIterator<Item = (u64, V)>,
+    ) -> Self {
+        let mut m = OrderedMerge {
+            next: merged,
+            acc,
+            held: BTreeMap::new(),
+        };
+        for (c, v) in held {
+            m.add(reducer, c, v);
+        }
+        m
+    }
+
+    /// Whether the output of `chunk` has been added.
+    pub(crate) fn contains(&self, chunk: u64) -> bool {
+        chunk < self.next || self.held.contains_key(&chunk)
+    }
+
+    /// Outputs waiting for an earlier chunk, in chunk order.
+    pub(crate) fn held(&self) -> impl Iterator<Item = (u64, &V)> {
+        self.held.iter().map(|(c, v)| (*c, v))
+    }
+
+    /// The folded value of chunks `0..merged()`.
+    pub(crate) fn value(&self) -> &V {
+        &self.acc
+    }
+
     /// Chunks `0..merged()` are folded into the value.
-    #[cfg(test)]
     pub(crate) fn merged(&self) -> u64 {
         self.next
     }

@@ -217,6 +217,67 @@ impl<R: Reducer, S> Core<R, S> {
         self.done_iterations = 0;
     }
 
+    /// A core for a phase restored from a snapshot: chunks `0..merged` are folded into
+    /// `reduced`, `done` holds outputs of later chunks, `suspended` the states of started
+    /// chunks; every other chunk is pending from the start. No workers yet.
+    ///
+    /// # Errors
+    ///
+    /// A chunk index out of range or listed twice (a snapshot that does not fit the plan).
+    pub fn restore(
+        schedule: Schedule,
+        plan: Plan,
+        reducer: R,
+        merged: u64,
+        reduced: R::Value,
+        done: Vec<(ChunkId, R::Value)>,
+        suspended: Vec<(ChunkId, S)>,
+    ) -> Result<Self, String> {
+        let len = plan.len();
+        if merged > len {
+            return Err(format!("{merged} chunks merged, but the phase has {len}"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for c in done
+            .iter()
+            .map(|d| d.0)
+            .chain(suspended.iter().map(|s| s.0))
+        {
+            if c < merged || c >= len || !seen.insert(c) {
+                return Err(format!(
+                    "chunk {c} is out of place in a phase of {len} chunks with {merged} merged"
+                ));
+            }
+        }
+        let done_set: std::collections::BTreeSet<ChunkId> = done.iter().map(|d| d.0).collect();
+        let last_done = done_set.last().map_or(merged, |&c| c + 1);
+        let pending: Vec<ChunkId> = (merged..last_done)
+            .filter(|c| !done_set.contains(c))
+            .collect();
+        let mut core = Core::new(schedule, Plan::Uniform { n: 0, size: 1 }, reducer);
+        core.done_chunks = merged + done.len() as u64;
+        core.done_iterations = (0..merged)
+            .chain(done_set.iter().copied())
+            .map(|c| {
+                let r = plan.range(c);
+                r.end - r.start
+            })
+            .sum();
+        core.pending = match schedule {
+            Schedule::Static => {
+                let all: Vec<ChunkId> = pending.into_iter().chain(last_done..len).collect();
+                Pending::Deal(Deal::with_pending(all, &[], &plan))
+            }
+            Schedule::Dynamic | Schedule::Guided(_) => {
+                Pending::Pile(Pile::with_pending(len, &pending, last_done))
+            }
+        };
+        core.merge = OrderedMerge::restore(&core.reducer, merged, reduced, done);
+        core.suspended = suspended.into_iter().collect();
+        core.plan = plan;
+        Ok(core)
+    }
+
     /// Starts the next phase with `plan` and `reducer`; idle workers get chunks. Call it only
     /// after [`Core::finish_phase`].
     pub fn start_phase(&mut self, plan: Plan, reducer: R, out: &mut Vec<Command<S>>) {
@@ -511,6 +572,34 @@ impl<R: Reducer, S> Core<R, S> {
     /// The chunk `worker` runs, if any.
     pub(crate) fn running_on(&self, worker: WorkerId) -> Option<ChunkId> {
         self.workers.get(&worker).and_then(|s| s.running)
+    }
+
+    /// The snapshot view of the merge: chunks `0..merged` folded into the value, and the
+    /// outputs of later done chunks.
+    pub fn merge_state(&self) -> (u64, &R::Value, impl Iterator<Item = (ChunkId, &R::Value)>) {
+        (self.merge.merged(), self.merge.value(), self.merge.held())
+    }
+
+    /// Pending chunks that were started, with their states.
+    pub fn suspended(&self) -> impl Iterator<Item = (ChunkId, &S)> {
+        self.suspended.iter().map(|(&c, s)| (c, s))
+    }
+
+    /// Running chunks and their workers.
+    pub fn running(&self) -> impl Iterator<Item = (WorkerId, ChunkId)> + '_ {
+        self.workers
+            .iter()
+            .filter_map(|(&w, s)| s.running.map(|c| (w, c)))
+    }
+
+    /// Whether the output of `chunk` is in the merge.
+    pub fn is_done(&self, chunk: ChunkId) -> bool {
+        self.merge.contains(chunk)
+    }
+
+    /// The plan of the current phase.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// Whether no chunk is pending (never started or suspended).

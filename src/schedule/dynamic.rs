@@ -27,6 +27,18 @@ impl Pile {
         }
     }
 
+    /// A pile of `len` chunks of which only `pending` (increasing) are pending: the others
+    /// are done. Chunks above the last done one cost no memory.
+    pub(super) fn with_pending(len: ChunkId, pending: &[ChunkId], done_below: ChunkId) -> Pile {
+        let cursor = done_below.min(len);
+        let returned = pending.iter().copied().filter(|&c| c < cursor).collect();
+        Pile {
+            cursor,
+            len,
+            returned,
+        }
+    }
+
     /// The lowest pending chunk, removed from the pile.
     pub(super) fn take(&mut self) -> Option<ChunkId> {
         match self.returned.first() {

@@ -41,6 +41,17 @@ impl Deal {
         deal
     }
 
+    /// `pending` (increasing) dealt over `workers` (sorted).
+    pub(super) fn with_pending(
+        pending: Vec<ChunkId>,
+        workers: &[(WorkerId, f64)],
+        plan: &Plan,
+    ) -> Deal {
+        let mut deal = Deal::default();
+        deal.deal(pending, workers, plan, |_| true);
+        deal
+    }
+
     /// The next chunk of `w`'s queue.
     pub(super) fn take(&mut self, w: WorkerId) -> Option<ChunkId> {
         let c = self.queues.get_mut(&w)?.pop_front()?;

@@ -405,3 +405,86 @@ fn retire_hands_back_then_releases() {
         }]
     );
 }
+
+/// Halts the core (every running chunk is handed back), copies what a snapshot keeps, and
+/// builds a new core from it, as a restore in another process would.
+fn snapshot_and_restore(sim: &mut Sim, schedule: Schedule) -> Core<CollectInOrder<u64>, SimChunk> {
+    sim.core.halt(&mut sim.out);
+    sim.apply();
+    assert_eq!(sim.core.running().count(), 0);
+    let (merged, value, held) = sim.core.merge_state();
+    let (value, held): (Vec<u64>, Vec<(ChunkId, Vec<u64>)>) =
+        (value.clone(), held.map(|(c, v)| (c, v.clone())).collect());
+    let suspended: Vec<(ChunkId, SimChunk)> =
+        sim.core.suspended().map(|(c, s)| (c, s.clone())).collect();
+    Core::restore(
+        schedule,
+        sim.core.plan().clone(),
+        CollectInOrder::new(),
+        merged,
+        value,
+        held,
+        suspended,
+    )
+    .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn restore_midway_covers_each_index_once(
+        schedule in schedules(),
+        chunking in chunkings(),
+        n in 0..2000u64,
+        before in prop::collection::vec(action(), 0..150),
+        after in prop::collection::vec(action(), 0..150),
+    ) {
+        let plan = Plan::new(n, schedule, chunking);
+        let mut sim = Sim { core: Core::new(schedule, plan, CollectInOrder::new()), running: HashMap::new(), workers: Vec::new(), next_id: 0, out: Vec::new() };
+        sim.act(Action::Join);
+        for &a in &before {
+            sim.act(a);
+        }
+        let core = snapshot_and_restore(&mut sim, schedule);
+        let mut sim = Sim { core, running: HashMap::new(), workers: Vec::new(), next_id: 100, out: Vec::new() };
+        sim.act(Action::Join);
+        for &a in &after {
+            sim.act(a);
+        }
+        let mut guard = 0;
+        while !sim.core.phase_complete() {
+            if sim.workers.is_empty() {
+                sim.act(Action::Join);
+            }
+            for i in 0..sim.workers.len() {
+                sim.act(Action::Step(i, 1000));
+            }
+            guard += 1;
+            prop_assert!(guard < 100_000);
+        }
+        prop_assert_eq!(sim.core.finish_phase(), (0..n).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn restore_refuses_a_ledger_that_does_not_fit() {
+    let plan = Plan::new(10, Schedule::Dynamic, Chunking::Size(1));
+    let r = |merged, done: Vec<(u64, u64)>, susp: Vec<(u64, ())>| {
+        Core::<Sum<u64>, ()>::restore(
+            Schedule::Dynamic,
+            plan.clone(),
+            Sum::new(),
+            merged,
+            0,
+            done,
+            susp,
+        )
+        .err()
+    };
+    assert!(r(11, vec![], vec![]).is_some());
+    assert!(r(2, vec![(1, 0)], vec![]).is_some(), "done below merged");
+    assert!(r(2, vec![(10, 0)], vec![]).is_some(), "out of range");
+    assert!(r(2, vec![(5, 0)], vec![(5, ())]).is_some(), "listed twice");
+    assert!(r(2, vec![(5, 0)], vec![(3, ())]).is_none());
+}
