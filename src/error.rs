@@ -81,6 +81,32 @@ pub enum Error {
         /// The job's name.
         job: &'static str,
     },
+    /// A snapshot store or snapshot error (opening, reading, a corrupt or foreign snapshot).
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::Error),
+    /// A snapshot could not be taken; the job goes on and the previous committed snapshot
+    /// stays the latest.
+    #[error("snapshot failed: {0}")]
+    SnapshotFailed(String),
+    /// A value could not be encoded or decoded with the snapshot codec.
+    #[error("could not encode or decode {what}")]
+    Codec {
+        /// What it was.
+        what: &'static str,
+        /// The codec's error.
+        #[source]
+        source: postcard::Error,
+    },
+    /// The job was suspended to this snapshot (from [`Executor::run`](crate::Executor::run),
+    /// which expects the job to finish).
+    #[error("job suspended to snapshot {0}")]
+    Suspended(crate::snapshot::SnapshotId),
+    /// The job has already ended: nothing to snapshot or suspend.
+    #[error("job {job} has already ended")]
+    Ended {
+        /// The job's name.
+        job: &'static str,
+    },
     /// A bug in this crate caught by a consistency check; the job is stopped rather than
     /// risk a wrong value. Please report it.
     #[error("internal error: {0}")]

@@ -73,9 +73,13 @@ mod job;
 pub mod metrics;
 pub mod reduce;
 pub mod schedule;
+pub mod snapshot;
 
 pub use error::{Error, Result, Site};
-pub use executor::{Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress};
+pub use executor::{
+    At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest,
+    SuspendToken,
+};
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Step, Value};
 pub use schedule::{Chunking, Guided, Schedule};

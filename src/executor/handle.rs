@@ -11,12 +11,17 @@ use std::time::Duration;
 use super::{Shared, worker};
 use crate::error::{Error, Result};
 use crate::job::{Job, Value};
+use crate::snapshot::SnapshotId;
+use tokio::sync::oneshot;
 
 /// How a job ended.
 #[non_exhaustive]
 pub enum Outcome<J: Job> {
     /// Every phase ran; the job and its value.
     Finished(Finished<J>),
+    /// The job was suspended to this committed snapshot; resume it with
+    /// [`Executor::resume`](crate::Executor::resume).
+    Suspended(SnapshotId),
 }
 
 impl<J: Job> Outcome<J> {
@@ -24,6 +29,7 @@ impl<J: Job> Outcome<J> {
     pub fn finished(self) -> Option<Finished<J>> {
         match self {
             Outcome::Finished(f) => Some(f),
+            Outcome::Suspended(_) => None,
         }
     }
 }
@@ -35,6 +41,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Outcome::Finished(x) => f.debug_tuple("Finished").field(x).finish(),
+            Outcome::Suspended(id) => f.debug_tuple("Suspended").field(id).finish(),
         }
     }
 }
@@ -167,6 +174,24 @@ impl<J: Job> JobHandle<J> {
         st.fail(&self.shared, Error::Cancelled { job: J::NAME });
     }
 
+    /// Takes a coordinated snapshot: each running chunk is serialized at its next adjustment
+    /// point while the job goes on; the returned request resolves to the committed id
+    /// (`.await` it, or [`SnapshotRequest::wait`]).
+    pub fn snapshot(&self) -> SnapshotRequest {
+        let (tx, rx) = oneshot::channel();
+        self.shared.lock().request_snapshot(&self.shared, tx);
+        SnapshotRequest { rx }
+    }
+
+    /// Suspends the job: running chunks are handed back at their next adjustment point, a
+    /// snapshot is committed, and the job ends with [`Outcome::Suspended`]. The returned
+    /// request resolves to the snapshot's id. If the snapshot fails, the job goes on.
+    pub fn suspend(&self) -> SnapshotRequest {
+        let (tx, rx) = oneshot::channel();
+        self.shared.lock().request_suspend(&self.shared, Some(tx));
+        SnapshotRequest { rx }
+    }
+
     /// Whether the job has ended (finished, failed or cancelled).
     pub fn is_finished(&self) -> bool {
         self.shared.lock().ended
@@ -206,6 +231,39 @@ impl<J: Job> IntoFuture for JobHandle<J> {
             shared: self.shared,
             helper: false,
         }
+    }
+}
+
+/// A snapshot in progress, from [`JobHandle::snapshot`] or [`JobHandle::suspend`]: await it,
+/// or block with [`SnapshotRequest::wait`].
+#[derive(Debug)]
+pub struct SnapshotRequest {
+    rx: oneshot::Receiver<Result<SnapshotId>>,
+}
+
+impl SnapshotRequest {
+    /// Blocks until the snapshot is committed or failed. Do not call it from an async
+    /// context; `.await` the request there.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SnapshotFailed`] (the job goes on), [`Error::Ended`].
+    pub fn wait(self) -> Result<SnapshotId> {
+        self.rx.blocking_recv().unwrap_or(Err(Error::SnapshotFailed(
+            "the job ended before the snapshot was committed".into(),
+        )))
+    }
+}
+
+impl Future for SnapshotRequest {
+    type Output = Result<SnapshotId>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx).poll(cx).map(|r| {
+            r.unwrap_or(Err(Error::SnapshotFailed(
+                "the job ended before the snapshot was committed".into(),
+            )))
+        })
     }
 }
 

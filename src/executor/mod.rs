@@ -26,16 +26,18 @@
 //! thread.
 
 mod handle;
+mod snapshot;
 mod worker;
 
-pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress};
+pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
+pub use snapshot::{At, SuspendToken};
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::Waker;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Sender;
 use crossbeam_utils::CachePadded;
@@ -43,6 +45,7 @@ use crossbeam_utils::CachePadded;
 use crate::error::{Error, Result, Site};
 use crate::job::{Input, Job, Next, Value};
 use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
+use snapshot::{SnapshotConfig, Snapshots};
 
 /// Runs jobs on local worker threads.
 ///
@@ -50,13 +53,48 @@ use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
 #[derive(Debug, Clone)]
 pub struct Executor {
     config: Config,
+    io: Arc<IoRuntime>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Config {
     local_workers: usize,
     schedule: Schedule,
     chunking: Chunking,
+    snapshots: SnapshotConfig,
+}
+
+/// The executor's I/O runtime: one tokio thread for snapshot writes, timers and signals.
+/// It is never a runtime of the caller's, and compute never runs on it.
+#[derive(Debug)]
+pub(crate) struct IoRuntime(Option<tokio::runtime::Runtime>);
+
+impl IoRuntime {
+    fn new() -> Result<IoRuntime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("malleable-io")
+            .enable_all()
+            .build()
+            .map(|rt| IoRuntime(Some(rt)))
+            .map_err(Error::Spawn)
+    }
+
+    pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .expect("the runtime lives until drop")
+            .handle()
+    }
+}
+
+impl Drop for IoRuntime {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which panics inside an async context; this does not.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Configures an [`Executor`].
@@ -73,6 +111,7 @@ impl Default for Builder {
                 local_workers: threads,
                 schedule: Schedule::default(),
                 chunking: Chunking::default(),
+                snapshots: SnapshotConfig::default(),
             },
         }
     }
@@ -99,13 +138,74 @@ impl Builder {
         self
     }
 
+    /// Where snapshots go: `file:///path`, `memory://`, or `s3://bucket/prefix` (feature
+    /// `s3`). The default is the local folder `./snapshots`, created at the first snapshot.
+    pub fn snapshots(mut self, url: impl Into<String>) -> Self {
+        self.config.snapshots.url = Some(url.into());
+        self
+    }
+
+    /// An option of the snapshot store, as `object_store` names them (for S3: `endpoint`,
+    /// `region`, `access_key_id`, `secret_access_key`, `allow_http`, …); the usual `AWS_*`
+    /// environment variables are read too.
+    pub fn snapshot_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config
+            .snapshots
+            .options
+            .push((key.into(), value.into()));
+        self
+    }
+
+    /// The job id snapshots are stored under (default: the job's [`Job::NAME`]).
+    pub fn job_id(mut self, id: impl Into<String>) -> Self {
+        self.config.snapshots.job_id = Some(id.into());
+        self
+    }
+
+    /// Committed snapshots kept per job (default 2, at least 1; the newest is never deleted).
+    pub fn keep_snapshots(mut self, k: usize) -> Self {
+        self.config.snapshots.keep = k.max(1);
+        self
+    }
+
+    /// Takes a coordinated snapshot every `period` while a job runs.
+    pub fn snapshot_every(mut self, period: Duration) -> Self {
+        self.config.snapshots.every = Some(period);
+        self
+    }
+
+    /// Suspends jobs before `deadline` (say, the end of a batch allocation): the final
+    /// snapshot starts early enough to commit before it, by a margin of twice the longest
+    /// snapshot measured so far plus one second (ten seconds before any was measured).
+    pub fn deadline(mut self, deadline: SystemTime) -> Self {
+        self.config.snapshots.deadline = Some(deadline);
+        self
+    }
+
+    /// Suspends jobs on SIGTERM and SIGUSR1, which batch schedulers send before a time limit.
+    /// No handler is installed unless this is called.
+    pub fn suspend_on_signals(mut self) -> Self {
+        self.config.snapshots.signals = true;
+        self
+    }
+
+    /// Suspends jobs when `token` is triggered, for programs with their own trigger.
+    pub fn suspend_token(mut self, token: &SuspendToken) -> Self {
+        self.config.snapshots.token = Some(token.clone());
+        self
+    }
+
     /// Builds the executor.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a chunk count or size of zero, or a guided schedule with
-    /// zero workers or a zero minimum chunk.
+    /// zero workers or a zero minimum chunk; [`Error::Snapshot`] for a snapshot URL that
+    /// cannot be opened; [`Error::Spawn`] if the I/O thread cannot start.
     pub fn build(self) -> Result<Executor> {
+        if self.config.snapshots.url.is_some() {
+            self.config.snapshots.store()?;
+        }
         self.config.chunking.validate()?;
         if let Schedule::Guided(g) = self.config.schedule {
             if g.workers == 0 || g.min_chunk == 0 {
@@ -116,6 +216,7 @@ impl Builder {
         }
         Ok(Executor {
             config: self.config,
+            io: Arc::new(IoRuntime::new()?),
         })
     }
 }
@@ -134,15 +235,45 @@ impl Executor {
     /// [`Error::Spawn`] if a worker thread cannot be started.
     pub fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
         let core = first_phase(&job, &self.config)?;
+        self.launch(
+            job,
+            core,
+            0,
+            0,
+            Snapshots::default(),
+            self.config.schedule,
+            self.config.chunking,
+        )
+    }
+
+    /// Starts a job run from its first phase or from a restored ledger.
+    #[allow(clippy::too_many_arguments)]
+    fn launch<J: Job>(
+        &self,
+        job: J,
+        core: Core<J::Reducer, J::Chunk>,
+        phase: u64,
+        iterations_before: u64,
+        snap: Snapshots,
+        schedule: Schedule,
+        chunking: Chunking,
+    ) -> Result<JobHandle<J>> {
+        let config = Config {
+            schedule,
+            chunking,
+            ..self.config.clone()
+        };
         let shared = Arc::new(Shared {
-            config: self.config,
+            config,
+            io: Arc::clone(&self.io),
             input: OnceLock::new(),
             started: Instant::now(),
             state: Mutex::new(State {
                 core,
                 job: Some(Arc::new(job)),
-                phase: 0,
-                iterations_before: 0,
+                phase,
+                iterations_before,
+                snap,
                 target: self.config.local_workers,
                 locals: HashMap::new(),
                 waiter: None,
@@ -161,6 +292,7 @@ impl Executor {
                 return Err(e);
             }
         }
+        snapshot::spawn_triggers(&shared);
         Ok(JobHandle::new(shared))
     }
 
@@ -173,6 +305,7 @@ impl Executor {
     pub fn run<J: Job>(&self, job: J) -> Result<Finished<J>> {
         match self.submit(job)?.wait()? {
             Outcome::Finished(f) => Ok(f),
+            Outcome::Suspended(id) => Err(Error::Suspended(id)),
         }
     }
 }
@@ -198,13 +331,19 @@ pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> 
 /// per-step reads and the occasional progress writes share it with nothing else.
 #[derive(Debug, Default)]
 pub(crate) struct Cell {
-    /// Set (under the state mutex) when the core wants the worker to stop at its next
-    /// adjustment point. The worker reads it with `Relaxed` once per step; what it then does
-    /// happens under the mutex, which orders everything.
-    flag: AtomicBool,
+    /// Requests for the worker's next adjustment point: [`INTERRUPT`] (hand the chunk back)
+    /// and [`CAPTURE`] (serialize it for a snapshot and go on). Set under the state mutex;
+    /// the worker reads it with `Relaxed` once per step, and what it then does happens under
+    /// the mutex, which orders everything.
+    flag: AtomicU8,
     /// Iterations done in the worker's current chunk, published at most every few ms.
     progress: AtomicU64,
 }
+
+/// [`Cell::flag`] bit: stop at the next adjustment point and hand the chunk back.
+pub(crate) const INTERRUPT: u8 = 1;
+/// [`Cell::flag`] bit: serialize the chunk at the next adjustment point for a snapshot.
+pub(crate) const CAPTURE: u8 = 2;
 
 /// A message to a local worker (or to the thread waiting in inline mode).
 pub(crate) enum Msg<J: Job> {
@@ -234,6 +373,7 @@ struct Local<J: Job> {
 /// Everything one job run shares between its workers and its handle.
 pub(crate) struct Shared<J: Job> {
     config: Config,
+    io: Arc<IoRuntime>,
     input: OnceLock<std::result::Result<J::Input, String>>,
     started: Instant,
     state: Mutex<State<J>>,
@@ -254,6 +394,8 @@ pub(crate) struct State<J: Job> {
     phase: u64,
     /// Iterations of the finished phases.
     iterations_before: u64,
+    /// Snapshot bookkeeping (`snapshot.rs`).
+    snap: Snapshots,
     /// Requested local worker threads.
     target: usize,
     locals: HashMap<WorkerId, Local<J>>,
@@ -294,14 +436,43 @@ impl<J: Job> Shared<J> {
 }
 
 impl<J: Job> State<J> {
-    /// Feeds an event to the core and carries out the resulting commands. A command for
-    /// `me` is returned instead of sent.
-    pub(crate) fn feed(
+    /// A worker's report: feeds it to the core, then settles (phase ends, worker target).
+    /// A command for `me` is returned instead of sent.
+    pub(crate) fn report(
         &mut self,
         shared: &Arc<Shared<J>>,
         event: Event<J::Chunk, Value<J>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
+        let mine = self.feed(shared, event, me);
+        self.settle(shared);
+        mine
+    }
+
+    /// Feeds an event to the core and carries out the resulting commands; does not settle,
+    /// so that `reconcile` can call it without re-entering itself. A command for `me` is
+    /// returned instead of sent.
+    fn feed(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<J::Chunk, Value<J>>,
+        me: Option<WorkerId>,
+    ) -> Option<Msg<J>> {
+        if self.snap.cut.is_some() {
+            // Protocol step 2 of `snapshot.rs`: an output or a handed-back state of a chunk
+            // the cut waits for.
+            match &event {
+                Event::Done { chunk, output, .. } if self.cut_waits_for(*chunk) => {
+                    let bytes = snapshot::encode("a chunk output", output);
+                    self.captured_output(shared, *chunk, bytes);
+                }
+                Event::Yielded { chunk, state, .. } if self.cut_waits_for(*chunk) => {
+                    let bytes = snapshot::encode("a chunk state", state);
+                    self.captured(shared, *chunk, bytes);
+                }
+                _ => {}
+            }
+        }
         let mut out = std::mem::take(&mut self.out);
         let phase = self.phase;
         // `handle` runs the reducer's `combine`: a panic there ends the job, not the worker.
@@ -316,7 +487,6 @@ impl<J: Job> State<J> {
         }
         let mine = self.execute(&mut out, me);
         self.out = out;
-        self.settle(shared);
         mine
     }
 
@@ -340,6 +510,7 @@ impl<J: Job> State<J> {
                         continue;
                     };
                     local.cell.progress.store(0, Ordering::Relaxed);
+                    self.snap.on_run(chunk);
                     let msg = Msg::Run {
                         worker,
                         chunk,
@@ -357,7 +528,7 @@ impl<J: Job> State<J> {
                 }
                 Command::Interrupt { worker } => {
                     if let Some(local) = self.locals.get(&worker) {
-                        local.cell.flag.store(true, Ordering::Relaxed);
+                        local.cell.flag.fetch_or(INTERRUPT, Ordering::Relaxed);
                     }
                 }
                 Command::Release { worker } => {
@@ -380,6 +551,7 @@ impl<J: Job> State<J> {
             self.end_phase(shared);
         }
         self.reconcile(shared);
+        self.maybe_suspend(shared);
         self.workers_gauge.set(self.locals.len() as f64);
     }
 
@@ -406,7 +578,6 @@ impl<J: Job> State<J> {
             }
         };
         metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
-        self.iterations_before += self.core.progress().1;
         let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
             Ok(next) => next,
             Err(e) => return self.fail(shared, e),
@@ -427,6 +598,7 @@ impl<J: Job> State<J> {
                     Ok(x) => x,
                     Err(e) => return self.fail(shared, e),
                 };
+                self.iterations_before += self.core.progress().1;
                 self.phase += 1;
                 self.job = Some(Arc::new(job));
                 let mut out = std::mem::take(&mut self.out);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use crossbeam_utils::CachePadded;
 
-use super::{Cell, Msg, Shared, State, catch};
+use super::{CAPTURE, Cell, INTERRUPT, Msg, Shared, State, catch, snapshot};
 use crate::error::{Error, Site};
 use crate::job::{Chunk, Job, Step};
 use crate::metrics::StepStats;
@@ -94,7 +94,19 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             None => job.chunk(range.clone()),
         };
         let before = c.iterations_done().unwrap_or(0);
-        let output = steps(&mut c, &job, input, &cell, stats);
+        let output = loop {
+            let output = steps(&mut c, &job, input, &cell, stats);
+            let flag = cell.flag.load(Ordering::Relaxed);
+            if output.is_some() || flag & INTERRUPT != 0 || flag & CAPTURE == 0 {
+                break output;
+            }
+            // A snapshot's capture (protocol step 2 of `snapshot.rs`): serialize here, hand
+            // the bytes over, and go on with the same chunk.
+            let bytes = snapshot::encode("a chunk state", &c);
+            let mut st = shared.lock();
+            cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
+            st.captured(shared, chunk, bytes);
+        };
         let did = match c.iterations_done() {
             Some(now) => now.saturating_sub(before),
             None if fresh && output.is_some() => range.end - range.start,
@@ -106,7 +118,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
     // must be the last one.
     drop(job);
     let mut st = shared.lock();
-    cell.flag.store(false, Ordering::Relaxed);
+    cell.flag.store(0, Ordering::Relaxed);
     match ran {
         Err(e) => abandon(shared, &mut st, worker, e),
         Ok((c, output, iterations)) => {
@@ -129,7 +141,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
                     work,
                 },
             };
-            st.feed(shared, event, Some(worker))
+            st.report(shared, event, Some(worker))
         }
     }
 }
@@ -144,7 +156,7 @@ fn abandon<J: Job>(
     error: Error,
 ) -> Option<Msg<J>> {
     st.fail(shared, error);
-    st.feed(shared, Event::Lost { worker }, Some(worker));
+    st.report(shared, Event::Lost { worker }, Some(worker));
     st.release(worker);
     Some(Msg::Release)
 }
@@ -169,7 +181,7 @@ fn steps<C: Chunk>(
         if let Step::Done(output) = step {
             return Some(output);
         }
-        if cell.flag.load(Ordering::Relaxed) {
+        if cell.flag.load(Ordering::Relaxed) != 0 {
             return None;
         }
         since_publish += took;

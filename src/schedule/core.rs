@@ -311,6 +311,12 @@ impl<R: Reducer, S> Core<R, S> {
         }
     }
 
+    /// Hands out chunks again after [`Core::halt`] (a suspend whose snapshot failed).
+    pub fn unhalt(&mut self, out: &mut Vec<Command<S>>) {
+        self.halted = false;
+        self.dispatch(out);
+    }
+
     /// Feeds one event; commands go to `out`.
     ///
     /// # Errors

@@ -1,0 +1,218 @@
+//! The error type of the snapshot area: decoding, checking and storing snapshots.
+
+/// A `Result` with the snapshot [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of snapshot encoding, decoding and storage.
+///
+/// Every way bytes from a file or the network can be wrong has its own variant: decoding a
+/// snapshot never panics.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The bytes do not start with [`MAGIC`](super::MAGIC): not a snapshot manifest.
+    #[error(
+        "not a snapshot manifest: the file starts with {found:02x?}, not the magic \"MLBLSNAP\""
+    )]
+    BadMagic {
+        /// The first bytes found (up to 8).
+        found: Vec<u8>,
+    },
+    /// The manifest was written in a format version this build does not read.
+    #[error(
+        "snapshot format version {found} is not supported (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// The version in the file.
+        found: u32,
+        /// The version this build reads and writes.
+        supported: u32,
+    },
+    /// The input ends before the data it announces.
+    #[error("{what} is truncated: needs {needed} bytes, got {got}")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes present.
+        got: u64,
+    },
+    /// The input goes on after the data it announces.
+    #[error("{what} has {extra} trailing bytes after its end")]
+    TrailingBytes {
+        /// What was being read.
+        what: &'static str,
+        /// Bytes past the announced end.
+        extra: u64,
+    },
+    /// A stored object has another size than its reference says.
+    #[error("{what} has {found} bytes, expected {expected}")]
+    Size {
+        /// What was checked (a part key, a manifest).
+        what: String,
+        /// The size recorded in the reference.
+        expected: u64,
+        /// The size found.
+        found: u64,
+    },
+    /// A CRC-32C checksum does not match: the bytes were corrupted.
+    #[error("checksum mismatch in {what}: expected crc32c {expected:#010x}, found {found:#010x}")]
+    Checksum {
+        /// What was checked.
+        what: String,
+        /// The checksum recorded.
+        expected: u32,
+        /// The checksum of the bytes found.
+        found: u32,
+    },
+    /// Bytes that passed the checksum do not decode (written by a buggy or foreign writer).
+    #[error("cannot decode {what}")]
+    Decode {
+        /// What was being decoded.
+        what: String,
+        /// The codec's error.
+        #[source]
+        source: postcard::Error,
+    },
+    /// The snapshot belongs to another job (another [`Job::NAME`](crate::Job::NAME)).
+    #[error("the snapshot is of job {found:?}, not {expected:?}")]
+    WrongJob {
+        /// The job name asked for.
+        expected: String,
+        /// The job name in the snapshot.
+        found: String,
+    },
+    /// A manifest that decodes but breaks an invariant of the format (a chunk listed twice,
+    /// an index out of range, …).
+    #[error("inconsistent snapshot manifest: {0}")]
+    Inconsistent(String),
+    /// Nothing is stored where something was expected.
+    #[error("not found: {what}")]
+    NotFound {
+        /// What was looked for.
+        what: String,
+    },
+    /// Another writer already committed this epoch of this job: the conditional create of the
+    /// manifest lost. The snapshot being written is not committed.
+    #[error("epoch {epoch} of job {job_id} is already committed by another writer")]
+    EpochTaken {
+        /// The job id.
+        job_id: String,
+        /// The epoch.
+        epoch: u64,
+    },
+    /// A job id that cannot be used in a key.
+    #[error("invalid job id {job_id:?}: {reason}")]
+    InvalidJobId {
+        /// The id given.
+        job_id: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A snapshot id that does not parse as `job-id@epoch`.
+    #[error("invalid snapshot id {id:?}: {reason}")]
+    InvalidId {
+        /// The text given.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A store URL that cannot be opened.
+    #[error("invalid store URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL given (without credentials).
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A store option that the store does not know or accept.
+    #[error("invalid store option {key:?}: {reason}")]
+    InvalidOption {
+        /// The option's key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store refused the request for lack of valid credentials or permissions.
+    #[error(
+        "the store denied {op} of {key:?}: the credentials are missing, wrong or lack permission \
+         (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the access_key_id / \
+         secret_access_key options)"
+    )]
+    Denied {
+        /// The operation (`put`, `get`, `list`, `delete`).
+        op: &'static str,
+        /// The key, relative to the store's prefix.
+        key: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// Any other failure of the object store (network, disk full, …).
+    #[error("object store {op} of {key:?} failed")]
+    Store {
+        /// The operation (`put`, `get`, `list`, `delete`, …).
+        op: &'static str,
+        /// The key, relative to the store's prefix.
+        key: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A local I/O failure (creating the folder of a `file://` store).
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Maps an object-store failure of `op` on `key` to the matching variant: missing objects
+    /// become [`Error::NotFound`], refused credentials [`Error::Denied`], the rest
+    /// [`Error::Store`] (the source is kept in both).
+    ///
+    /// Some S3-compatible servers answer a bad signature with a status that `object_store`
+    /// reports as a generic error; the S3 error codes in its message still say what happened,
+    /// so those are recognised too.
+    pub(crate) fn store(op: &'static str, key: &str, source: object_store::Error) -> Error {
+        use object_store::Error as E;
+        let denied = match &source {
+            E::Unauthenticated { .. } | E::PermissionDenied { .. } => true,
+            E::Generic { source, .. } => {
+                let text = source.to_string();
+                DENIED_CODES.iter().any(|code| text.contains(code))
+            }
+            _ => false,
+        };
+        match source {
+            E::NotFound { .. } => Error::NotFound {
+                what: format!("object {key:?}"),
+            },
+            source if denied => Error::Denied {
+                op,
+                key: key.to_owned(),
+                source,
+            },
+            source => Error::Store {
+                op,
+                key: key.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+/// S3 error codes that mean "your credentials were refused".
+const DENIED_CODES: [&str; 6] = [
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "ExpiredToken",
+    "InvalidToken",
+    "InvalidSecurity",
+];

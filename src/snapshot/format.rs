@@ -1,0 +1,531 @@
+//! The snapshot file format: the manifest and the checks of parts.
+//!
+//! A snapshot is one **manifest** object plus one **part** object per suspended chunk. Parts
+//! are opaque here (the executor writes the postcard bytes of a chunk state); the manifest
+//! lists them with their size and CRC-32C, so that a reader checks every byte it trusts.
+//!
+//! # Manifest file layout
+//!
+//! All integers are little-endian; nothing is a `usize` or a pointer, so a manifest written
+//! on one architecture reads on any other.
+//!
+//! | offset | size | field |
+//! | --- | --- | --- |
+//! | 0 | 8 | [`MAGIC`], `b"MLBLSNAP"` |
+//! | 8 | 4 | format version, `u32` ([`FORMAT_VERSION`]) |
+//! | 12 | 8 | body length in bytes, `u64` |
+//! | 20 | 4 | CRC-32C (Castagnoli) of the body, `u32` |
+//! | 24 | body length | body: the [`Manifest`] in postcard |
+//!
+//! [`encode_manifest`] writes these fields in this order and [`decode_manifest`] reads them
+//! in the same order; the two mirror each other, field for field — change one, change both,
+//! and bump [`FORMAT_VERSION`]. The version is checked before the body is looked at, so a
+//! later version with another body is refused with [`Error::UnsupportedVersion`], never
+//! misread. The body's postcard encoding is the serde field order of [`Manifest`] and
+//! [`PartRef`]: reordering their fields is a format change too.
+//!
+//! # What decoding guarantees
+//!
+//! [`decode_manifest`] returns `Ok` only for a manifest whose header, length and checksum are
+//! right, whose body decodes exactly (no byte left over), and which is consistent: its body
+//! carries the header's version, `merged <= chunks`, `iterations_done <= iterations_total`,
+//! and every chunk in `done` and `parts` is in `merged..chunks` and listed once across both.
+//! Any other input gives a typed [`Error`]; no input panics (the `fuzz/` targets check this).
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{Error, Result};
+
+/// The version of the manifest format that this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The first 8 bytes of every manifest file.
+pub const MAGIC: [u8; 8] = *b"MLBLSNAP";
+
+/// Length of the fixed header before the body: magic, version, body length, body checksum.
+pub const HEADER_LEN: usize = 8 + 4 + 8 + 4;
+
+/// The description of one snapshot: everything needed to restore a job at one epoch, except
+/// the suspended chunk states, which live in parts that [`Manifest::parts`] lists.
+///
+/// Every chunk of the current phase appears exactly once: folded into `reduced` (below
+/// `merged`), done with an output (in `done`), suspended with a state (in `parts`), or pending
+/// from scratch (everything else).
+///
+/// Values the snapshot layer does not interpret (`job`, `config`, `reduced`, the outputs) are
+/// opaque postcard bytes written by the executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The format version of this manifest; [`FORMAT_VERSION`] when written by this build.
+    pub format_version: u32,
+    /// The job's [`Job::NAME`](crate::Job::NAME): which code this snapshot is for.
+    pub job_name: String,
+    /// The id of this run of the job: the first level of the store's keys.
+    pub job_id: String,
+    /// The number of this snapshot within the job.
+    pub epoch: u64,
+    /// When the snapshot was started, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// The job value in postcard (opaque here).
+    pub job: Vec<u8>,
+    /// The current phase (0-based).
+    pub phase: u64,
+    /// Iterations of the phases finished before this one.
+    pub iterations_before: u64,
+    /// Iterations of the current phase finished at the snapshot (for progress reports).
+    pub iterations_done: u64,
+    /// Iterations of the current phase.
+    pub iterations_total: u64,
+    /// Number of chunks of the current phase.
+    pub chunks: u64,
+    /// The schedule and chunking of the current phase in postcard (opaque here; the executor
+    /// fills it).
+    pub config: Vec<u8>,
+    /// Chunks `0..merged` are folded into `reduced`.
+    pub merged: u64,
+    /// The reduction of chunks `0..merged` in postcard (opaque here).
+    pub reduced: Vec<u8>,
+    /// Outputs of done chunks at or above `merged`: `(chunk, postcard bytes of the output)`.
+    pub done: Vec<(u64, Vec<u8>)>,
+    /// Suspended chunk states, stored as parts. Every chunk in `merged..chunks` listed neither
+    /// here nor in `done` is pending from scratch.
+    pub parts: Vec<PartRef>,
+}
+
+/// A reference from a manifest to one part: a suspended chunk's state stored as its own
+/// object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PartRef {
+    /// The chunk whose state this is.
+    pub chunk: u64,
+    /// The object's key, relative to the store's prefix (`{job_id}/{epoch:020}/parts/…`; an
+    /// incremental snapshot may reference a part that an earlier epoch wrote).
+    pub key: String,
+    /// The object's size in bytes.
+    pub size: u64,
+    /// CRC-32C (Castagnoli) of the object's bytes.
+    pub crc32c: u32,
+}
+
+impl Manifest {
+    /// Checks that this snapshot is of the job named `name` ([`Job::NAME`](crate::Job::NAME)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongJob`] when it is of another job.
+    pub fn check_job(&self, name: &str) -> Result<()> {
+        if self.job_name == name {
+            Ok(())
+        } else {
+            Err(Error::WrongJob {
+                expected: name.to_owned(),
+                found: self.job_name.clone(),
+            })
+        }
+    }
+
+    /// Checks the invariants of the format that the types alone do not hold (see the
+    /// [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnsupportedVersion`] for a `format_version` other than [`FORMAT_VERSION`],
+    /// [`Error::Inconsistent`] for the rest.
+    pub fn check_consistent(&self) -> Result<()> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: self.format_version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let inconsistent = |what: String| Err(Error::Inconsistent(what));
+        if self.merged > self.chunks {
+            return inconsistent(format!(
+                "{} chunks merged but the phase has {} chunks",
+                self.merged, self.chunks
+            ));
+        }
+        if self.iterations_done > self.iterations_total {
+            return inconsistent(format!(
+                "{} iterations done of a phase of {}",
+                self.iterations_done, self.iterations_total
+            ));
+        }
+        let chunks = self.done.iter().map(|(chunk, _)| ("done", *chunk));
+        let chunks = chunks.chain(self.parts.iter().map(|part| ("parts", part.chunk)));
+        let mut seen = HashSet::with_capacity(self.done.len() + self.parts.len());
+        for (list, chunk) in chunks {
+            if chunk >= self.chunks {
+                return inconsistent(format!(
+                    "chunk {chunk} in {list} is out of range (the phase has {} chunks)",
+                    self.chunks
+                ));
+            }
+            if chunk < self.merged {
+                return inconsistent(format!(
+                    "chunk {chunk} in {list} is already merged (merged: {})",
+                    self.merged
+                ));
+            }
+            if !seen.insert(chunk) {
+                return inconsistent(format!("chunk {chunk} is listed twice in done and parts"));
+            }
+        }
+        let mut keys = HashSet::with_capacity(self.parts.len());
+        for part in &self.parts {
+            if !keys.insert(part.key.as_str()) {
+                return inconsistent(format!("part key {:?} is listed twice", part.key));
+            }
+        }
+        Ok(())
+    }
+
+    /// Total size in bytes of the parts this manifest references.
+    pub fn parts_size(&self) -> u64 {
+        self.parts
+            .iter()
+            .fold(0u64, |sum, part| sum.saturating_add(part.size))
+    }
+}
+
+/// Encodes a manifest file: header, then body (see the [layout](self#manifest-file-layout)).
+///
+/// The header carries [`FORMAT_VERSION`] (this build's), whatever `manifest.format_version`
+/// says; [`decode_manifest`] refuses a file where the two disagree.
+///
+/// # Panics
+///
+/// Never: postcard fails only for types that [`Manifest`] does not contain (sequences of
+/// unknown length, a full fixed buffer).
+pub fn encode_manifest(manifest: &Manifest) -> Vec<u8> {
+    let body = postcard::to_allocvec(manifest)
+        .expect("postcard encodes strings, integers and vectors into a Vec infallibly");
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    // Order must match `decode_manifest`.
+    out.extend_from_slice(&MAGIC); // magic
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes()); // format version
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes()); // body length
+    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes()); // body checksum
+    out.extend_from_slice(&body); // body
+    out
+}
+
+/// Decodes and checks a manifest file (see the [layout](self#manifest-file-layout)).
+///
+/// # Errors
+///
+/// In the order the checks run: [`Error::BadMagic`], [`Error::Truncated`] (the input ends
+/// inside the header or the body), [`Error::UnsupportedVersion`], [`Error::TrailingBytes`],
+/// [`Error::Checksum`], [`Error::Decode`] (the body does not decode, or not exactly), and
+/// [`Error::Inconsistent`] (see [`Manifest::check_consistent`]).
+pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
+    const WHAT: &str = "snapshot manifest";
+    let mut reader = Reader { bytes, at: 0 };
+
+    // Order must match `encode_manifest`.
+    // Magic: a short input that is a prefix of the magic is truncated, anything else is bad.
+    let magic = &bytes[..bytes.len().min(MAGIC.len())];
+    if magic != &MAGIC[..magic.len()] {
+        return Err(Error::BadMagic {
+            found: magic.to_vec(),
+        });
+    }
+    reader.take::<8>(WHAT)?;
+    // Format version: checked before anything else of the file is trusted.
+    let version = u32::from_le_bytes(reader.take::<4>(WHAT)?);
+    if version != FORMAT_VERSION {
+        return Err(Error::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    // Body length and checksum.
+    let body_len = u64::from_le_bytes(reader.take::<8>(WHAT)?);
+    let expected_crc = u32::from_le_bytes(reader.take::<4>(WHAT)?);
+    // Body: exactly `body_len` bytes, then the end of the file.
+    let rest = reader.rest();
+    let got = rest.len() as u64;
+    if got < body_len {
+        return Err(Error::Truncated {
+            what: WHAT,
+            needed: (HEADER_LEN as u64).saturating_add(body_len),
+            got: bytes.len() as u64,
+        });
+    }
+    if got > body_len {
+        return Err(Error::TrailingBytes {
+            what: WHAT,
+            extra: got - body_len,
+        });
+    }
+    let body = rest;
+    let found_crc = crc32c::crc32c(body);
+    if found_crc != expected_crc {
+        return Err(Error::Checksum {
+            what: "snapshot manifest body".to_owned(),
+            expected: expected_crc,
+            found: found_crc,
+        });
+    }
+    let decode_error = |source| Error::Decode {
+        what: "snapshot manifest body".to_owned(),
+        source,
+    };
+    let (manifest, left): (Manifest, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
+    if !left.is_empty() {
+        return Err(Error::TrailingBytes {
+            what: "snapshot manifest body",
+            extra: left.len() as u64,
+        });
+    }
+    if manifest.format_version != version {
+        return Err(Error::Inconsistent(format!(
+            "the header says format version {version}, the body {}",
+            manifest.format_version
+        )));
+    }
+    manifest.check_consistent()?;
+    Ok(manifest)
+}
+
+/// Checks a part's bytes against the manifest's reference to it: size first, then CRC-32C.
+///
+/// # Errors
+///
+/// [`Error::Size`] when the size differs, [`Error::Checksum`] when the checksum does.
+pub fn check_part(bytes: &[u8], part: &PartRef) -> Result<()> {
+    let size = bytes.len() as u64;
+    if size != part.size {
+        return Err(Error::Size {
+            what: format!("part {:?} (chunk {})", part.key, part.chunk),
+            expected: part.size,
+            found: size,
+        });
+    }
+    let found = crc32c::crc32c(bytes);
+    if found != part.crc32c {
+        return Err(Error::Checksum {
+            what: format!("part {:?} (chunk {})", part.key, part.chunk),
+            expected: part.crc32c,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// Reads fixed-size fields from the front of a byte slice, with a typed error at its end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N]> {
+        let end = self.at.saturating_add(N);
+        match self.bytes.get(self.at..end) {
+            Some(field) => {
+                self.at = end;
+                let mut out = [0; N];
+                out.copy_from_slice(field);
+                Ok(out)
+            }
+            None => Err(Error::Truncated {
+                what,
+                needed: HEADER_LEN as u64,
+                got: self.bytes.len() as u64,
+            }),
+        }
+    }
+
+    fn rest(&self) -> &'a [u8] {
+        self.bytes.get(self.at..).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            job_name: "basel".to_owned(),
+            job_id: "run-1".to_owned(),
+            epoch: 3,
+            created_unix_ms: 1_700_000_000_000,
+            job: vec![1, 2, 3],
+            phase: 1,
+            iterations_before: 1000,
+            iterations_done: 40,
+            iterations_total: 100,
+            chunks: 10,
+            config: vec![9],
+            merged: 2,
+            reduced: vec![0; 8],
+            done: vec![(2, vec![7; 8]), (5, vec![])],
+            parts: vec![PartRef {
+                chunk: 3,
+                key: "run-1/00000000000000000003/parts/1-3-00ff".to_owned(),
+                size: 4,
+                crc32c: crc32c::crc32c(b"abcd"),
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        let bytes = encode_manifest(&m);
+        assert_eq!(&bytes[..8], b"MLBLSNAP");
+        assert_eq!(decode_manifest(&bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn header_is_little_endian() {
+        let bytes = encode_manifest(&sample());
+        assert_eq!(bytes[8..12], 1u32.to_le_bytes());
+        let len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+        assert_eq!(len as usize, bytes.len() - HEADER_LEN);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = encode_manifest(&sample());
+        for n in 0..bytes.len() {
+            match decode_manifest(&bytes[..n]) {
+                Err(Error::Truncated { got, .. }) => assert_eq!(got, n as u64),
+                other => panic!("prefix of {n} bytes: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_bit_flip_is_an_error() {
+        let bytes = encode_manifest(&sample());
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[i] ^= 1 << bit;
+                assert!(
+                    decode_manifest(&b).is_err(),
+                    "flip of bit {bit} of byte {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn typed_errors() {
+        let bytes = encode_manifest(&sample());
+        let mut b = bytes.clone();
+        b[0] = b'X';
+        assert!(matches!(decode_manifest(&b), Err(Error::BadMagic { .. })));
+        assert!(matches!(
+            decode_manifest(b"nope"),
+            Err(Error::BadMagic { .. })
+        ));
+        let mut b = bytes.clone();
+        b[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(
+            decode_manifest(&b),
+            Err(Error::UnsupportedVersion {
+                found: 2,
+                supported: 1
+            })
+        ));
+        let mut b = bytes.clone();
+        b.push(0);
+        assert!(matches!(
+            decode_manifest(&b),
+            Err(Error::TrailingBytes { extra: 1, .. })
+        ));
+        let mut b = bytes.clone();
+        let last = b.len() - 1;
+        b[last] ^= 0x40;
+        assert!(matches!(decode_manifest(&b), Err(Error::Checksum { .. })));
+        // A body that passes the checksum but does not decode.
+        let body = [0xff; 3];
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        b.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        b.extend_from_slice(&body);
+        assert!(matches!(decode_manifest(&b), Err(Error::Decode { .. })));
+        // A huge announced body length is truncation, not an allocation.
+        let mut b = bytes[..HEADER_LEN].to_vec();
+        b[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_manifest(&b),
+            Err(Error::Truncated {
+                needed: u64::MAX,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn inconsistent_manifests_are_refused() {
+        let cases: Vec<fn(&mut Manifest)> = vec![
+            |m| m.merged = 11,
+            |m| m.iterations_done = 101,
+            |m| m.done.push((10, vec![])),
+            |m| m.done.push((1, vec![])),
+            |m| m.done.push((3, vec![])),
+            |m| m.done.push((2, vec![])),
+            |m| {
+                let mut p = m.parts[0].clone();
+                p.chunk = 4;
+                m.parts.push(p);
+            },
+        ];
+        for (i, case) in cases.into_iter().enumerate() {
+            let mut m = sample();
+            case(&mut m);
+            let bytes = encode_manifest(&m);
+            assert!(
+                matches!(decode_manifest(&bytes), Err(Error::Inconsistent(_))),
+                "case {i}"
+            );
+        }
+        let mut m = sample();
+        m.format_version = 7;
+        let bytes = encode_manifest(&m);
+        assert!(matches!(
+            decode_manifest(&bytes),
+            Err(Error::Inconsistent(_))
+        ));
+    }
+
+    #[test]
+    fn job_name_is_checked() {
+        let m = sample();
+        m.check_job("basel").unwrap();
+        match m.check_job("other") {
+            Err(Error::WrongJob { expected, found }) => {
+                assert_eq!((expected.as_str(), found.as_str()), ("other", "basel"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parts_are_checked() {
+        let part = sample().parts[0].clone();
+        check_part(b"abcd", &part).unwrap();
+        assert!(matches!(
+            check_part(b"abc", &part),
+            Err(Error::Size {
+                expected: 4,
+                found: 3,
+                ..
+            })
+        ));
+        assert!(matches!(
+            check_part(b"abce", &part),
+            Err(Error::Checksum { .. })
+        ));
+    }
+}

@@ -1,0 +1,36 @@
+//! Snapshots: the file format and the stores that hold them.
+//!
+//! A snapshot is a committed, self-contained image of a job at one epoch. It is one
+//! [`Manifest`] (the job value, phase, ledger, reduction so far, and a list of parts) plus one
+//! part per suspended chunk state, in a [`Store`] opened from a URL (`file://`, `memory://`,
+//! `s3://`).
+//!
+//! - [`format`](Manifest): the manifest file layout, its encoder and decoder, and the checks of
+//!   parts (`format.rs`).
+//! - [`Store`]: keys, the commit protocol, listing and retention (`store.rs`).
+//! - [`Error`]: every way a snapshot can be missing, corrupt, foreign or refused (`error.rs`).
+//!
+//! # Guarantees
+//!
+//! - **Never a torn snapshot.** Parts are written first, to fresh keys; the manifest last, with
+//!   a conditional create: a snapshot is committed exactly when its manifest exists, two
+//!   writers cannot both commit one epoch, and a crash at any moment leaves the earlier
+//!   committed snapshots intact (see [`Store`]'s commit protocol).
+//! - **Portable.** Versioned, checksummed (CRC-32C), little-endian, postcard-encoded; no
+//!   `usize`, no pointers.
+//! - **Bad bytes are errors.** Decoding a corrupt, truncated, foreign or hostile manifest or
+//!   part returns a typed [`Error`] and never panics.
+
+mod error;
+mod format;
+mod store;
+
+pub use error::{Error, Result};
+pub use format::{
+    FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
+    encode_manifest,
+};
+pub use store::{
+    Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, SnapshotId, SnapshotInfo, Store,
+    check_job_id,
+};

@@ -1,0 +1,965 @@
+//! Snapshot stores: the [`object_store`] crate behind a URL.
+//!
+//! # Keys
+//!
+//! Under the URL's prefix, everything of a job lives below its job id, one folder per epoch:
+//!
+//! ```text
+//! {prefix}/{job_id}/{epoch:020}/manifest                               the commit record
+//! {prefix}/{job_id}/{epoch:020}/parts/{phase}-{chunk}-{random:016x}    one suspended chunk state
+//! ```
+//!
+//! Epochs are zero-padded to 20 digits so that they sort as numbers in any listing. A
+//! [`PartRef::key`] is relative to the prefix, so a store can be moved under another prefix
+//! or bucket as a whole.
+//!
+//! # Commit protocol
+//!
+//! Writing snapshot `E` of job `J` (DESIGN invariant 4, "never a torn snapshot"):
+//!
+//! 1. Each suspended chunk state is written with [`Store::put_part`] to a **fresh key** under
+//!    `J/E/parts/` (random suffix), so no write ever replaces an object another snapshot may
+//!    read. `put_part` returns only once the store has acknowledged the whole object (a
+//!    `file://` store fsyncs it), with its size and CRC-32C in the returned [`PartRef`]. An
+//!    incremental snapshot may instead reference a part that the newest committed manifest
+//!    already references; it must not reference any other old part.
+//! 2. When every part of `E` is acknowledged, the manifest listing them is written with
+//!    [`Store::commit`] to `J/E/manifest` with `PutMode::Create`: the store creates it only if
+//!    no object exists at that key, atomically.
+//! 3. If the create finds the key taken, another writer committed `E` first:
+//!    [`Error::EpochTaken`], and the parts of step 1 are garbage for [`Store::gc`].
+//! 4. Readers list manifests only: a snapshot exists, for [`Store::epochs`] and
+//!    [`Store::latest`], exactly when its manifest does, and a reader checks every part it
+//!    reads against the manifest's size and checksum ([`Store::get_part`]).
+//! 5. Cleanup ([`Store::retain`], [`Store::gc`], [`Store::remove`]) deletes manifests
+//!    **before** the parts they reference, deletes only parts that no kept manifest references,
+//!    and never touches an epoch folder above the newest committed epoch.
+//!
+//! Why this is correct:
+//!
+//! - *No torn snapshot is ever listed.* A manifest is created only after all its parts are
+//!   durable (1 → 2), and the create is atomic, so any listed manifest names complete parts.
+//!   A crash before step 2 leaves parts without a manifest: not listed, not restorable, and
+//!   the previous committed snapshot untouched, because step 1 never overwrites a key.
+//! - *Two writers cannot both win an epoch.* The conditional create admits one (3).
+//! - *Cleanup never breaks a committed snapshot.* A manifest goes first (5), so a crash in the
+//!   middle of a cleanup leaves parts without a manifest (garbage), never a manifest without
+//!   its parts. A part is deleted only when no kept manifest references it, and an in-progress
+//!   snapshot writes to a folder above the newest committed epoch (epochs only grow), which
+//!   cleanup does not touch, and reuses only parts that the newest committed manifest
+//!   references (1), which cleanup always keeps. A cleanup that listed the store before a new
+//!   commit still only deletes below the newest epoch it saw, so the same argument holds for
+//!   its stale view.
+//!
+//! Backends: `PutMode::Create` works on the local file system, in memory and on S3 (where
+//! `object_store` sends `If-None-Match: *`; the server must honour it, as AWS S3, MinIO and
+//! SeaweedFS do).
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt, stream};
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use super::error::{Error, Result};
+use super::format::{
+    FORMAT_VERSION, Manifest, PartRef, check_part, decode_manifest, encode_manifest,
+};
+
+/// Parts larger than this are written with a multipart upload.
+pub const MULTIPART_THRESHOLD: usize = 8 << 20;
+/// Size of each piece of a multipart upload (the last one may be smaller). S3 wants at least
+/// 5 MiB per piece but the last.
+pub const MULTIPART_PIECE: usize = 8 << 20;
+/// Pieces of one multipart upload in flight at once.
+const MULTIPART_CONCURRENCY: usize = 4;
+/// Manifests read at once by cleanup.
+const READ_CONCURRENCY: usize = 8;
+/// Longest job id, in bytes.
+pub const MAX_JOB_ID_LEN: usize = 128;
+
+/// Names a committed snapshot: a job id and an epoch. Displayed and parsed as
+/// `job_id@epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SnapshotId {
+    /// The job id: the first key level under the store's prefix.
+    pub job_id: String,
+    /// The epoch.
+    pub epoch: u64,
+}
+
+impl SnapshotId {
+    /// A snapshot id.
+    pub fn new(job_id: impl Into<String>, epoch: u64) -> SnapshotId {
+        SnapshotId {
+            job_id: job_id.into(),
+            epoch,
+        }
+    }
+}
+
+impl fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.job_id, self.epoch)
+    }
+}
+
+impl FromStr for SnapshotId {
+    type Err = Error;
+
+    /// Parses `job_id@epoch`.
+    fn from_str(s: &str) -> Result<SnapshotId> {
+        let invalid = |reason: String| Error::InvalidId {
+            id: s.to_owned(),
+            reason,
+        };
+        let (job_id, epoch) = s
+            .rsplit_once('@')
+            .ok_or_else(|| invalid("expected job-id@epoch".to_owned()))?;
+        check_job_id(job_id).map_err(|e| invalid(e.to_string()))?;
+        let epoch = epoch
+            .parse()
+            .map_err(|_| invalid(format!("the epoch {epoch:?} is not a number")))?;
+        Ok(SnapshotId::new(job_id, epoch))
+    }
+}
+
+/// Checks that `job_id` can be a key level: 1 to [`MAX_JOB_ID_LEN`] bytes of ASCII letters,
+/// digits, `.`, `_` and `-`, and not `.` or `..`.
+///
+/// # Errors
+///
+/// [`Error::InvalidJobId`] saying what is wrong.
+pub fn check_job_id(job_id: &str) -> Result<()> {
+    let reason = if job_id.is_empty() {
+        Some("it is empty")
+    } else if job_id.len() > MAX_JOB_ID_LEN {
+        Some("it is longer than 128 bytes")
+    } else if !job_id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        Some("only ASCII letters, digits, '.', '_' and '-' are allowed")
+    } else if job_id == "." || job_id == ".." {
+        Some("'.' and '..' are not job ids")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidJobId {
+            job_id: job_id.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// What a cleanup ([`Store::retain`], [`Store::gc`], [`Store::remove`]) did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Cleanup {
+    /// Keys deleted (relative to the store's prefix): manifests first, then parts and
+    /// leftovers.
+    pub deleted: Vec<String>,
+    /// Committed epochs whose manifest was deleted.
+    pub removed_epochs: Vec<u64>,
+    /// Committed epochs kept.
+    pub kept_epochs: Vec<u64>,
+    /// Bytes freed (sizes as listed by the store).
+    pub freed_bytes: u64,
+}
+
+/// A committed snapshot as listed by the store, without reading its manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotInfo {
+    /// Its id.
+    pub id: SnapshotId,
+    /// Size of its manifest in bytes.
+    pub manifest_size: u64,
+    /// When the store last modified its manifest.
+    pub modified: SystemTime,
+}
+
+/// A snapshot store: a prefix in an [`ObjectStore`], opened from a URL.
+///
+/// Cloning is cheap and clones share the store (an in-memory store too). See the
+/// [module docs](self) for the keys and the commit protocol.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    /// The URL without credentials, for messages.
+    url: String,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL is stored without user info or query; options (keys) are never kept here.
+        f.debug_struct("Store")
+            .field("url", &self.inner.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the store at `url`:
+    ///
+    /// - `file:///abs/path`: a folder of the local file system (created if missing; writes are
+    ///   fsynced, so the commit order survives a power cut);
+    /// - `memory://` or `memory:///prefix`: a fresh in-memory store, shared by the clones of
+    ///   the returned value (for tests);
+    /// - `s3://bucket/prefix` (feature `s3`): an S3-compatible bucket, configured from the
+    ///   usual `AWS_*` environment variables (see [`Store::open_with`] for explicit options).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a URL that does not parse, an unknown scheme or `s3://`
+    /// without the `s3` feature; [`Error::Io`] if the folder cannot be created;
+    /// [`Error::Store`] if the backend refuses its configuration.
+    pub fn open(url: &str) -> Result<Store> {
+        Store::open_with(url, std::iter::empty())
+    }
+
+    /// Opens the store at `url` (see [`Store::open`]) with backend options. For `s3://`, the
+    /// options are `object_store`'s `AmazonS3ConfigKey`s, for example `endpoint`, `region`,
+    /// `access_key_id`, `secret_access_key`, `allow_http`; they override the `AWS_*`
+    /// environment variables. `file://` and `memory://` take no options.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::open`], and [`Error::InvalidOption`] for an option the backend does not
+    /// know.
+    pub fn open_with(
+        url: &str,
+        options: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Store> {
+        let parsed = url::Url::parse(url).map_err(|e| Error::InvalidUrl {
+            url: redact(url),
+            reason: e.to_string(),
+        })?;
+        let shown = redact_url(&parsed);
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: shown.clone(),
+            reason,
+        };
+        let options: Vec<(String, String)> = options.into_iter().collect();
+        let no_options = |scheme: &str| match options.first() {
+            Some((key, _)) => Err(Error::InvalidOption {
+                key: key.clone(),
+                reason: format!("{scheme}:// stores take no options"),
+            }),
+            None => Ok(()),
+        };
+        let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
+            "file" => {
+                no_options("file")?;
+                if parsed
+                    .host_str()
+                    .is_some_and(|h| !h.is_empty() && h != "localhost")
+                {
+                    return Err(invalid("a file:// URL cannot name a host".to_owned()));
+                }
+                let dir = parsed
+                    .to_file_path()
+                    .map_err(|()| invalid("expected file:///absolute/path".to_owned()))?;
+                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+                    what: format!("cannot create the snapshot folder {}", dir.display()),
+                    source,
+                })?;
+                let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+                    .map_err(|e| Error::store("open", "", e))?
+                    .with_automatic_cleanup(true)
+                    .with_fsync(true);
+                (Arc::new(local), Path::ROOT)
+            }
+            "memory" => {
+                no_options("memory")?;
+                let prefix = format!("{}{}", parsed.host_str().unwrap_or(""), parsed.path());
+                let prefix = Path::parse(&prefix).map_err(|e| invalid(e.to_string()))?;
+                (Arc::new(object_store::memory::InMemory::new()), prefix)
+            }
+            "s3" => open_s3(&parsed, &shown, options)?,
+            other => {
+                return Err(invalid(format!(
+                    "unsupported scheme {other:?}: use file://, memory:// or s3://"
+                )));
+            }
+        };
+        Ok(Store {
+            inner: Arc::new(Inner {
+                store,
+                prefix,
+                url: shown,
+            }),
+        })
+    }
+
+    /// Wraps any object store, with keys under `prefix` (`""` for none). For tests: a store
+    /// that fails on purpose, a throttled one, …
+    pub fn from_object_store(store: Arc<dyn ObjectStore>, prefix: &str) -> Store {
+        let prefix = Path::from(prefix);
+        let url = format!("{store}/{prefix}");
+        Store {
+            inner: Arc::new(Inner { store, prefix, url }),
+        }
+    }
+
+    /// The URL this store was opened with, without credentials.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// Writes the state of `chunk` (of `phase`) for snapshot `epoch` of `job_id` to a fresh
+    /// key and returns the reference a manifest lists. Objects larger than
+    /// [`MULTIPART_THRESHOLD`] go up as a multipart upload of [`MULTIPART_PIECE`] pieces.
+    ///
+    /// This is step 1 of the [commit protocol](self#commit-protocol): when it returns `Ok`,
+    /// the part is durable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`], or the store's failure ([`Error::Store`], [`Error::Denied`]).
+    pub async fn put_part(
+        &self,
+        job_id: &str,
+        epoch: u64,
+        phase: u64,
+        chunk: u64,
+        bytes: Bytes,
+    ) -> Result<PartRef> {
+        check_job_id(job_id)?;
+        let key = format!(
+            "{job_id}/{epoch:020}/parts/{phase}-{chunk}-{:016x}",
+            random_u64()
+        );
+        let part = PartRef {
+            chunk,
+            size: bytes.len() as u64,
+            crc32c: crc32c::crc32c(&bytes),
+            key,
+        };
+        let path = self.path(&part.key)?;
+        let put_error = |e| Error::store("put", &part.key, e);
+        if bytes.len() <= MULTIPART_THRESHOLD {
+            self.inner
+                .store
+                .put(&path, PutPayload::from(bytes))
+                .await
+                .map_err(put_error)?;
+        } else {
+            let mut upload = self
+                .inner
+                .store
+                .put_multipart(&path)
+                .await
+                .map_err(put_error)?;
+            let pieces: Vec<_> = (0..bytes.len())
+                .step_by(MULTIPART_PIECE)
+                .map(|start| {
+                    let end = (start + MULTIPART_PIECE).min(bytes.len());
+                    upload.put_part(PutPayload::from(bytes.slice(start..end)))
+                })
+                .collect();
+            let sent = stream::iter(pieces)
+                .buffer_unordered(MULTIPART_CONCURRENCY)
+                .try_collect::<Vec<()>>()
+                .await;
+            let done = match sent {
+                Ok(_) => upload.complete().await.map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = done {
+                // Best effort: the upload failed anyway, and unfinished uploads are invisible.
+                let _ = upload.abort().await;
+                return Err(put_error(e));
+            }
+        }
+        Ok(part)
+    }
+
+    /// Reads a part and checks it against its reference (size, then CRC-32C).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Inconsistent`] for a key that is not a part key, [`Error::NotFound`],
+    /// [`Error::Size`], [`Error::Checksum`], or the store's failure.
+    pub async fn get_part(&self, part: &PartRef) -> Result<Bytes> {
+        check_part_key(&part.key)?;
+        let path = self.path(&part.key)?;
+        let get_error = |e| Error::store("get", &part.key, e);
+        let got = self.inner.store.get(&path).await.map_err(get_error)?;
+        // Refuse a wrong size before downloading it.
+        if got.meta.size != part.size {
+            return Err(Error::Size {
+                what: format!("part {:?} (chunk {})", part.key, part.chunk),
+                expected: part.size,
+                found: got.meta.size,
+            });
+        }
+        let bytes = got.bytes().await.map_err(get_error)?;
+        check_part(&bytes, part)?;
+        Ok(bytes)
+    }
+
+    /// Commits a snapshot: creates its manifest at `{job_id}/{epoch:020}/manifest` if no
+    /// manifest exists there. Step 2 of the [commit protocol](self#commit-protocol): every
+    /// part the manifest lists must already be written.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EpochTaken`] when that epoch is already committed (another writer won),
+    /// [`Error::InvalidJobId`], [`Error::UnsupportedVersion`] or [`Error::Inconsistent`] for a
+    /// manifest that would not decode, or the store's failure.
+    pub async fn commit(&self, manifest: &Manifest) -> Result<SnapshotId> {
+        check_job_id(&manifest.job_id)?;
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: manifest.format_version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        manifest.check_consistent()?;
+        for part in &manifest.parts {
+            check_part_key(&part.key)?;
+        }
+        let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+        let key = manifest_key(&id);
+        let path = self.path(&key)?;
+        let bytes = encode_manifest(manifest);
+        let opts = PutOptions::from(PutMode::Create);
+        match self
+            .inner
+            .store
+            .put_opts(&path, PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) => Ok(id),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(Error::EpochTaken {
+                job_id: id.job_id,
+                epoch: id.epoch,
+            }),
+            Err(e) => Err(Error::store("put", &key, e)),
+        }
+    }
+
+    /// Reads and checks the manifest of snapshot `id` (see
+    /// [`decode_manifest`](super::decode_manifest)). The caller checks the job name with
+    /// [`Manifest::check_job`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if it is not committed, any decoding error, [`Error::Inconsistent`]
+    /// if it names another job id or epoch than its key or lists a key that is not a part
+    /// key, or the store's failure.
+    pub async fn manifest(&self, id: &SnapshotId) -> Result<Manifest> {
+        check_job_id(&id.job_id)?;
+        let key = manifest_key(id);
+        let path = self.path(&key)?;
+        let get_error = |e| match Error::store("get", &key, e) {
+            Error::NotFound { .. } => Error::NotFound {
+                what: format!("snapshot {id} in {}", self.inner.url),
+            },
+            e => e,
+        };
+        let got = self.inner.store.get(&path).await.map_err(get_error)?;
+        let bytes = got.bytes().await.map_err(get_error)?;
+        let manifest = decode_manifest(&bytes)?;
+        if manifest.job_id != id.job_id || manifest.epoch != id.epoch {
+            return Err(Error::Inconsistent(format!(
+                "the manifest at {key:?} is of snapshot {}@{}",
+                manifest.job_id, manifest.epoch
+            )));
+        }
+        for part in &manifest.parts {
+            check_part_key(&part.key)?;
+        }
+        Ok(manifest)
+    }
+
+    /// Job ids that have objects in this store, sorted (committed or not).
+    ///
+    /// # Errors
+    ///
+    /// The store's failure.
+    pub async fn jobs(&self) -> Result<Vec<String>> {
+        let listed = self
+            .inner
+            .store
+            .list_with_delimiter(Some(&self.inner.prefix))
+            .await
+            .map_err(|e| Error::store("list", "", e))?;
+        let mut jobs: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_owned))
+            .filter(|job| check_job_id(job).is_ok())
+            .collect();
+        jobs.sort();
+        Ok(jobs)
+    }
+
+    /// The committed snapshots of `job_id` (those with a manifest), by ascending epoch.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`] or the store's failure.
+    pub async fn snapshots(&self, job_id: &str) -> Result<Vec<SnapshotInfo>> {
+        let scan = self.scan(job_id).await?;
+        Ok(scan
+            .epochs
+            .iter()
+            .filter_map(|(&epoch, folder)| {
+                folder.manifest.as_ref().map(|meta| SnapshotInfo {
+                    id: SnapshotId::new(job_id, epoch),
+                    manifest_size: meta.size,
+                    modified: meta.last_modified.into(),
+                })
+            })
+            .collect())
+    }
+
+    /// The committed epochs of `job_id` (those with a manifest), ascending.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`] or the store's failure.
+    pub async fn epochs(&self, job_id: &str) -> Result<Vec<u64>> {
+        Ok(self.scan(job_id).await?.committed())
+    }
+
+    /// The newest committed snapshot of `job_id`, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`] or the store's failure.
+    pub async fn latest(&self, job_id: &str) -> Result<Option<SnapshotId>> {
+        let epochs = self.epochs(job_id).await?;
+        Ok(epochs.last().map(|&epoch| SnapshotId::new(job_id, epoch)))
+    }
+
+    /// Retention: keeps the newest `keep` committed snapshots of `job_id` (at least one: the
+    /// newest is never deleted), deletes the manifests of older ones, then every object in an
+    /// epoch folder up to the newest committed epoch that no kept manifest is or references:
+    /// the parts of deleted snapshots (unless a kept incremental snapshot reuses them), the
+    /// leftovers of uncommitted epochs, and unreferenced parts. Folders above the newest
+    /// committed epoch are never touched: a snapshot may be in progress there.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`], a kept manifest that cannot be read (nothing is deleted then:
+    /// its references are unknown), or the store's failure (what was deleted before it is
+    /// not reported; run again).
+    pub async fn retain(&self, job_id: &str, keep: usize) -> Result<Cleanup> {
+        self.cleanup(job_id, Some(keep.max(1))).await
+    }
+
+    /// Garbage collection: deletes, in epoch folders up to the newest committed epoch of
+    /// `job_id`, every object that no committed manifest is or references (leftovers of
+    /// uncommitted epochs, parts of a writer that lost an epoch). Keeps every committed
+    /// snapshot, and never touches a folder above the newest committed epoch.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::retain`].
+    pub async fn gc(&self, job_id: &str) -> Result<Cleanup> {
+        self.cleanup(job_id, None).await
+    }
+
+    /// Deletes snapshot `id`: its manifest first, then those of its parts that no other
+    /// committed manifest references. Other leftovers in its folder are for [`Store::gc`].
+    /// Removing the newest snapshot while the job runs breaks an incremental snapshot in
+    /// progress: do it only for a job that is not running.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if `id` is not committed, another committed manifest that cannot
+    /// be read (nothing is deleted then), or the store's failure. A manifest of `id` that
+    /// cannot be read is deleted all the same, and its parts left to [`Store::gc`].
+    pub async fn remove(&self, id: &SnapshotId) -> Result<Cleanup> {
+        let scan = self.scan(&id.job_id).await?;
+        let committed = scan.committed();
+        if !committed.contains(&id.epoch) {
+            return Err(Error::NotFound {
+                what: format!("snapshot {id} in {}", self.inner.url),
+            });
+        }
+        let own = self.manifest(id).await.ok();
+        let others: Vec<u64> = committed.into_iter().filter(|&e| e != id.epoch).collect();
+        let referenced = self.references(&id.job_id, &others).await?;
+        let key = manifest_key(id);
+        let mut cleanup = Cleanup {
+            kept_epochs: others,
+            ..Cleanup::default()
+        };
+        let size = scan
+            .epochs
+            .get(&id.epoch)
+            .and_then(|f| f.manifest.as_ref())
+            .map_or(0, |m| m.size);
+        self.delete(vec![(key, size)], &mut cleanup).await?;
+        cleanup.removed_epochs.push(id.epoch);
+        let sizes = scan.sizes();
+        let parts = own
+            .iter()
+            .flat_map(|m| &m.parts)
+            .filter(|p| !referenced.contains(p.key.as_str()))
+            .filter_map(|p| sizes.get(p.key.as_str()).map(|&size| (p.key.clone(), size)))
+            .collect();
+        self.delete(parts, &mut cleanup).await?;
+        Ok(cleanup)
+    }
+
+    /// Retention (`Some(keep)`, `keep >= 1`) or garbage collection (`None`): see
+    /// [`Store::retain`].
+    async fn cleanup(&self, job_id: &str, keep: Option<usize>) -> Result<Cleanup> {
+        let scan = self.scan(job_id).await?;
+        let committed = scan.committed();
+        let Some(&newest) = committed.last() else {
+            // Nothing committed: every folder may be a snapshot in progress.
+            return Ok(Cleanup::default());
+        };
+        let split = committed.len() - keep.unwrap_or(usize::MAX).min(committed.len());
+        let (removed, kept) = committed.split_at(split);
+        // Read every kept manifest before deleting anything.
+        let referenced = self.references(job_id, kept).await?;
+        let mut cleanup = Cleanup {
+            kept_epochs: kept.to_vec(),
+            ..Cleanup::default()
+        };
+        // Manifests first, so that a crash never leaves a manifest without its parts.
+        let manifests = removed
+            .iter()
+            .filter_map(|&epoch| {
+                let meta = scan.epochs.get(&epoch)?.manifest.as_ref()?;
+                Some((manifest_key(&SnapshotId::new(job_id, epoch)), meta.size))
+            })
+            .collect();
+        self.delete(manifests, &mut cleanup).await?;
+        cleanup.removed_epochs = removed.to_vec();
+        // Then everything at or below the newest committed epoch that no kept manifest is or
+        // references.
+        // (The manifests of kept epochs are not among `others`.)
+        let garbage = scan
+            .epochs
+            .range(..=newest)
+            .flat_map(|(_, folder)| folder.others.iter().cloned())
+            .filter(|(key, _)| !referenced.contains(key.as_str()))
+            .collect();
+        self.delete(garbage, &mut cleanup).await?;
+        Ok(cleanup)
+    }
+
+    /// The part keys that the manifests of `epochs` of `job_id` reference.
+    async fn references(&self, job_id: &str, epochs: &[u64]) -> Result<HashSet<String>> {
+        // Owned clones in each future: a closure borrowing `self` makes the future fail the
+        // `Send` check of `tokio::spawn` (a higher-ranked lifetime the compiler cannot see
+        // through), and the executor writes snapshots from spawned tasks.
+        let manifests: Vec<Manifest> = stream::iter(epochs.to_vec())
+            .map(|epoch| {
+                let (store, id) = (self.clone(), SnapshotId::new(job_id, epoch));
+                async move { store.manifest(&id).await }
+            })
+            .buffered(READ_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(manifests
+            .into_iter()
+            .flat_map(|m| m.parts)
+            .map(|p| p.key)
+            .collect())
+    }
+
+    /// Deletes `keys` (relative, with their sizes), recording them in `cleanup`. A key already
+    /// gone counts as deleted (another cleanup may run at the same time).
+    async fn delete(&self, keys: Vec<(String, u64)>, cleanup: &mut Cleanup) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let paths = keys
+            .iter()
+            .map(|(key, _)| self.path(key))
+            .collect::<Result<Vec<Path>>>()?;
+        let mut deleted = self
+            .inner
+            .store
+            .delete_stream(stream::iter(paths.into_iter().map(Ok)).boxed());
+        let mut failed = None;
+        while let Some(result) = deleted.next().await {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(Error::store("delete", &keys[0].0, e));
+        }
+        for (key, size) in keys {
+            cleanup.freed_bytes = cleanup.freed_bytes.saturating_add(size);
+            cleanup.deleted.push(key);
+        }
+        Ok(())
+    }
+
+    /// Lists every object of `job_id`, by epoch folder.
+    async fn scan(&self, job_id: &str) -> Result<Scan> {
+        check_job_id(job_id)?;
+        let job_path = self.path(job_id)?;
+        let objects: Vec<ObjectMeta> = self
+            .inner
+            .store
+            .list(Some(&job_path))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("list", job_id, e))?;
+        let mut scan = Scan::default();
+        for meta in objects {
+            let Some(rest) = meta.location.prefix_match(&job_path) else {
+                continue;
+            };
+            let rest: Vec<_> = rest.collect();
+            // Only `{epoch:020}/…` is ours; anything else under the job is left alone.
+            let Some(epoch) = rest.first().and_then(|p| parse_epoch(p.as_ref())) else {
+                continue;
+            };
+            let folder = scan.epochs.entry(epoch).or_default();
+            let relative = std::iter::once(job_id)
+                .chain(rest.iter().map(|p| p.as_ref()))
+                .collect::<Vec<_>>()
+                .join("/");
+            if rest.len() == 2 && rest[1].as_ref() == "manifest" {
+                folder.manifest = Some(meta);
+            } else {
+                folder.others.push((relative, meta.size));
+            }
+        }
+        Ok(scan)
+    }
+
+    /// The full path of a key relative to the prefix.
+    fn path(&self, key: &str) -> Result<Path> {
+        let relative =
+            Path::parse(key).map_err(|e| Error::Inconsistent(format!("bad key {key:?}: {e}")))?;
+        Ok(Path::from_iter(
+            self.inner.prefix.parts().chain(relative.parts()),
+        ))
+    }
+}
+
+/// The objects of one job, by epoch folder.
+#[derive(Default)]
+struct Scan {
+    epochs: BTreeMap<u64, Folder>,
+}
+
+/// The objects of one epoch folder.
+#[derive(Default)]
+struct Folder {
+    manifest: Option<ObjectMeta>,
+    /// Every other object: relative key and size.
+    others: Vec<(String, u64)>,
+}
+
+impl Scan {
+    fn committed(&self) -> Vec<u64> {
+        self.epochs
+            .iter()
+            .filter(|(_, f)| f.manifest.is_some())
+            .map(|(&e, _)| e)
+            .collect()
+    }
+
+    fn sizes(&self) -> std::collections::HashMap<&str, u64> {
+        self.epochs
+            .values()
+            .flat_map(|f| &f.others)
+            .map(|(k, s)| (k.as_str(), *s))
+            .collect()
+    }
+}
+
+fn manifest_key(id: &SnapshotId) -> String {
+    format!("{}/{:020}/manifest", id.job_id, id.epoch)
+}
+
+fn parse_epoch(folder: &str) -> Option<u64> {
+    if folder.len() == 20 && folder.bytes().all(|b| b.is_ascii_digit()) {
+        folder.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// Checks that `key` has the shape of a part key, `{job_id}/{epoch:020}/parts/{name}` with a
+/// name of `[A-Za-z0-9._-]`: a manifest from an untrusted store cannot make a reader fetch
+/// (or a cleanup spare) anything else.
+fn check_part_key(key: &str) -> Result<()> {
+    let mut levels = key.split('/');
+    let ok = matches!(
+        (levels.next(), levels.next(), levels.next(), levels.next(), levels.next()),
+        (Some(job), Some(epoch), Some("parts"), Some(name), None)
+            if check_job_id(job).is_ok()
+                && parse_epoch(epoch).is_some()
+                && check_job_id(name).is_ok()
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Inconsistent(format!(
+            "{key:?} is not a part key (job-id/epoch/parts/name)"
+        )))
+    }
+}
+
+/// A random `u64` for part keys, from the standard library's randomly keyed hasher (seeded
+/// from the OS), a process-wide counter, the process id and the time: unique enough that two
+/// writers never pick the same key in one epoch folder.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    hasher.write_u128(nanos);
+    hasher.finish()
+}
+
+/// `url` without user info or query, for messages (it did not parse as a URL).
+fn redact(url: &str) -> String {
+    let without_query = url.split(['?', '#']).next().unwrap_or("");
+    match without_query.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://{host}"),
+            None => without_query.to_owned(),
+        },
+        None => without_query.to_owned(),
+    }
+}
+
+/// `url` without user info, query or fragment.
+fn redact_url(url: &url::Url) -> String {
+    let mut url = url.clone();
+    // These fail only for URLs that cannot have user info ("cannot-be-a-base"); nothing to
+    // strip then.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
+    url.to_string()
+}
+
+#[cfg(feature = "s3")]
+fn open_s3(
+    url: &url::Url,
+    shown: &str,
+    options: Vec<(String, String)>,
+) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
+    for (key, value) in options {
+        let config: AmazonS3ConfigKey =
+            key.to_ascii_lowercase()
+                .parse()
+                .map_err(|e: object_store::Error| Error::InvalidOption {
+                    key: key.clone(),
+                    reason: e.to_string(),
+                })?;
+        builder = builder.with_config(config, value);
+    }
+    let store = builder.build().map_err(|e| Error::InvalidUrl {
+        url: shown.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let prefix = Path::parse(url.path()).map_err(|e| Error::InvalidUrl {
+        url: shown.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok((Arc::new(store), prefix))
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(
+    _url: &url::Url,
+    shown: &str,
+    _options: Vec<(String, String)>,
+) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    Err(Error::InvalidUrl {
+        url: shown.to_owned(),
+        reason: "s3:// stores need the `s3` feature of malleable".to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_ids_parse_and_display() {
+        let id: SnapshotId = "run-1.a_b@42".parse().unwrap();
+        assert_eq!(id, SnapshotId::new("run-1.a_b", 42));
+        assert_eq!(id.to_string(), "run-1.a_b@42");
+        for bad in [
+            "", "@1", "job", "job@", "job@x", "jo b@1", "job@-1", "..@1", "a/b@1",
+        ] {
+            assert!(
+                matches!(bad.parse::<SnapshotId>(), Err(Error::InvalidId { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn job_ids_are_checked() {
+        check_job_id("a").unwrap();
+        check_job_id(&"x".repeat(128)).unwrap();
+        for bad in ["", ".", "..", "a/b", "a b", "é", &"x".repeat(129)] {
+            assert!(
+                matches!(check_job_id(bad), Err(Error::InvalidJobId { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn part_keys_are_checked() {
+        check_part_key("job/00000000000000000003/parts/0-1-00ff").unwrap();
+        for bad in [
+            "job/3/parts/x",
+            "job/00000000000000000003/manifest",
+            "job/00000000000000000003/parts/../x",
+            "../00000000000000000003/parts/x",
+            "job/00000000000000000003/parts/a/b",
+            "job/00000000000000000003/parts/",
+        ] {
+            assert!(check_part_key(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(redact("s3://user:secret@bucket/p?x=1"), "s3://bucket/p");
+        let url = url::Url::parse("s3://key:secret@bucket/prefix?token=t").unwrap();
+        assert_eq!(redact_url(&url), "s3://bucket/prefix");
+    }
+
+    #[test]
+    fn random_keys_differ() {
+        let a: HashSet<u64> = (0..1000).map(|_| random_u64()).collect();
+        assert_eq!(a.len(), 1000);
+    }
+}
