@@ -440,3 +440,49 @@ fn workers_exit_after_a_failure_or_cancel() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn going_inline_while_threads_run_makes_exactly_one_inline_worker() {
+    let mut job = Kernel::new(2_000_000, 50);
+    job.spin = 20;
+    let handle = exec(2, Chunking::Count(256)).submit(job).unwrap();
+    let waiter = {
+        let h = handle.clone();
+        std::thread::spawn(move || h.wait())
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    handle.set_local_workers(0);
+    let t0 = Instant::now();
+    // The two threads retire at their next adjustment point; then only the inline worker is left.
+    while handle.progress().local_workers != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            handle.progress()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    handle.set_local_workers(3);
+    while handle.progress().local_workers != 3 && !handle.is_finished() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            handle.progress()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    handle.cancel();
+    let _ = waiter.join().unwrap();
+}
+
+#[test]
+fn progress_after_the_end_counts_each_iteration_once() {
+    let mut job = Kernel::new(10_000, 10);
+    job.phases = 3;
+    let h = exec(2, Chunking::Size(100)).submit(job).unwrap();
+    while !h.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let p = h.progress();
+    assert_eq!(p.done_all_phases, 10_000 + 10_001 + 10_002, "{p:?}");
+}
