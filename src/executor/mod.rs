@@ -145,6 +145,13 @@ impl Builder {
         self
     }
 
+    /// Snapshots go to this store (any `object_store` backend, wrapped with
+    /// [`Store::from_object_store`](crate::snapshot::Store::from_object_store)).
+    pub fn snapshot_store(mut self, store: crate::snapshot::Store) -> Self {
+        self.config.snapshots.set_store(store);
+        self
+    }
+
     /// An option of the snapshot store, as `object_store` names them (for S3: `endpoint`,
     /// `region`, `access_key_id`, `secret_access_key`, `allow_http`, …); the usual `AWS_*`
     /// environment variables are read too.

@@ -156,6 +156,12 @@ impl SnapshotConfig {
         Ok(self.opened.get_or_init(|| store).clone())
     }
 
+    /// Uses `store` (already opened) for snapshots.
+    pub(crate) fn set_store(&mut self, store: Store) {
+        self.url = Some(store.url().to_owned());
+        self.opened = Arc::new(OnceLock::from(store));
+    }
+
     fn job_id<J: Job>(&self) -> String {
         self.job_id.clone().unwrap_or_else(|| J::NAME.to_owned())
     }
@@ -712,8 +718,7 @@ impl super::Executor {
         };
         let mut exec = self.clone();
         if self.config.snapshots.url.is_none() {
-            exec.config.snapshots.url = Some(url.to_owned());
-            exec.config.snapshots.opened = Arc::new(OnceLock::from(store));
+            exec.config.snapshots.set_store(store);
         }
         exec.launch(
             job,
