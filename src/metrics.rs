@@ -13,6 +13,7 @@
 //! | `malleable_step_seconds` | histogram | seconds | duration of one step (log₂ buckets: each sample is its bucket's lower bound) |
 //! | `malleable_workers` | gauge | workers | local workers of the job (threads, or 1 when inline) |
 //! | `malleable_phases_total` | counter | phases | phases finished |
+//! | `malleable_snapshot_pause_seconds` | histogram | seconds | a worker's pause to capture its chunk for a snapshot (serialize + hand over) |
 
 use std::time::Duration;
 
@@ -30,6 +31,8 @@ pub const STEP_SECONDS: &str = "malleable_step_seconds";
 pub const WORKERS: &str = "malleable_workers";
 /// Phases finished.
 pub const PHASES: &str = "malleable_phases_total";
+/// A worker's pause to capture its chunk for a snapshot, in seconds.
+pub const SNAPSHOT_PAUSE: &str = "malleable_snapshot_pause_seconds";
 
 /// A worker's batch of step measurements: a log₂ histogram of step nanoseconds and counts,
 /// flushed to the recorder when a chunk ends.
@@ -42,6 +45,7 @@ pub(crate) struct StepStats {
     chunks_counter: Counter,
     handoffs_counter: Counter,
     histogram: Histogram,
+    pause: Histogram,
 }
 
 impl StepStats {
@@ -54,6 +58,7 @@ impl StepStats {
             chunks_counter: metrics::counter!(CHUNKS_DONE, "job" => job),
             handoffs_counter: metrics::counter!(HANDOFFS, "job" => job),
             histogram: metrics::histogram!(STEP_SECONDS, "job" => job),
+            pause: metrics::histogram!(SNAPSHOT_PAUSE, "job" => job),
         }
     }
 
@@ -64,6 +69,11 @@ impl StepStats {
         self.buckets[(64 - nanos.leading_zeros()) as usize & 63] += 1;
         self.steps += 1;
         self.busy += d;
+    }
+
+    /// Records a snapshot capture pause (rare: once per chunk per snapshot).
+    pub(crate) fn record_pause(&mut self, d: Duration) {
+        self.pause.record(d.as_secs_f64());
     }
 
     /// Time spent in steps since the last flush.

@@ -102,10 +102,13 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             }
             // A snapshot's capture (protocol step 2 of `snapshot.rs`): serialize here, hand
             // the bytes over, and go on with the same chunk.
+            let paused = Instant::now();
             let bytes = snapshot::encode("a chunk state", &c);
             let mut st = shared.lock();
             cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
             st.captured(shared, chunk, bytes);
+            drop(st);
+            stats.record_pause(paused.elapsed());
         };
         let did = match c.iterations_done() {
             Some(now) => now.saturating_sub(before),

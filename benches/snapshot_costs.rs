@@ -1,0 +1,329 @@
+//! What snapshots cost, against the same work done alone, in one run:
+//!
+//! 1. a worker's snapshot pause (`malleable_snapshot_pause_seconds`) vs serializing the same
+//!    chunk state alone with postcard (target ≤ 1.1×);
+//! 2. writing a snapshot through the store (parts + conditional create of the manifest) vs raw
+//!    `object_store` puts of the same bytes (target ≤ 1.2×), on a local folder;
+//! 3. restore (`Executor::resume` up to a running handle) vs reading the same objects raw
+//!    (target ≤ 1.2×);
+//! 4. with `-- --long`: a run of about 2.5 minutes with one snapshot per minute vs the same run
+//!    without (target ≤ 1% slower).
+//!
+//! `cargo bench --bench snapshot_costs` (add `-- --long` for 4).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use malleable::reduce::Sum;
+use malleable::snapshot::{Manifest, Store};
+use malleable::{At, Chunk, Chunking, Executor, Fold, Folded, Job, Step};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, path::Path as ObjPath};
+use serde::{Deserialize, Serialize};
+
+/// A job whose chunks carry `words` u64s of live state (a working buffer).
+#[derive(Serialize, Deserialize)]
+struct Heavy {
+    words: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+struct HeavyChunk {
+    buf: Vec<u64>,
+    steps: u64,
+}
+
+impl Job for Heavy {
+    const NAME: &'static str = "heavy";
+    type Chunk = HeavyChunk;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        2
+    }
+    fn chunk(&self, r: std::ops::Range<u64>) -> HeavyChunk {
+        HeavyChunk {
+            buf: (0..self.words as u64)
+                .map(|i| i.wrapping_mul(r.start + 7))
+                .collect(),
+            steps: 0,
+        }
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+}
+
+impl Chunk for HeavyChunk {
+    type Job = Heavy;
+    type Output = u64;
+    fn step(&mut self, _: &Heavy, _: &()) -> Step<u64> {
+        // About 100 µs of work on the buffer per step; never finishes by itself.
+        let n = self.buf.len();
+        for k in 0..2_000 {
+            let i = (self.steps as usize * 2_000 + k) % n;
+            self.buf[i] = self.buf[i]
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1);
+        }
+        self.steps += 1;
+        Step::Yield
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn folder(name: &str) -> (String, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("malleable-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    (format!("file://{}", dir.display()), dir)
+}
+
+fn pause_vs_serialize(snapshotter: &metrics_util::debugging::Snapshotter, words: usize) {
+    let (url, dir) = folder("pause");
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(Chunking::Size(1))
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let handle = exec.submit(Heavy { words }).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let _ = snapshotter.snapshot(); // clear earlier samples
+    for _ in 0..15 {
+        handle.snapshot().wait().unwrap();
+    }
+    let mut pauses = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() == malleable::metrics::SNAPSHOT_PAUSE {
+            if let DebugValue::Histogram(h) = value {
+                pauses.extend(
+                    h.into_iter()
+                        .map(|s| Duration::from_secs_f64(s.into_inner())),
+                );
+            }
+        }
+    }
+    handle.cancel();
+    let _ = handle.wait();
+    let state = HeavyChunk {
+        buf: (0..words as u64).collect(),
+        steps: 3,
+    };
+    let alone = median(
+        (0..31)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::hint::black_box(postcard::to_allocvec(&state).unwrap());
+                t0.elapsed()
+            })
+            .collect(),
+    );
+    let pause = median(pauses.clone());
+    println!(
+        "pause vs serialize, state {:>8} bytes: pause p50 {:>9.1?} ({} samples), serialize alone {:>9.1?}: {:.2}x",
+        words * 8 + 8,
+        pause,
+        pauses.len(),
+        alone,
+        pause.as_secs_f64() / alone.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn commit_vs_raw_put(rt: &tokio::runtime::Runtime, parts: usize, part_bytes: usize) {
+    let (url, dir) = folder("commit");
+    let store = Store::open(&url).unwrap();
+    let raw_dir = dir.join("raw");
+    std::fs::create_dir_all(&raw_dir).unwrap();
+    let raw: Arc<dyn ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&raw_dir).unwrap());
+    let payload = bytes::Bytes::from(vec![7u8; part_bytes]);
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for epoch in 0..15u64 {
+        let t0 = Instant::now();
+        let refs = rt.block_on(async {
+            let mut refs = Vec::new();
+            for c in 0..parts as u64 {
+                refs.push(
+                    store
+                        .put_part("job", epoch, 0, c, payload.clone())
+                        .await
+                        .unwrap(),
+                );
+            }
+            refs
+        });
+        let manifest = Manifest {
+            format_version: malleable::snapshot::FORMAT_VERSION,
+            job_name: "heavy".into(),
+            job_id: "job".into(),
+            epoch,
+            created_unix_ms: 0,
+            job: vec![1, 2, 3],
+            phase: 0,
+            iterations_before: 0,
+            iterations_done: 0,
+            iterations_total: parts as u64,
+            chunks: parts as u64,
+            config: vec![0, 0],
+            merged: 0,
+            reduced: vec![0],
+            done: Vec::new(),
+            parts: refs,
+        };
+        let manifest_len = malleable::snapshot::encode_manifest(&manifest).len();
+        rt.block_on(store.commit(&manifest)).unwrap();
+        ours.push(t0.elapsed());
+        let t0 = Instant::now();
+        rt.block_on(async {
+            for c in 0..parts {
+                raw.put(
+                    &ObjPath::from(format!("{epoch}/p{c}")),
+                    PutPayload::from(payload.clone()),
+                )
+                .await
+                .unwrap();
+            }
+            raw.put(
+                &ObjPath::from(format!("{epoch}/m")),
+                PutPayload::from(vec![0u8; manifest_len]),
+            )
+            .await
+            .unwrap();
+        });
+        theirs.push(t0.elapsed());
+    }
+    let (a, b) = (median(ours), median(theirs));
+    println!(
+        "snapshot write vs raw puts, {parts} parts of {part_bytes} bytes (file): {a:>9.1?} vs {b:>9.1?}: {:.2}x",
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn restore_vs_read(rt: &tokio::runtime::Runtime, words: usize) {
+    let (url, dir) = folder("restore");
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(Chunking::Size(1))
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let handle = exec.submit(Heavy { words }).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let id = handle.suspend().wait().unwrap();
+    let _ = handle.wait();
+    let inline = Executor::builder().local_workers(0).build().unwrap();
+    let store = Store::open(&url).unwrap();
+    let manifest = rt.block_on(store.manifest(&id)).unwrap();
+    let root = object_store::local::LocalFileSystem::new_with_prefix(&dir).unwrap();
+    let mut keys = vec![format!("heavy/{:020}/manifest", id.epoch)];
+    keys.extend(manifest.parts.iter().map(|p| p.key.clone()));
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in 0..15 {
+        let t0 = Instant::now();
+        let h = inline.resume::<Heavy>(&url, At::Epoch(id.epoch)).unwrap();
+        ours.push(t0.elapsed());
+        h.cancel();
+        let t0 = Instant::now();
+        rt.block_on(async {
+            for k in &keys {
+                std::hint::black_box(
+                    root.get(&ObjPath::from(k.as_str()))
+                        .await
+                        .unwrap()
+                        .bytes()
+                        .await
+                        .unwrap(),
+                );
+            }
+        });
+        theirs.push(t0.elapsed());
+    }
+    let (a, b) = (median(ours), median(theirs));
+    println!(
+        "restore vs raw reads, {} parts of {} bytes: {a:>9.1?} vs {b:>9.1?}: {:.2}x",
+        manifest.parts.len(),
+        words * 8 + 8,
+        a.as_secs_f64() / b.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A compute-bound fold for the long run.
+#[derive(Serialize, Deserialize)]
+struct Mix(u64);
+
+impl Fold for Mix {
+    const NAME: &'static str = "mix";
+    type Acc = u64;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.0
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+    fn body(&self, _: &(), acc: &mut u64, i: u64) {
+        let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 31;
+        *acc = acc.wrapping_add(x.wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    }
+}
+
+fn long_run() {
+    let (url, dir) = folder("long");
+    let n = 200_000_000_000 / 8; // about 150 s on 2 workers of this machine
+    let run = |every: Option<Duration>| {
+        let mut b = Executor::builder().local_workers(2).snapshots(&url);
+        if let Some(d) = every {
+            b = b.snapshot_every(d);
+        }
+        let t0 = Instant::now();
+        let v = b.build().unwrap().run(Folded(Mix(n))).unwrap().into_value();
+        (t0.elapsed(), v)
+    };
+    let (plain, v1) = run(None);
+    let (snapping, v2) = run(Some(Duration::from_secs(60)));
+    assert_eq!(v1, v2);
+    println!(
+        "long run: {plain:.1?} without snapshots, {snapping:.1?} with one per minute: {:+.2}%",
+        (snapping.as_secs_f64() / plain.as_secs_f64() - 1.0) * 100.0
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("snapshot_costs");
+    for words in [8 * 1024, 1024 * 1024] {
+        pause_vs_serialize(&snapshotter, words);
+    }
+    for (parts, size) in [(2, 64 * 1024), (2, 8 * 1024 * 1024)] {
+        commit_vs_raw_put(&rt, parts, size);
+    }
+    for words in [8 * 1024, 1024 * 1024] {
+        restore_vs_read(&rt, words);
+    }
+    if std::env::args().any(|a| a == "--long") {
+        long_run();
+    }
+}
