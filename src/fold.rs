@@ -8,7 +8,8 @@
 //! # Step length
 //!
 //! The number of iterations in one step adapts so that a step lasts about
-//! [`Fold::target_step`] (default [`DEFAULT_STEP`], 1 ms). A step starts with one iteration;
+//! [`Fold::target_step`] (default [`DEFAULT_STEP`], 1 ms). A chunk starts with the batch the
+//! worker thread's previous chunk of the same fold ended with (one iteration the first time);
 //! while steps are shorter than a quarter of the target the batch doubles, after that it is
 //! scaled by `target / measured` (at most ×2 or ÷2 per step). At 1 ms a step's fixed cost
 //! (two clock reads and a flag load, about 50 ns) is 0.005% of the step, and a retire or
@@ -133,7 +134,7 @@ pub struct FoldChunk<F: Fold> {
     end: u64,
     acc: F::Acc,
     /// Iterations per step; not serialized, since the speed of the next machine is unknown
-    /// (0 = start again from one iteration).
+    /// (0 = start from this thread's hint for `F`, or from one iteration).
     #[serde(skip)]
     batch: u64,
 }
@@ -145,7 +146,11 @@ impl<F: Fold> Chunk for FoldChunk<F> {
     #[inline]
     fn step(&mut self, job: &Folded<F>, input: &FoldInput<F>) -> Step<F::Acc> {
         let f = &job.0;
-        let batch = self.batch.max(1);
+        let batch = if self.batch == 0 {
+            batch_hint::<F>()
+        } else {
+            self.batch
+        };
         let stop = self.end.min(self.next.saturating_add(batch));
         let t0 = Instant::now();
         let acc = &mut self.acc;
@@ -154,17 +159,47 @@ impl<F: Fold> Chunk for FoldChunk<F> {
         }
         let dt = t0.elapsed();
         self.next = stop;
+        self.batch = adapt(batch, dt, f.target_step());
         if self.next >= self.end {
+            set_batch_hint::<F>(self.batch);
             let acc = std::mem::replace(&mut self.acc, f.reducer().identity());
             return Step::Done(acc);
         }
-        self.batch = adapt(batch, dt, f.target_step());
         Step::Yield
     }
 
     fn iterations_done(&self) -> Option<u64> {
         Some(self.next - self.start)
     }
+}
+
+thread_local! {
+    /// The batch size each fold type ended its last chunk with on this thread: a fresh chunk
+    /// starts from it instead of from one iteration, so short chunks do not spend their
+    /// first dozen steps ramping up. Per type, since bodies differ in cost.
+    static BATCH_HINTS: std::cell::RefCell<Vec<(std::any::TypeId, u64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The batch a new chunk of `F` starts with on this thread (1 the first time).
+fn batch_hint<F: 'static>() -> u64 {
+    let id = std::any::TypeId::of::<F>();
+    BATCH_HINTS.with(|h| {
+        h.borrow()
+            .iter()
+            .find(|(t, _)| *t == id)
+            .map_or(1, |&(_, b)| b.max(1))
+    })
+}
+
+fn set_batch_hint<F: 'static>(batch: u64) {
+    let id = std::any::TypeId::of::<F>();
+    BATCH_HINTS.with(|h| {
+        let mut h = h.borrow_mut();
+        match h.iter_mut().find(|(t, _)| *t == id) {
+            Some(slot) => slot.1 = batch,
+            None => h.push((id, batch)),
+        }
+    });
 }
 
 /// The next batch size after a step of `batch` iterations took `took`.
