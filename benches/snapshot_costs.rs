@@ -3,7 +3,8 @@
 //! 1. a worker's snapshot pause (`malleable_snapshot_pause_seconds`) vs serializing the same
 //!    chunk state alone with postcard (target ≤ 1.1×);
 //! 2. writing a snapshot through the store (parts + conditional create of the manifest) vs raw
-//!    `object_store` puts of the same bytes (target ≤ 1.2×), on a local folder;
+//!    `object_store` puts of the same bytes with the same durability (fsync), on a local
+//!    folder (target ≤ 1.2×);
 //! 3. restore (`Executor::resume` up to a running handle) vs reading the same objects raw
 //!    (target ≤ 1.2×);
 //! 4. with `-- --long`: a run of about 2.5 minutes with one snapshot per minute vs the same run

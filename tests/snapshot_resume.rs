@@ -143,3 +143,56 @@ fn resume_of_nothing_or_another_job_is_a_typed_error() {
     let err = exec.resume::<Kernel>(&url, At::Latest).unwrap_err();
     assert!(matches!(err, Error::Snapshot(_)), "{err:?}");
 }
+
+#[test]
+fn unchanged_chunks_are_referenced_not_written_again() {
+    let (url, dir) = folder("incremental");
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(Chunking::Count(8))
+        .snapshots(&url)
+        .keep_snapshots(10)
+        .build()
+        .unwrap();
+    let handle = exec.submit(slow_kernel(80_000)).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let first = handle.suspend().wait().unwrap();
+    assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));
+    // Resumed with zero workers and nobody waiting: nothing runs, every chunk is unchanged.
+    let idle = Executor::builder().local_workers(0).build().unwrap();
+    let h = idle.resume::<Kernel>(&url, At::Latest).unwrap();
+    let second = h.snapshot().wait().unwrap();
+    assert_eq!(second.epoch, first.epoch + 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = malleable::snapshot::Store::open(&url).unwrap();
+    let (m1, m2) = (
+        rt.block_on(store.manifest(&first)).unwrap(),
+        rt.block_on(store.manifest(&second)).unwrap(),
+    );
+    assert!(!m1.parts.is_empty());
+    assert_eq!(
+        m1.parts, m2.parts,
+        "the second snapshot references the first one's parts"
+    );
+    let epoch_dir = dir
+        .join("test-kernel")
+        .join(format!("{:020}", second.epoch));
+    assert!(
+        !epoch_dir.join("parts").exists(),
+        "no part was written for the second epoch"
+    );
+    // Now let it run: the chunks change, and the next snapshot writes them anew.
+    h.set_local_workers(2);
+    std::thread::sleep(Duration::from_millis(30));
+    let third = h.snapshot().wait().unwrap();
+    let m3 = rt.block_on(store.manifest(&third)).unwrap();
+    assert!(
+        m3.parts
+            .iter()
+            .any(|p| p.key.contains(&format!("{:020}", third.epoch)))
+    );
+    h.cancel();
+}
