@@ -190,7 +190,9 @@ impl Builder {
     }
 
     /// Suspends jobs on SIGTERM and SIGUSR1, which batch schedulers send before a time limit.
-    /// No handler is installed unless this is called.
+    /// No handler is installed unless this is called; once installed (at the first submit),
+    /// the handlers stay for the life of the process, so these signals no longer terminate it
+    /// by default.
     pub fn suspend_on_signals(mut self) -> Self {
         self.config.snapshots.signals = true;
         self
