@@ -73,6 +73,11 @@ impl Chunk for HeavyChunk {
     }
 }
 
+/// `n` pseudo-random words (as the workers' buffers look once stepped).
+fn words(n: usize, seed: u64) -> Vec<u64> {
+    (0..n as u64).map(|i| (i ^ seed).wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407)).collect()
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();
     v[v.len() / 2]
