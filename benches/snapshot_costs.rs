@@ -45,9 +45,7 @@ impl Job for Heavy {
     }
     fn chunk(&self, r: std::ops::Range<u64>) -> HeavyChunk {
         HeavyChunk {
-            buf: (0..self.words as u64)
-                .map(|i| i.wrapping_mul(r.start + 7))
-                .collect(),
+            buf: words(self.words, r.start),
             steps: 0,
         }
     }
@@ -75,7 +73,13 @@ impl Chunk for HeavyChunk {
 
 /// `n` pseudo-random words (as the workers' buffers look once stepped).
 fn words(n: usize, seed: u64) -> Vec<u64> {
-    (0..n as u64).map(|i| (i ^ seed).wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407)).collect()
+    (0..n as u64)
+        .map(|i| {
+            (i ^ seed)
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407)
+        })
+        .collect()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -117,8 +121,9 @@ fn pause_vs_serialize(snapshotter: &metrics_util::debugging::Snapshotter, words:
     }
     handle.cancel();
     let _ = handle.wait();
+    // The same kind of content as the workers' states (large values: 9-10 byte varints).
     let state = HeavyChunk {
-        buf: (0..words as u64).collect(),
+        buf: self::words(words, 0),
         steps: 3,
     };
     let alone = median(

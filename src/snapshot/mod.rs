@@ -5,25 +5,26 @@
 //! part per suspended chunk state, in a [`Store`] opened from a URL (`file://`, `memory://`,
 //! `s3://`).
 //!
-//! - [`format`](Manifest): the manifest file layout, its encoder and decoder, and the checks of
-//!   parts (`format.rs`).
-//! - [`Store`]: keys, the commit protocol, listing and retention (`store.rs`).
-//! - [`Error`]: every way a snapshot can be missing, corrupt, foreign or refused (`error.rs`).
+//! - [`format`](mod@format): the manifest file layout, its encoder and decoder, and the checks of parts.
+//! - [`store`]: keys, the commit protocol, listing and retention ([`Store`]).
+//! - [`Error`]: every way a snapshot can be missing, corrupt, foreign or refused.
+//!
+//! The items of both modules are re-exported here.
 //!
 //! # Guarantees
 //!
 //! - **Never a torn snapshot.** Parts are written first, to fresh keys; the manifest last, with
 //!   a conditional create: a snapshot is committed exactly when its manifest exists, two
 //!   writers cannot both commit one epoch, and a crash at any moment leaves the earlier
-//!   committed snapshots intact (see [`Store`]'s commit protocol).
+//!   committed snapshots intact (see the [commit protocol](store#commit-protocol)).
 //! - **Portable.** Versioned, checksummed (CRC-32C), little-endian, postcard-encoded; no
 //!   `usize`, no pointers.
 //! - **Bad bytes are errors.** Decoding a corrupt, truncated, foreign or hostile manifest or
 //!   part returns a typed [`Error`] and never panics.
 
 mod error;
-mod format;
-mod store;
+pub mod format;
+pub mod store;
 
 pub use error::{Error, Result};
 pub use format::{

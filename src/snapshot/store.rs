@@ -454,7 +454,7 @@ impl Store {
     }
 
     /// Reads and checks the manifest of snapshot `id` (see
-    /// [`decode_manifest`](super::decode_manifest)). The caller checks the job name with
+    /// [`decode_manifest`]). The caller checks the job name with
     /// [`Manifest::check_job`].
     ///
     /// # Errors
