@@ -167,3 +167,52 @@ fn a_corrupt_part_is_a_typed_error() {
         .unwrap();
     assert_eq!(rt.block_on(store.latest("test-kernel")).unwrap(), Some(id));
 }
+
+#[test]
+fn a_snapshot_whose_chunk_panics_before_capture_gets_an_error_not_a_hang() {
+    #[derive(Serialize, Deserialize)]
+    struct Boom;
+    #[derive(Serialize, Deserialize)]
+    struct BoomChunk(u32);
+    impl malleable::Job for Boom {
+        const NAME: &'static str = "boom";
+        type Chunk = BoomChunk;
+        type Reducer = Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            1
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> BoomChunk {
+            BoomChunk(0)
+        }
+        fn reducer(&self) -> Sum<u64> {
+            Sum::new()
+        }
+    }
+    impl malleable::Chunk for BoomChunk {
+        type Job = Boom;
+        type Output = u64;
+        fn step(&mut self, _: &Boom, _: &()) -> malleable::Step<u64> {
+            std::thread::sleep(Duration::from_millis(100));
+            self.0 += 1;
+            if self.0 == 2 {
+                panic!("boom in the second step");
+            }
+            malleable::Step::Yield
+        }
+    }
+    let (url, _dir) = folder("boom");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let handle = exec.submit(Boom).unwrap();
+    std::thread::sleep(Duration::from_millis(130)); // inside the second step
+    let err = handle.snapshot().wait().unwrap_err();
+    assert!(
+        matches!(err, Error::Ended { .. } | Error::SnapshotFailed(_)),
+        "{err:?}"
+    );
+    assert!(matches!(handle.wait(), Err(Error::Panicked { .. })));
+}

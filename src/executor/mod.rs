@@ -183,7 +183,9 @@ impl Builder {
 
     /// Suspends jobs before `deadline` (say, the end of a batch allocation): the final
     /// snapshot starts early enough to commit before it, by a margin of twice the longest
-    /// snapshot measured so far plus one second (ten seconds before any was measured).
+    /// snapshot measured so far plus one second (before any was measured: ten seconds, or
+    /// half the time from submit to the deadline if that is less). A suspend whose snapshot
+    /// fails is retried every second.
     pub fn deadline(mut self, deadline: SystemTime) -> Self {
         self.config.snapshots.deadline = Some(deadline);
         self
@@ -716,6 +718,9 @@ impl<J: Job> State<J> {
     fn complete(&mut self, result: Result<Outcome<J>>) {
         self.result = Some(result);
         self.ended = true;
+        // A snapshot that cannot complete any more (its chunks will not be captured) or has
+        // not started: its requesters get an error rather than wait forever.
+        self.snap.end(J::NAME);
         let mut out = std::mem::take(&mut self.out);
         self.core.halt(&mut out);
         let ids: Vec<WorkerId> = self.locals.keys().copied().collect();

@@ -239,6 +239,16 @@ impl Snapshots {
         }
     }
 
+    /// The job ended: a cut still waiting for captures, a suspend not yet started and queued
+    /// requests are answered with [`Error::Ended`]. A write in flight still completes.
+    pub(crate) fn end(&mut self, job: &'static str) {
+        let cut = self.cut.take().map(|c| c.replies).unwrap_or_default();
+        let suspend = self.suspend_replies.take().unwrap_or_default();
+        for r in cut.into_iter().chain(suspend).chain(self.queued.drain(..)) {
+            let _ = r.send(Err(Error::Ended { job }));
+        }
+    }
+
     /// A chunk is handed to a worker: its state will change.
     pub(crate) fn on_run(&mut self, chunk: ChunkId) {
         if !self.cache.is_empty() {
@@ -515,7 +525,7 @@ impl<J: Job> State<J> {
                     Err(e) => Err(Error::SnapshotFailed(e.to_string())),
                 });
             }
-            if suspend {
+            if suspend && !st.ended {
                 if let Ok(id) = written {
                     st.complete(Ok(super::Outcome::Suspended(id)));
                 }
@@ -587,9 +597,14 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
     let mut sigusr1 = signals
         .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).ok())
         .flatten();
+    let submitted = SystemTime::now();
     io.spawn(async move {
         let start = tokio::time::Instant::now();
         let mut tick = every.map(|d| tokio::time::interval_at(start + d, d));
+        // Once a suspend is wanted (deadline, signal, token), it is asked for again every
+        // second until the job has ended: a suspend whose snapshot failed is retried.
+        let mut want_suspend = false;
+        let mut last_ask: Option<std::time::Instant> = None;
         loop {
             let longest = match weak.upgrade() {
                 Some(shared) => {
@@ -601,7 +616,24 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
                 }
                 None => return,
             };
-            let margin = longest.map_or(Duration::from_secs(10), |l| 2 * l + Duration::from_secs(1));
+            if want_suspend {
+                if last_ask.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    let Some(shared) = weak.upgrade() else { return };
+                    shared.lock().request_suspend(&shared, None);
+                    last_ask = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            // Before any snapshot was timed: ten seconds, but at most half the time the job
+            // was given, so a short deadline still leaves it time to work.
+            let margin = longest.map_or_else(
+                || {
+                    let given = deadline.and_then(|d| d.duration_since(submitted).ok()).unwrap_or_default();
+                    Duration::from_secs(10).min(given / 2)
+                },
+                |l| 2 * l + Duration::from_secs(1),
+            );
             let until_deadline = deadline.map(|d| d.duration_since(SystemTime::now() + margin).unwrap_or(Duration::ZERO));
             let suspend = tokio::select! {
                 _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => false,
@@ -612,14 +644,13 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
                 // Look again at the deadline's margin and whether the job ended.
                 _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
             };
-            let Some(shared) = weak.upgrade() else { return };
-            let mut st = shared.lock();
             if suspend {
-                st.request_suspend(&shared, None);
-                return;
+                want_suspend = true;
+                continue;
             }
+            let Some(shared) = weak.upgrade() else { return };
             let (reply, _ignored) = oneshot::channel();
-            st.request_snapshot(&shared, reply);
+            shared.lock().request_snapshot(&shared, reply);
         }
     });
 }

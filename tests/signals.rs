@@ -1,0 +1,542 @@
+//! Real signals and deadlines: a job suspends itself to its store on SIGUSR1 or SIGTERM (as a
+//! batch scheduler sends before a time limit) or before a deadline, and resumes elsewhere,
+//! with another worker count, to the sequential value bit for bit.
+//!
+//! The signal tests run the job in a child process, the test binary itself re-executed with
+//! `--exact child_suspendable --nocapture` and [`CHILD_ENV`] set to the store's URL (without
+//! that variable `child_suspendable` does nothing); the parent sends the signal with
+//! `kill -USR1 <pid>` / `kill -TERM <pid>`. The jobs' steps sleep where they must last (in
+//! the child, and in the first run of the deadline tests): a slow machine, set per process
+//! through the job's `Input`, never part of the job or its value, so every resume computes
+//! at full speed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant, SystemTime};
+
+use malleable::reduce::Reducer;
+use malleable::snapshot::{SnapshotId, Store};
+use malleable::{
+    At, BoxError, Chunk, Chunking, Executor, Finished, Input, Job, Next, Outcome, Step,
+};
+use serde::{Deserialize, Serialize};
+
+/// Set in the child only: the URL of the store it suspends to.
+const CHILD_ENV: &str = "MALLEABLE_SIGNAL_CHILD";
+/// Fixed chunk boundaries: the value depends on them, never on the workers.
+const CHUNK: u64 = 2_000;
+const CHUNKING: Chunking = Chunking::Size(CHUNK);
+/// A paced step sleeps this long.
+const PACE: Duration = Duration::from_millis(1);
+
+// ---------------------------------------------------------------------------------------
+// The job: phases of an order-sensitive f64 sum, each phase depending on the one before.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Walk {
+    /// Names this run for [`pace`]; not used by the computation.
+    tag: u64,
+    n: u64,
+    per_step: u64,
+    phases: u64,
+    phase: u64,
+    carry: f64,
+    /// The sum of every finished phase.
+    history: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+struct Total {
+    sum: f64,
+    iterations: u64,
+}
+
+struct TotalSum;
+
+impl Reducer for TotalSum {
+    type Value = Total;
+    fn identity(&self) -> Total {
+        Total {
+            sum: 0.0,
+            iterations: 0,
+        }
+    }
+    fn combine(&self, acc: &mut Total, next: Total) {
+        acc.sum += next.sum;
+        acc.iterations += next.iterations;
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WalkChunk {
+    next: u64,
+    end: u64,
+    acc: Total,
+}
+
+/// Tags of the jobs whose steps sleep in this process (besides every job in the child).
+static PACED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+fn pace(tag: u64, on: bool) {
+    let mut paced = PACED.lock().unwrap();
+    paced.retain(|&t| t != tag);
+    if on {
+        paced.push(tag);
+    }
+}
+
+/// Per-process pace, read once per job run when its first step needs it.
+struct Pace(Duration);
+
+impl Input<Walk> for Pace {
+    fn load(job: &Walk) -> Result<Pace, BoxError> {
+        let paced =
+            std::env::var_os(CHILD_ENV).is_some() || PACED.lock().unwrap().contains(&job.tag);
+        Ok(Pace(if paced { PACE } else { Duration::ZERO }))
+    }
+}
+
+fn term(i: u64, phase: u64, carry: f64) -> f64 {
+    let x = (i ^ phase.wrapping_mul(0x9E37_79B9)) as f64 + carry;
+    1.0 / (1.0 + x.abs()) + (x * 1e-3).sin() * 1e7
+}
+
+impl Job for Walk {
+    const NAME: &'static str = "signal-walk";
+    type Chunk = WalkChunk;
+    type Reducer = TotalSum;
+    type Input = Pace;
+
+    fn iterations(&self) -> u64 {
+        self.n + self.phase
+    }
+    fn chunk(&self, range: Range<u64>) -> WalkChunk {
+        WalkChunk {
+            next: range.start,
+            end: range.end,
+            acc: TotalSum.identity(),
+        }
+    }
+    fn reducer(&self) -> TotalSum {
+        TotalSum
+    }
+    fn end_phase(&mut self, value: &Total) -> Next {
+        assert_eq!(value.iterations, self.iterations(), "exactly once");
+        self.history.push(value.sum);
+        self.carry = value.sum.rem_euclid(1000.0);
+        self.phase += 1;
+        if self.phase < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+}
+
+impl Chunk for WalkChunk {
+    type Job = Walk;
+    type Output = Total;
+    fn step(&mut self, job: &Walk, pace: &Pace) -> Step<Total> {
+        let stop = self.end.min(self.next + job.per_step);
+        for i in self.next..stop {
+            self.acc.sum += term(i, job.phase, job.carry);
+            self.acc.iterations += 1;
+        }
+        self.next = stop;
+        if !pace.0.is_zero() {
+            std::thread::sleep(pace.0);
+        }
+        if self.next == self.end {
+            Step::Done(self.acc)
+        } else {
+            Step::Yield
+        }
+    }
+    fn iterations_done(&self) -> Option<u64> {
+        Some(self.acc.iterations)
+    }
+}
+
+/// 20 phases of 200 000 iterations, 100 per step: paced on 2 workers, about 1 s a phase and
+/// 20 s in all; at full speed, a fraction of a second.
+fn long_job(tag: u64) -> Walk {
+    Walk {
+        tag,
+        n: 200_000,
+        per_step: 100,
+        phases: 20,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
+    }
+}
+
+/// The same computation as a plain loop: chunk sums from zero, added in chunk order.
+fn sequential(job: &Walk) -> (Total, Vec<f64>) {
+    let mut job = job.clone();
+    loop {
+        let n = job.iterations();
+        let mut total = TotalSum.identity();
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + CHUNK);
+            let mut acc = TotalSum.identity();
+            for i in start..end {
+                acc.sum += term(i, job.phase, job.carry);
+                acc.iterations += 1;
+            }
+            TotalSum.combine(&mut total, acc);
+            start = end;
+        }
+        if job.end_phase(&total) == Next::Finish {
+            return (total, job.history);
+        }
+    }
+}
+
+fn assert_sequential(got: &Finished<Walk>, job: &Walk, what: &str) {
+    let (value, history) = sequential(job);
+    assert_eq!(
+        got.value.sum.to_bits(),
+        value.sum.to_bits(),
+        "{what}: {} vs the sequential {}",
+        got.value.sum,
+        value.sum
+    );
+    assert_eq!(got.value.iterations, value.iterations, "{what}");
+    let bits = |h: &[f64]| h.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got.job.history), bits(&history), "{what}: history");
+}
+
+fn folder(name: &str) -> (String, PathBuf) {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("signals-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    (format!("file://{}", dir.display()), dir)
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(f)
+}
+
+fn resume(url: &str, job_id: &str, at: At, workers: usize) -> Finished<Walk> {
+    Executor::builder()
+        .local_workers(workers)
+        .job_id(job_id)
+        .build()
+        .unwrap()
+        .resume::<Walk>(url, at)
+        .unwrap_or_else(|e| panic!("resume with {workers} workers: {e}"))
+        .wait()
+        .unwrap()
+        .finished()
+        .expect("the resumed run finishes")
+}
+
+/// The newest committed snapshot must be `id`, must decode, and must carry work over.
+fn check_store(url: &str, id: &SnapshotId) {
+    let store = Store::open(url).unwrap();
+    let (latest, manifest) = block_on(async {
+        let latest = store.latest(&id.job_id).await.unwrap();
+        (latest, store.manifest(id).await.unwrap())
+    });
+    assert_eq!(
+        latest.as_ref(),
+        Some(id),
+        "the suspend is the newest snapshot"
+    );
+    manifest.check_job(Walk::NAME).unwrap();
+    assert!(
+        manifest.phase > 0
+            || manifest.merged > 0
+            || !manifest.done.is_empty()
+            || !manifest.parts.is_empty(),
+        "{id} carries no work over: phase {}, merged {}",
+        manifest.phase,
+        manifest.merged
+    );
+    println!(
+        "  {id}: phase {}, {} of {} iterations of the phase done, {} chunk states",
+        manifest.phase,
+        manifest.iterations_done,
+        manifest.iterations_total,
+        manifest.parts.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals, in a child process.
+// ---------------------------------------------------------------------------------------
+
+/// The child: runs the long job with `suspend_on_signals` until a signal suspends it, then
+/// prints the outcome and exits 0. Does nothing unless [`CHILD_ENV`] is set.
+#[test]
+fn child_suspendable() {
+    let Ok(url) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(CHUNKING)
+        .snapshots(&url)
+        .job_id("signal-walk")
+        .suspend_on_signals()
+        .build()
+        .expect("child: build");
+    let handle = exec.submit(long_job(0)).expect("child: submit");
+    let t0 = Instant::now();
+    println!("signal-child: started pid {}", std::process::id());
+    match handle.wait().expect("child: wait") {
+        Outcome::Suspended(id) => println!(
+            "signal-child: outcome Suspended({id}) after {} ms",
+            t0.elapsed().as_millis()
+        ),
+        Outcome::Finished(_) => panic!("child: the job finished: no signal suspended it"),
+        _ => panic!("child: an unknown outcome"),
+    }
+}
+
+/// Reads a pipe line by line on a thread.
+fn lines(pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line containing `marker` (libtest may print its own text before ours on the
+/// same line) and returns what follows the marker; every line read is kept in `seen`.
+fn expect_line(
+    rx: &Receiver<String>,
+    marker: &str,
+    timeout: Duration,
+    seen: &mut Vec<String>,
+) -> Option<String> {
+    let end = Instant::now() + timeout;
+    loop {
+        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                let rest = line.split_once(marker).map(|(_, rest)| rest.to_owned());
+                seen.push(line);
+                if rest.is_some() {
+                    return rest;
+                }
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
+fn wait_timeout(child: &mut std::process::Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal_suspends_then_resumes(signal: &str, resume_workers: usize) {
+    let (url, dir) = folder(&signal.to_lowercase());
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_suspendable",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the child");
+    let out = lines(child.stdout.take().unwrap());
+    let err = lines(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    let fail = |child: &mut std::process::Child, seen: &[String], what: &str| -> ! {
+        let _ = child.kill();
+        let _ = child.wait();
+        let stderr: Vec<String> = err.try_iter().collect();
+        panic!(
+            "SIG{signal}: {what}\nchild stdout:\n{}\nchild stderr:\n{}",
+            seen.join("\n"),
+            stderr.join("\n")
+        );
+    };
+
+    if expect_line(
+        &out,
+        "signal-child: started",
+        Duration::from_secs(60),
+        &mut seen,
+    )
+    .is_none()
+    {
+        fail(&mut child, &seen, "the child did not start");
+    }
+    // Let it work a little, so that the snapshot carries work over.
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Instant::now();
+    let kill = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(kill.success(), "kill -{signal} failed: {kill}");
+
+    let Some(status) = wait_timeout(&mut child, Duration::from_secs(30)) else {
+        fail(
+            &mut child,
+            &seen,
+            "the child did not exit within 30 s of the signal",
+        );
+    };
+    let exited = sent.elapsed();
+    let outcome = expect_line(
+        &out,
+        "signal-child: outcome Suspended(",
+        Duration::from_secs(5),
+        &mut seen,
+    );
+    if !status.success() {
+        fail(
+            &mut child,
+            &seen,
+            &format!("the child exited with {status}"),
+        );
+    }
+    let Some(outcome) = outcome else {
+        fail(&mut child, &seen, "the child did not print its outcome");
+    };
+    let id: SnapshotId = outcome
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("a snapshot id");
+    println!(
+        "SIG{signal}: the child suspended to {id} and exited 0, {} ms after the signal",
+        exited.as_millis()
+    );
+    check_store(&url, &id);
+
+    let resumed = resume(&url, &id.job_id, At::Latest, resume_workers);
+    assert_sequential(
+        &resumed,
+        &long_job(0),
+        &format!("resumed after SIG{signal} with {resume_workers} workers"),
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn sigusr1_suspends_the_job_in_a_child_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    signal_suspends_then_resumes("USR1", 3);
+}
+
+#[test]
+fn sigterm_suspends_the_job_in_a_child_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    signal_suspends_then_resumes("TERM", 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Deadlines, in process.
+// ---------------------------------------------------------------------------------------
+
+/// Runs the long, paced job with `deadline` and checks that it suspends before it; returns
+/// when it suspended and the snapshot, after resuming it unpaced to the sequential value.
+fn run_until_deadline(
+    name: &str,
+    tag: u64,
+    deadline: SystemTime,
+    every: Option<Duration>,
+) -> (SystemTime, SnapshotId) {
+    let (url, dir) = folder(name);
+    let job_id = format!("deadline-{name}");
+    let mut builder = Executor::builder()
+        .local_workers(2)
+        .chunking(CHUNKING)
+        .snapshots(&url)
+        .job_id(&job_id)
+        .deadline(deadline);
+    if let Some(every) = every {
+        builder = builder.snapshot_every(every);
+    }
+    let exec = builder.build().unwrap();
+    pace(tag, true);
+    let start = SystemTime::now();
+    let outcome = exec.submit(long_job(tag)).unwrap().wait().unwrap();
+    let at = SystemTime::now();
+    pace(tag, false);
+    let Outcome::Suspended(id) = outcome else {
+        panic!("{name}: the job did not suspend before its deadline");
+    };
+    let left = deadline.duration_since(at).unwrap_or_else(|late| {
+        panic!("{name}: suspended {:?} after the deadline", late.duration())
+    });
+    println!(
+        "{name}: suspended to {id} {:.2} s after the start, {:.2} s before the deadline",
+        at.duration_since(start).unwrap().as_secs_f64(),
+        left.as_secs_f64()
+    );
+    check_store(&url, &id);
+    let resumed = resume(&url, &job_id, At::Epoch(id.epoch), 1);
+    assert_sequential(&resumed, &long_job(tag), &format!("{name}: resumed"));
+    let _ = std::fs::remove_dir_all(dir);
+    (at, id)
+}
+
+/// A deadline 2 s away, for a job of about 20 s: it ends suspended before the deadline.
+#[test]
+fn a_near_deadline_suspends_before_it_passes() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let deadline = SystemTime::now() + Duration::from_secs(2);
+    run_until_deadline("near", 1, deadline, None);
+}
+
+/// A deadline 12 s away, with a snapshot every 200 ms: once a snapshot has been timed the
+/// margin is twice the longest one plus a second, so the job works until about a second
+/// before the deadline instead of suspending at once.
+#[test]
+fn a_far_deadline_uses_the_measured_margin() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let deadline = SystemTime::now() + Duration::from_secs(12);
+    let (at, _) = run_until_deadline("far", 2, deadline, Some(Duration::from_millis(200)));
+    let left = deadline.duration_since(at).unwrap();
+    // About 1 s is expected; 6 s leaves room for slow snapshot writes on a busy machine
+    // (the margin doubles the longest one) and still tells a suspend at once (12 s) apart.
+    assert!(
+        left < Duration::from_secs(6),
+        "suspended {left:?} before the deadline: the measured margin was not used"
+    );
+}
