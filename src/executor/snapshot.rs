@@ -655,6 +655,48 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
     });
 }
 
+/// Decodes chunk states, spread over the machine's cores (decoding, not reading, is most of
+/// a restore's time for states of numbers).
+fn decode_parts<C: serde::de::DeserializeOwned + Send>(
+    parts: &[PartRef],
+    bytes: &[bytes::Bytes],
+) -> Result<Vec<(ChunkId, C)>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(parts.len())
+        .max(1);
+    if threads == 1 {
+        return parts
+            .iter()
+            .zip(bytes)
+            .map(|(p, b)| Ok((p.chunk, decode("a chunk state", b)?)))
+            .collect();
+    }
+    let per = parts.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = parts
+            .chunks(per)
+            .zip(bytes.chunks(per))
+            .map(|(ps, bs)| {
+                scope.spawn(move || {
+                    ps.iter()
+                        .zip(bs)
+                        .map(|(p, b)| Ok((p.chunk, decode("a chunk state", b)?)))
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(parts.len());
+        for h in handles {
+            all.extend(
+                h.join()
+                    .map_err(|_| Error::Internal("a decoding thread panicked".into()))??,
+            );
+        }
+        Ok(all)
+    })
+}
+
 /// Runs `fut` on the I/O runtime and blocks the calling thread until it is done (without
 /// entering a runtime, so this works from any thread).
 fn block_on_io<T: Send + 'static>(
@@ -710,12 +752,7 @@ impl super::Executor {
             .iter()
             .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
             .collect::<Result<Vec<_>>>()?;
-        let suspended = manifest
-            .parts
-            .iter()
-            .zip(&parts)
-            .map(|(p, b)| Ok((p.chunk, decode("a chunk state", b)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let suspended = decode_parts::<J::Chunk>(&manifest.parts, &parts)?;
         let phase = manifest.phase;
         let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
             let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);
