@@ -10,8 +10,8 @@
 //! Each kernel runs five ways: `sequential` (a plain loop), `rayon/1` and `rayon/2` (a
 //! `ThreadPoolBuilder` pool of 1 or 2 threads, built once, the work run with `install`), and
 //! `malleable/1` and `malleable/2` (an executor with 1 or 2 local workers and the default
-//! chunking, `Count(1024)`; every run is a new job, so its threads are spawned per run, as in
-//! real use). Rayon writes the buffers in place; malleable chunks return owned `Vec`s that
+//! chunking, `Count(1024)`, running the examples' jobs from `examples/kernels/jobs.rs`; every
+//! run is a new job, so its threads are spawned per run, as in real use). Rayon writes the buffers in place; malleable chunks return owned `Vec`s that
 //! `CollectInOrder` concatenates, which is what a malleable loop has to do since a chunk's
 //! output must be a value that can move between workers.
 //!
@@ -41,18 +41,16 @@
 mod kernels;
 
 use std::hint::black_box;
-use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
-use malleable::reduce::{CollectInOrder, Count};
-use malleable::{BoxError, Chunk, Executor, Fold, Folded, Input, Job, Step};
+use malleable::{Executor, Folded};
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
-use serde::{Deserialize, Serialize};
 
 use kernels::crypt::{self, Subkeys};
+use kernels::jobs::{self, Crypt, Direction, Pi, Render};
 use kernels::montecarlo;
 use kernels::raytrace::{self, Scene};
 
@@ -92,32 +90,6 @@ fn sizes() -> Sizes {
 // ---------------------------------------------------------------------------------------
 // Monte Carlo π
 
-#[derive(Serialize, Deserialize)]
-struct Pi {
-    samples: u64,
-    seed: u64,
-}
-
-impl Fold for Pi {
-    const NAME: &'static str = "bench-montecarlo";
-    type Acc = u64;
-    type Reducer = Count;
-    type Input = ();
-
-    fn iterations(&self) -> u64 {
-        self.samples
-    }
-
-    fn reducer(&self) -> Count {
-        Count
-    }
-
-    #[inline]
-    fn body(&self, _: &(), hits: &mut u64, i: u64) {
-        *hits += u64::from(montecarlo::in_circle(self.seed, i));
-    }
-}
-
 fn mc_sequential() -> u64 {
     montecarlo::sequential(MC_SEED, sizes().mc_samples)
 }
@@ -143,82 +115,17 @@ fn mc_malleable(exec: &Executor) -> u64 {
 // ---------------------------------------------------------------------------------------
 // IDEA encryption
 
-/// The plaintext, built once per process.
+/// The name the plaintext is published under, for the crypt job.
+const PLAINTEXT: &str = "plaintext";
+
+/// The plaintext, built and published once per process.
 fn plaintext() -> &'static [u8] {
-    static PLAIN: OnceLock<Vec<u8>> = OnceLock::new();
-    PLAIN.get_or_init(|| crypt::plaintext(42, sizes().crypt_bytes))
+    static PLAIN: OnceLock<Arc<Vec<u8>>> = OnceLock::new();
+    PLAIN.get_or_init(|| jobs::publish(PLAINTEXT, crypt::plaintext(42, sizes().crypt_bytes)))
 }
 
 fn subkeys() -> Subkeys {
     crypt::encrypt_key(crypt::user_key(CRYPT_KEY_SEED))
-}
-
-/// Encrypt the process's plaintext: one iteration per block.
-#[derive(Serialize, Deserialize)]
-struct Encrypt {
-    blocks: u64,
-    key: [u16; 8],
-}
-
-struct CryptInput {
-    data: &'static [u8],
-    subkeys: Subkeys,
-}
-
-impl Input<Encrypt> for CryptInput {
-    fn load(job: &Encrypt) -> Result<Self, BoxError> {
-        Ok(CryptInput {
-            data: plaintext(),
-            subkeys: crypt::encrypt_key(job.key),
-        })
-    }
-}
-
-#[derive(Serialize, Deserialize)]
-struct CryptChunk {
-    next: u64,
-    end: u64,
-    out: Vec<u8>,
-}
-
-impl Job for Encrypt {
-    const NAME: &'static str = "bench-crypt";
-    type Chunk = CryptChunk;
-    type Reducer = CollectInOrder<u8>;
-    type Input = CryptInput;
-
-    fn iterations(&self) -> u64 {
-        self.blocks
-    }
-
-    fn chunk(&self, range: Range<u64>) -> CryptChunk {
-        CryptChunk {
-            next: range.start,
-            end: range.end,
-            out: Vec::with_capacity(8 * (range.end - range.start) as usize),
-        }
-    }
-
-    fn reducer(&self) -> CollectInOrder<u8> {
-        CollectInOrder::new()
-    }
-}
-
-impl Chunk for CryptChunk {
-    type Job = Encrypt;
-    type Output = Vec<u8>;
-
-    fn step(&mut self, _job: &Encrypt, input: &CryptInput) -> Step<Vec<u8>> {
-        let stop = self.end.min(self.next + 8192);
-        let (a, b) = (8 * self.next as usize, 8 * stop as usize);
-        crypt::cipher_append(&input.data[a..b], &mut self.out, &input.subkeys);
-        self.next = stop;
-        if self.next == self.end {
-            Step::Done(std::mem::take(&mut self.out))
-        } else {
-            Step::Yield
-        }
-    }
 }
 
 fn crypt_sequential() -> Vec<u8> {
@@ -239,9 +146,11 @@ fn crypt_rayon(pool: &ThreadPool) -> Vec<u8> {
 }
 
 fn crypt_malleable(exec: &Executor) -> Vec<u8> {
-    exec.run(Encrypt {
+    exec.run(Crypt {
+        buffer: PLAINTEXT.into(),
         blocks: (plaintext().len() / 8) as u64,
         key: crypt::user_key(CRYPT_KEY_SEED),
+        direction: Direction::Encrypt,
     })
     .expect("crypt job")
     .into_value()
@@ -249,40 +158,6 @@ fn crypt_malleable(exec: &Executor) -> Vec<u8> {
 
 // ---------------------------------------------------------------------------------------
 // Ray tracing
-
-#[derive(Serialize, Deserialize)]
-struct Render {
-    width: u32,
-    height: u32,
-    samples: u32,
-}
-
-impl Input<Render> for Scene {
-    fn load(job: &Render) -> Result<Self, BoxError> {
-        Ok(Scene::new(job.width, job.height, job.samples))
-    }
-}
-
-impl Fold for Render {
-    const NAME: &'static str = "bench-raytrace";
-    type Acc = Vec<u8>;
-    type Reducer = CollectInOrder<u8>;
-    type Input = Scene;
-
-    fn iterations(&self) -> u64 {
-        u64::from(self.height)
-    }
-
-    fn reducer(&self) -> CollectInOrder<u8> {
-        CollectInOrder::new()
-    }
-
-    fn body(&self, scene: &Scene, rows: &mut Vec<u8>, y: u64) {
-        let at = rows.len();
-        rows.resize(at + scene.row_bytes(), 0);
-        scene.render_row(y as u32, &mut rows[at..]);
-    }
-}
 
 fn scene() -> Scene {
     Scene::new(sizes().rt_width, sizes().rt_height, RT_SAMPLES)

@@ -1,11 +1,11 @@
 //! IDEA encryption and decryption of a large buffer (the Java Grande Forum `Crypt`
 //! benchmark) as malleable jobs.
 //!
-//! A job references its buffer by name: the job value stays small (a name, a key, a
-//! direction) and [`Input::load`] resolves the name once per process. Each chunk ciphers a
-//! range of 8-byte blocks into its own `Vec<u8>`, and [`CollectInOrder`] concatenates the
-//! chunks in order. The example checks the ciphertext against a sequential pass and that
-//! decryption gives the plaintext back.
+//! A job ([`Crypt`], in `kernels/jobs.rs`) references its buffer by name: the job value
+//! stays small (a name, a key, a direction) and its input resolves the name once per process
+//! in the registry that [`publish`] fills. Each chunk ciphers a range of 8-byte blocks into its
+//! own `Vec<u8>`, and `CollectInOrder` concatenates the chunks in order. The example checks
+//! the ciphertext against a sequential pass and that decryption gives the plaintext back.
 //!
 //! ```text
 //! cargo run --release --example crypt [MEGABYTES]
@@ -14,129 +14,12 @@
 #[path = "kernels/mod.rs"]
 mod kernels;
 
-use std::collections::HashMap;
-use std::ops::Range;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use malleable::reduce::CollectInOrder;
-use malleable::{BoxError, Chunk, Executor, Input, Job, Step};
-use serde::{Deserialize, Serialize};
+use malleable::Executor;
 
-use kernels::crypt::{self, Subkeys};
-
-/// Blocks ciphered per step (64 KiB, well under a millisecond).
-const BLOCKS_PER_STEP: u64 = 8192;
-
-/// Named read-only buffers of this process, which jobs reference by name.
-fn buffers() -> &'static Mutex<HashMap<String, Arc<Vec<u8>>>> {
-    static BUFFERS: OnceLock<Mutex<HashMap<String, Arc<Vec<u8>>>>> = OnceLock::new();
-    BUFFERS.get_or_init(Mutex::default)
-}
-
-/// Makes `data` available to jobs as `name`.
-fn publish(name: &str, data: Vec<u8>) -> Arc<Vec<u8>> {
-    let data = Arc::new(data);
-    buffers()
-        .lock()
-        .expect("buffer registry")
-        .insert(name.to_owned(), Arc::clone(&data));
-    data
-}
-
-/// Encrypt or decrypt.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-enum Direction {
-    Encrypt,
-    Decrypt,
-}
-
-/// Cipher the named buffer with a 128-bit key: one iteration per 8-byte block.
-#[derive(Serialize, Deserialize)]
-struct Crypt {
-    buffer: String,
-    blocks: u64,
-    key: [u16; 8],
-    direction: Direction,
-}
-
-/// What every worker of a process shares: the buffer and the subkeys of the direction.
-struct CryptInput {
-    data: Arc<Vec<u8>>,
-    subkeys: Subkeys,
-}
-
-impl Input<Crypt> for CryptInput {
-    fn load(job: &Crypt) -> Result<Self, BoxError> {
-        let data = buffers()
-            .lock()
-            .map_err(|_| "buffer registry poisoned")?
-            .get(&job.buffer)
-            .cloned()
-            .ok_or_else(|| format!("no buffer named {:?}", job.buffer))?;
-        if data.len() as u64 != job.blocks * 8 {
-            return Err(format!("buffer {:?} is not {} blocks", job.buffer, job.blocks).into());
-        }
-        let ek = crypt::encrypt_key(job.key);
-        let subkeys = match job.direction {
-            Direction::Encrypt => ek,
-            Direction::Decrypt => crypt::decrypt_key(&ek),
-        };
-        Ok(CryptInput { data, subkeys })
-    }
-}
-
-/// A range of blocks and the bytes ciphered so far.
-#[derive(Serialize, Deserialize)]
-struct CryptChunk {
-    next: u64,
-    end: u64,
-    out: Vec<u8>,
-}
-
-impl Job for Crypt {
-    const NAME: &'static str = "crypt";
-    type Chunk = CryptChunk;
-    type Reducer = CollectInOrder<u8>;
-    type Input = CryptInput;
-
-    fn iterations(&self) -> u64 {
-        self.blocks
-    }
-
-    fn chunk(&self, range: Range<u64>) -> CryptChunk {
-        CryptChunk {
-            next: range.start,
-            end: range.end,
-            out: Vec::with_capacity(8 * (range.end - range.start) as usize),
-        }
-    }
-
-    fn reducer(&self) -> CollectInOrder<u8> {
-        CollectInOrder::new()
-    }
-}
-
-impl Chunk for CryptChunk {
-    type Job = Crypt;
-    type Output = Vec<u8>;
-
-    fn step(&mut self, _job: &Crypt, input: &CryptInput) -> Step<Vec<u8>> {
-        let stop = self.end.min(self.next + BLOCKS_PER_STEP);
-        let (a, b) = (8 * self.next as usize, 8 * stop as usize);
-        crypt::cipher_append(&input.data[a..b], &mut self.out, &input.subkeys);
-        self.next = stop;
-        if self.next == self.end {
-            Step::Done(std::mem::take(&mut self.out))
-        } else {
-            Step::Yield
-        }
-    }
-
-    fn iterations_done(&self) -> Option<u64> {
-        Some((self.out.len() / 8) as u64)
-    }
-}
+use kernels::crypt;
+use kernels::jobs::{Crypt, Direction, publish};
 
 fn mb_per_s(bytes: usize, t: Duration) -> f64 {
     bytes as f64 / 1e6 / t.as_secs_f64()

@@ -1,8 +1,9 @@
 //! Monte Carlo estimate of π as a malleable loop.
 //!
-//! Sample `i` is drawn from a counter-based generator, so the count of hits is the same
-//! whatever the worker count or the scaling history; the example checks it exactly against
-//! a sequential count.
+//! The loop ([`Pi`], in `kernels/jobs.rs`) has one iteration per sample and an accumulator
+//! that counts hits. Sample `i` is drawn from a counter-based generator, so the count of hits
+//! is the same whatever the worker count or the scaling history; the example checks it
+//! exactly against a sequential count.
 //!
 //! ```text
 //! cargo run --release --example montecarlo_pi [SAMPLES]
@@ -13,38 +14,10 @@ mod kernels;
 
 use std::time::Instant;
 
-use malleable::reduce::Count;
-use malleable::{Executor, Fold, Folded};
-use serde::{Deserialize, Serialize};
+use malleable::{Executor, Folded};
 
+use kernels::jobs::Pi;
 use kernels::montecarlo;
-
-/// The loop: one iteration per sample, the accumulator counts hits.
-#[derive(Serialize, Deserialize)]
-struct Pi {
-    samples: u64,
-    seed: u64,
-}
-
-impl Fold for Pi {
-    const NAME: &'static str = "montecarlo-pi";
-    type Acc = u64;
-    type Reducer = Count;
-    type Input = ();
-
-    fn iterations(&self) -> u64 {
-        self.samples
-    }
-
-    fn reducer(&self) -> Count {
-        Count
-    }
-
-    #[inline]
-    fn body(&self, _: &(), hits: &mut u64, i: u64) {
-        *hits += u64::from(montecarlo::in_circle(self.seed, i));
-    }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let samples: u64 = match std::env::args().nth(1) {

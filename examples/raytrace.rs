@@ -1,9 +1,10 @@
 //! Ray tracing an image row by row as a malleable loop.
 //!
-//! Each iteration renders one row into the chunk's accumulator; [`CollectInOrder`] joins the
-//! chunks' rows in order into the image. The scene is the job's [`Input`], built once per
-//! process from the job's small description (size and samples). The image is checked byte for
-//! byte against a sequential render and written as a binary PPM.
+//! The loop is [`Render`] (in `kernels/jobs.rs`): each iteration renders one row into the
+//! chunk's accumulator, and `CollectInOrder` joins the chunks' rows in order into the image.
+//! The scene is the job's input, built once per process from the job's small description
+//! (size and samples). The image is checked byte for byte against a sequential render and
+//! written as a binary PPM.
 //!
 //! ```text
 //! cargo run --release --example raytrace [OUTPUT.ppm]
@@ -15,46 +16,10 @@ mod kernels;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use malleable::reduce::CollectInOrder;
-use malleable::{BoxError, Executor, Fold, Folded, Input};
-use serde::{Deserialize, Serialize};
+use malleable::{Executor, Folded};
 
+use kernels::jobs::Render;
 use kernels::raytrace::{self, Scene};
-
-/// Render a `width × height` image with `samples²` rays per pixel: one iteration per row.
-#[derive(Serialize, Deserialize)]
-struct Render {
-    width: u32,
-    height: u32,
-    samples: u32,
-}
-
-impl Input<Render> for Scene {
-    fn load(job: &Render) -> Result<Self, BoxError> {
-        Ok(Scene::new(job.width, job.height, job.samples))
-    }
-}
-
-impl Fold for Render {
-    const NAME: &'static str = "raytrace";
-    type Acc = Vec<u8>;
-    type Reducer = CollectInOrder<u8>;
-    type Input = Scene;
-
-    fn iterations(&self) -> u64 {
-        u64::from(self.height)
-    }
-
-    fn reducer(&self) -> CollectInOrder<u8> {
-        CollectInOrder::new()
-    }
-
-    fn body(&self, scene: &Scene, rows: &mut Vec<u8>, y: u64) {
-        let at = rows.len();
-        rows.resize(at + scene.row_bytes(), 0);
-        scene.render_row(y as u32, &mut rows[at..]);
-    }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()

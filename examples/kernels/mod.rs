@@ -5,14 +5,18 @@
 //! pure function of its iteration index (and read-only data), so an iteration gives the same
 //! result whoever runs it, and none allocates per iteration.
 //!
+//! [`jobs`] alone knows `malleable`: it wraps kernels in the malleable jobs that both the
+//! examples and the benchmark run.
+//!
 //! Include it with `#[path = "kernels/mod.rs"] mod kernels;` (from `benches/`:
 //! `#[path = "../examples/kernels/mod.rs"]`). Cargo does not build this folder as an example
 //! since it has no `main.rs`.
 
-// Each example uses only some of the kernels.
+// Each example uses only some of the kernels and jobs.
 #![allow(dead_code)]
 
 pub(crate) mod crypt;
+pub(crate) mod jobs;
 pub(crate) mod kmeans;
 pub(crate) mod montecarlo;
 pub(crate) mod raytrace;
