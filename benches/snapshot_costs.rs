@@ -293,7 +293,7 @@ impl Fold for Mix {
 
 fn long_run() {
     let (url, dir) = folder("long");
-    let n = 200_000_000_000 / 8; // about 150 s on 2 workers of this machine
+    let n = 340_000_000_000; // about 150 s on 2 workers of this machine
     let run = |every: Option<Duration>| {
         let mut b = Executor::builder().local_workers(2).snapshots(&url);
         if let Some(d) = every {
