@@ -46,6 +46,8 @@ pub(crate) struct StepStats {
     handoffs_counter: Counter,
     histogram: Histogram,
     pause: Histogram,
+    /// Size of this worker's last snapshot capture, to size the next one's buffer.
+    pub(crate) capture_hint: usize,
 }
 
 impl StepStats {
@@ -59,6 +61,7 @@ impl StepStats {
             handoffs_counter: metrics::counter!(HANDOFFS, "job" => job),
             histogram: metrics::histogram!(STEP_SECONDS, "job" => job),
             pause: metrics::histogram!(SNAPSHOT_PAUSE, "job" => job),
+            capture_hint: 0,
         }
     }
 

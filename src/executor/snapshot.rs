@@ -54,6 +54,17 @@ pub(crate) fn encode<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Re
     postcard::to_allocvec(value).map_err(|source| Error::Codec { what, source })
 }
 
+/// Serializes a value into a buffer of `capacity` bytes to start with (the size of the
+/// worker's previous capture): a worker's snapshot pause then does not regrow the buffer.
+pub(crate) fn encode_sized<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+    capacity: usize,
+) -> Result<Vec<u8>> {
+    postcard::to_extend(value, Vec::with_capacity(capacity))
+        .map_err(|source| Error::Codec { what, source })
+}
+
 /// Deserializes a value from a snapshot.
 pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T> {
     postcard::from_bytes(bytes).map_err(|source| Error::Codec { what, source })

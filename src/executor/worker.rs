@@ -103,7 +103,10 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             // A snapshot's capture (protocol step 2 of `snapshot.rs`): serialize here, hand
             // the bytes over, and go on with the same chunk.
             let paused = Instant::now();
-            let bytes = snapshot::encode("a chunk state", &c);
+            let bytes = snapshot::encode_sized("a chunk state", &c, stats.capture_hint);
+            if let Ok(b) = &bytes {
+                stats.capture_hint = b.len();
+            }
             let mut st = shared.lock();
             cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
             st.captured(shared, chunk, bytes);
