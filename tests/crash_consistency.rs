@@ -26,8 +26,11 @@ use std::time::{Duration, Instant};
 
 use malleable::reduce::Reducer;
 use malleable::snapshot::{SnapshotId, Store};
-use malleable::{At, BoxError, Chunk, Chunking, Executor, Finished, Input, Job, Next, Step};
-use serde::{Deserialize, Serialize};
+use malleable::{At, Chunking, Executor, Finished, Job, Next};
+
+mod common;
+
+use common::walk::{PACE_ENV, Total, TotalSum, Walk, term};
 
 /// Set in the child only: the URL of the store it writes to.
 const CHILD_ENV: &str = "MALLEABLE_CRASH_CHILD";
@@ -47,134 +50,13 @@ const RESUME_WORKERS: [usize; 3] = [0, 1, 3];
 const KEEP: usize = 2;
 /// Kill delays after the child is spawned.
 const KILL_MS: Range<u64> = 30..400;
-/// The child sleeps this long after each step.
-const CHILD_PACE: Duration = Duration::from_millis(1);
-
-// ---------------------------------------------------------------------------------------
-// The job: phases of an order-sensitive f64 sum, each phase depending on the one before.
-// ---------------------------------------------------------------------------------------
-
-/// Several phases of `Σ term(i)`; each phase's terms depend on the previous phase's sum
-/// (`carry`), so a phase restored wrong poisons every later one.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Walk {
-    n: u64,
-    per_step: u64,
-    phases: u64,
-    phase: u64,
-    carry: f64,
-    /// The sum of every finished phase.
-    history: Vec<f64>,
-}
-
-/// A phase's value: the sum and how many iterations it folded (exactly once each).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-struct Total {
-    sum: f64,
-    iterations: u64,
-}
-
-struct TotalSum;
-
-impl Reducer for TotalSum {
-    type Value = Total;
-    fn identity(&self) -> Total {
-        Total {
-            sum: 0.0,
-            iterations: 0,
-        }
-    }
-    fn combine(&self, acc: &mut Total, next: Total) {
-        acc.sum += next.sum;
-        acc.iterations += next.iterations;
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct WalkChunk {
-    next: u64,
-    end: u64,
-    acc: Total,
-}
-
-/// Per-process pace: the child sleeps after each step, the parent does not.
-struct Pace(Duration);
-
-impl Input<Walk> for Pace {
-    fn load(_: &Walk) -> Result<Pace, BoxError> {
-        let child = std::env::var_os(CHILD_ENV).is_some();
-        Ok(Pace(if child { CHILD_PACE } else { Duration::ZERO }))
-    }
-}
-
-/// Terms of very different magnitudes: f64 addition of them depends on the order.
-fn term(i: u64, phase: u64, carry: f64) -> f64 {
-    let x = (i ^ phase.wrapping_mul(0x9E37_79B9)) as f64 + carry;
-    1.0 / (1.0 + x.abs()) + (x * 1e-3).sin() * 1e7
-}
-
-impl Job for Walk {
-    const NAME: &'static str = "crash-walk";
-    type Chunk = WalkChunk;
-    type Reducer = TotalSum;
-    type Input = Pace;
-
-    fn iterations(&self) -> u64 {
-        // A short last chunk from phase 1 on.
-        self.n + self.phase
-    }
-    fn chunk(&self, range: Range<u64>) -> WalkChunk {
-        WalkChunk {
-            next: range.start,
-            end: range.end,
-            acc: TotalSum.identity(),
-        }
-    }
-    fn reducer(&self) -> TotalSum {
-        TotalSum
-    }
-    fn end_phase(&mut self, value: &Total) -> Next {
-        assert_eq!(value.iterations, self.iterations(), "exactly once");
-        self.history.push(value.sum);
-        self.carry = value.sum.rem_euclid(1000.0);
-        self.phase += 1;
-        if self.phase < self.phases {
-            Next::Continue
-        } else {
-            Next::Finish
-        }
-    }
-}
-
-impl Chunk for WalkChunk {
-    type Job = Walk;
-    type Output = Total;
-    fn step(&mut self, job: &Walk, pace: &Pace) -> Step<Total> {
-        let stop = self.end.min(self.next + job.per_step);
-        for i in self.next..stop {
-            self.acc.sum += term(i, job.phase, job.carry);
-            self.acc.iterations += 1;
-        }
-        self.next = stop;
-        if !pace.0.is_zero() {
-            std::thread::sleep(pace.0);
-        }
-        if self.next == self.end {
-            Step::Done(self.acc)
-        } else {
-            Step::Yield
-        }
-    }
-    fn iterations_done(&self) -> Option<u64> {
-        Some(self.acc.iterations)
-    }
-}
 
 /// The child's job: 8 phases of 20 000 iterations, 100 per step, 10 or 11 chunks a phase.
 /// Paced at 1 ms a step on 2 workers, a phase lasts about 110 ms and the run about 0.9 s,
 /// so the kills (30–400 ms) land in phases 0 to 3: mid-chunk, mid-snapshot, at barriers.
 fn child_job() -> Walk {
     Walk {
+        tag: 0,
         n: 20_000,
         per_step: 100,
         phases: 8,
@@ -402,6 +284,7 @@ fn trial(setup: &Setup, k: usize, delay_ms: u64) -> TrialReport {
     let mut child = Command::new(&setup.exe)
         .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, &url)
+        .env(PACE_ENV, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -11,156 +11,24 @@
 //! at full speed.
 
 use std::io::{BufRead, BufReader, Read};
-use std::ops::Range;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
 use malleable::reduce::Reducer;
 use malleable::snapshot::{SnapshotId, Store};
-use malleable::{
-    At, BoxError, Chunk, Chunking, Executor, Finished, Input, Job, Next, Outcome, Step,
-};
-use serde::{Deserialize, Serialize};
+use malleable::{At, Chunking, Executor, Finished, Job, Next, Outcome};
+
+mod common;
+
+use common::walk::{PACE_ENV, Total, TotalSum, Walk, pace, term};
 
 /// Set in the child only: the URL of the store it suspends to.
 const CHILD_ENV: &str = "MALLEABLE_SIGNAL_CHILD";
 /// Fixed chunk boundaries: the value depends on them, never on the workers.
 const CHUNK: u64 = 2_000;
 const CHUNKING: Chunking = Chunking::Size(CHUNK);
-/// A paced step sleeps this long.
-const PACE: Duration = Duration::from_millis(1);
-
-// ---------------------------------------------------------------------------------------
-// The job: phases of an order-sensitive f64 sum, each phase depending on the one before.
-// ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Walk {
-    /// Names this run for [`pace`]; not used by the computation.
-    tag: u64,
-    n: u64,
-    per_step: u64,
-    phases: u64,
-    phase: u64,
-    carry: f64,
-    /// The sum of every finished phase.
-    history: Vec<f64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-struct Total {
-    sum: f64,
-    iterations: u64,
-}
-
-struct TotalSum;
-
-impl Reducer for TotalSum {
-    type Value = Total;
-    fn identity(&self) -> Total {
-        Total {
-            sum: 0.0,
-            iterations: 0,
-        }
-    }
-    fn combine(&self, acc: &mut Total, next: Total) {
-        acc.sum += next.sum;
-        acc.iterations += next.iterations;
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct WalkChunk {
-    next: u64,
-    end: u64,
-    acc: Total,
-}
-
-/// Tags of the jobs whose steps sleep in this process (besides every job in the child).
-static PACED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-
-fn pace(tag: u64, on: bool) {
-    let mut paced = PACED.lock().unwrap();
-    paced.retain(|&t| t != tag);
-    if on {
-        paced.push(tag);
-    }
-}
-
-/// Per-process pace, read once per job run when its first step needs it.
-struct Pace(Duration);
-
-impl Input<Walk> for Pace {
-    fn load(job: &Walk) -> Result<Pace, BoxError> {
-        let paced =
-            std::env::var_os(CHILD_ENV).is_some() || PACED.lock().unwrap().contains(&job.tag);
-        Ok(Pace(if paced { PACE } else { Duration::ZERO }))
-    }
-}
-
-fn term(i: u64, phase: u64, carry: f64) -> f64 {
-    let x = (i ^ phase.wrapping_mul(0x9E37_79B9)) as f64 + carry;
-    1.0 / (1.0 + x.abs()) + (x * 1e-3).sin() * 1e7
-}
-
-impl Job for Walk {
-    const NAME: &'static str = "signal-walk";
-    type Chunk = WalkChunk;
-    type Reducer = TotalSum;
-    type Input = Pace;
-
-    fn iterations(&self) -> u64 {
-        self.n + self.phase
-    }
-    fn chunk(&self, range: Range<u64>) -> WalkChunk {
-        WalkChunk {
-            next: range.start,
-            end: range.end,
-            acc: TotalSum.identity(),
-        }
-    }
-    fn reducer(&self) -> TotalSum {
-        TotalSum
-    }
-    fn end_phase(&mut self, value: &Total) -> Next {
-        assert_eq!(value.iterations, self.iterations(), "exactly once");
-        self.history.push(value.sum);
-        self.carry = value.sum.rem_euclid(1000.0);
-        self.phase += 1;
-        if self.phase < self.phases {
-            Next::Continue
-        } else {
-            Next::Finish
-        }
-    }
-}
-
-impl Chunk for WalkChunk {
-    type Job = Walk;
-    type Output = Total;
-    fn step(&mut self, job: &Walk, pace: &Pace) -> Step<Total> {
-        let stop = self.end.min(self.next + job.per_step);
-        for i in self.next..stop {
-            self.acc.sum += term(i, job.phase, job.carry);
-            self.acc.iterations += 1;
-        }
-        self.next = stop;
-        if !pace.0.is_zero() {
-            std::thread::sleep(pace.0);
-        }
-        if self.next == self.end {
-            Step::Done(self.acc)
-        } else {
-            Step::Yield
-        }
-    }
-    fn iterations_done(&self) -> Option<u64> {
-        Some(self.acc.iterations)
-    }
-}
 
 /// 20 phases of 200 000 iterations, 100 per step: paced on 2 workers, about 1 s a phase and
 /// 20 s in all; at full speed, a fraction of a second.
@@ -366,6 +234,7 @@ fn signal_suspends_then_resumes(signal: &str, resume_workers: usize) {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, &url)
+        .env(PACE_ENV, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
