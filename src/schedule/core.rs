@@ -404,6 +404,8 @@ impl<R: Reducer, S> Core<R, S> {
                     out.push(Command::Release { worker });
                 }
                 self.membership_changed();
+                // The static deal may have given the leaver's queue to an idle worker.
+                self.dispatch(out);
             }
             Event::Lost { worker } => {
                 let slot = self.remove(worker).ok_or(Rejected {

@@ -488,3 +488,46 @@ fn restore_refuses_a_ledger_that_does_not_fit() {
     assert!(r(2, vec![(5, 0)], vec![(5, ())]).is_some(), "listed twice");
     assert!(r(2, vec![(5, 0)], vec![(3, ())]).is_none());
 }
+
+#[test]
+fn static_retire_wakes_an_idle_worker_that_inherits_chunks() {
+    // Two workers, chunks 0..4 dealt 0,2 → worker 0 and 1,3 → worker 1. Worker 1 finishes
+    // its queue and idles; retiring worker 0 deals its pending chunk 2 to worker 1, which must
+    // get it at once (nothing else would wake it).
+    let plan = Plan::new(4, Schedule::Static, Chunking::Size(1));
+    let mut core: Core<Sum<u64>, u32> = Core::new(Schedule::Static, plan, Sum::new());
+    let mut out = Vec::new();
+    core.handle(Event::Joined { worker: 0 }, &mut out).unwrap();
+    core.handle(Event::Joined { worker: 1 }, &mut out).unwrap();
+    let done = |c| Event::Done {
+        worker: 1,
+        chunk: c,
+        output: 1,
+        work: Work::default(),
+    };
+    core.handle(done(1), &mut out).unwrap();
+    assert!(out.contains(&Command::Run {
+        worker: 1,
+        chunk: 3,
+        range: 3..4,
+        state: None
+    }));
+    out.clear();
+    core.handle(done(3), &mut out).unwrap();
+    assert!(
+        out.is_empty(),
+        "worker 1's queue is empty: it idles: {out:?}"
+    );
+    out.clear();
+    core.handle(Event::Retire { worker: 0 }, &mut out).unwrap();
+    assert!(out.contains(&Command::Interrupt { worker: 0 }), "{out:?}");
+    assert!(
+        out.contains(&Command::Run {
+            worker: 1,
+            chunk: 2,
+            range: 2..3,
+            state: None
+        }),
+        "{out:?}"
+    );
+}
