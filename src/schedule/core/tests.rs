@@ -120,6 +120,24 @@ impl Sim {
         self.out.extend(out);
     }
 
+    /// No idle worker is left waiting while a chunk is pending for it: nothing else would
+    /// wake it.
+    fn check_liveness(&self) {
+        if self.core.halted {
+            return;
+        }
+        for &w in &self.core.idle {
+            let pending_for_w = match &self.core.pending {
+                Pending::Pile(p) => !p.is_empty(),
+                Pending::Deal(d) => !d.queue(w).is_empty(),
+            };
+            assert!(
+                !pending_for_w,
+                "worker {w} idles with a chunk pending for it"
+            );
+        }
+    }
+
     fn pick(&self, i: usize) -> Option<WorkerId> {
         (!self.workers.is_empty()).then(|| self.workers[i % self.workers.len()])
     }
@@ -192,6 +210,7 @@ impl Sim {
             }
         }
         self.apply();
+        self.check_liveness();
     }
 }
 
