@@ -24,13 +24,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use malleable::reduce::Reducer;
 use malleable::snapshot::{SnapshotId, Store};
-use malleable::{At, Chunking, Executor, Finished, Job, Next};
+use malleable::{At, Chunking, Executor, Finished, Job};
 
 mod common;
 
-use common::walk::{PACE_ENV, Total, TotalSum, Walk, term};
+use common::walk::{PACE_ENV, Total, Walk};
 
 /// Set in the child only: the URL of the store it writes to.
 const CHILD_ENV: &str = "MALLEABLE_CRASH_CHILD";
@@ -66,27 +65,9 @@ fn child_job() -> Walk {
     }
 }
 
-/// The same computation as a plain loop: chunk sums from zero, added in chunk order.
+/// The same computation as a plain loop, with this test's chunk size.
 fn sequential(job: &Walk) -> (Total, Vec<f64>) {
-    let mut job = job.clone();
-    loop {
-        let n = job.iterations();
-        let mut total = TotalSum.identity();
-        let mut start = 0;
-        while start < n {
-            let end = n.min(start + CHUNK);
-            let mut acc = TotalSum.identity();
-            for i in start..end {
-                acc.sum += term(i, job.phase, job.carry);
-                acc.iterations += 1;
-            }
-            TotalSum.combine(&mut total, acc);
-            start = end;
-        }
-        if job.end_phase(&total) == Next::Finish {
-            return (total, job.history);
-        }
-    }
+    common::walk::sequential(job, CHUNK)
 }
 
 // ---------------------------------------------------------------------------------------

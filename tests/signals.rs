@@ -16,13 +16,12 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime};
 
-use malleable::reduce::Reducer;
 use malleable::snapshot::{SnapshotId, Store};
-use malleable::{At, Chunking, Executor, Finished, Job, Next, Outcome};
+use malleable::{At, Chunking, Executor, Finished, Job, Outcome};
 
 mod common;
 
-use common::walk::{PACE_ENV, Total, TotalSum, Walk, pace, term};
+use common::walk::{PACE_ENV, Total, Walk, pace};
 
 /// Set in the child only: the URL of the store it suspends to.
 const CHILD_ENV: &str = "MALLEABLE_SIGNAL_CHILD";
@@ -44,27 +43,9 @@ fn long_job(tag: u64) -> Walk {
     }
 }
 
-/// The same computation as a plain loop: chunk sums from zero, added in chunk order.
+/// The same computation as a plain loop, with this test's chunk size.
 fn sequential(job: &Walk) -> (Total, Vec<f64>) {
-    let mut job = job.clone();
-    loop {
-        let n = job.iterations();
-        let mut total = TotalSum.identity();
-        let mut start = 0;
-        while start < n {
-            let end = n.min(start + CHUNK);
-            let mut acc = TotalSum.identity();
-            for i in start..end {
-                acc.sum += term(i, job.phase, job.carry);
-                acc.iterations += 1;
-            }
-            TotalSum.combine(&mut total, acc);
-            start = end;
-        }
-        if job.end_phase(&total) == Next::Finish {
-            return (total, job.history);
-        }
-    }
+    common::walk::sequential(job, CHUNK)
 }
 
 fn assert_sequential(got: &Finished<Walk>, job: &Walk, what: &str) {

@@ -144,3 +144,27 @@ impl Chunk for WalkChunk {
         Some(self.acc.iterations)
     }
 }
+
+/// The same computation as a plain loop: chunks of `chunk` iterations summed from zero, chunk
+/// sums added in chunk order; returns the last phase's total and every phase's sum.
+pub fn sequential(job: &Walk, chunk: u64) -> (Total, Vec<f64>) {
+    let mut job = job.clone();
+    loop {
+        let n = job.iterations();
+        let mut total = TotalSum.identity();
+        let mut start = 0;
+        while start < n {
+            let end = n.min(start + chunk);
+            let mut acc = TotalSum.identity();
+            for i in start..end {
+                acc.sum += term(i, job.phase, job.carry);
+                acc.iterations += 1;
+            }
+            TotalSum.combine(&mut total, acc);
+            start = end;
+        }
+        if job.end_phase(&total) == Next::Finish {
+            return (total, job.history);
+        }
+    }
+}
