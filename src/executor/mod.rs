@@ -45,7 +45,7 @@ use crossbeam_utils::CachePadded;
 use crate::error::{Error, Result, Site};
 use crate::job::{Input, Job, Next, Value};
 use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
-use snapshot::{SnapshotConfig, Snapshots};
+use snapshot::{Captured, SnapshotConfig, Snapshots};
 
 /// Runs jobs on local worker threads.
 ///
@@ -475,11 +475,11 @@ impl<J: Job> State<J> {
             match &event {
                 Event::Done { chunk, output, .. } if self.cut_waits_for(*chunk) => {
                     let bytes = snapshot::encode("a chunk output", output);
-                    self.captured_output(shared, *chunk, bytes);
+                    self.captured(shared, *chunk, Captured::Output, bytes);
                 }
                 Event::Yielded { chunk, state, .. } if self.cut_waits_for(*chunk) => {
                     let bytes = snapshot::encode("a chunk state", state);
-                    self.captured(shared, *chunk, bytes);
+                    self.captured(shared, *chunk, Captured::State, bytes);
                 }
                 _ => {}
             }

@@ -70,6 +70,15 @@ pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> R
     postcard::from_bytes(bytes).map_err(|source| Error::Codec { what, source })
 }
 
+/// What a running chunk left for a cut in progress.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Captured {
+    /// Its state at an adjustment point.
+    State,
+    /// Its output: it ended before its capture.
+    Output,
+}
+
 /// Who waits for a snapshot's id.
 pub(crate) type Reply = oneshot::Sender<Result<SnapshotId>>;
 
@@ -410,11 +419,14 @@ impl<J: Job> State<J> {
         })
     }
 
-    /// Protocol step 2: a running chunk's state at an adjustment point.
+    /// Protocol step 2: what a running chunk left for the cut: its state at an adjustment
+    /// point (`Captured::State`), or its output when it ended before its capture (the output
+    /// wins). Only the first of these per chunk counts.
     pub(crate) fn captured(
         &mut self,
         shared: &Arc<Shared<J>>,
         chunk: ChunkId,
+        what: Captured,
         bytes: Result<Vec<u8>>,
     ) {
         let Some(cut) = &mut self.snap.cut else {
@@ -423,29 +435,10 @@ impl<J: Job> State<J> {
         if !cut.waiting.remove(&chunk) {
             return;
         }
-        match bytes {
-            Ok(bytes) => cut.parts.push(Part::New { chunk, bytes }),
-            Err(e) => return self.abort_cut(e),
-        }
-        self.try_finish_cut(shared);
-    }
-
-    /// Protocol step 2: a running chunk ended with an output before its capture.
-    pub(crate) fn captured_output(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        chunk: ChunkId,
-        bytes: Result<Vec<u8>>,
-    ) {
-        let Some(cut) = &mut self.snap.cut else {
-            return;
-        };
-        if !cut.waiting.remove(&chunk) {
-            return;
-        }
-        match bytes {
-            Ok(bytes) => cut.manifest.done.push((chunk, bytes)),
-            Err(e) => return self.abort_cut(e),
+        match (bytes, what) {
+            (Ok(bytes), Captured::State) => cut.parts.push(Part::New { chunk, bytes }),
+            (Ok(bytes), Captured::Output) => cut.manifest.done.push((chunk, bytes)),
+            (Err(e), _) => return self.abort_cut(e),
         }
         self.try_finish_cut(shared);
     }

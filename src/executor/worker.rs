@@ -109,7 +109,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             }
             let mut st = shared.lock();
             cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
-            st.captured(shared, chunk, bytes);
+            st.captured(shared, chunk, snapshot::Captured::State, bytes);
             drop(st);
             stats.record_pause(paused.elapsed());
         };
