@@ -12,9 +12,12 @@ use std::cell::Cell;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use malleable::reduce::Sum;
 use malleable::{Chunking, Executor, Fold, Folded};
 use serde::{Deserialize, Serialize};
+use support::{Mix, percentile};
 
 /// When each worker thread ran its first step, and when each one exited.
 static FIRST_STEPS: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
@@ -62,11 +65,6 @@ impl Fold for Spin {
     fn target_step(&self) -> Duration {
         Duration::from_micros(self.step_us)
     }
-}
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort_unstable();
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn latencies(step_us: u64) {
@@ -121,25 +119,6 @@ fn latencies(step_us: u64) {
 
 fn chunk_overhead() {
     // The same loop, 2 workers, 8 vs 128 chunks in all: 4 vs 64 chunks per worker.
-    #[derive(Serialize, Deserialize)]
-    struct Work(u64);
-    impl Fold for Work {
-        const NAME: &'static str = "work";
-        type Acc = u64;
-        type Reducer = Sum<u64>;
-        type Input = ();
-        fn iterations(&self) -> u64 {
-            self.0
-        }
-        fn reducer(&self) -> Sum<u64> {
-            Sum::new()
-        }
-        fn body(&self, _: &(), acc: &mut u64, i: u64) {
-            let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            x ^= x >> 29;
-            *acc = acc.wrapping_add(x.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-        }
-    }
     let n = 400_000_000;
     let time = |chunks: u64| {
         let exec = Executor::builder()
@@ -148,7 +127,7 @@ fn chunk_overhead() {
             .build()
             .unwrap();
         let t0 = Instant::now();
-        let v = exec.run(Folded(Work(n))).unwrap().into_value();
+        let v = exec.run(Folded(Mix(n))).unwrap().into_value();
         (t0.elapsed(), v)
     };
     let (mut few, mut many) = (Vec::new(), Vec::new());

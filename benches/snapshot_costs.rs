@@ -16,12 +16,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use malleable::reduce::Sum;
 use malleable::snapshot::{Manifest, Store};
-use malleable::{At, Chunk, Chunking, Executor, Fold, Folded, Job, Step};
+use malleable::{At, Chunk, Chunking, Executor, Folded, Job, Step};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, path::Path as ObjPath};
 use serde::{Deserialize, Serialize};
+use support::{Mix, percentile};
 
 /// A job whose chunks carry `words` u64s of live state (a working buffer).
 #[derive(Serialize, Deserialize)]
@@ -130,8 +133,7 @@ impl Chunk for BlobChunk {
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort_unstable();
-    v[v.len() / 2]
+    percentile(&mut v, 0.5)
 }
 
 fn folder(name: &str) -> (String, PathBuf) {
@@ -319,28 +321,6 @@ fn restore_vs_read<J: Job>(rt: &tokio::runtime::Runtime, job: J, what: &str) {
         a.as_secs_f64() / b.as_secs_f64()
     );
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A compute-bound fold for the long run.
-#[derive(Serialize, Deserialize)]
-struct Mix(u64);
-
-impl Fold for Mix {
-    const NAME: &'static str = "mix";
-    type Acc = u64;
-    type Reducer = Sum<u64>;
-    type Input = ();
-    fn iterations(&self) -> u64 {
-        self.0
-    }
-    fn reducer(&self) -> Sum<u64> {
-        Sum::new()
-    }
-    fn body(&self, _: &(), acc: &mut u64, i: u64) {
-        let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        x ^= x >> 31;
-        *acc = acc.wrapping_add(x.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-    }
 }
 
 fn long_run() {
