@@ -84,6 +84,10 @@ pub enum Error {
     /// A snapshot store or snapshot error (opening, reading, a corrupt or foreign snapshot).
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::Error),
+    /// A cluster error: an address that cannot be listened on or dialled, a missing token,
+    /// a refused handshake.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::Error),
     /// A snapshot could not be taken; the job goes on and the previous committed snapshot
     /// stays the latest.
     #[error("snapshot failed: {0}")]

@@ -66,6 +66,7 @@
 
 #![doc(test(attr(deny(warnings))))]
 
+pub mod cluster;
 mod error;
 mod executor;
 mod fold;

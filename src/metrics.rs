@@ -14,6 +14,8 @@
 //! | `malleable_workers` | gauge | workers | local workers of the job (threads, or 1 when inline) |
 //! | `malleable_phases_total` | counter | phases | phases finished |
 //! | `malleable_snapshot_pause_seconds` | histogram | seconds | a worker's pause to capture its chunk for a snapshot (serialize + hand over) |
+//! | `malleable_remote_workers` | gauge | connections | worker processes connected to a job (label `job`) |
+//! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
 
 use std::time::Duration;
 
@@ -33,6 +35,10 @@ pub const WORKERS: &str = "malleable_workers";
 pub const PHASES: &str = "malleable_phases_total";
 /// A worker's pause to capture its chunk for a snapshot, in seconds.
 pub const SNAPSHOT_PAUSE: &str = "malleable_snapshot_pause_seconds";
+/// Worker processes connected to a job.
+pub const REMOTE_WORKERS: &str = "malleable_remote_workers";
+/// Refused handshakes and lost worker connections, by kind of error.
+pub const PEER_ERRORS: &str = "malleable_peer_errors_total";
 
 /// A worker's batch of step measurements: a log₂ histogram of step nanoseconds and counts,
 /// flushed to the recorder when a chunk ends.

@@ -92,6 +92,8 @@ pub struct Progress {
     pub eta: Option<Duration>,
     /// Local workers (threads, or 1 for the inline worker), retiring ones included.
     pub local_workers: usize,
+    /// Connected worker processes, retiring ones excluded.
+    pub remote_workers: usize,
 }
 
 /// A running job: scale it, watch it, cancel it, wait for it or await it.
@@ -146,7 +148,8 @@ impl<J: Job> JobHandle<J> {
             .iter()
             .filter(|(w, _)| st.core.running_on(**w).is_some())
             .map(|(_, l)| l.cell.progress.load(Ordering::Relaxed))
-            .sum();
+            .sum::<u64>()
+            + st.remote_progress();
         let done = (done_chunks + running).min(total);
         let done_all_phases = st.iterations_before + done;
         let secs = self.shared.started.elapsed().as_secs_f64();
@@ -164,7 +167,33 @@ impl<J: Job> JobHandle<J> {
             rate,
             eta,
             local_workers: st.locals.len(),
+            remote_workers: st.remote_count(),
         }
+    }
+
+    /// Worker processes connected to the job, retiring ones excluded.
+    pub fn remote_workers(&self) -> usize {
+        self.shared.lock().remote_count()
+    }
+
+    /// Gracefully retires the `n` most recently joined worker processes: their threads hand
+    /// their chunks back at their next adjustment point, then the processes are told to end.
+    pub fn retire_remote(&self, n: usize) {
+        self.shared.lock().retire_remote(&self.shared, n);
+    }
+
+    /// Brings the job to `n` worker processes: starts the missing ones with the executor's
+    /// [`Launcher`](crate::cluster::Launcher) (they join when they have connected), or retires
+    /// the most recent ones gracefully. Processes started earlier that have not connected yet
+    /// count as present.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] without [`Builder::listen`](crate::Builder::listen) and
+    /// [`Builder::launcher`](crate::Builder::launcher); [`Error::Spawn`] if a process could
+    /// not be started (those started before it stay).
+    pub fn scale_remote(&self, n: usize) -> Result<()> {
+        super::remote::scale_remote(&self.shared, n)
     }
 
     /// Cancels the job: workers stop at their next adjustment point, and waiting returns

@@ -26,11 +26,14 @@
 //! thread.
 
 mod handle;
+mod remote;
 mod snapshot;
 mod worker;
 
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
 pub use snapshot::{At, SuspendToken};
+pub(crate) use snapshot::{decode, encode, encode_sized};
+pub(crate) use worker::steps;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -42,6 +45,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crossbeam_channel::Sender;
 use crossbeam_utils::CachePadded;
 
+use crate::cluster::listener::{ClusterConfig, Listener};
 use crate::error::{Error, Result, Site};
 use crate::job::{Input, Job, Next, Value};
 use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
@@ -54,6 +58,7 @@ use snapshot::{Captured, SnapshotConfig, Snapshots};
 pub struct Executor {
     config: Config,
     io: Arc<IoRuntime>,
+    listener: Option<Arc<Listener>>,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +67,7 @@ struct Config {
     schedule: Schedule,
     chunking: Chunking,
     snapshots: SnapshotConfig,
+    cluster: ClusterConfig,
 }
 
 /// The executor's I/O runtime: one tokio thread for snapshot writes, timers and signals.
@@ -112,6 +118,7 @@ impl Default for Builder {
                 schedule: Schedule::default(),
                 chunking: Chunking::default(),
                 snapshots: SnapshotConfig::default(),
+                cluster: ClusterConfig::default(),
             },
         }
     }
@@ -206,14 +213,58 @@ impl Builder {
         self
     }
 
+    /// Accepts remote worker processes on `addr` (say `127.0.0.1:0`, or `0.0.0.0:7070`):
+    /// they join the running job whose name they know. An address other than loopback needs
+    /// a token ([`Builder::cluster_token`], or the environment variable
+    /// [`TOKEN_ENV`](crate::cluster::TOKEN_ENV)).
+    pub fn listen(mut self, addr: impl Into<String>) -> Self {
+        self.config.cluster.listen = Some(addr.into());
+        self
+    }
+
+    /// The token remote workers must prove they hold (default: from the environment
+    /// variable [`TOKEN_ENV`](crate::cluster::TOKEN_ENV), if set).
+    pub fn cluster_token(mut self, token: crate::cluster::Token) -> Self {
+        self.config.cluster.token = Some(token);
+        self
+    }
+
+    /// How often the coordinator and its workers send heartbeats (default 500 ms) and how
+    /// long either waits for a frame before it gives the other up (default 5 s).
+    pub fn heartbeat(mut self, every: Duration, lease: Duration) -> Self {
+        self.config.cluster.heartbeat = every;
+        self.config.cluster.lease = lease.max(every);
+        self
+    }
+
+    /// The time limit of a worker's handshake (default 5 s).
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.config.cluster.handshake_timeout = d;
+        self
+    }
+
+    /// The maximum frame length on worker connections (default 64 MiB).
+    pub fn max_frame(mut self, bytes: usize) -> Self {
+        self.config.cluster.max_frame = bytes;
+        self
+    }
+
+    /// Starts worker processes for [`JobHandle::scale_remote`].
+    pub fn launcher(mut self, launcher: impl crate::cluster::Launcher + 'static) -> Self {
+        self.config.cluster.launcher = Some(Arc::new(launcher));
+        self
+    }
+
     /// Builds the executor.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a chunk count or size of zero, or a guided schedule with
     /// zero workers or a zero minimum chunk; [`Error::Snapshot`] for a snapshot URL that
-    /// cannot be opened; [`Error::Spawn`] if the I/O thread cannot start.
-    pub fn build(self) -> Result<Executor> {
+    /// cannot be opened; [`Error::Spawn`] if the I/O thread cannot start;
+    /// [`Error::Cluster`] for an address that cannot be listened on, or one other than
+    /// loopback without a token.
+    pub fn build(mut self) -> Result<Executor> {
         if self.config.snapshots.url.is_some() {
             self.config.snapshots.store()?;
         }
@@ -225,9 +276,18 @@ impl Builder {
                 ));
             }
         }
+        if self.config.cluster.token.is_none() {
+            self.config.cluster.token = crate::cluster::Token::from_env()?;
+        }
+        let io = Arc::new(IoRuntime::new()?);
+        let listener = match self.config.cluster.listen {
+            Some(_) => Some(Listener::start(io.handle(), self.config.cluster.clone())?),
+            None => None,
+        };
         Ok(Executor {
             config: self.config,
-            io: Arc::new(IoRuntime::new()?),
+            io,
+            listener,
         })
     }
 }
@@ -236,6 +296,17 @@ impl Executor {
     /// A builder with the defaults.
     pub fn builder() -> Builder {
         Builder::default()
+    }
+
+    /// The address remote workers dial, if the executor listens
+    /// ([`Builder::listen`]; with port 0 this is the port chosen).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listener.as_ref().map(|l| l.addr())
+    }
+
+    /// The most recent refused peers and lost worker connections (at most 256), oldest first.
+    pub fn peer_errors(&self) -> Vec<Arc<crate::cluster::Error>> {
+        self.listener.as_ref().map_or_else(Vec::new, |l| l.errors())
     }
 
     /// Starts `job` in the background on its own worker threads.
@@ -262,7 +333,7 @@ impl Executor {
     fn launch<J: Job>(
         &self,
         job: J,
-        core: Core<J::Reducer, J::Chunk>,
+        core: Core<J::Reducer, Held<J::Chunk>>,
         phase: u64,
         iterations_before: u64,
         snap: Snapshots,
@@ -277,6 +348,7 @@ impl Executor {
         let shared = Arc::new(Shared {
             config,
             io: Arc::clone(&self.io),
+            listener: self.listener.clone(),
             input: OnceLock::new(),
             started: Instant::now(),
             state: Mutex::new(State {
@@ -293,6 +365,8 @@ impl Executor {
                 ended: false,
                 waker: None,
                 out: Vec::new(),
+                remote: remote::Remotes::default(),
+                launched: Vec::new(),
                 workers_gauge: metrics::gauge!(crate::metrics::WORKERS, "job" => J::NAME),
             }),
         });
@@ -304,6 +378,11 @@ impl Executor {
             }
         }
         snapshot::spawn_triggers(&shared);
+        if let Some(l) = &self.listener {
+            let weak: std::sync::Weak<dyn crate::cluster::listener::Attach> =
+                Arc::downgrade(&shared) as _;
+            l.register(weak);
+        }
         Ok(JobHandle::new(shared))
     }
 
@@ -322,7 +401,7 @@ impl Executor {
 }
 
 /// The plan and reducer of the first phase, with user panics caught.
-fn first_phase<J: Job>(job: &J, config: &Config) -> Result<Core<J::Reducer, J::Chunk>> {
+fn first_phase<J: Job>(job: &J, config: &Config) -> Result<Core<J::Reducer, Held<J::Chunk>>> {
     catch(Site::Job { phase: 0 }, J::NAME, || {
         let plan = Plan::new(job.iterations(), config.schedule, config.chunking);
         Core::new(config.schedule, plan, job.reducer())
@@ -346,15 +425,44 @@ pub(crate) struct Cell {
     /// and [`CAPTURE`] (serialize it for a snapshot and go on). Set under the state mutex;
     /// the worker reads it with `Relaxed` once per step, and what it then does happens under
     /// the mutex, which orders everything.
-    flag: AtomicU8,
+    pub(crate) flag: AtomicU8,
     /// Iterations done in the worker's current chunk, published at most every few ms.
-    progress: AtomicU64,
+    pub(crate) progress: AtomicU64,
 }
 
 /// [`Cell::flag`] bit: stop at the next adjustment point and hand the chunk back.
 pub(crate) const INTERRUPT: u8 = 1;
 /// [`Cell::flag`] bit: serialize the chunk at the next adjustment point for a snapshot.
 pub(crate) const CAPTURE: u8 = 2;
+
+/// A chunk's state as the coordinator holds it: live, or as the bytes it arrived in (from a
+/// snapshot, or later from a remote worker).
+///
+/// Bytes are decoded only by the worker that runs the chunk next: a restore reads the parts
+/// and starts (decoding is spread over the workers and overlaps computing), and a state that
+/// goes from one remote worker to another is never decoded on the way.
+pub(crate) enum Held<C> {
+    Live(C),
+    Bytes(bytes::Bytes),
+}
+
+impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
+    /// The live state, decoding it if needed.
+    pub(crate) fn into_live(self) -> Result<C> {
+        match self {
+            Held::Live(c) => Ok(c),
+            Held::Bytes(b) => snapshot::decode("a chunk state", &b),
+        }
+    }
+
+    /// The state's bytes, encoding it if needed.
+    pub(crate) fn to_bytes(&self) -> Result<bytes::Bytes> {
+        match self {
+            Held::Live(c) => snapshot::encode("a chunk state", c).map(bytes::Bytes::from),
+            Held::Bytes(b) => Ok(b.clone()),
+        }
+    }
+}
 
 /// A message to a local worker (or to the thread waiting in inline mode).
 pub(crate) enum Msg<J: Job> {
@@ -363,7 +471,7 @@ pub(crate) enum Msg<J: Job> {
         worker: WorkerId,
         chunk: u64,
         range: std::ops::Range<u64>,
-        state: Option<J::Chunk>,
+        state: Option<Held<J::Chunk>>,
         job: Arc<J>,
         phase: u64,
         cell: Arc<CachePadded<Cell>>,
@@ -385,6 +493,7 @@ struct Local<J: Job> {
 pub(crate) struct Shared<J: Job> {
     config: Config,
     io: Arc<IoRuntime>,
+    listener: Option<Arc<Listener>>,
     input: OnceLock<std::result::Result<J::Input, String>>,
     started: Instant,
     state: Mutex<State<J>>,
@@ -399,7 +508,7 @@ impl<J: Job> fmt::Debug for Shared<J> {
 }
 
 pub(crate) struct State<J: Job> {
-    core: Core<J::Reducer, J::Chunk>,
+    core: Core<J::Reducer, Held<J::Chunk>>,
     /// The job; `None` only while it is handed to the caller at the end.
     job: Option<Arc<J>>,
     phase: u64,
@@ -418,7 +527,11 @@ pub(crate) struct State<J: Job> {
     pub(crate) ended: bool,
     waker: Option<Waker>,
     /// The core's command buffer, reused.
-    out: Vec<Command<J::Chunk>>,
+    out: Vec<Command<Held<J::Chunk>>>,
+    /// Remote worker processes and their slots (`remote.rs`).
+    remote: remote::Remotes,
+    /// Worker processes started by `scale_remote`.
+    launched: Vec<Box<dyn crate::cluster::Launched>>,
     workers_gauge: metrics::Gauge,
 }
 
@@ -452,7 +565,7 @@ impl<J: Job> State<J> {
     pub(crate) fn report(
         &mut self,
         shared: &Arc<Shared<J>>,
-        event: Event<J::Chunk, Value<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
         let mine = self.feed(shared, event, me);
@@ -466,7 +579,7 @@ impl<J: Job> State<J> {
     fn feed(
         &mut self,
         shared: &Arc<Shared<J>>,
-        event: Event<J::Chunk, Value<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
         if self.snap.cut.is_some() {
@@ -474,40 +587,82 @@ impl<J: Job> State<J> {
             // the cut waits for.
             match &event {
                 Event::Done { chunk, output, .. } if self.cut_waits_for(*chunk) => {
-                    let bytes = snapshot::encode("a chunk output", output);
+                    let bytes = snapshot::encode("a chunk output", output).map(Into::into);
                     self.captured(shared, *chunk, Captured::Output, bytes);
                 }
                 Event::Yielded { chunk, state, .. } if self.cut_waits_for(*chunk) => {
-                    let bytes = snapshot::encode("a chunk state", state);
+                    let bytes = state.to_bytes();
                     self.captured(shared, *chunk, Captured::State, bytes);
                 }
                 _ => {}
             }
         }
+        match self.feed_at(shared, event, me) {
+            Ok(mine) => mine,
+            // Local workers never send an event the ledger refuses; if one does, stop the
+            // job rather than risk a wrong value.
+            Err(rejected) => {
+                self.fail(shared, Error::Internal(rejected.to_string()));
+                None
+            }
+        }
+    }
+
+    /// Feeds an event from a remote worker: one the ledger refuses is returned (the
+    /// connection is then dropped) and changes nothing.
+    fn feed_checked(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
+    ) -> std::result::Result<(), crate::schedule::Rejected> {
+        if let Event::Done { chunk, output, .. } = &event {
+            if self.cut_waits_for(*chunk) {
+                let bytes = snapshot::encode("a chunk output", output).map(Into::into);
+                self.captured(shared, *chunk, Captured::Output, bytes);
+            }
+        }
+        if let Event::Yielded { chunk, state, .. } = &event {
+            if self.cut_waits_for(*chunk) {
+                let bytes = state.to_bytes();
+                self.captured(shared, *chunk, Captured::State, bytes);
+            }
+        }
+        self.feed_at(shared, event, None).map(|_| ())
+    }
+
+    fn feed_at(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
+        me: Option<WorkerId>,
+    ) -> std::result::Result<Option<Msg<J>>, crate::schedule::Rejected> {
         let mut out = std::mem::take(&mut self.out);
         let phase = self.phase;
         // `handle` runs the reducer's `combine`: a panic there ends the job, not the worker.
+        let mut rejected = None;
         match catch(Site::Reducer { phase }, J::NAME, || {
             self.core.handle(event, &mut out)
         }) {
             Ok(Ok(())) => {}
-            // Local workers never send an event the ledger refuses; if one does, stop the
-            // job rather than risk a wrong value.
-            Ok(Err(rejected)) => self.fail(shared, Error::Internal(rejected.to_string())),
+            Ok(Err(r)) => rejected = Some(r),
             Err(panic) => self.fail(shared, panic),
         }
         let mine = self.execute(&mut out, me);
         self.out = out;
-        mine
+        match rejected {
+            Some(r) => Err(r),
+            None => Ok(mine),
+        }
     }
 
     /// Carries out core commands; returns the one addressed to `me`.
     fn execute(
         &mut self,
-        out: &mut Vec<Command<J::Chunk>>,
+        out: &mut Vec<Command<Held<J::Chunk>>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
         let mut mine = None;
+        let mut failed = None;
         for cmd in out.drain(..) {
             match cmd {
                 Command::Run {
@@ -518,6 +673,7 @@ impl<J: Job> State<J> {
                 } => {
                     let (Some(local), Some(job)) = (self.locals.get(&worker), self.job.as_ref())
                     else {
+                        self.run_remote(&mut failed, worker, chunk, range, state);
                         continue;
                     };
                     local.cell.progress.store(0, Ordering::Relaxed);
@@ -540,6 +696,8 @@ impl<J: Job> State<J> {
                 Command::Interrupt { worker } => {
                     if let Some(local) = self.locals.get(&worker) {
                         local.cell.flag.fetch_or(INTERRUPT, Ordering::Relaxed);
+                    } else {
+                        self.signal_remote(worker, false);
                     }
                 }
                 Command::Release { worker } => {
@@ -549,8 +707,15 @@ impl<J: Job> State<J> {
                         } else {
                             let _ = local.tx.send(Msg::Release);
                         }
+                    } else {
+                        self.release_remote(worker);
                     }
                 }
+            }
+        }
+        if let Some(e) = failed {
+            if !self.ended {
+                self.complete(Err(e));
             }
         }
         mine
@@ -730,6 +895,7 @@ impl<J: Job> State<J> {
         let mine = self.execute(&mut out, None);
         debug_assert!(mine.is_none());
         self.out = out;
+        self.end_remotes();
         if let Some(tx) = &self.waiter {
             let _ = tx.send(Msg::Wake);
         }

@@ -77,6 +77,9 @@ pub(crate) enum Captured {
     State,
     /// Its output: it ended before its capture.
     Output,
+    /// Nothing: it went back to the pile from scratch (its remote worker was lost before
+    /// it reported a state).
+    Scratch,
 }
 
 /// Who waits for a snapshot's id.
@@ -85,7 +88,7 @@ pub(crate) type Reply = oneshot::Sender<Result<SnapshotId>>;
 /// A part of a cut: already in the store, or bytes to write.
 enum Part {
     Reuse(PartRef),
-    New { chunk: ChunkId, bytes: Vec<u8> },
+    New { chunk: ChunkId, bytes: bytes::Bytes },
 }
 
 /// The snapshot of one epoch while it is being put together (protocol steps 1–2).
@@ -226,7 +229,7 @@ impl SuspendToken {
         self.0.fired.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    async fn fired(&self) {
+    pub(crate) async fn fired(&self) {
         loop {
             let notified = self.0.notify.notified();
             if self.is_suspended() {
@@ -369,18 +372,21 @@ impl<J: Job> State<J> {
                 Some(p) => Part::Reuse(p.clone()),
                 None => Part::New {
                     chunk: c,
-                    bytes: encode("a chunk state", state)?,
+                    bytes: state.to_bytes()?,
                 },
             });
         }
         let mut waiting = HashSet::new();
-        for (w, c) in self.core.running() {
+        let running: Vec<_> = self.core.running().collect();
+        for (w, c) in running {
             waiting.insert(c);
             if let Some(local) = self.locals.get(&w) {
                 local
                     .cell
                     .flag
                     .fetch_or(super::CAPTURE, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                self.signal_remote(w, true);
             }
         }
         let (done_iters, total) = self.core.progress();
@@ -427,7 +433,7 @@ impl<J: Job> State<J> {
         shared: &Arc<Shared<J>>,
         chunk: ChunkId,
         what: Captured,
-        bytes: Result<Vec<u8>>,
+        bytes: Result<bytes::Bytes>,
     ) {
         let Some(cut) = &mut self.snap.cut else {
             return;
@@ -437,7 +443,8 @@ impl<J: Job> State<J> {
         }
         match (bytes, what) {
             (Ok(bytes), Captured::State) => cut.parts.push(Part::New { chunk, bytes }),
-            (Ok(bytes), Captured::Output) => cut.manifest.done.push((chunk, bytes)),
+            (Ok(bytes), Captured::Output) => cut.manifest.done.push((chunk, bytes.into())),
+            (Ok(_), Captured::Scratch) => {}
             (Err(e), _) => return self.abort_cut(e),
         }
         self.try_finish_cut(shared);
@@ -562,11 +569,9 @@ async fn write(
             Part::Reuse(p) => refs.push(p),
             Part::New { chunk, bytes } => {
                 let (store, job_id) = (store.clone(), job_id.clone());
-                uploads.spawn(async move {
-                    store
-                        .put_part(&job_id, epoch, phase, chunk, bytes.into())
-                        .await
-                });
+                uploads.spawn(
+                    async move { store.put_part(&job_id, epoch, phase, chunk, bytes).await },
+                );
             }
         }
     }
@@ -659,48 +664,6 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
     });
 }
 
-/// Decodes chunk states, spread over the machine's cores (decoding, not reading, is most of
-/// a restore's time for states of numbers).
-fn decode_parts<C: serde::de::DeserializeOwned + Send>(
-    parts: &[PartRef],
-    bytes: &[bytes::Bytes],
-) -> Result<Vec<(ChunkId, C)>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(parts.len())
-        .max(1);
-    if threads == 1 {
-        return parts
-            .iter()
-            .zip(bytes)
-            .map(|(p, b)| Ok((p.chunk, decode("a chunk state", b)?)))
-            .collect();
-    }
-    let per = parts.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = parts
-            .chunks(per)
-            .zip(bytes.chunks(per))
-            .map(|(ps, bs)| {
-                scope.spawn(move || {
-                    ps.iter()
-                        .zip(bs)
-                        .map(|(p, b)| Ok((p.chunk, decode("a chunk state", b)?)))
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
-            .collect();
-        let mut all = Vec::with_capacity(parts.len());
-        for h in handles {
-            all.extend(
-                h.join()
-                    .map_err(|_| Error::Internal("a decoding thread panicked".into()))??,
-            );
-        }
-        Ok(all)
-    })
-}
-
 /// Runs `fut` on the I/O runtime and blocks the calling thread until it is done (without
 /// entering a runtime, so this works from any thread).
 fn block_on_io<T: Send + 'static>(
@@ -728,7 +691,9 @@ impl super::Executor {
     ///
     /// [`Error::Snapshot`] for a store that cannot be read, no committed snapshot, a snapshot
     /// of another job or format version, or a corrupt one; [`Error::Codec`] for values that do
-    /// not decode as this job's types; [`Error::Panicked`] if the job's code panics.
+    /// not decode as this job's types; [`Error::Panicked`] if the job's code panics. Chunk
+    /// states are checked against their checksums here but decoded by the worker that runs
+    /// them, so a state of another type ends the job later with [`Error::Codec`].
     pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
         let job_id = self.config.snapshots.job_id::<J>();
@@ -756,7 +721,13 @@ impl super::Executor {
             .iter()
             .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
             .collect::<Result<Vec<_>>>()?;
-        let suspended = decode_parts::<J::Chunk>(&manifest.parts, &parts)?;
+        // States stay bytes until the worker that runs them decodes them (see `Held`).
+        let suspended = manifest
+            .parts
+            .iter()
+            .zip(parts)
+            .map(|(p, b)| (p.chunk, super::Held::Bytes(b)))
+            .collect();
         let phase = manifest.phase;
         let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
             let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);

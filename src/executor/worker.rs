@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use crossbeam_utils::CachePadded;
 
-use super::{CAPTURE, Cell, INTERRUPT, Msg, Shared, State, catch, snapshot};
+use super::{CAPTURE, Cell, Held, INTERRUPT, Msg, Shared, State, catch, snapshot};
 use crate::error::{Error, Site};
 use crate::job::{Chunk, Job, Step};
 use crate::metrics::StepStats;
@@ -88,6 +88,14 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
         }
     };
     let fresh = state.is_none();
+    // A state that arrived as bytes (a restore) is decoded here, on the worker that runs it.
+    let state = match state.map(Held::into_live).transpose() {
+        Ok(state) => state,
+        Err(e) => {
+            drop(job);
+            return abandon(shared, &mut shared.lock(), worker, e);
+        }
+    };
     let ran = catch(site.clone(), J::NAME, || {
         let mut c = match state {
             Some(c) => c,
@@ -109,7 +117,12 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             }
             let mut st = shared.lock();
             cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
-            st.captured(shared, chunk, snapshot::Captured::State, bytes);
+            st.captured(
+                shared,
+                chunk,
+                snapshot::Captured::State,
+                bytes.map(Into::into),
+            );
             drop(st);
             stats.record_pause(paused.elapsed());
         };
@@ -143,7 +156,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
                 None => Event::Yielded {
                     worker,
                     chunk,
-                    state: c,
+                    state: Held::Live(c),
                     work,
                 },
             };
@@ -169,7 +182,7 @@ fn abandon<J: Job>(
 
 /// Steps `c` until it is done (`Some(output)`) or the flag asks it to stop (`None`).
 #[inline]
-fn steps<C: Chunk>(
+pub(crate) fn steps<C: Chunk>(
     c: &mut C,
     job: &C::Job,
     input: &<C::Job as Job>::Input,

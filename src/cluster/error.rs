@@ -1,0 +1,164 @@
+//! The cluster's typed errors.
+
+use std::io;
+use std::time::Duration;
+
+/// What went wrong between a coordinator and a worker process.
+///
+/// Both sides report a refused handshake with the same variant: a worker with the wrong token
+/// gets [`Error::Auth`], and so does the coordinator's record of it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Reading from or writing to the connection failed.
+    #[error("connection with {peer}: {source}")]
+    Io {
+        /// The other side's address.
+        peer: String,
+        /// The socket error.
+        #[source]
+        source: io::Error,
+    },
+    /// The other side closed the connection.
+    #[error("{peer} closed the connection")]
+    Closed {
+        /// The other side's address.
+        peer: String,
+    },
+    /// The handshake did not complete in time (a peer that connects and says nothing, or
+    /// stalls in the middle of a frame).
+    #[error("{peer} did not complete the handshake within {after:?}")]
+    HandshakeTimeout {
+        /// The other side's address.
+        peer: String,
+        /// The handshake's time limit.
+        after: Duration,
+    },
+    /// Nothing arrived from an established peer for a whole lease (no heartbeat, or a frame
+    /// that stalls half-way).
+    #[error("nothing from {peer} for {after:?}: its lease expired")]
+    LeaseExpired {
+        /// The other side's address.
+        peer: String,
+        /// The lease.
+        after: Duration,
+    },
+    /// The first bytes were not this protocol's magic: not a malleable peer.
+    #[error("{peer} does not speak the malleable protocol")]
+    NotAPeer {
+        /// The other side's address.
+        peer: String,
+    },
+    /// The two sides speak different protocol versions.
+    #[error("{peer} speaks protocol version {theirs}, this side {ours}")]
+    Version {
+        /// The other side's address.
+        peer: String,
+        /// This side's version.
+        ours: u32,
+        /// The other side's version.
+        theirs: u32,
+    },
+    /// The other side could not prove that it holds the shared token.
+    #[error("{peer} did not prove the shared token")]
+    Auth {
+        /// The other side's address.
+        peer: String,
+    },
+    /// No job the coordinator runs is among those the worker knows.
+    #[error(
+        "no job in common with {peer}: the worker knows {known:?}, the coordinator runs {running:?}"
+    )]
+    UnknownJob {
+        /// The other side's address.
+        peer: String,
+        /// The job names the worker registered.
+        known: Vec<String>,
+        /// The job names the coordinator runs and accepts workers for.
+        running: Vec<String>,
+    },
+    /// A frame's length exceeds the limit.
+    #[error("{peer} sent a frame over the limit of {limit} bytes")]
+    FrameTooLarge {
+        /// The other side's address.
+        peer: String,
+        /// The maximum frame length.
+        limit: usize,
+    },
+    /// A frame that does not decode as the message expected at that point.
+    #[error("{peer} sent bytes that are not {what}: {reason}")]
+    Malformed {
+        /// The other side's address.
+        peer: String,
+        /// The message expected.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The other side refused this one for a reason this side could not check itself.
+    #[error("refused by {peer}: {reason}")]
+    Refused {
+        /// The other side's address.
+        peer: String,
+        /// The reason it gave.
+        reason: String,
+    },
+    /// Listening on an address other than loopback needs a token.
+    #[error(
+        "refusing to listen on {addr} without a token: set MALLEABLE_TOKEN (or a token file) \
+         or listen on loopback"
+    )]
+    NoToken {
+        /// The address asked for.
+        addr: String,
+    },
+    /// The token could not be read.
+    #[error("cannot read the cluster token: {0}")]
+    Token(String),
+    /// The address to listen on or dial could not be used.
+    #[error("address {addr}: {source}")]
+    Address {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Maps an I/O error from a framed connection: an over-long frame and a stalled one get
+    /// their own variants.
+    pub(crate) fn io(peer: &str, e: io::Error, limit: usize) -> Error {
+        if e.kind() == io::ErrorKind::InvalidData && e.to_string().contains("frame size too big") {
+            return Error::FrameTooLarge {
+                peer: peer.to_owned(),
+                limit,
+            };
+        }
+        Error::Io {
+            peer: peer.to_owned(),
+            source: e,
+        }
+    }
+
+    /// A short name of the variant, for metrics labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Io { .. } => "io",
+            Error::Closed { .. } => "closed",
+            Error::HandshakeTimeout { .. } => "handshake_timeout",
+            Error::LeaseExpired { .. } => "lease_expired",
+            Error::NotAPeer { .. } => "not_a_peer",
+            Error::Version { .. } => "version",
+            Error::Auth { .. } => "auth",
+            Error::UnknownJob { .. } => "unknown_job",
+            Error::FrameTooLarge { .. } => "frame_too_large",
+            Error::Malformed { .. } => "malformed",
+            Error::Refused { .. } => "refused",
+            Error::NoToken { .. } => "no_token",
+            Error::Token(_) => "token",
+            Error::Address { .. } => "address",
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The messages of the cluster protocol and their framing.
+//!
+//! Every message is one frame: a 4-byte big-endian length, then the body (tokio-util's
+//! `LengthDelimitedCodec`, with a maximum length; a longer frame ends the connection with
+//! [`Error::FrameTooLarge`] before its body is read). Bodies are postcard, except the first
+//! frame of each side, which starts with the protocol's magic and version in fixed bytes so that
+//! a peer of another version is told so instead of failing to decode (see `handshake.rs`).
+//!
+//! Every decoder here takes untrusted bytes and returns a typed error, never panics; the fuzz
+//! targets `frame` and `handshake` exercise them.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio_util::codec::LengthDelimitedCodec;
+
+use super::Error;
+
+/// The first bytes of a peer's first frame.
+pub const MAGIC: [u8; 8] = *b"MALLEABL";
+/// The version of the protocol (handshake and messages).
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The default maximum frame length: 64 MiB (a chunk state, output or job value must fit).
+pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
+
+/// The framing codec with a maximum frame length.
+pub(crate) fn codec(max_frame: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_type::<u32>()
+        .max_frame_length(max_frame)
+        .new_codec()
+}
+
+/// A message from the coordinator to a worker process. `slot` numbers the worker process's
+/// threads (`0..threads`), each a worker of its own in the coordinator's ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// The job value of `phase`: sent once per phase, before the phase's first `Run`.
+    Phase {
+        /// The phase number.
+        phase: u64,
+        /// The job value (postcard).
+        job: Bytes,
+    },
+    /// Run a chunk of the current phase on thread `slot`.
+    Run {
+        /// The thread.
+        slot: u32,
+        /// The chunk's number in the phase.
+        chunk: u64,
+        /// First iteration.
+        start: u64,
+        /// One past the last iteration.
+        end: u64,
+        /// The chunk's state to continue from (postcard), or none to start it.
+        state: Option<Bytes>,
+    },
+    /// Hand `chunk` back at the next adjustment point.
+    Interrupt {
+        /// The thread.
+        slot: u32,
+        /// The chunk it runs.
+        chunk: u64,
+    },
+    /// Serialize `chunk` at the next adjustment point for a snapshot, and go on.
+    Capture {
+        /// The thread.
+        slot: u32,
+        /// The chunk it runs.
+        chunk: u64,
+    },
+    /// Thread `slot` is no longer a worker of the job.
+    Release {
+        /// The thread.
+        slot: u32,
+    },
+    /// The coordinator is alive.
+    Heartbeat,
+    /// The job ended (finished, suspended, failed or cancelled) or this process was retired:
+    /// stop and disconnect.
+    End,
+}
+
+/// A message from a worker process to the coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToCoordinator {
+    /// Thread `slot` finished `chunk`.
+    Done {
+        /// The thread.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
+        /// The chunk's output (postcard).
+        output: Bytes,
+        /// Iterations done in this run of the chunk.
+        iterations: u64,
+        /// Time spent in steps, in nanoseconds.
+        busy_ns: u64,
+    },
+    /// Thread `slot` handed `chunk` back after an `Interrupt`.
+    Yielded {
+        /// The thread.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
+        /// The chunk's state (postcard).
+        state: Bytes,
+        /// Iterations done in this run of the chunk.
+        iterations: u64,
+        /// Time spent in steps, in nanoseconds.
+        busy_ns: u64,
+    },
+    /// The state of `chunk` at an adjustment point after a `Capture`; the thread goes on.
+    Captured {
+        /// The thread.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
+        /// The chunk's state (postcard).
+        state: Bytes,
+    },
+    /// The job's code failed on thread `slot` (a panic, an input that did not load, a state
+    /// that did not decode).
+    Failed {
+        /// The thread.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
+        /// What happened.
+        message: String,
+    },
+    /// The worker is alive; iterations done so far in each thread's current chunk.
+    Heartbeat {
+        /// Per slot.
+        progress: Vec<u64>,
+    },
+    /// The worker process is asked to stop: retire all its threads (their chunks come back
+    /// as `Yielded`), then send `End`.
+    Leave,
+}
+
+/// Encodes a message body.
+pub fn encode<T: Serialize>(message: &T) -> Bytes {
+    // Serializing these types into a growable buffer cannot fail.
+    Bytes::from(postcard::to_allocvec(message).unwrap_or_default())
+}
+
+/// Decodes a message to a worker.
+///
+/// # Errors
+///
+/// [`Error::Malformed`] for bytes that are not one.
+pub fn decode_to_worker(peer: &str, body: &[u8]) -> Result<ToWorker, Error> {
+    decode(peer, "a message to a worker", body)
+}
+
+/// Decodes a message to the coordinator.
+///
+/// # Errors
+///
+/// [`Error::Malformed`] for bytes that are not one.
+pub fn decode_to_coordinator(peer: &str, body: &[u8]) -> Result<ToCoordinator, Error> {
+    decode(peer, "a message to the coordinator", body)
+}
+
+pub(crate) fn decode<'a, T: Deserialize<'a>>(
+    peer: &str,
+    what: &'static str,
+    body: &'a [u8],
+) -> Result<T, Error> {
+    match postcard::take_from_bytes(body) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(Error::Malformed {
+            peer: peer.to_owned(),
+            what,
+            reason: format!("{} bytes after the message", rest.len()),
+        }),
+        Err(e) => Err(Error::Malformed {
+            peer: peer.to_owned(),
+            what,
+            reason: e.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,462 @@
+//! The handshake: both sides check that they speak the same protocol, prove to each other that
+//! they hold the same token, and agree on the job.
+//!
+//! # The protocol
+//!
+//! The worker dials the coordinator. `H(label, a, b)` is HMAC-SHA256 keyed with the shared
+//! token over `label ‖ a ‖ b`; nonces are 32 bytes from the operating system's generator.
+//!
+//! 1. *Hello* (worker → coordinator): `MAGIC ‖ version` in fixed bytes, then the job names the
+//!    worker has registered, its thread count and a fresh nonce `nw`.
+//! 2. *Challenge* (coordinator → worker): `MAGIC ‖ version`, then a fresh nonce `nc` and
+//!    `H("coordinator", nw, nc)`. Or, if the magic or version differ, a refusal (a wrong magic
+//!    gets no answer at all: the peer is not one of ours).
+//! 3. *Proof* (worker → coordinator): the worker checks the coordinator's MAC (else it stops
+//!    with [`Error::Auth`]), then sends `H("worker", nc, nw)`.
+//! 4. *Welcome* (coordinator → worker): the coordinator checks the worker's MAC (else it
+//!    answers with a refusal and both sides report [`Error::Auth`]), then picks a running job
+//!    whose name the worker knows (else a refusal: [`Error::UnknownJob`] on both sides) and
+//!    names it, with the heartbeat period and lease.
+//!
+//! The whole handshake has a time limit on the coordinator's side (a peer that says nothing or
+//! stalls in the middle of a frame is dropped with [`Error::HandshakeTimeout`]), and every frame
+//! has the maximum length.
+//!
+//! # Why it is correct
+//!
+//! - *Versions.* The magic and version are fixed bytes ahead of any postcard, so each side
+//!   reads them whatever the other side's version; a mismatch is named, not a decode error.
+//! - *The token never crosses the wire*: only MACs do, over nonces, and a MAC does not reveal
+//!   its key.
+//! - *No replay.* Each side's MAC covers the other side's fresh nonce, so a recorded proof is
+//!   useless in a later handshake.
+//! - *No reflection.* The two MACs carry different labels and nonce orders, so a coordinator
+//!   (which only ever computes "coordinator" MACs) cannot be made to compute a worker's proof.
+//! - *Nothing before the proof.* Job names and job values go only to a peer whose proof was
+//!   checked; an unauthenticated peer learns only the protocol version.
+//!
+//! This authenticates; it does not encrypt. On a network where an attacker can sit in the
+//! middle of connections, run the cluster inside a VPN or SSH tunnel.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::{SinkExt, StreamExt};
+use hmac::{KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use super::Error;
+use super::frame::{MAGIC, PROTOCOL_VERSION, decode, encode};
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The environment variable the token is read from by default.
+pub const TOKEN_ENV: &str = "MALLEABLE_TOKEN";
+
+/// A nonce.
+pub type Nonce = [u8; 32];
+/// A MAC.
+pub type Proof = [u8; 32];
+
+/// The secret shared by a coordinator and its workers. Never printed, never sent.
+#[derive(Clone)]
+pub struct Token(Arc<[u8]>);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl Token {
+    /// A token from bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Token`] for an empty token.
+    pub fn new(secret: impl Into<Vec<u8>>) -> Result<Token, Error> {
+        let secret = secret.into();
+        if secret.is_empty() {
+            return Err(Error::Token("the token is empty".into()));
+        }
+        Ok(Token(secret.into()))
+    }
+
+    /// The token in the environment variable [`TOKEN_ENV`], if it is set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Token`] if it is set but empty.
+    pub fn from_env() -> Result<Option<Token>, Error> {
+        match std::env::var_os(TOKEN_ENV) {
+            None => Ok(None),
+            Some(v) => Token::new(v.into_encoded_bytes()).map(Some),
+        }
+    }
+
+    /// The token in a file (trailing whitespace is ignored).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Token`] if the file cannot be read or holds no token.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Token, Error> {
+        let path = path.as_ref();
+        let mut bytes =
+            std::fs::read(path).map_err(|e| Error::Token(format!("{}: {e}", path.display())))?;
+        while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+            bytes.pop();
+        }
+        Token::new(bytes)
+    }
+
+    /// The secret, for the environment of a launched worker.
+    pub(crate) fn secret(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn mac(&self, label: &[u8], a: &Nonce, b: &Nonce) -> HmacSha256 {
+        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.0)
+            .expect("HMAC takes keys of any length");
+        mac.update(label);
+        mac.update(a);
+        mac.update(b);
+        mac
+    }
+
+    fn prove(&self, label: &[u8], a: &Nonce, b: &Nonce) -> Proof {
+        self.mac(label, a, b).finalize().into_bytes().into()
+    }
+
+    /// Constant-time check of a MAC.
+    fn check(&self, label: &[u8], a: &Nonce, b: &Nonce, proof: &Proof) -> bool {
+        self.mac(label, a, b).verify_slice(proof).is_ok()
+    }
+}
+
+/// The key used when no token is configured (loopback only): the handshake still runs, but
+/// proves nothing.
+fn no_token() -> Token {
+    Token(Arc::from(&b"malleable: no token (loopback only)"[..]))
+}
+
+const COORDINATOR: &[u8] = b"malleable coordinator v1";
+const WORKER: &[u8] = b"malleable worker v1";
+
+/// Step 1.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The job names the worker registered.
+    pub jobs: Vec<String>,
+    /// The worker's threads.
+    pub threads: u32,
+    /// The worker's nonce.
+    pub nonce: Nonce,
+}
+
+/// Step 2 and the refusals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Step 2: the coordinator's nonce and proof.
+    Challenge {
+        /// The coordinator's nonce.
+        nonce: Nonce,
+        /// `H("coordinator", nw, nc)`.
+        proof: Proof,
+    },
+    /// Step 4: the job the worker serves.
+    Welcome {
+        /// Its name.
+        job: String,
+        /// How often each side sends a heartbeat, in milliseconds.
+        heartbeat_ms: u64,
+        /// How long each side waits for a frame before it gives the other up, in milliseconds.
+        lease_ms: u64,
+    },
+    /// The worker is refused.
+    Refused(Refusal),
+}
+
+/// Why a coordinator refuses a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The proof was wrong.
+    Auth,
+    /// No running job is among the worker's.
+    UnknownJob {
+        /// The jobs that accept workers now.
+        running: Vec<String>,
+    },
+    /// The protocol versions differ (the version is in the frame's fixed bytes).
+    Version,
+}
+
+/// Step 3.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProofMsg {
+    /// `H("worker", nc, nw)`.
+    pub proof: Proof,
+}
+
+/// Prefixes a first frame with the magic and version.
+fn versioned<T: Serialize>(body: &T) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+    out.extend_from_slice(&encode(body));
+    out.into()
+}
+
+/// Checks a first frame's magic and version and returns its body.
+fn unversioned<'a>(peer: &str, frame: &'a [u8]) -> Result<&'a [u8], Error> {
+    let not_a_peer = || Error::NotAPeer {
+        peer: peer.to_owned(),
+    };
+    let (magic, rest) = frame.split_at_checked(MAGIC.len()).ok_or_else(not_a_peer)?;
+    if magic != MAGIC {
+        return Err(not_a_peer());
+    }
+    let (version, body) = rest.split_at_checked(4).ok_or_else(not_a_peer)?;
+    let theirs = u32::from_be_bytes(version.try_into().expect("4 bytes"));
+    if theirs != PROTOCOL_VERSION {
+        return Err(Error::Version {
+            peer: peer.to_owned(),
+            ours: PROTOCOL_VERSION,
+            theirs,
+        });
+    }
+    Ok(body)
+}
+
+/// Decodes step 1 (the coordinator reads it from an unknown peer).
+///
+/// # Errors
+///
+/// [`Error::NotAPeer`], [`Error::Version`] or [`Error::Malformed`].
+pub fn decode_hello(peer: &str, frame: &[u8]) -> Result<Hello, Error> {
+    decode(peer, "a hello", unversioned(peer, frame)?)
+}
+
+/// Decodes step 2 or a refusal (the worker reads it).
+///
+/// # Errors
+///
+/// [`Error::NotAPeer`], [`Error::Version`] or [`Error::Malformed`].
+pub fn decode_reply(peer: &str, frame: &[u8]) -> Result<Reply, Error> {
+    decode(peer, "a handshake reply", unversioned(peer, frame)?)
+}
+
+/// Decodes step 3.
+///
+/// # Errors
+///
+/// [`Error::Malformed`].
+pub fn decode_proof(peer: &str, frame: &[u8]) -> Result<ProofMsg, Error> {
+    decode(peer, "a proof", frame)
+}
+
+/// Decodes step 4 (or a refusal).
+///
+/// # Errors
+///
+/// [`Error::Malformed`].
+pub fn decode_welcome(peer: &str, frame: &[u8]) -> Result<Reply, Error> {
+    decode(peer, "a welcome", frame)
+}
+
+fn nonce() -> Result<Nonce, Error> {
+    let mut n = [0; 32];
+    getrandom::fill(&mut n).map_err(|e| Error::Token(format!("no random nonce: {e}")))?;
+    Ok(n)
+}
+
+/// The next frame, or the error that ended the connection.
+pub(crate) async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<S, LengthDelimitedCodec>,
+    peer: &str,
+    limit: usize,
+) -> Result<bytes::BytesMut, Error> {
+    match framed.next().await {
+        Some(Ok(frame)) => Ok(frame),
+        Some(Err(e)) => Err(Error::io(peer, e, limit)),
+        None => Err(Error::Closed {
+            peer: peer.to_owned(),
+        }),
+    }
+}
+
+pub(crate) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<S, LengthDelimitedCodec>,
+    peer: &str,
+    frame: bytes::Bytes,
+) -> Result<(), Error> {
+    framed.send(frame).await.map_err(|source| Error::Io {
+        peer: peer.to_owned(),
+        source,
+    })
+}
+
+/// What the coordinator learned from an accepted worker.
+#[derive(Debug)]
+pub(crate) struct Accepted<T> {
+    pub(crate) threads: u32,
+    pub(crate) job: T,
+}
+
+/// The timing a coordinator announces in its welcome.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) heartbeat_ms: u64,
+    pub(crate) lease_ms: u64,
+}
+
+/// The coordinator's side of steps 1–4. `choose` picks a job among the worker's names, or
+/// returns the names of the jobs that accept workers.
+pub(crate) async fn coordinator<S, T>(
+    framed: &mut Framed<S, LengthDelimitedCodec>,
+    peer: &str,
+    token: Option<&Token>,
+    limit: usize,
+    timing: Timing,
+    choose: impl FnOnce(&[String]) -> Result<(String, T), Vec<String>>,
+) -> Result<Accepted<T>, Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let token = token.cloned().unwrap_or_else(no_token);
+    let first = next_frame(framed, peer, limit).await?;
+    let hello = match decode_hello(peer, &first) {
+        Ok(h) => h,
+        Err(e @ Error::Version { .. }) => {
+            let _ = send(framed, peer, versioned(&Reply::Refused(Refusal::Version))).await;
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    let nc = nonce()?;
+    let proof = token.prove(COORDINATOR, &hello.nonce, &nc);
+    send(
+        framed,
+        peer,
+        versioned(&Reply::Challenge { nonce: nc, proof }),
+    )
+    .await?;
+    let theirs = decode_proof(peer, &next_frame(framed, peer, limit).await?)?;
+    if !token.check(WORKER, &nc, &hello.nonce, &theirs.proof) {
+        let _ = send(framed, peer, encode(&Reply::Refused(Refusal::Auth))).await;
+        return Err(Error::Auth {
+            peer: peer.to_owned(),
+        });
+    }
+    match choose(&hello.jobs) {
+        Ok((name, job)) => {
+            let welcome = Reply::Welcome {
+                job: name,
+                heartbeat_ms: timing.heartbeat_ms,
+                lease_ms: timing.lease_ms,
+            };
+            send(framed, peer, encode(&welcome)).await?;
+            Ok(Accepted {
+                threads: hello.threads,
+                job,
+            })
+        }
+        Err(running) => {
+            let refusal = Reply::Refused(Refusal::UnknownJob {
+                running: running.clone(),
+            });
+            let _ = send(framed, peer, encode(&refusal)).await;
+            Err(Error::UnknownJob {
+                peer: peer.to_owned(),
+                known: hello.jobs,
+                running,
+            })
+        }
+    }
+}
+
+/// What a worker learned from the coordinator's welcome.
+#[derive(Debug)]
+pub(crate) struct Welcomed {
+    pub(crate) job: String,
+    pub(crate) heartbeat_ms: u64,
+    pub(crate) lease_ms: u64,
+}
+
+/// The worker's side of steps 1–4.
+pub(crate) async fn worker<S>(
+    framed: &mut Framed<S, LengthDelimitedCodec>,
+    peer: &str,
+    token: Option<&Token>,
+    limit: usize,
+    jobs: Vec<String>,
+    threads: u32,
+) -> Result<Welcomed, Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let token = token.cloned().unwrap_or_else(no_token);
+    let nw = nonce()?;
+    let known = jobs.clone();
+    send(
+        framed,
+        peer,
+        versioned(&Hello {
+            jobs,
+            threads,
+            nonce: nw,
+        }),
+    )
+    .await?;
+    let refused = |r: Refusal, known: Vec<String>| match r {
+        Refusal::Auth => Error::Auth {
+            peer: peer.to_owned(),
+        },
+        Refusal::UnknownJob { running } => Error::UnknownJob {
+            peer: peer.to_owned(),
+            known,
+            running,
+        },
+        Refusal::Version => Error::Refused {
+            peer: peer.to_owned(),
+            reason: "protocol version mismatch".into(),
+        },
+    };
+    let (nc, proof) = match decode_reply(peer, &next_frame(framed, peer, limit).await?)? {
+        Reply::Challenge { nonce, proof } => (nonce, proof),
+        Reply::Refused(r) => return Err(refused(r, known)),
+        Reply::Welcome { .. } => {
+            return Err(Error::Malformed {
+                peer: peer.to_owned(),
+                what: "a challenge",
+                reason: "a welcome before the proof".into(),
+            });
+        }
+    };
+    if !token.check(COORDINATOR, &nw, &nc, &proof) {
+        return Err(Error::Auth {
+            peer: peer.to_owned(),
+        });
+    }
+    let proof = token.prove(WORKER, &nc, &nw);
+    send(framed, peer, encode(&ProofMsg { proof })).await?;
+    match decode_welcome(peer, &next_frame(framed, peer, limit).await?)? {
+        Reply::Welcome {
+            job,
+            heartbeat_ms,
+            lease_ms,
+        } => Ok(Welcomed {
+            job,
+            heartbeat_ms,
+            lease_ms,
+        }),
+        Reply::Refused(r) => Err(refused(r, known)),
+        Reply::Challenge { .. } => Err(Error::Malformed {
+            peer: peer.to_owned(),
+            what: "a welcome",
+            reason: "a second challenge".into(),
+        }),
+    }
+}

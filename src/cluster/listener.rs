@@ -1,0 +1,197 @@
+//! The coordinator's listener: accepts worker connections, runs the handshake with a time
+//! limit, and hands each accepted worker to a running job whose name it knows.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use super::handshake::{self, Timing, Token};
+use super::{Error, Launcher};
+
+/// How the coordinator's side of a cluster is set up (from the executor's builder).
+#[derive(Clone, Debug)]
+pub(crate) struct ClusterConfig {
+    pub(crate) listen: Option<String>,
+    pub(crate) token: Option<Token>,
+    pub(crate) heartbeat: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) max_frame: usize,
+    pub(crate) launcher: Option<Arc<dyn Launcher>>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            listen: None,
+            token: None,
+            heartbeat: Duration::from_millis(500),
+            lease: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(5),
+            max_frame: super::frame::DEFAULT_MAX_FRAME,
+            launcher: None,
+        }
+    }
+}
+
+/// An accepted worker connection, handed to its job.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    pub(crate) framed: Framed<TcpStream, LengthDelimitedCodec>,
+    pub(crate) peer: String,
+    pub(crate) threads: u32,
+}
+
+/// A running job as the listener sees it (implemented by the executor's job state).
+pub(crate) trait Attach: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Whether the job still takes workers.
+    fn accepts(&self) -> bool;
+    /// Takes an accepted worker into the job.
+    fn attach(self: Arc<Self>, conn: Connection);
+}
+
+/// How many refused peers and lost connections are remembered for [`Listener::errors`].
+const KEEP_ERRORS: usize = 256;
+
+/// The listener of one executor.
+pub(crate) struct Listener {
+    addr: SocketAddr,
+    config: ClusterConfig,
+    jobs: Mutex<Vec<Weak<dyn Attach>>>,
+    errors: Mutex<Vec<Arc<Error>>>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+impl Listener {
+    /// Binds `config.listen` and starts accepting on `io`.
+    pub(crate) fn start(
+        io: &tokio::runtime::Handle,
+        config: ClusterConfig,
+    ) -> Result<Arc<Listener>, Error> {
+        let asked = config.listen.clone().unwrap_or_default();
+        let address = |source| Error::Address {
+            addr: asked.clone(),
+            source,
+        };
+        let std_listener = std::net::TcpListener::bind(&asked).map_err(address)?;
+        let addr = std_listener.local_addr().map_err(address)?;
+        if config.token.is_none() && !is_loopback(&addr) {
+            return Err(Error::NoToken { addr: asked });
+        }
+        std_listener.set_nonblocking(true).map_err(address)?;
+        let listener = {
+            let _enter = io.enter();
+            tokio::net::TcpListener::from_std(std_listener).map_err(address)?
+        };
+        let me = Arc::new(Listener {
+            addr,
+            config,
+            jobs: Mutex::new(Vec::new()),
+            errors: Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&me);
+        io.spawn(async move {
+            loop {
+                let Ok((stream, peer)) = listener.accept().await else {
+                    // Out of file descriptors and the like: wait, and accept again.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let Some(me) = weak.upgrade() else { return };
+                tokio::spawn(async move { me.accept(stream, peer).await });
+            }
+        });
+        Ok(me)
+    }
+
+    /// The address workers dial.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Offers accepted workers to `job` while it runs.
+    pub(crate) fn register(&self, job: Weak<dyn Attach>) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.retain(|j| j.strong_count() > 0);
+        jobs.push(job);
+    }
+
+    /// Records a refused peer or a lost connection.
+    pub(crate) fn record(&self, error: Error) {
+        tracing::warn!(error = %error, "cluster peer");
+        metrics::counter!(crate::metrics::PEER_ERRORS, "kind" => error.kind()).increment(1);
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if errors.len() == KEEP_ERRORS {
+            errors.remove(0);
+        }
+        errors.push(Arc::new(error));
+    }
+
+    /// The most recent refused peers and lost connections, oldest first.
+    pub(crate) fn errors(&self) -> Vec<Arc<Error>> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    async fn accept(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let peer = peer.to_string();
+        let cfg = &self.config;
+        let mut framed = Framed::new(stream, super::frame::codec(cfg.max_frame));
+        let timing = Timing {
+            heartbeat_ms: cfg.heartbeat.as_millis() as u64,
+            lease_ms: cfg.lease.as_millis() as u64,
+        };
+        let shake = handshake::coordinator(
+            &mut framed,
+            &peer,
+            cfg.token.as_ref(),
+            cfg.max_frame,
+            timing,
+            |names| self.choose(names),
+        );
+        match tokio::time::timeout(cfg.handshake_timeout, shake).await {
+            Ok(Ok(accepted)) => accepted.job.attach(Connection {
+                framed,
+                peer,
+                threads: accepted.threads,
+            }),
+            Ok(Err(e)) => self.record(e),
+            Err(_) => self.record(Error::HandshakeTimeout {
+                peer,
+                after: cfg.handshake_timeout,
+            }),
+        }
+    }
+
+    /// The first running job whose name the worker knows, or the names of the running ones.
+    fn choose(&self, names: &[String]) -> Result<(String, Arc<dyn Attach>), Vec<String>> {
+        let jobs: Vec<Arc<dyn Attach>> = {
+            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            jobs.iter().filter_map(Weak::upgrade).collect()
+        };
+        let running: Vec<Arc<dyn Attach>> = jobs.into_iter().filter(|j| j.accepts()).collect();
+        running
+            .iter()
+            .find(|j| names.iter().any(|n| n == j.name()))
+            .map(|j| (j.name().to_owned(), Arc::clone(j)))
+            .ok_or_else(|| running.iter().map(|j| j.name().to_owned()).collect())
+    }
+}

@@ -1,0 +1,593 @@
+//! The job's side of remote workers: each thread of a connected worker process is a worker of
+//! the core (a *slot*), driven by messages instead of a mailbox and a flag.
+//!
+//! # Membership (coordinator side)
+//!
+//! 1. *Join.* An accepted connection (see `cluster/listener.rs`) is attached to the job under
+//!    its lock: each of its threads gets a worker id and joins the core (`Joined`), also in the
+//!    middle of a phase; the core may hand it a chunk at once.
+//! 2. *Run.* A `Run` command for a slot becomes a `Run` message, preceded by the phase's job
+//!    value (`Phase`) the first time the connection gets a chunk of that phase. A state held
+//!    as bytes is sent as it is.
+//! 3. *Report.* `Done` and `Yielded` messages become the core's events of the same names;
+//!    `Captured` feeds a snapshot's cut (protocol step 2 of `snapshot.rs`); heartbeats carry
+//!    progress. An event the core refuses (a chunk the slot does not hold) or bytes that do
+//!    not decode drop the connection: a peer that breaks the protocol is lost, not trusted.
+//! 4. *Retire / Leave.* Retiring a connection (the handle's `retire_remote` or
+//!    `scale_remote`, or the worker's `Leave`) retires each of its slots in the core, which
+//!    interrupts running chunks; they come back as `Yielded`; each slot is then released, and
+//!    when the last one is, the connection gets `End`.
+//! 5. *Loss.* A closed connection, a protocol error or a lease without a frame: each remaining
+//!    slot leaves the core with `Lost`, which puts its chunk back with the last state the
+//!    coordinator holds (the state it was sent with, or from scratch). A cut waiting for such a
+//!    chunk takes that state instead.
+//! 6. *End.* When the job ends every connection gets `End`.
+//!
+//! Why the value stays exact: the core sees a remote slot exactly as a local worker, with the
+//! same events in the same per-worker order (one connection, one task, messages in order), so
+//! its invariants (every chunk done once, merged in chunk order) hold whatever joins, leaves or
+//! is lost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::snapshot::{self, Captured};
+use super::{Held, Shared, State};
+use crate::cluster::Error as PeerError;
+use crate::cluster::frame::{self, ToCoordinator, ToWorker};
+use crate::cluster::listener::{Attach, Connection};
+use crate::error::{Error, Site};
+use crate::job::Job;
+use crate::schedule::{ChunkId, Event, Work, WorkerId};
+
+pub(crate) type ConnId = u64;
+
+/// A slot: one thread of a worker process.
+pub(crate) struct Remote {
+    conn: ConnId,
+    slot: u32,
+    running: Option<ChunkId>,
+}
+
+/// A connected worker process.
+pub(crate) struct Conn {
+    tx: UnboundedSender<ToWorker>,
+    peer: String,
+    /// The phase whose job value it has.
+    phase_sent: Option<u64>,
+    /// Worker id per slot, `None` once released.
+    slots: Vec<Option<WorkerId>>,
+    /// Iterations done in each slot's chunk, from heartbeats.
+    pub(crate) progress: Vec<u64>,
+    retiring: bool,
+}
+
+/// The remote side of a job's state.
+#[derive(Default)]
+pub(crate) struct Remotes {
+    pub(crate) slots: HashMap<WorkerId, Remote>,
+    pub(crate) conns: HashMap<ConnId, Conn>,
+    next: ConnId,
+    /// The job value of a phase, encoded once for all connections.
+    job_bytes: Option<(u64, Bytes)>,
+    /// Worker processes started so far (their `index`).
+    launched_total: usize,
+}
+
+impl<J: Job> Attach for Shared<J> {
+    fn name(&self) -> &'static str {
+        J::NAME
+    }
+
+    fn accepts(&self) -> bool {
+        !self.lock().ended
+    }
+
+    fn attach(self: Arc<Self>, conn: Connection) {
+        let (tx, rx) = unbounded_channel();
+        let id = {
+            let mut st = self.lock();
+            if st.ended {
+                let _ = tx.send(ToWorker::End);
+                None
+            } else {
+                Some(st.join_remote(&self, tx, conn.peer.clone(), conn.threads))
+            }
+        };
+        let io = self.io.handle().clone();
+        io.spawn(connection(self, id, conn, rx));
+    }
+}
+
+/// A connection's task: writes what the job sends, reads what the worker sends, and gives the
+/// worker up after a lease of silence.
+async fn connection<J: Job>(
+    shared: Arc<Shared<J>>,
+    id: Option<ConnId>,
+    conn: Connection,
+    mut rx: UnboundedReceiver<ToWorker>,
+) {
+    let Connection { framed, peer, .. } = conn;
+    let cfg = &shared.config.cluster;
+    let (heartbeat, lease, limit) = (cfg.heartbeat, cfg.lease, cfg.max_frame);
+    let (mut sink, mut stream) = framed.split();
+    let io_error = |source| PeerError::Io {
+        peer: peer.clone(),
+        source,
+    };
+    let writer = async {
+        let mut beat = tokio::time::interval(heartbeat);
+        loop {
+            tokio::select! {
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { return Ok(()) };
+                    let mut end = msg == ToWorker::End;
+                    sink.feed(frame::encode(&msg)).await.map_err(io_error)?;
+                    while !end {
+                        let Ok(m) = rx.try_recv() else { break };
+                        end = m == ToWorker::End;
+                        sink.feed(frame::encode(&m)).await.map_err(io_error)?;
+                    }
+                    sink.flush().await.map_err(io_error)?;
+                    if end {
+                        let _ = sink.close().await;
+                        return Ok(());
+                    }
+                }
+                _ = beat.tick() => sink.send(frame::encode(&ToWorker::Heartbeat)).await.map_err(io_error)?,
+            }
+        }
+    };
+    let reader = async {
+        let Some(id) = id else {
+            return Ok(());
+        };
+        loop {
+            let bytes = match tokio::time::timeout(lease, stream.next()).await {
+                Err(_) => {
+                    return Err(PeerError::LeaseExpired {
+                        peer: peer.clone(),
+                        after: lease,
+                    });
+                }
+                Ok(None) => return Err(PeerError::Closed { peer: peer.clone() }),
+                Ok(Some(Err(e))) => return Err(PeerError::io(&peer, e, limit)),
+                Ok(Some(Ok(b))) => b,
+            };
+            let msg = frame::decode_to_coordinator(&peer, &bytes)?;
+            shared.lock().on_remote(&shared, id, msg)?;
+        }
+    };
+    // The writer ends after `End`; the reader ends with the connection or a protocol error.
+    let ended: Result<(), PeerError> = tokio::select! {
+        r = writer => r,
+        r = reader => r,
+    };
+    if let Some(id) = id {
+        let mut st = shared.lock();
+        let known = st.remote.conns.contains_key(&id);
+        st.drop_conn(&shared, id);
+        drop(st);
+        if let (true, Err(e)) = (known, ended) {
+            if let Some(l) = &shared.listener {
+                l.record(e);
+            }
+        }
+    }
+}
+
+impl<J: Job> State<J> {
+    /// Protocol step 1: each thread of the connection joins the core.
+    fn join_remote(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        tx: UnboundedSender<ToWorker>,
+        peer: String,
+        threads: u32,
+    ) -> ConnId {
+        let id = self.remote.next;
+        self.remote.next += 1;
+        let threads = threads.clamp(1, 4096);
+        let mut slots = Vec::with_capacity(threads as usize);
+        for slot in 0..threads {
+            let w = self.next_id;
+            self.next_id += 1;
+            slots.push(Some(w));
+            self.remote.slots.insert(
+                w,
+                Remote {
+                    conn: id,
+                    slot,
+                    running: None,
+                },
+            );
+        }
+        self.remote.conns.insert(
+            id,
+            Conn {
+                tx,
+                peer,
+                phase_sent: None,
+                slots: slots.clone(),
+                progress: vec![0; threads as usize],
+                retiring: false,
+            },
+        );
+        for w in slots.into_iter().flatten() {
+            let _ = self.feed(shared, Event::Joined { worker: w }, None);
+        }
+        self.settle(shared);
+        self.remote_gauge();
+        id
+    }
+
+    fn remote_gauge(&self) {
+        metrics::gauge!(crate::metrics::REMOTE_WORKERS, "job" => J::NAME)
+            .set(self.remote.conns.len() as f64);
+    }
+
+    /// Protocol step 2: a `Run` command for a remote slot. Returns false if `worker` is not one.
+    pub(crate) fn run_remote(
+        &mut self,
+        shared_fail: &mut Option<Error>,
+        worker: WorkerId,
+        chunk: ChunkId,
+        range: std::ops::Range<u64>,
+        state: Option<Held<J::Chunk>>,
+    ) -> bool {
+        let Some(r) = self.remote.slots.get(&worker) else {
+            return false;
+        };
+        let (conn_id, slot) = (r.conn, r.slot);
+        let phase = self.phase;
+        let job_bytes = match &self.remote.job_bytes {
+            Some((p, b)) if *p == phase => Ok(b.clone()),
+            _ => match self.job.as_deref().map(|j| snapshot::encode("the job", j)) {
+                Some(Ok(b)) => {
+                    let b = Bytes::from(b);
+                    self.remote.job_bytes = Some((phase, b.clone()));
+                    Ok(b)
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(Error::Internal("no job value to send".into())),
+            },
+        };
+        let state = state.map(|s| s.to_bytes()).transpose();
+        let (job_bytes, state) = match (job_bytes, state) {
+            (Ok(j), Ok(s)) => (j, s),
+            (Err(e), _) | (_, Err(e)) => {
+                *shared_fail = Some(e);
+                return true;
+            }
+        };
+        self.snap.on_run(chunk);
+        if let Some(r) = self.remote.slots.get_mut(&worker) {
+            r.running = Some(chunk);
+        }
+        if let Some(c) = self.remote.conns.get_mut(&conn_id) {
+            if c.phase_sent != Some(phase) {
+                c.phase_sent = Some(phase);
+                let _ = c.tx.send(ToWorker::Phase {
+                    phase,
+                    job: job_bytes,
+                });
+            }
+            if let Some(p) = c.progress.get_mut(slot as usize) {
+                *p = 0;
+            }
+            let _ = c.tx.send(ToWorker::Run {
+                slot,
+                chunk,
+                start: range.start,
+                end: range.end,
+                state,
+            });
+        }
+        true
+    }
+
+    /// An `Interrupt` or `Capture` for a remote slot; false if `worker` is not one.
+    pub(crate) fn signal_remote(&self, worker: WorkerId, capture: bool) -> bool {
+        let Some(r) = self.remote.slots.get(&worker) else {
+            return false;
+        };
+        if let (Some(chunk), Some(c)) = (r.running, self.remote.conns.get(&r.conn)) {
+            let slot = r.slot;
+            let _ = c.tx.send(if capture {
+                ToWorker::Capture { slot, chunk }
+            } else {
+                ToWorker::Interrupt { slot, chunk }
+            });
+        }
+        true
+    }
+
+    /// A `Release` for a remote slot; false if `worker` is not one. The connection gets
+    /// `End` with its last slot.
+    pub(crate) fn release_remote(&mut self, worker: WorkerId) -> bool {
+        let Some(r) = self.remote.slots.remove(&worker) else {
+            return false;
+        };
+        if let Some(c) = self.remote.conns.get_mut(&r.conn) {
+            if let Some(s) = c.slots.get_mut(r.slot as usize) {
+                *s = None;
+            }
+            let _ = c.tx.send(ToWorker::Release { slot: r.slot });
+            if c.slots.iter().all(Option::is_none) {
+                let _ = c.tx.send(ToWorker::End);
+                self.remote.conns.remove(&r.conn);
+                self.remote_gauge();
+            }
+        }
+        true
+    }
+
+    /// Protocol step 6: every connection ends (the core has already let go of the job).
+    pub(crate) fn end_remotes(&mut self) {
+        for (_, c) in self.remote.conns.drain() {
+            let _ = c.tx.send(ToWorker::End);
+        }
+        self.remote.slots.clear();
+        self.remote_gauge();
+    }
+
+    /// Protocol step 4: retires every slot of connection `id`.
+    pub(crate) fn retire_conn(&mut self, shared: &Arc<Shared<J>>, id: ConnId) {
+        let Some(c) = self.remote.conns.get_mut(&id) else {
+            return;
+        };
+        if c.retiring {
+            return;
+        }
+        c.retiring = true;
+        let slots: Vec<WorkerId> = c.slots.iter().flatten().copied().collect();
+        for w in slots {
+            let _ = self.feed(shared, Event::Retire { worker: w }, None);
+        }
+        self.settle(shared);
+    }
+
+    /// Retires the `n` most recent connections that are not already retiring.
+    pub(crate) fn retire_remote(&mut self, shared: &Arc<Shared<J>>, n: usize) {
+        let mut ids: Vec<ConnId> = self
+            .remote
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.retiring)
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids.into_iter().rev().take(n) {
+            self.retire_conn(shared, id);
+        }
+    }
+
+    /// Iterations done in remote slots' running chunks (from heartbeats).
+    pub(crate) fn remote_progress(&self) -> u64 {
+        self.remote
+            .slots
+            .values()
+            .filter(|r| r.running.is_some())
+            .filter_map(|r| {
+                self.remote
+                    .conns
+                    .get(&r.conn)?
+                    .progress
+                    .get(r.slot as usize)
+            })
+            .sum()
+    }
+
+    /// Connected worker processes that are not retiring.
+    pub(crate) fn remote_count(&self) -> usize {
+        self.remote.conns.values().filter(|c| !c.retiring).count()
+    }
+
+    /// Protocol step 5: connection `id` is gone; its remaining slots are lost.
+    fn drop_conn(&mut self, shared: &Arc<Shared<J>>, id: ConnId) {
+        let Some(c) = self.remote.conns.remove(&id) else {
+            return;
+        };
+        self.remote_gauge();
+        if self.ended {
+            return;
+        }
+        for w in c.slots.into_iter().flatten() {
+            let running = self.remote.slots.remove(&w).and_then(|r| r.running);
+            let _ = self.feed(shared, Event::Lost { worker: w }, None);
+            if let Some(chunk) = running {
+                self.recapture(shared, chunk);
+            }
+        }
+        self.settle(shared);
+    }
+
+    /// A cut waited for `chunk`, which was lost with its worker and is pending again: it
+    /// takes the state the ledger now holds for it (none: from scratch).
+    fn recapture(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
+        if !self.cut_waits_for(chunk) {
+            return;
+        }
+        let held = self
+            .core
+            .suspended()
+            .find(|(c, _)| *c == chunk)
+            .map(|(_, s)| s.to_bytes());
+        match held {
+            Some(bytes) => self.captured(shared, chunk, Captured::State, bytes),
+            None => self.captured(shared, chunk, Captured::Scratch, Ok(Bytes::new())),
+        }
+    }
+
+    /// Protocol step 3: a message from connection `id`. An error drops the connection.
+    fn on_remote(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        id: ConnId,
+        msg: ToCoordinator,
+    ) -> Result<(), PeerError> {
+        let Some(conn) = self.remote.conns.get_mut(&id) else {
+            // Released or the job ended: late messages are dropped.
+            return Ok(());
+        };
+        let peer = conn.peer.clone();
+        let bad = |reason: String| PeerError::Malformed {
+            peer: peer.clone(),
+            what: "a message to the coordinator",
+            reason,
+        };
+        let slot_of = |conn: &Conn, slot: u32| {
+            conn.slots
+                .get(slot as usize)
+                .copied()
+                .flatten()
+                .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
+        };
+        let event = match msg {
+            ToCoordinator::Heartbeat { progress } => {
+                for (p, v) in conn.progress.iter_mut().zip(progress) {
+                    *p = v;
+                }
+                return Ok(());
+            }
+            ToCoordinator::Leave => {
+                self.retire_conn(shared, id);
+                return Ok(());
+            }
+            ToCoordinator::Captured { slot, chunk, state } => {
+                let w = slot_of(conn, slot)?;
+                if self.remote.slots.get(&w).and_then(|r| r.running) == Some(chunk) {
+                    self.captured(shared, chunk, Captured::State, Ok(state));
+                    self.settle(shared);
+                }
+                return Ok(());
+            }
+            ToCoordinator::Failed {
+                slot,
+                chunk,
+                message,
+            } => {
+                slot_of(conn, slot)?;
+                let phase = self.phase;
+                self.fail(
+                    shared,
+                    Error::Panicked {
+                        job: J::NAME,
+                        site: Site::Chunk { phase, chunk },
+                        message: format!("on worker process {peer}: {message}"),
+                    },
+                );
+                return Ok(());
+            }
+            ToCoordinator::Done {
+                slot,
+                chunk,
+                output,
+                iterations,
+                busy_ns,
+            } => {
+                let w = slot_of(conn, slot)?;
+                let output =
+                    snapshot::decode("a chunk output", &output).map_err(|e| bad(e.to_string()))?;
+                (
+                    w,
+                    Event::Done {
+                        worker: w,
+                        chunk,
+                        output,
+                        work: Work {
+                            iterations,
+                            busy: Duration::from_nanos(busy_ns),
+                        },
+                    },
+                )
+            }
+            ToCoordinator::Yielded {
+                slot,
+                chunk,
+                state,
+                iterations,
+                busy_ns,
+            } => {
+                let w = slot_of(conn, slot)?;
+                (
+                    w,
+                    Event::Yielded {
+                        worker: w,
+                        chunk,
+                        state: Held::Bytes(state),
+                        work: Work {
+                            iterations,
+                            busy: Duration::from_nanos(busy_ns),
+                        },
+                    },
+                )
+            }
+        };
+        let (w, event) = event;
+        if let Some(r) = self.remote.slots.get_mut(&w) {
+            r.running = None;
+        }
+        match self.feed_checked(shared, event) {
+            Ok(()) => {
+                self.settle(shared);
+                Ok(())
+            }
+            Err(rejected) => Err(bad(rejected.to_string())),
+        }
+    }
+}
+
+/// [`JobHandle::scale_remote`](super::JobHandle::scale_remote): processes are started outside
+/// the job's lock (starting one can take milliseconds).
+pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::Result<()> {
+    let (Some(listener), Some(launcher)) = (&shared.listener, &shared.config.cluster.launcher)
+    else {
+        return Err(Error::InvalidConfig(
+            "scale_remote needs Builder::listen and Builder::launcher".into(),
+        ));
+    };
+    let (start, first_index) = {
+        let mut st = shared.lock();
+        if st.ended {
+            return Ok(());
+        }
+        st.launched.retain_mut(|p| matches!(p.try_wait(), Ok(None)));
+        let connected = st.remote.conns.len();
+        let starting = st.launched.len().saturating_sub(connected);
+        let present = st.remote_count() + starting;
+        if n < st.remote_count() {
+            let extra = st.remote_count() - n;
+            st.retire_remote(shared, extra);
+        }
+        (n.saturating_sub(present), st.remote.launched_total)
+    };
+    let mut started = Vec::with_capacity(start);
+    let mut error = None;
+    for i in 0..start {
+        let spec = crate::cluster::LaunchSpec {
+            addr: listener.addr(),
+            index: first_index + i,
+            token: shared.config.cluster.token.clone(),
+        };
+        match launcher.launch(&spec) {
+            Ok(p) => {
+                tracing::info!(worker = %p.describe(), "started a worker process");
+                started.push(p);
+            }
+            Err(e) => {
+                error = Some(Error::Spawn(e));
+                break;
+            }
+        }
+    }
+    let mut st = shared.lock();
+    st.remote.launched_total += started.len();
+    st.launched.extend(started);
+    error.map_or(Ok(()), Err)
+}

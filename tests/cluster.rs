@@ -1,0 +1,231 @@
+//! Remote workers with real processes and real sockets on loopback: workers join in the
+//! middle of a phase, leave gracefully, are killed with SIGKILL, all get lost and new ones
+//! join; a job suspended with remote workers resumes with local ones only. In every case the
+//! value is bit-identical to the sequential computation.
+//!
+//! Worker processes are this test binary, re-executed to run [`worker_process`] (an ignored
+//! test, so a normal run skips it) with the coordinator's address in [`ADDR_ENV`]. Their
+//! steps sleep 1 ms ([`PACE_ENV`]), and so do the coordinator's own (see `pace`), so that
+//! runs last long enough for workers to come and go in the middle of them.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+use malleable::{Chunking, Executor, Finished, JobHandle, Outcome};
+
+mod common;
+
+use common::walk::{PACE_ENV, Total, Walk, pace};
+
+/// Set in a worker process: the coordinator's address.
+const ADDR_ENV: &str = "MALLEABLE_TEST_WORKER_ADDR";
+/// Set in a worker process: its thread count.
+const THREADS_ENV: &str = "MALLEABLE_TEST_WORKER_THREADS";
+const CHUNK: u64 = 500;
+const CHUNKING: Chunking = Chunking::Size(CHUNK);
+
+/// The entry point of worker processes: serves the walk job and prints what it did.
+#[test]
+#[ignore = "the body of the worker processes the other tests start"]
+fn worker_process() {
+    let Ok(addr) = std::env::var(ADDR_ENV) else {
+        return;
+    };
+    let threads = std::env::var(THREADS_ENV).map_or(1, |t| t.parse().unwrap());
+    let options = WorkerOptions::from_env()
+        .unwrap()
+        .threads(threads)
+        .stop_on_signals();
+    match cluster::serve(&addr, &Registry::new().register::<Walk>(), options) {
+        Ok(served) => {
+            println!(
+                "SERVED done={} yielded={} left={}",
+                served.chunks_done, served.chunks_yielded, served.left
+            );
+            std::process::exit(0);
+        }
+        Err(e) => {
+            println!("WORKER ERROR {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+/// A worker process (this binary) dialling `addr`.
+struct Worker {
+    child: Child,
+}
+
+impl Worker {
+    fn start(addr: &str, threads: usize, token: Option<&str>) -> Worker {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env(ADDR_ENV, addr)
+            .env(THREADS_ENV, threads.to_string())
+            .env(PACE_ENV, "1")
+            .env_remove(TOKEN_ENV)
+            .stdout(Stdio::piped());
+        if let Some(t) = token {
+            cmd.env(TOKEN_ENV, t);
+        }
+        Worker {
+            child: cmd.spawn().unwrap(),
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code and its report line.
+    fn finish(mut self) -> (i32, String) {
+        let out = self.child.stdout.take().unwrap();
+        let line = BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| {
+                let at = l.find("SERVED").or_else(|| l.find("WORKER ERROR"))?;
+                Some(l[at..].to_owned())
+            })
+            .unwrap_or_default();
+        let status = self.child.wait().unwrap();
+        (status.code().unwrap_or(-1), line)
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig}");
+    }
+}
+
+/// Chunks a worker's report says it finished.
+fn done_of(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("done="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no report in {line:?}"))
+}
+
+/// A walk of 3 phases whose steps sleep 1 ms in this process too; a distinct tag per test.
+fn walk(n: u64) -> Walk {
+    static TAGS: AtomicU64 = AtomicU64::new(1000);
+    let tag = TAGS.fetch_add(1, Ordering::Relaxed);
+    pace(tag, true);
+    Walk {
+        tag,
+        n,
+        per_step: 20,
+        phases: 3,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
+    }
+}
+
+fn sequential(job: &Walk) -> (Total, Vec<f64>) {
+    common::walk::sequential(job, CHUNK)
+}
+
+fn assert_exact(fin: &Finished<Walk>, job: &Walk) {
+    let (total, history) = sequential(job);
+    assert_eq!(fin.value.sum.to_bits(), total.sum.to_bits());
+    assert_eq!(fin.value.iterations, total.iterations);
+    let got: Vec<u64> = fin.job.history.iter().map(|x| x.to_bits()).collect();
+    let want: Vec<u64> = history.iter().map(|x| x.to_bits()).collect();
+    assert_eq!(got, want);
+}
+
+fn coordinator(local: usize) -> Executor {
+    Executor::builder()
+        .local_workers(local)
+        .chunking(CHUNKING)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .handshake_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap()
+}
+
+fn addr(exec: &Executor) -> String {
+    exec.local_addr().unwrap().to_string()
+}
+
+/// Polls `cond` every 5 ms for up to 20 s.
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn until_remote<J: malleable::Job>(h: &JobHandle<J>, n: usize) {
+    until(&format!("{n} remote workers"), || h.remote_workers() == n);
+}
+
+fn finished(h: JobHandle<Walk>) -> Finished<Walk> {
+    match h.wait().unwrap() {
+        Outcome::Finished(f) => f,
+        other => panic!("not finished: {other:?}"),
+    }
+}
+
+#[test]
+fn workers_join_in_the_middle_of_a_phase() {
+    let exec = coordinator(1);
+    let job = walk(60_000);
+    let h = exec.submit(job.clone()).unwrap();
+    // Join once the first phase is under way.
+    until("progress", || h.progress().done > 0);
+    let a = Worker::start(&addr(&exec), 1, None);
+    let b = Worker::start(&addr(&exec), 2, None);
+    until_remote(&h, 2);
+    let p = h.progress();
+    assert_eq!(p.remote_workers, 2);
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+    let (code_a, line_a) = a.finish();
+    let (code_b, line_b) = b.finish();
+    assert_eq!((code_a, code_b), (0, 0), "{line_a} / {line_b}");
+    assert!(
+        done_of(&line_a) > 0 && done_of(&line_b) > 0,
+        "{line_a} / {line_b}"
+    );
+}
+
+#[test]
+fn a_worker_leaves_gracefully_when_retired_or_asked_to_stop() {
+    let exec = coordinator(1);
+    let job = walk(60_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let a = Worker::start(&addr(&exec), 1, None);
+    until_remote(&h, 1);
+    let b = Worker::start(&addr(&exec), 1, None);
+    until_remote(&h, 2);
+    until("remote chunks", || h.progress().done > 4 * CHUNK);
+    // Retired by the coordinator: the newest connection, b, hands back and ends.
+    h.retire_remote(1);
+    let (code, line) = b.finish();
+    assert_eq!(code, 0, "{line}");
+    assert!(line.contains("left=false"), "{line}");
+    assert_eq!(h.remote_workers(), 1);
+    // Asked to stop (SIGTERM, as a batch scheduler would): a leaves.
+    a.signal("TERM");
+    let (code, line) = a.finish();
+    assert_eq!(code, 0, "{line}");
+    assert!(line.contains("left=true"), "{line}");
+    until("the leaver is gone", || h.remote_workers() == 0);
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+}
