@@ -229,3 +229,131 @@ fn a_worker_leaves_gracefully_when_retired_or_asked_to_stop() {
     let fin = finished(h);
     assert_exact(&fin, &job);
 }
+
+#[test]
+fn a_worker_killed_in_the_middle_of_a_step_loses_nothing() {
+    let exec = coordinator(1);
+    let job = walk(60_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let a = Worker::start(&addr(&exec), 2, None);
+    let b = Worker::start(&addr(&exec), 1, None);
+    until_remote(&h, 2);
+    until("remote chunks", || h.progress().done > 4 * CHUNK);
+    // Its steps sleep 1 ms and it has two threads: SIGKILL lands in the middle of steps.
+    a.signal("KILL");
+    until_remote(&h, 1);
+    let errors = exec.peer_errors();
+    assert!(
+        errors.iter().any(|e| matches!(
+            **e,
+            cluster::Error::Closed { .. } | cluster::Error::Io { .. }
+        )),
+        "{errors:?}"
+    );
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+    let (code, _) = a.finish();
+    assert_ne!(code, 0);
+    let (code, line) = b.finish();
+    assert_eq!(code, 0, "{line}");
+}
+
+#[test]
+fn all_remote_workers_lost_then_new_ones_join() {
+    // No local worker: only remote workers compute (nobody waits until the end).
+    let exec = coordinator(0);
+    let job = walk(40_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let a = Worker::start(&addr(&exec), 1, None);
+    let b = Worker::start(&addr(&exec), 1, None);
+    until_remote(&h, 2);
+    until("remote chunks", || h.progress().done > 2 * CHUNK);
+    a.signal("KILL");
+    b.signal("KILL");
+    until_remote(&h, 0);
+    // Nothing computes now.
+    let stalled = h.progress().done_all_phases;
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(h.progress().done_all_phases, stalled);
+    assert!(!h.is_finished());
+    let c = Worker::start(&addr(&exec), 2, None);
+    until("the job ends", || h.is_finished());
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+    let (code, line) = c.finish();
+    assert_eq!(code, 0, "{line}");
+    assert!(done_of(&line) > 0, "{line}");
+    let _ = (a.finish(), b.finish());
+}
+
+#[test]
+fn a_stalled_worker_is_given_up_when_its_lease_expires() {
+    let exec = coordinator(1);
+    let job = walk(60_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let a = Worker::start(&addr(&exec), 1, None);
+    until_remote(&h, 1);
+    until("remote chunks", || h.progress().done > 2 * CHUNK);
+    // Frozen: its socket stays open, but nothing comes from it.
+    a.signal("STOP");
+    until_remote(&h, 0);
+    let errors = exec.peer_errors();
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(**e, cluster::Error::LeaseExpired { .. })),
+        "{errors:?}"
+    );
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+    a.signal("KILL");
+    let _ = a.finish();
+}
+
+#[test]
+fn a_job_suspended_with_remote_workers_resumes_with_local_ones() {
+    let dir =
+        std::env::temp_dir().join(format!("malleable-cluster-suspend-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("file://{}", dir.display());
+    let exec = Executor::builder()
+        .local_workers(0)
+        .chunking(CHUNKING)
+        .listen("127.0.0.1:0")
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let job = walk(40_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let a = Worker::start(&addr(&exec), 2, None);
+    let b = Worker::start(&addr(&exec), 1, None);
+    until_remote(&h, 2);
+    until("remote chunks", || h.progress().done > 3 * CHUNK);
+    // A snapshot with remote captures first, then the suspend.
+    let id = h.snapshot().wait().unwrap();
+    let suspended = h.suspend().wait().unwrap();
+    assert!(suspended.epoch > id.epoch);
+    match h.wait().unwrap() {
+        Outcome::Suspended(s) => assert_eq!(s, suspended),
+        other => panic!("not suspended: {other:?}"),
+    }
+    // The workers were stopped cleanly.
+    for w in [a, b] {
+        let (code, line) = w.finish();
+        assert_eq!(code, 0, "{line}");
+    }
+    // Resume with local workers only, unpaced.
+    pace(job.tag, false);
+    let local = Executor::builder().local_workers(2).build().unwrap();
+    let fin = finished(local.resume::<Walk>(&url, malleable::At::Latest).unwrap());
+    assert_exact(&fin, &job);
+    // And from the earlier snapshot, inline.
+    let inline = Executor::builder().local_workers(0).build().unwrap();
+    let fin = finished(
+        inline
+            .resume::<Walk>(&url, malleable::At::Epoch(id.epoch))
+            .unwrap(),
+    );
+    assert_exact(&fin, &job);
+    let _ = std::fs::remove_dir_all(&dir);
+}
