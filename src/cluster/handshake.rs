@@ -436,6 +436,9 @@ where
         }
     };
     if !token.check(COORDINATOR, &nw, &nc, &proof) {
+        // An empty proof, which the coordinator refuses: both sides then report the failure
+        // as `Auth` (instead of a connection that closed in the middle of the handshake).
+        let _ = send(framed, peer, encode(&ProofMsg { proof: [0; 32] })).await;
         return Err(Error::Auth {
             peer: peer.to_owned(),
         });
