@@ -170,6 +170,9 @@ pub struct Served {
     pub chunks_yielded: u64,
     /// Whether this process left because it was asked to stop.
     pub left: bool,
+    /// From dialling the coordinator to the first chunk received (the join latency), if one
+    /// was.
+    pub first_run_after: Option<Duration>,
 }
 
 /// An established connection, before the job type is known.
@@ -180,6 +183,7 @@ pub(crate) struct Session {
     heartbeat: Duration,
     lease: Duration,
     options: WorkerOptions,
+    dialled: std::time::Instant,
 }
 
 /// Serves one job of the coordinator at `addr` as a worker process: connects, shakes hands,
@@ -218,6 +222,7 @@ async fn connect(
     options: WorkerOptions,
 ) -> Result<Session, Error> {
     let timeout = options.timeout;
+    let dialled = std::time::Instant::now();
     let address = |source| Error::Address {
         addr: addr.to_owned(),
         source,
@@ -254,6 +259,7 @@ async fn connect(
         heartbeat: Duration::from_millis(welcomed.heartbeat_ms.max(1)),
         lease: Duration::from_millis(welcomed.lease_ms.max(1)),
         options,
+        dialled,
     })
 }
 
@@ -287,6 +293,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         heartbeat,
         lease,
         options,
+        dialled,
     } = session;
     let (out_tx, out_rx) = unbounded_channel();
     let input: Arc<OnceLock<Result<J::Input, String>>> = Arc::default();
@@ -316,6 +323,8 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         max_frame: options.max_frame,
         stop: options.stop.clone(),
         signals: options.signals,
+        dialled,
+        first_run: std::cell::Cell::new(None),
     };
     let ended = rt.block_on(io.run(framed, &mut slots, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -338,6 +347,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         chunks_done: done.0,
         chunks_yielded: done.1,
         left,
+        first_run_after: io.first_run.get(),
     })
 }
 
@@ -348,6 +358,8 @@ struct Io {
     max_frame: usize,
     stop: Option<SuspendToken>,
     signals: bool,
+    dialled: std::time::Instant,
+    first_run: std::cell::Cell<Option<Duration>>,
 }
 
 impl Io {
@@ -390,7 +402,12 @@ impl Io {
                             let _ = sink.close().await;
                             return Ok(left);
                         }
-                        msg => dispatch(peer, msg, slots, &mut job)?,
+                        msg => {
+                            if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
+                                self.first_run.set(Some(self.dialled.elapsed()));
+                            }
+                            dispatch(peer, msg, slots, &mut job)?;
+                        }
                     }
                     false
                 }
