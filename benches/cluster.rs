@@ -1,0 +1,317 @@
+//! Remote workers against local threads, in one process's timing.
+//!
+//! 1. **Throughput**: each compute kernel (from `examples/kernels/`) runs with 2 local worker
+//!    threads, and with 2 worker processes over loopback (this bench binary re-executed with
+//!    `--worker ADDR`, one thread each; the coordinator has no local worker and only
+//!    coordinates). The remote time includes starting the processes, the handshake and the
+//!    job value's trip, as a user would see it. Runs alternate; the table shows medians and
+//!    `remote/local` = local time ÷ remote time (above 1: remote is faster).
+//! 2. **Join latency**: from a worker process dialling the coordinator to its first chunk
+//!    (measured in the worker: TCP connect, handshake, job value, first `Run`), over many
+//!    joins in the middle of a running job; and from `retire_remote(1)` to the retired
+//!    process's exit (its chunk handed back at its next adjustment point, the process told to
+//!    end, and gone).
+//! 3. **Coordinator CPU**: the coordinator process's CPU time (user + system, from
+//!    `/proc/self/stat`) per 1000 chunk completions, for a job of many small chunks run by 2
+//!    worker processes.
+//!
+//! ```text
+//! cargo bench --bench cluster                 # the full run (about a minute)
+//! CLUSTER_RUNS=7 cargo bench --bench cluster  # more timed runs per kernel (default 3)
+//! cargo test --bench cluster                  # a quick checked pass at small sizes
+//! ```
+
+#[path = "../examples/kernels/mod.rs"]
+mod kernels;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{self, Registry, WorkerOptions};
+use malleable::{Chunking, Executor, Folded, Job, JobHandle, Outcome};
+
+use kernels::crypt;
+use kernels::jobs::{self, Crypt, Direction, Pi, Render};
+
+mod support;
+
+const PLAINTEXT: &str = "plaintext";
+
+#[derive(Clone, Copy)]
+struct Sizes {
+    mc_samples: u64,
+    crypt_bytes: usize,
+    rt: (u32, u32, u32),
+    small_chunks: u64,
+}
+
+const FULL: Sizes = Sizes {
+    mc_samples: 600_000_000,
+    crypt_bytes: 64 << 20,
+    rt: (1280, 960, 3),
+    small_chunks: 20_000,
+};
+
+const QUICK: Sizes = Sizes {
+    mc_samples: 20_000_000,
+    crypt_bytes: 2 << 20,
+    rt: (320, 240, 2),
+    small_chunks: 2_000,
+};
+
+static SIZES: OnceLock<Sizes> = OnceLock::new();
+
+fn sizes() -> Sizes {
+    *SIZES.get().expect("sizes chosen in main")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--worker") {
+        let quick = args.iter().any(|a| a == "--quick");
+        let _ = SIZES.set(if quick { QUICK } else { FULL });
+        return worker(&args[i + 1]);
+    }
+    let quick = !args.iter().any(|a| a == "--bench");
+    let _ = SIZES.set(if quick { QUICK } else { FULL });
+    let runs = if quick {
+        1
+    } else {
+        std::env::var("CLUSTER_RUNS").map_or(3, |r| r.parse().expect("CLUSTER_RUNS"))
+    };
+    jobs::publish(PLAINTEXT, crypt::plaintext(42, sizes().crypt_bytes));
+
+    println!("== 2 worker processes over loopback vs 2 local threads ({runs} runs, medians)");
+    println!(
+        "{:<12} {:>10} {:>10} {:>13}",
+        "kernel", "local", "remote", "remote/local"
+    );
+    throughput("montecarlo", runs, quick, pi);
+    throughput("crypt", runs, quick, crypt_job);
+    throughput("raytrace", runs, quick, render);
+
+    latencies(quick);
+    coordinator_cpu(quick);
+}
+
+fn pi() -> Folded<Pi> {
+    Folded(Pi {
+        samples: sizes().mc_samples,
+        seed: 2024,
+    })
+}
+
+fn crypt_job() -> Crypt {
+    Crypt {
+        buffer: PLAINTEXT.into(),
+        blocks: (sizes().crypt_bytes / 8) as u64,
+        key: crypt::user_key(7),
+        direction: Direction::Encrypt,
+    }
+}
+
+fn render() -> Folded<Render> {
+    let (width, height, samples) = sizes().rt;
+    Folded(Render {
+        width,
+        height,
+        samples,
+    })
+}
+
+/// Worker mode: serve the coordinator with one thread, print the join latency.
+fn worker(addr: &str) {
+    jobs::publish(PLAINTEXT, crypt::plaintext(42, sizes().crypt_bytes));
+    let registry = Registry::new()
+        .register::<Folded<Pi>>()
+        .register::<Crypt>()
+        .register::<Folded<Render>>();
+    let options = WorkerOptions::default().threads(1);
+    match cluster::serve(addr, &registry, options) {
+        Ok(served) => {
+            if let Some(d) = served.first_run_after {
+                println!("JOIN_US {}", d.as_micros());
+            }
+        }
+        Err(e) => {
+            eprintln!("worker: {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+fn spawn_worker(addr: &str, quick: bool) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("the bench binary"));
+    cmd.args(["--worker", addr]).stdout(Stdio::piped());
+    if quick {
+        cmd.arg("--quick");
+    }
+    cmd.spawn().expect("a worker process")
+}
+
+/// The join latency a worker printed, waiting for it to exit.
+fn join_latency(child: Child) -> Option<Duration> {
+    let out = child.wait_with_output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("JOIN_US ")?.parse().ok())
+        .map(Duration::from_micros)
+}
+
+fn coordinator(quick: bool) -> Executor {
+    let _ = quick;
+    Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .build()
+        .expect("a listening executor")
+}
+
+/// Waits for a job that nobody computes inline (zero local workers) without joining it.
+fn finish<J: Job>(h: JobHandle<J>) -> malleable::Value<J> {
+    while !h.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match h.wait().expect("the job") {
+        Outcome::Finished(f) => f.value,
+        Outcome::Suspended(id) => panic!("suspended at {id}"),
+        _ => panic!("not finished"),
+    }
+}
+
+fn remote_run<J: Job>(job: J, quick: bool) -> (Duration, malleable::Value<J>) {
+    let exec = coordinator(quick);
+    let addr = exec.local_addr().expect("listening").to_string();
+    let t = Instant::now();
+    let h = exec.submit(job).expect("submit");
+    let workers = [spawn_worker(&addr, quick), spawn_worker(&addr, quick)];
+    let value = finish(h);
+    let took = t.elapsed();
+    for w in workers {
+        let _ = w.wait_with_output();
+    }
+    (took, value)
+}
+
+fn throughput<J: Job>(name: &str, runs: usize, quick: bool, job: fn() -> J)
+where
+    malleable::Value<J>: PartialEq,
+{
+    let local = Executor::builder().local_workers(2).build().expect("local");
+    let mut tl = Vec::new();
+    let mut tr = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let expected = local.run(job()).expect("local run").value;
+        tl.push(t.elapsed());
+        let (took, value) = remote_run(job(), quick);
+        assert!(value == expected, "{name}: the remote value differs");
+        tr.push(took);
+    }
+    let (ml, mr) = (
+        support::percentile(&mut tl, 0.5),
+        support::percentile(&mut tr, 0.5),
+    );
+    println!(
+        "{name:<12} {:>8.3} s {:>8.3} s {:>12.2}x",
+        ml.as_secs_f64(),
+        mr.as_secs_f64(),
+        ml.as_secs_f64() / mr.as_secs_f64()
+    );
+}
+
+/// Join latency over many joins into a running job, and retire latency.
+fn latencies(quick: bool) {
+    let joins = if quick { 3 } else { 20 };
+    let exec = coordinator(quick);
+    let addr = exec.local_addr().expect("listening").to_string();
+    // A long job of small steps: Pi with many samples, chunks of 64 K samples.
+    let h = exec
+        .submit(Folded(Pi {
+            samples: u64::MAX / 4,
+            seed: 1,
+        }))
+        .expect("submit");
+    let anchor = spawn_worker(&addr, quick);
+    while h.remote_workers() == 0 {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let mut join = Vec::new();
+    let mut retire = Vec::new();
+    for _ in 0..joins {
+        let before = h.remote_workers();
+        let child = spawn_worker(&addr, quick);
+        while h.remote_workers() == before {
+            assert!(!h.is_finished(), "the job ended");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let t = Instant::now();
+        h.retire_remote(1);
+        let latency = join_latency(child);
+        retire.push(t.elapsed());
+        join.extend(latency);
+    }
+    h.cancel();
+    let _ = h.wait();
+    let _ = anchor.wait_with_output();
+    let p = |v: &mut Vec<Duration>, q: f64| support::percentile(v, q);
+    println!("\n== latencies ({joins} joins and retires into a running job)");
+    println!(
+        "join to first chunk:  p50 {:>7.2} ms  p99 {:>7.2} ms  (dial, handshake, job value, first Run)",
+        p(&mut join, 0.5).as_secs_f64() * 1e3,
+        p(&mut join, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "retire to exit:       p50 {:>7.2} ms  p99 {:>7.2} ms  (chunk handed back, End, process gone)",
+        p(&mut retire, 0.5).as_secs_f64() * 1e3,
+        p(&mut retire, 0.99).as_secs_f64() * 1e3
+    );
+}
+
+/// This process's CPU time (user + system).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let ticks = f[11] + f[12];
+    Duration::from_secs_f64(ticks as f64 / 100.0)
+}
+
+fn coordinator_cpu(quick: bool) {
+    let chunks = sizes().small_chunks;
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .chunking(Chunking::Count(chunks))
+        .build()
+        .expect("executor");
+    let addr = exec.local_addr().expect("listening").to_string();
+    // About 0.5 ms of work per chunk.
+    let job = Folded(Pi {
+        samples: chunks * 20_000,
+        seed: 3,
+    });
+    let cpu = cpu_time();
+    let t = Instant::now();
+    let h = exec.submit(job).expect("submit");
+    let workers = [spawn_worker(&addr, quick), spawn_worker(&addr, quick)];
+    let _ = finish(h);
+    let (cpu, wall) = (cpu_time() - cpu, t.elapsed());
+    for w in workers {
+        let _ = w.wait_with_output();
+    }
+    println!("\n== coordinator CPU ({chunks} chunks, 2 worker processes)");
+    println!(
+        "{:.1} ms CPU per 1000 chunk completions ({:.2} s CPU over {:.2} s; includes this bench's 1 ms polling)",
+        cpu.as_secs_f64() * 1e3 / (chunks as f64 / 1000.0),
+        cpu.as_secs_f64(),
+        wall.as_secs_f64()
+    );
+}
