@@ -62,6 +62,9 @@
 //! - [`reduce`]: [`Reducer`](reduce::Reducer), the built-ins and the ordered merge.
 //! - [`schedule`]: chunk plans, schedules and the sans-IO core.
 //! - [`Executor`], [`JobHandle`]: local worker threads, scaling, progress, async and blocking.
+//! - [`snapshot`]: the snapshot format and store (coordinated snapshots, suspend, resume).
+//! - [`cluster`]: remote worker processes over TCP ([`cluster::serve`], launchers, the
+//!   handshake and frames); the coordinator side is [`Builder::listen`].
 //! - [`metrics`]: the names of the metrics the executor reports.
 
 #![doc(test(attr(deny(warnings))))]

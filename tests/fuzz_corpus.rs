@@ -1,17 +1,35 @@
 //! Replays every file of `fuzz/corpus/*` through the decoders the fuzz targets exercise, as a
 //! normal test: no input may panic, and the valid seeds (`valid-*`) must decode.
 //!
+//! Targets: `manifest` and `part` (snapshot files), `frame` (the cluster's messages in both
+//! directions, and the length-delimited framing) and `handshake` (the handshake's four
+//! decoders). Each `*_target` function here does what `fuzz/fuzz_targets/<target>.rs` does;
+//! keep the two in step.
+//!
 //! The hand-made seeds (`seed-*` and `valid-*`) are written by [`seeds`]; regenerate them
 //! after a format change with
 //! `cargo test --test fuzz_corpus -- --ignored write_seeds`
-//! ([`seeds_are_current`] fails until then). Other files are inputs the fuzzer found.
+//! ([`seeds_are_current`] fails until then). Other files are inputs the fuzzer found, e.g. with
+//! `cd fuzz && cargo fuzz run -s none frame -- -max_total_time=300` (then
+//! `cargo fuzz cmin -s none frame` if the corpus grows large).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use bytes::{Bytes, BytesMut};
+use malleable::cluster::Error;
+use malleable::cluster::frame::{
+    self, PROTOCOL_VERSION, ToCoordinator, ToWorker, decode_to_coordinator, decode_to_worker,
+    encode,
+};
+use malleable::cluster::handshake::{
+    Hello, ProofMsg, Refusal, Reply, decode_hello, decode_proof, decode_reply, decode_welcome,
+};
 use malleable::snapshot::{
     FORMAT_VERSION, MAGIC, Manifest, PartRef, check_part, decode_manifest, encode_manifest,
 };
+use serde::Serialize;
+use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 fn corpus(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -60,6 +78,129 @@ fn part_target(data: &[u8]) -> bool {
     ok
 }
 
+/// The peer named in the cluster targets' errors.
+const PEER: &str = "198.51.100.7:7070";
+/// The maximum frame length of `fuzz/fuzz_targets/frame.rs`'s codec.
+const LIMIT: usize = 1024;
+
+/// A cluster decoder's result, checked as the targets check it: a decoded value re-encodes
+/// (with `reencode`) to bytes that decode (with `decode`) to an equal value; an error is one
+/// that `expected` accepts. True for a decoded value.
+fn round_trip<T: PartialEq + std::fmt::Debug>(
+    result: Result<T, Error>,
+    reencode: impl Fn(&T) -> Vec<u8>,
+    decode: impl Fn(&[u8]) -> Result<T, Error>,
+    expected: fn(&Error) -> bool,
+) -> bool {
+    match result {
+        Ok(value) => {
+            let again = decode(&reencode(&value)).unwrap();
+            assert_eq!(again, value, "a decoded message must round-trip");
+            true
+        }
+        Err(e) => {
+            assert!(expected(&e), "an unexpected error: {e:?}");
+            false
+        }
+    }
+}
+
+fn malformed(e: &Error) -> bool {
+    matches!(e, Error::Malformed { .. })
+}
+
+/// The errors of a first frame's decoder.
+fn first_frame_error(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::NotAPeer { .. } | Error::Version { .. } | Error::Malformed { .. }
+    )
+}
+
+/// A first frame: the magic and version, then the body.
+fn versioned<T: Serialize>(body: &T) -> Vec<u8> {
+    versioned_as(&frame::MAGIC, PROTOCOL_VERSION, body)
+}
+
+fn versioned_as<T: Serialize>(magic: &[u8], version: u32, body: &T) -> Vec<u8> {
+    let mut out = magic.to_vec();
+    out.extend_from_slice(&version.to_be_bytes());
+    out.extend_from_slice(&encode(body));
+    out
+}
+
+fn to_worker(body: &[u8]) -> bool {
+    round_trip(
+        decode_to_worker(PEER, body),
+        |m| encode(m).to_vec(),
+        |b| decode_to_worker(PEER, b),
+        malformed,
+    )
+}
+
+fn to_coordinator(body: &[u8]) -> bool {
+    round_trip(
+        decode_to_coordinator(PEER, body),
+        |m| encode(m).to_vec(),
+        |b| decode_to_coordinator(PEER, b),
+        malformed,
+    )
+}
+
+fn hello(frame: &[u8]) -> bool {
+    round_trip(
+        decode_hello(PEER, frame),
+        versioned,
+        |b| decode_hello(PEER, b),
+        first_frame_error,
+    )
+}
+
+/// What `fuzz/fuzz_targets/frame.rs` does with one input: the input as a message to a worker,
+/// as a message to the coordinator, and as a stream of length-delimited frames, each a message
+/// to the coordinator or a hello. True if anything decoded.
+fn frame_target(data: &[u8]) -> bool {
+    let mut ok = to_worker(data);
+    ok |= to_coordinator(data);
+    let mut codec = LengthDelimitedCodec::builder()
+        .length_field_type::<u32>()
+        .max_frame_length(LIMIT)
+        .new_codec();
+    let mut stream = BytesMut::from(data);
+    while let Ok(Some(frame)) = codec.decode(&mut stream) {
+        assert!(frame.len() <= LIMIT, "a frame over the limit");
+        ok |= to_coordinator(&frame);
+        ok |= hello(&frame);
+    }
+    ok
+}
+
+/// What `fuzz/fuzz_targets/handshake.rs` does with one input: the input as a first frame to
+/// `decode_hello` and `decode_reply`, and as a body to `decode_proof` and `decode_welcome`.
+/// True if anything decoded.
+fn handshake_target(data: &[u8]) -> bool {
+    let mut ok = hello(data);
+    ok |= round_trip(
+        decode_reply(PEER, data),
+        versioned,
+        |b| decode_reply(PEER, b),
+        first_frame_error,
+    );
+    ok |= round_trip(
+        decode_proof(PEER, data),
+        |m| encode(m).to_vec(),
+        |b| decode_proof(PEER, b),
+        malformed,
+    );
+    ok |= round_trip(
+        decode_welcome(PEER, data),
+        |m| encode(m).to_vec(),
+        |b| decode_welcome(PEER, b),
+        malformed,
+    );
+    ok
+}
+
 fn replay(target: &str, run: fn(&[u8]) -> bool) -> usize {
     let dir = corpus(target);
     let mut files = 0;
@@ -88,6 +229,16 @@ fn manifest_corpus_never_panics() {
 #[test]
 fn part_corpus_never_panics() {
     assert!(replay("part", part_target) >= 5);
+}
+
+#[test]
+fn frame_corpus_never_panics() {
+    assert!(replay("frame", frame_target) >= 10);
+}
+
+#[test]
+fn handshake_corpus_never_panics() {
+    assert!(replay("handshake", handshake_target) >= 10);
 }
 
 fn manifest(chunks: u64, done: u64, parts: u64, blob: usize) -> Manifest {
@@ -138,11 +289,159 @@ fn part_input(size: u64, crc: u32, bytes: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Frames for a stream: each with its 4-byte big-endian length.
+fn stream(frames: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in frames {
+        out.extend_from_slice(&(f.len() as u32).to_be_bytes());
+        out.extend_from_slice(f);
+    }
+    out
+}
+
+fn nonce(seed: u8) -> [u8; 32] {
+    std::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
+}
+
+/// Every message to a worker, one per variant (two for `Run`).
+fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
+    vec![
+        (
+            "phase",
+            ToWorker::Phase {
+                phase: 3,
+                job: Bytes::from_static(b"\x02\x10job value"),
+            },
+        ),
+        (
+            "run-fresh",
+            ToWorker::Run {
+                slot: 1,
+                chunk: 17,
+                start: 1_000,
+                end: 2_000,
+                state: None,
+            },
+        ),
+        (
+            "run-restored",
+            ToWorker::Run {
+                slot: 0,
+                chunk: 18,
+                start: 2_000,
+                end: u64::MAX,
+                state: Some(Bytes::from_static(b"\x05a chunk state")),
+            },
+        ),
+        ("interrupt", ToWorker::Interrupt { slot: 2, chunk: 19 }),
+        (
+            "capture",
+            ToWorker::Capture {
+                slot: u32::MAX,
+                chunk: 300,
+            },
+        ),
+        ("release", ToWorker::Release { slot: 3 }),
+        ("heartbeat", ToWorker::Heartbeat),
+        ("end", ToWorker::End),
+    ]
+}
+
+/// Every message to the coordinator, one per variant (two for `Heartbeat`).
+fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
+    vec![
+        (
+            "done",
+            ToCoordinator::Done {
+                slot: 1,
+                chunk: 17,
+                output: Bytes::from_static(b"\x08an output"),
+                iterations: 1_000,
+                busy_ns: 12_345_678,
+            },
+        ),
+        (
+            "yielded",
+            ToCoordinator::Yielded {
+                slot: 0,
+                chunk: 18,
+                state: Bytes::from_static(b"\x05a chunk state"),
+                iterations: 250,
+                busy_ns: 999,
+            },
+        ),
+        (
+            "captured",
+            ToCoordinator::Captured {
+                slot: 2,
+                chunk: 19,
+                state: Bytes::new(),
+            },
+        ),
+        (
+            "failed",
+            ToCoordinator::Failed {
+                slot: 3,
+                chunk: 20,
+                message: "the job panicked: index out of bounds (é)".to_owned(),
+            },
+        ),
+        (
+            "heartbeat",
+            ToCoordinator::Heartbeat {
+                progress: vec![0, 1, 127, 128, 16_384, u64::MAX],
+            },
+        ),
+        (
+            "heartbeat-idle",
+            ToCoordinator::Heartbeat { progress: vec![] },
+        ),
+        ("leave", ToCoordinator::Leave),
+    ]
+}
+
+fn a_hello(jobs: &[&str]) -> Hello {
+    Hello {
+        jobs: jobs.iter().map(|&j| j.to_owned()).collect(),
+        threads: 8,
+        nonce: nonce(1),
+    }
+}
+
+/// Every reply, one per variant and refusal.
+fn replies() -> Vec<(&'static str, Reply)> {
+    vec![
+        (
+            "challenge",
+            Reply::Challenge {
+                nonce: nonce(2),
+                proof: nonce(3),
+            },
+        ),
+        (
+            "welcome",
+            Reply::Welcome {
+                job: "kmeans".to_owned(),
+                heartbeat_ms: 500,
+                lease_ms: 5_000,
+            },
+        ),
+        ("refused-auth", Reply::Refused(Refusal::Auth)),
+        (
+            "refused-unknown-job",
+            Reply::Refused(Refusal::UnknownJob {
+                running: vec!["kmeans".to_owned(), "pagerank".to_owned()],
+            }),
+        ),
+        ("refused-version", Reply::Refused(Refusal::Version)),
+    ]
+}
+
 /// The hand-made seeds: `(target, file name, bytes)`.
-fn seeds() -> BTreeMap<(&'static str, &'static str), Vec<u8>> {
+fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     let mut seeds = BTreeMap::new();
     let typical = encode_manifest(&manifest(10, 2, 3, 16));
-    let mut m = |name, bytes| seeds.insert(("manifest", name), bytes);
+    let mut m = |name: &str, bytes| seeds.insert(("manifest", name.to_owned()), bytes);
     m("valid-empty", encode_manifest(&manifest(0, 0, 0, 0)));
     m("valid-typical", typical.clone());
     m("valid-large", encode_manifest(&manifest(200, 40, 60, 1024)));
@@ -191,7 +490,7 @@ fn seeds() -> BTreeMap<(&'static str, &'static str), Vec<u8>> {
 
     let data = b"a suspended chunk state, in postcard";
     let crc = crc32c::crc32c(data);
-    let mut p = |name, bytes| seeds.insert(("part", name), bytes);
+    let mut p = |name: &str, bytes| seeds.insert(("part", name.to_owned()), bytes);
     p("valid-empty", part_input(0, 0, &[]));
     p("valid-state", part_input(data.len() as u64, crc, data));
     p("seed-short", vec![1, 2, 3]);
@@ -204,7 +503,138 @@ fn seeds() -> BTreeMap<(&'static str, &'static str), Vec<u8>> {
         part_input(data.len() as u64, crc ^ 1, data),
     );
     p("seed-huge-size", part_input(u64::MAX, crc, data));
+    // Messages, both directions; streams of frames as a worker sends them to the coordinator.
+    let mut f = |name: &str, bytes| seeds.insert(("frame", name.to_owned()), bytes);
+    for (name, message) in to_worker_messages() {
+        f(&format!("valid-worker-{name}"), encode(&message).to_vec());
+    }
+    for (name, message) in to_coordinator_messages() {
+        f(
+            &format!("valid-coordinator-{name}"),
+            encode(&message).to_vec(),
+        );
+    }
+    let hello = versioned(&a_hello(&["kmeans"]));
+    let heartbeat = encode(&ToCoordinator::Heartbeat { progress: vec![5] });
+    let done = encode(&to_coordinator_messages()[0].1);
+    let leave = encode(&ToCoordinator::Leave);
+    f(
+        "valid-stream-session",
+        stream(&[&hello, &heartbeat, &done, &leave]),
+    );
+    f(
+        "valid-stream-empty-frame-then-leave",
+        stream(&[&[], &leave]),
+    );
+    let at_limit = encode(&ToCoordinator::Captured {
+        slot: 0,
+        chunk: 1,
+        state: Bytes::from(vec![7; LIMIT - 5]),
+    });
+    assert_eq!(at_limit.len(), LIMIT);
+    f("valid-stream-at-limit", stream(&[&at_limit]));
+    f("seed-empty-input", vec![]);
+    f("seed-unknown-variant", vec![0x7f]);
+    f("seed-varint-overflow", [&[1u8][..], &[0x80; 11]].concat());
+    let run = encode(&to_worker_messages()[2].1);
+    f("seed-truncated-run", run[..run.len() - 3].to_vec());
+    f("seed-trailing-byte", [&leave[..], &[0]].concat());
+    // `Failed` (variant 3) with a message that is not UTF-8.
+    f("seed-not-utf8", vec![3, 0, 5, 2, 0xff, 0xfe]);
+    // `Heartbeat` (variant 4) announcing u64::MAX entries; `Phase` (variant 0) announcing a
+    // job of u64::MAX bytes.
+    let huge = [&[0xffu8; 9][..], &[0x01]].concat();
+    f("seed-huge-progress", [&[4u8][..], &huge].concat());
+    f("seed-huge-job", [&[0u8, 1][..], &huge, b"xy"].concat());
+    // Frames: one byte over the limit, a length of u32::MAX, a frame cut short, a length cut
+    // short, and first frames of another protocol or version.
+    let mut over = stream(&[&vec![0; LIMIT + 1]]);
+    over.truncate(64);
+    f("seed-stream-over-limit", over);
+    f(
+        "seed-stream-length-max",
+        [&u32::MAX.to_be_bytes()[..], &leave].concat(),
+    );
+    let cut = stream(&[&hello]);
+    f("seed-stream-truncated-frame", cut[..cut.len() - 2].to_vec());
+    f("seed-stream-truncated-length", vec![0, 0]);
+    f(
+        "seed-stream-wrong-magic",
+        stream(&[&versioned_as(
+            b"MALLEABX",
+            PROTOCOL_VERSION,
+            &a_hello(&["kmeans"]),
+        )]),
+    );
+    f(
+        "seed-stream-wrong-version",
+        stream(&[&versioned_as(&frame::MAGIC, 2, &a_hello(&["kmeans"]))]),
+    );
+
+    let mut h = |name: &str, bytes| seeds.insert(("handshake", name.to_owned()), bytes);
+    h("valid-hello", versioned(&a_hello(&["kmeans", "pagerank"])));
+    h("valid-hello-no-jobs", versioned(&a_hello(&[])));
+    for (name, reply) in replies() {
+        h(&format!("valid-reply-{name}"), versioned(&reply));
+        h(&format!("valid-welcome-{name}"), encode(&reply).to_vec());
+    }
+    h(
+        "valid-proof",
+        encode(&ProofMsg { proof: nonce(4) }).to_vec(),
+    );
+    h("seed-empty-input", vec![]);
+    h("seed-magic-only", frame::MAGIC.to_vec());
+    h(
+        "seed-truncated-version",
+        [&frame::MAGIC[..], &[0, 0]].concat(),
+    );
+    h(
+        "seed-wrong-magic",
+        versioned_as(b"MALLEABX", PROTOCOL_VERSION, &a_hello(&["kmeans"])),
+    );
+    h(
+        "seed-wrong-version",
+        versioned_as(&frame::MAGIC, PROTOCOL_VERSION + 1, &a_hello(&["kmeans"])),
+    );
+    h(
+        "seed-version-0",
+        versioned_as(&frame::MAGIC, 0, &Reply::Refused(Refusal::Version)),
+    );
+    let full = versioned(&a_hello(&["kmeans"]));
+    h("seed-truncated-hello", full[..full.len() - 4].to_vec());
+    h("seed-hello-trailing-byte", [&full[..], &[0]].concat());
+    h(
+        "seed-huge-job-count",
+        [&full[..12], &[0xff; 9], &[0x01]].concat(),
+    );
+    h("seed-proof-short", vec![9; 31]);
+    h("seed-proof-long", vec![9; 33]);
+    // `Welcome` (variant 1) whose job name is not UTF-8; an unknown refusal (variant 3).
+    h("seed-welcome-not-utf8", vec![1, 2, 0xc3, 0x28, 1, 1]);
+    h("seed-unknown-refusal", vec![2, 3]);
+    h(
+        "seed-http-request",
+        b"GET / HTTP/1.1\r\nHost: 198.51.100.7\r\n\r\n".to_vec(),
+    );
     seeds
+}
+
+/// The hostile seeds of the cluster targets are refused by every decoder (so that each one
+/// reaches the error path it was written for, not a valid message by accident).
+#[test]
+fn cluster_hostile_seeds_decode_nothing() {
+    for ((target, name), bytes) in seeds() {
+        let run = match target {
+            "frame" => frame_target,
+            "handshake" => handshake_target,
+            _ => continue,
+        };
+        assert_eq!(
+            run(&bytes),
+            name.starts_with("valid-"),
+            "{target}/{name} decodes as its name does not say"
+        );
+    }
 }
 
 #[test]
