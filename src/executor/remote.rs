@@ -23,6 +23,17 @@
 //!    chunk takes that state instead.
 //! 6. *End.* When the job ends every connection gets `End`.
 //!
+//! # Snapshots
+//!
+//! The epoch marker reaches a running remote slot as `Capture`; its state comes back as
+//! `Captured` (or as the chunk's `Done` / `Yielded`, whichever comes first, exactly as for a
+//! local worker) and the coordinator's background writer stores it with the other parts. Remote
+//! workers never write to the store themselves: a state crosses the wire once either way, the
+//! commit stays one writer's `PutMode::Create`, and workers need no store credentials. (A
+//! worker that could reach the store would save the coordinator's uplink for very large
+//! states; that variant is not built.) A suspend halts the core: remote chunks are interrupted,
+//! come back as `Yielded`, the cut is written, and every connection gets `End`.
+//!
 //! Why the value stays exact: the core sees a remote slot exactly as a local worker, with the
 //! same events in the same per-worker order (one connection, one task, messages in order), so
 //! its invariants (every chunk done once, merged in chunk order) hold whatever joins, leaves or
