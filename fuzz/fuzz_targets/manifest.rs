@@ -8,27 +8,9 @@
 
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use malleable::snapshot::{FORMAT_VERSION, MAGIC, decode_manifest, encode_manifest};
+#[path = "../checks.rs"]
+mod checks;
 
-fuzz_target!(|data: &[u8]| {
-    let file = match data.split_first() {
-        Some((0, body)) => {
-            let mut file = MAGIC.to_vec();
-            file.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-            file.extend_from_slice(&(body.len() as u64).to_le_bytes());
-            file.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
-            file.extend_from_slice(body);
-            file
-        }
-        _ => data.to_vec(),
-    };
-    if let Ok(manifest) = decode_manifest(&file) {
-        let again = decode_manifest(&encode_manifest(&manifest));
-        assert_eq!(
-            again.ok().as_ref(),
-            Some(&manifest),
-            "a decoded manifest must round-trip"
-        );
-    }
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    checks::manifest_target(data);
 });
