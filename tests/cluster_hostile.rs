@@ -24,7 +24,7 @@ fn walk(tag: u64) -> Walk {
     pace(tag, true);
     Walk {
         tag,
-        n: 40_000,
+        n: 80_000,
         per_step: 20,
         phases: 3,
         phase: 0,
@@ -207,8 +207,11 @@ fn hostile_peers_are_refused_while_the_job_goes_on() {
         .count();
     assert!(timeouts >= 2, "{:?}", exec.peer_errors());
 
-    // None of this disturbed the job.
-    assert!(!h.is_finished() || h.progress().done > 0);
+    // All of this hit a running job, which went on undisturbed.
+    assert!(
+        !h.is_finished(),
+        "the job ended before the hostile peers were done"
+    );
     finished_exactly(h, &job);
     let served = good.join().unwrap().unwrap();
     assert!(served.chunks_done > 0, "{served:?}");

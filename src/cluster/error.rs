@@ -130,7 +130,10 @@ impl Error {
     /// Maps an I/O error from a framed connection: an over-long frame and a stalled one get
     /// their own variants.
     pub(crate) fn io(peer: &str, e: io::Error, limit: usize) -> Error {
-        if e.kind() == io::ErrorKind::InvalidData && e.to_string().contains("frame size too big") {
+        let too_big = e
+            .get_ref()
+            .is_some_and(|inner| inner.is::<tokio_util::codec::LengthDelimitedCodecError>());
+        if too_big {
             return Error::FrameTooLarge {
                 peer: peer.to_owned(),
                 limit,

@@ -43,8 +43,8 @@ use tokio_util::codec::Framed;
 use super::Error;
 use super::frame::{self, ToCoordinator, ToWorker};
 use super::handshake::{self, Token};
-use crate::executor::{Cell, SuspendToken, steps};
-use crate::job::{Chunk, Input, Job};
+use crate::executor::{Cell, SuspendToken, capture, iterations_run, load_input, steps};
+use crate::job::{Chunk, Job};
 use crate::metrics::StepStats;
 
 type Runner = fn(&tokio::runtime::Runtime, Session) -> Result<Served, Error>;
@@ -536,13 +536,7 @@ fn slot_main<J: Job>(
             chunk,
             message,
         };
-        let input = input.get_or_init(|| {
-            match crate::executor::catch(crate::Site::Input, J::NAME, || J::Input::load(&job)) {
-                Ok(Ok(i)) => Ok(i),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(p) => Err(p.to_string()),
-            }
-        });
+        let input = input.get_or_init(|| load_input(&*job));
         let input = match input {
             Ok(i) => i,
             Err(e) => {
@@ -573,11 +567,11 @@ fn slot_main<J: Job>(
                     break output;
                 }
                 cell.flag.store(0, Ordering::Relaxed);
-                let (mut interrupt, mut capture) = (false, false);
+                let (mut interrupt, mut capture_now) = (false, false);
                 loop {
                     match rx.try_recv() {
                         Ok(SlotMsg::Interrupt(c)) if c == chunk => interrupt = true,
-                        Ok(SlotMsg::Capture(c)) if c == chunk => capture = true,
+                        Ok(SlotMsg::Capture(c)) if c == chunk => capture_now = true,
                         Ok(_) => {}
                         Err(TryRecvError::Empty) => break,
                         Err(TryRecvError::Disconnected) => {
@@ -589,31 +583,20 @@ fn slot_main<J: Job>(
                 if gone || interrupt {
                     break None;
                 }
-                if capture {
-                    let paused = std::time::Instant::now();
-                    let bytes =
-                        crate::executor::encode_sized("a chunk state", &c, stats.capture_hint);
-                    match bytes {
-                        Ok(b) => {
-                            stats.capture_hint = b.len();
-                            let _ = out.send(ToCoordinator::Captured {
+                if capture_now {
+                    capture(&c, &mut stats, |bytes| {
+                        let _ = out.send(match bytes {
+                            Ok(b) => ToCoordinator::Captured {
                                 slot,
                                 chunk,
                                 state: b.into(),
-                            });
-                        }
-                        Err(e) => {
-                            let _ = out.send(failed(e.to_string()));
-                        }
-                    }
-                    stats.record_pause(paused.elapsed());
+                            },
+                            Err(e) => failed(e.to_string()),
+                        });
+                    });
                 }
             };
-            let iterations = match c.iterations_done() {
-                Some(now) => now.saturating_sub(before),
-                None if fresh && output.is_some() => range.end - range.start,
-                None => 0,
-            };
+            let iterations = iterations_run(&c, before, fresh, output.is_some(), &range);
             (c, output, iterations, gone)
         });
         let busy_ns = stats.busy().as_nanos() as u64;

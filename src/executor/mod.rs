@@ -32,8 +32,8 @@ mod worker;
 
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
 pub use snapshot::{At, SuspendToken};
-pub(crate) use snapshot::{decode, encode, encode_sized};
-pub(crate) use worker::steps;
+pub(crate) use snapshot::{decode, encode};
+pub(crate) use worker::{capture, iterations_run, load_input, steps};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -47,7 +47,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::cluster::listener::{ClusterConfig, Listener};
 use crate::error::{Error, Result, Site};
-use crate::job::{Input, Job, Next, Value};
+use crate::job::{Job, Next, Value};
 use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
 use snapshot::{Captured, SnapshotConfig, Snapshots};
 
@@ -544,14 +544,7 @@ impl<J: Job> Shared<J> {
 
     /// The job's input, loaded once by the first worker that needs it.
     pub(crate) fn input(&self, job: &J) -> std::result::Result<&J::Input, Error> {
-        let loaded =
-            self.input.get_or_init(
-                || match catch(Site::Input, J::NAME, || J::Input::load(job)) {
-                    Ok(Ok(input)) => Ok(input),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(panic) => Err(panic.to_string()),
-                },
-            );
+        let loaded = self.input.get_or_init(|| worker::load_input(job));
         loaded.as_ref().map_err(|msg| Error::Input {
             job: J::NAME,
             source: msg.clone().into(),
@@ -582,22 +575,7 @@ impl<J: Job> State<J> {
         event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
-        if self.snap.cut.is_some() {
-            // Protocol step 2 of `snapshot.rs`: an output or a handed-back state of a chunk
-            // the cut waits for.
-            match &event {
-                Event::Done { chunk, output, .. } if self.cut_waits_for(*chunk) => {
-                    let bytes = snapshot::encode("a chunk output", output).map(Into::into);
-                    self.captured(shared, *chunk, Captured::Output, bytes);
-                }
-                Event::Yielded { chunk, state, .. } if self.cut_waits_for(*chunk) => {
-                    let bytes = state.to_bytes();
-                    self.captured(shared, *chunk, Captured::State, bytes);
-                }
-                _ => {}
-            }
-        }
-        match self.feed_at(shared, event, me) {
+        match self.feed_at(shared, event, me, None) {
             Ok(mine) => mine,
             // Local workers never send an event the ledger refuses; if one does, stop the
             // job rather than risk a wrong value.
@@ -608,34 +586,60 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// Feeds an event from a remote worker: one the ledger refuses is returned (the
-    /// connection is then dropped) and changes nothing.
+    /// Feeds an event from a remote worker, with a `Done`'s output as it came over the wire:
+    /// one the ledger refuses is returned (the connection is then dropped) and changes
+    /// nothing.
     fn feed_checked(
         &mut self,
         shared: &Arc<Shared<J>>,
         event: Event<Held<J::Chunk>, Value<J>>,
+        output_bytes: Option<bytes::Bytes>,
     ) -> std::result::Result<(), crate::schedule::Rejected> {
-        if let Event::Done { chunk, output, .. } = &event {
-            if self.cut_waits_for(*chunk) {
-                let bytes = snapshot::encode("a chunk output", output).map(Into::into);
-                self.captured(shared, *chunk, Captured::Output, bytes);
-            }
-        }
-        if let Event::Yielded { chunk, state, .. } = &event {
-            if self.cut_waits_for(*chunk) {
-                let bytes = state.to_bytes();
-                self.captured(shared, *chunk, Captured::State, bytes);
-            }
-        }
-        self.feed_at(shared, event, None).map(|_| ())
+        self.feed_at(shared, event, None, output_bytes).map(|_| ())
     }
 
+    /// Feeds an event to the core and carries out the commands; returns the command for
+    /// `me`, or the ledger's refusal. `output_bytes` is a `Done`'s output already encoded.
     fn feed_at(
         &mut self,
         shared: &Arc<Shared<J>>,
         event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
+        output_bytes: Option<bytes::Bytes>,
     ) -> std::result::Result<Option<Msg<J>>, crate::schedule::Rejected> {
+        if self.snap.cut.is_some() {
+            // Protocol step 2 of `snapshot.rs`: the output or handed-back state of a chunk the
+            // cut waits for, from the worker that holds it (an event the ledger will refuse
+            // must not reach the cut).
+            match &event {
+                Event::Done {
+                    worker,
+                    chunk,
+                    output,
+                    ..
+                } if self.cut_waits_for(*chunk)
+                    && self.core.running_on(*worker) == Some(*chunk) =>
+                {
+                    let bytes = match output_bytes {
+                        Some(b) => Ok(b),
+                        None => snapshot::encode("a chunk output", output).map(Into::into),
+                    };
+                    self.captured(shared, *chunk, Captured::Output, bytes);
+                }
+                Event::Yielded {
+                    worker,
+                    chunk,
+                    state,
+                    ..
+                } if self.cut_waits_for(*chunk)
+                    && self.core.running_on(*worker) == Some(*chunk) =>
+                {
+                    let bytes = state.to_bytes();
+                    self.captured(shared, *chunk, Captured::State, bytes);
+                }
+                _ => {}
+            }
+        }
         let mut out = std::mem::take(&mut self.out);
         let phase = self.phase;
         // `handle` runs the reducer's `combine`: a panic there ends the job, not the worker.

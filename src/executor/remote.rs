@@ -59,10 +59,10 @@ use crate::schedule::{ChunkId, Event, Work, WorkerId};
 pub(crate) type ConnId = u64;
 
 /// A slot: one thread of a worker process.
+/// (The chunk it runs is the core's: `Core::running_on`.)
 pub(crate) struct Remote {
     conn: ConnId,
     slot: u32,
-    running: Option<ChunkId>,
 }
 
 /// A connected worker process.
@@ -209,14 +209,7 @@ impl<J: Job> State<J> {
             let w = self.next_id;
             self.next_id += 1;
             slots.push(Some(w));
-            self.remote.slots.insert(
-                w,
-                Remote {
-                    conn: id,
-                    slot,
-                    running: None,
-                },
-            );
+            self.remote.slots.insert(w, Remote { conn: id, slot });
         }
         self.remote.conns.insert(
             id,
@@ -242,7 +235,7 @@ impl<J: Job> State<J> {
             .set(self.remote.conns.len() as f64);
     }
 
-    /// Protocol step 2: a `Run` command for a remote slot. Returns false if `worker` is not one.
+    /// Protocol step 2: a `Run` command for a remote slot (nothing if `worker` is not one).
     pub(crate) fn run_remote(
         &mut self,
         shared_fail: &mut Option<Error>,
@@ -250,9 +243,9 @@ impl<J: Job> State<J> {
         chunk: ChunkId,
         range: std::ops::Range<u64>,
         state: Option<Held<J::Chunk>>,
-    ) -> bool {
+    ) {
         let Some(r) = self.remote.slots.get(&worker) else {
-            return false;
+            return;
         };
         let (conn_id, slot) = (r.conn, r.slot);
         let phase = self.phase;
@@ -273,13 +266,10 @@ impl<J: Job> State<J> {
             (Ok(j), Ok(s)) => (j, s),
             (Err(e), _) | (_, Err(e)) => {
                 *shared_fail = Some(e);
-                return true;
+                return;
             }
         };
         self.snap.on_run(chunk);
-        if let Some(r) = self.remote.slots.get_mut(&worker) {
-            r.running = Some(chunk);
-        }
         if let Some(c) = self.remote.conns.get_mut(&conn_id) {
             if c.phase_sent != Some(phase) {
                 c.phase_sent = Some(phase);
@@ -299,15 +289,15 @@ impl<J: Job> State<J> {
                 state,
             });
         }
-        true
     }
 
-    /// An `Interrupt` or `Capture` for a remote slot; false if `worker` is not one.
-    pub(crate) fn signal_remote(&self, worker: WorkerId, capture: bool) -> bool {
+    /// An `Interrupt` or `Capture` for a remote slot; nothing if `worker` is not one.
+    pub(crate) fn signal_remote(&self, worker: WorkerId, capture: bool) {
         let Some(r) = self.remote.slots.get(&worker) else {
-            return false;
+            return;
         };
-        if let (Some(chunk), Some(c)) = (r.running, self.remote.conns.get(&r.conn)) {
+        let running = self.core.running_on(worker);
+        if let (Some(chunk), Some(c)) = (running, self.remote.conns.get(&r.conn)) {
             let slot = r.slot;
             let _ = c.tx.send(if capture {
                 ToWorker::Capture { slot, chunk }
@@ -315,14 +305,13 @@ impl<J: Job> State<J> {
                 ToWorker::Interrupt { slot, chunk }
             });
         }
-        true
     }
 
-    /// A `Release` for a remote slot; false if `worker` is not one. The connection gets
+    /// A `Release` for a remote slot; nothing if `worker` is not one. The connection gets
     /// `End` with its last slot.
-    pub(crate) fn release_remote(&mut self, worker: WorkerId) -> bool {
+    pub(crate) fn release_remote(&mut self, worker: WorkerId) {
         let Some(r) = self.remote.slots.remove(&worker) else {
-            return false;
+            return;
         };
         if let Some(c) = self.remote.conns.get_mut(&r.conn) {
             if let Some(s) = c.slots.get_mut(r.slot as usize) {
@@ -335,7 +324,6 @@ impl<J: Job> State<J> {
                 self.remote_gauge();
             }
         }
-        true
     }
 
     /// Protocol step 6: every connection ends (the core has already let go of the job).
@@ -382,9 +370,9 @@ impl<J: Job> State<J> {
     pub(crate) fn remote_progress(&self) -> u64 {
         self.remote
             .slots
-            .values()
-            .filter(|r| r.running.is_some())
-            .filter_map(|r| {
+            .iter()
+            .filter(|(w, _)| self.core.running_on(**w).is_some())
+            .filter_map(|(_, r)| {
                 self.remote
                     .conns
                     .get(&r.conn)?
@@ -409,7 +397,8 @@ impl<J: Job> State<J> {
             return;
         }
         for w in c.slots.into_iter().flatten() {
-            let running = self.remote.slots.remove(&w).and_then(|r| r.running);
+            self.remote.slots.remove(&w);
+            let running = self.core.running_on(w);
             let _ = self.feed(shared, Event::Lost { worker: w }, None);
             if let Some(chunk) = running {
                 self.recapture(shared, chunk);
@@ -452,6 +441,10 @@ impl<J: Job> State<J> {
             what: "a message to the coordinator",
             reason,
         };
+        let work = |iterations, busy_ns| Work {
+            iterations,
+            busy: Duration::from_nanos(busy_ns),
+        };
         let slot_of = |conn: &Conn, slot: u32| {
             conn.slots
                 .get(slot as usize)
@@ -472,7 +465,7 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
-                if self.remote.slots.get(&w).and_then(|r| r.running) == Some(chunk) {
+                if self.core.running_on(w) == Some(chunk) {
                     self.captured(shared, chunk, Captured::State, Ok(state));
                     self.settle(shared);
                 }
@@ -503,20 +496,15 @@ impl<J: Job> State<J> {
                 busy_ns,
             } => {
                 let w = slot_of(conn, slot)?;
-                let output =
+                let decoded =
                     snapshot::decode("a chunk output", &output).map_err(|e| bad(e.to_string()))?;
-                (
-                    w,
-                    Event::Done {
-                        worker: w,
-                        chunk,
-                        output,
-                        work: Work {
-                            iterations,
-                            busy: Duration::from_nanos(busy_ns),
-                        },
-                    },
-                )
+                let event = Event::Done {
+                    worker: w,
+                    chunk,
+                    output: decoded,
+                    work: work(iterations, busy_ns),
+                };
+                (event, Some(output))
             }
             ToCoordinator::Yielded {
                 slot,
@@ -526,25 +514,17 @@ impl<J: Job> State<J> {
                 busy_ns,
             } => {
                 let w = slot_of(conn, slot)?;
-                (
-                    w,
-                    Event::Yielded {
-                        worker: w,
-                        chunk,
-                        state: Held::Bytes(state),
-                        work: Work {
-                            iterations,
-                            busy: Duration::from_nanos(busy_ns),
-                        },
-                    },
-                )
+                let event = Event::Yielded {
+                    worker: w,
+                    chunk,
+                    state: Held::Bytes(state),
+                    work: work(iterations, busy_ns),
+                };
+                (event, None)
             }
         };
-        let (w, event) = event;
-        if let Some(r) = self.remote.slots.get_mut(&w) {
-            r.running = None;
-        }
-        match self.feed_checked(shared, event) {
+        let (event, output_bytes) = event;
+        match self.feed_checked(shared, event, output_bytes) {
             Ok(()) => {
                 self.settle(shared);
                 Ok(())

@@ -110,27 +110,18 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             }
             // A snapshot's capture (protocol step 2 of `snapshot.rs`): serialize here, hand
             // the bytes over, and go on with the same chunk.
-            let paused = Instant::now();
-            let bytes = snapshot::encode_sized("a chunk state", &c, stats.capture_hint);
-            if let Ok(b) = &bytes {
-                stats.capture_hint = b.len();
-            }
-            let mut st = shared.lock();
-            cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
-            st.captured(
-                shared,
-                chunk,
-                snapshot::Captured::State,
-                bytes.map(Into::into),
-            );
-            drop(st);
-            stats.record_pause(paused.elapsed());
+            capture(&c, stats, |bytes| {
+                let mut st = shared.lock();
+                cell.flag.fetch_and(!CAPTURE, Ordering::Relaxed);
+                st.captured(
+                    shared,
+                    chunk,
+                    snapshot::Captured::State,
+                    bytes.map(Into::into),
+                );
+            });
         };
-        let did = match c.iterations_done() {
-            Some(now) => now.saturating_sub(before),
-            None if fresh && output.is_some() => range.end - range.start,
-            None => 0,
-        };
+        let did = iterations_run(&c, before, fresh, output.is_some(), &range);
         (c, output, did)
     });
     // Drop our handle on the job before reporting: at a phase barrier the core's holder
@@ -162,6 +153,51 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
             };
             st.report(shared, event, Some(worker))
         }
+    }
+}
+
+/// Serializes a running chunk for a snapshot into a buffer of the size of the worker's last
+/// capture, hands the bytes over (`hand_over`: to the cut, or over the wire), and records the
+/// pause. Local workers and remote slots both capture with it.
+pub(crate) fn capture<C: serde::Serialize>(
+    c: &C,
+    stats: &mut StepStats,
+    hand_over: impl FnOnce(crate::Result<Vec<u8>>),
+) {
+    let paused = Instant::now();
+    let bytes = snapshot::encode_sized("a chunk state", c, stats.capture_hint);
+    if let Ok(b) = &bytes {
+        stats.capture_hint = b.len();
+    }
+    hand_over(bytes);
+    stats.record_pause(paused.elapsed());
+}
+
+/// Iterations done in this run of a chunk: what `iterations_done` says moved since `before`,
+/// or, for a chunk that cannot tell, its whole range if it ran from scratch to the end.
+pub(crate) fn iterations_run<C: Chunk>(
+    c: &C,
+    before: u64,
+    fresh: bool,
+    finished: bool,
+    range: &std::ops::Range<u64>,
+) -> u64 {
+    match c.iterations_done() {
+        Some(now) => now.saturating_sub(before),
+        None if fresh && finished => range.end - range.start,
+        None => 0,
+    }
+}
+
+/// Loads a job's input, with an error or a panic turned into its message. Called once per
+/// process and job run (local workers share it through `Shared::input`).
+pub(crate) fn load_input<J: Job>(job: &J) -> std::result::Result<J::Input, String> {
+    match catch(Site::Input, J::NAME, || {
+        <J::Input as crate::Input<J>>::load(job)
+    }) {
+        Ok(Ok(input)) => Ok(input),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic.to_string()),
     }
 }
 
