@@ -35,6 +35,9 @@
 //! suspends at once; with `--deadline 15` the periodic snapshots are timed first and the job
 //! runs until about a second before the deadline (give it enough `--steps` not to finish).
 
+#[path = "kernels/mod.rs"]
+mod kernels;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -212,16 +215,14 @@ impl Fold for NBody {
     }
 }
 
-/// SplitMix64, for the initial conditions.
+/// A splitmix64 stream (the kernels' generator), for the initial conditions.
 struct SplitMix(u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        let r = kernels::splitmix64(self.0);
+        self.0 = self.0.wrapping_add(kernels::GOLDEN);
+        r
     }
 
     /// Uniform in [-1, 1).
