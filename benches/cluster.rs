@@ -19,6 +19,7 @@
 //! ```text
 //! cargo bench --bench cluster                 # the full run (about a minute)
 //! CLUSTER_RUNS=7 cargo bench --bench cluster  # more timed runs per kernel (default 3)
+//! CLUSTER_ONLY=crypt cargo bench --bench cluster  # one part: a kernel, latencies or cpu
 //! cargo test --bench cluster                  # a quick checked pass at small sizes
 //! ```
 
@@ -88,12 +89,24 @@ fn main() {
         "{:<12} {:>10} {:>10} {:>13}",
         "kernel", "local", "remote", "remote/local"
     );
-    throughput("montecarlo", runs, quick, pi);
-    throughput("crypt", runs, quick, crypt_job);
-    throughput("raytrace", runs, quick, render);
-
-    latencies(quick);
-    coordinator_cpu(quick);
+    // `CLUSTER_ONLY=crypt` (say) runs one part: a kernel, `latencies` or `cpu`.
+    let only = std::env::var("CLUSTER_ONLY").ok();
+    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if part("montecarlo") {
+        throughput("montecarlo", runs, quick, pi);
+    }
+    if part("crypt") {
+        throughput("crypt", runs, quick, crypt_job);
+    }
+    if part("raytrace") {
+        throughput("raytrace", runs, quick, render);
+    }
+    if part("latencies") {
+        latencies(quick);
+    }
+    if part("cpu") {
+        coordinator_cpu(quick);
+    }
 }
 
 fn pi() -> Folded<Pi> {

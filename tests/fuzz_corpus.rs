@@ -391,7 +391,11 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     );
     f(
         "seed-stream-wrong-version",
-        stream(&[&versioned_as(&frame::MAGIC, 2, &a_hello(&["kmeans"]))]),
+        stream(&[&versioned_as(
+            &frame::MAGIC,
+            PROTOCOL_VERSION + 1,
+            &a_hello(&["kmeans"]),
+        )]),
     );
 
     let mut h = |name: &str, bytes| seeds.insert(("handshake", name.to_owned()), bytes);

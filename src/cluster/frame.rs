@@ -17,8 +17,16 @@ use super::Error;
 
 /// The first bytes of a peer's first frame.
 pub const MAGIC: [u8; 8] = *b"MALLEABL";
-/// The version of the protocol (handshake and messages).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The version of the protocol (handshake and messages). Version 2: slots are lanes, several
+/// per thread ([`SLOTS_PER_THREAD`]).
+pub const PROTOCOL_VERSION: u32 = 2;
+/// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
+/// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
+/// ends, the next is already there, and the round trip of its `Done` and the following `Run`
+/// overlaps computing instead of leaving the thread idle. A thread runs its slots' chunks one
+/// at a time in the order they came; one still waiting is handed back or captured at once
+/// when asked (its state is the one it came with).
+pub const SLOTS_PER_THREAD: u32 = 2;
 /// The default maximum frame length: 64 MiB (a chunk state, output or job value must fit).
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 
@@ -31,7 +39,8 @@ pub(crate) fn codec(max_frame: usize) -> LengthDelimitedCodec {
 }
 
 /// A message from the coordinator to a worker process. `slot` numbers the worker process's
-/// threads (`0..threads`), each a worker of its own in the coordinator's ledger.
+/// slots (`0..threads × SLOTS_PER_THREAD`), each a worker of its own in the coordinator's
+/// ledger; slot `s` is on thread `s / SLOTS_PER_THREAD`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToWorker {
     /// The job value of `phase`: sent once per phase, before the phase's first `Run`.
@@ -41,9 +50,9 @@ pub enum ToWorker {
         /// The job value (postcard).
         job: Bytes,
     },
-    /// Run a chunk of the current phase on thread `slot`.
+    /// Run a chunk of the current phase in `slot` (after the thread's earlier chunks).
     Run {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk's number in the phase.
         chunk: u64,
@@ -56,21 +65,21 @@ pub enum ToWorker {
     },
     /// Hand `chunk` back at the next adjustment point.
     Interrupt {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk it runs.
         chunk: u64,
     },
     /// Serialize `chunk` at the next adjustment point for a snapshot, and go on.
     Capture {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk it runs.
         chunk: u64,
     },
-    /// Thread `slot` is no longer a worker of the job.
+    /// Slot `slot` is no longer a worker of the job.
     Release {
-        /// The thread.
+        /// The slot.
         slot: u32,
     },
     /// The coordinator is alive.
@@ -83,9 +92,9 @@ pub enum ToWorker {
 /// A message from a worker process to the coordinator.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ToCoordinator {
-    /// Thread `slot` finished `chunk`.
+    /// Slot `slot` finished `chunk`.
     Done {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk.
         chunk: u64,
@@ -96,9 +105,9 @@ pub enum ToCoordinator {
         /// Time spent in steps, in nanoseconds.
         busy_ns: u64,
     },
-    /// Thread `slot` handed `chunk` back after an `Interrupt`.
+    /// Slot `slot` handed `chunk` back after an `Interrupt`.
     Yielded {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk.
         chunk: u64,
@@ -111,17 +120,17 @@ pub enum ToCoordinator {
     },
     /// The state of `chunk` at an adjustment point after a `Capture`; the thread goes on.
     Captured {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk.
         chunk: u64,
         /// The chunk's state (postcard).
         state: Bytes,
     },
-    /// The job's code failed on thread `slot` (a panic, an input that did not load, a state
+    /// The job's code failed in slot `slot` (a panic, an input that did not load, a state
     /// that did not decode).
     Failed {
-        /// The thread.
+        /// The slot.
         slot: u32,
         /// The chunk.
         chunk: u64,
@@ -130,10 +139,10 @@ pub enum ToCoordinator {
     },
     /// The worker is alive; iterations done so far in each thread's current chunk.
     Heartbeat {
-        /// Per slot.
+        /// Per thread.
         progress: Vec<u64>,
     },
-    /// The worker process is asked to stop: retire all its threads (their chunks come back
+    /// The worker process is asked to stop: retire all its slots (their chunks come back
     /// as `Yielded`), then send `End`.
     Leave,
 }

@@ -3,16 +3,21 @@
 //!
 //! # Membership, as a worker process sees it
 //!
-//! 1. *Join.* After the handshake the coordinator counts each of the process's threads as a
-//!    worker of the job (a *slot*). It sends the job value of the current phase once
-//!    (`Phase`), then `Run`s.
-//! 2. *Run.* A slot's thread runs its chunk step after step, reading one flag per step, and
-//!    sends `Done` with the output when the chunk ends: one message per chunk, never per step.
-//!    Messages that arrive together are sent together (one flush for all that are queued).
-//! 3. *Adjust.* `Interrupt` and `Capture` name the chunk they are for; the I/O task queues them
-//!    for the slot's thread and sets its flag; the thread acts on them at its next adjustment
-//!    point if it still runs that chunk, and ignores them otherwise (the chunk ended first and
-//!    its `Done` crossed the request on the wire; the coordinator takes the `Done`).
+//! 1. *Join.* After the handshake the coordinator counts each of the process's threads as
+//!    [`SLOTS_PER_THREAD`] workers of the job (*slots*). It sends the job value of the current
+//!    phase once (`Phase`), then `Run`s, each for a slot.
+//! 2. *Run.* A thread runs its slots' chunks one at a time, in the order they came, step after
+//!    step, reading one flag per step, and sends `Done` with the output when a chunk ends: one
+//!    message per chunk, never per step. While it runs one chunk, the next waits in its queue,
+//!    so it never idles for a round trip. Messages that arrive together are sent together (one
+//!    flush for all that are queued).
+//! 3. *Adjust.* `Interrupt` and `Capture` name the slot and chunk they are for; the I/O task
+//!    queues them for the thread and sets its flag; the thread acts on them at its next
+//!    adjustment point: for the chunk it runs, it hands the chunk back (`Yielded`) or sends
+//!    its state (`Captured`); for a chunk still waiting, it does so at once with the state the
+//!    chunk came with (from scratch: a new chunk's state); for a chunk it no longer holds it
+//!    does nothing (the chunk ended first and its `Done` crossed the request on the wire; the
+//!    coordinator takes the `Done`).
 //! 4. *Heartbeats* go both ways every heartbeat period, with each slot's progress. A side that
 //!    hears nothing for a lease gives the other up: the coordinator puts the slots' chunks back
 //!    with the last state it holds; the worker stops computing and returns an error.
@@ -23,7 +28,8 @@
 //!    retired): the threads stop and [`serve`] returns.
 //!
 //! Why no chunk is lost or counted twice: a chunk leaves a slot only as `Done` or `Yielded`
-//! (at most one per `Run`, since the thread runs one chunk at a time and stops after either),
+//! (at most one per `Run`: a `Run` is in the thread's queue or running until exactly one of
+//! them is sent, and a request for a chunk the thread no longer holds is ignored),
 //! or with the slot's loss, which the coordinator handles as `Lost` in its ledger (the
 //! ledger's invariant: a chunk is with exactly one worker or pending). A message of a lost
 //! slot that arrives late is refused by the ledger, not merged.
@@ -41,7 +47,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::codec::Framed;
 
 use super::Error;
-use super::frame::{self, ToCoordinator, ToWorker};
+use super::frame::{self, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 use super::handshake::{self, Token};
 use crate::executor::{Cell, SuspendToken, capture, iterations_run, load_input, steps};
 use crate::job::{Chunk, Job};
@@ -263,23 +269,30 @@ async fn connect(
     })
 }
 
-/// What the I/O task queues for a slot's thread.
-enum SlotMsg<J: Job> {
-    Run {
-        chunk: u64,
-        range: std::ops::Range<u64>,
-        state: Option<Bytes>,
-        job: Arc<J>,
-        phase: u64,
-    },
-    Interrupt(u64),
-    Capture(u64),
+/// A chunk to run in a slot.
+struct Run<J: Job> {
+    slot: u32,
+    chunk: u64,
+    range: std::ops::Range<u64>,
+    state: Option<Bytes>,
+    job: Arc<J>,
+    phase: u64,
 }
 
-struct Slot<J: Job> {
+/// What the I/O task queues for a thread.
+enum SlotMsg<J: Job> {
+    Run(Run<J>),
+    Interrupt { slot: u32, chunk: u64 },
+    Capture { slot: u32, chunk: u64 },
+}
+
+/// A compute thread and its slots.
+struct Thread<J: Job> {
     tx: Option<Sender<SlotMsg<J>>>,
     cell: Arc<CachePadded<Cell>>,
     thread: Option<std::thread::JoinHandle<(u64, u64)>>,
+    /// Which of its slots are still workers of the job.
+    live: [bool; SLOTS_PER_THREAD as usize],
 }
 
 /// The flag bit of a slot: look at the queue.
@@ -297,22 +310,23 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
     } = session;
     let (out_tx, out_rx) = unbounded_channel();
     let input: Arc<OnceLock<Result<J::Input, String>>> = Arc::default();
-    let mut slots: Vec<Slot<J>> = Vec::with_capacity(options.threads);
-    for slot in 0..options.threads {
+    let mut threads: Vec<Thread<J>> = Vec::with_capacity(options.threads);
+    for index in 0..options.threads {
         let (tx, rx) = crossbeam_channel::unbounded();
         let cell: Arc<CachePadded<Cell>> = Arc::default();
         let (cell2, out, input) = (Arc::clone(&cell), out_tx.clone(), Arc::clone(&input));
         let thread = std::thread::Builder::new()
-            .name(format!("malleable-remote-{slot}"))
-            .spawn(move || slot_main::<J>(slot as u32, &rx, &cell2, &out, &input))
+            .name(format!("malleable-remote-{index}"))
+            .spawn(move || thread_main::<J>(&rx, &cell2, &out, &input))
             .map_err(|source| Error::Io {
                 peer: peer.clone(),
                 source,
             })?;
-        slots.push(Slot {
+        threads.push(Thread {
             tx: Some(tx),
             cell,
             thread: Some(thread),
+            live: [true; SLOTS_PER_THREAD as usize],
         });
     }
     drop(out_tx);
@@ -326,14 +340,14 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         dialled,
         first_run: std::cell::Cell::new(None),
     };
-    let ended = rt.block_on(io.run(framed, &mut slots, out_rx));
+    let ended = rt.block_on(io.run(framed, &mut threads, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
     let mut done = (0, 0);
-    for s in &mut slots {
+    for s in &mut threads {
         s.tx = None;
         s.cell.flag.fetch_or(ATTENTION, Ordering::Relaxed);
     }
-    for s in &mut slots {
+    for s in &mut threads {
         if let Some(t) = s.thread.take() {
             if let Ok((d, y)) = t.join() {
                 done.0 += d;
@@ -367,7 +381,7 @@ impl Io {
     async fn run<J: Job>(
         &self,
         framed: Framed<tokio::net::TcpStream, tokio_util::codec::LengthDelimitedCodec>,
-        slots: &mut [Slot<J>],
+        threads: &mut [Thread<J>],
         mut out_rx: UnboundedReceiver<ToCoordinator>,
     ) -> Result<bool, Error> {
         let peer = &self.peer;
@@ -406,7 +420,7 @@ impl Io {
                             if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
                                 self.first_run.set(Some(self.dialled.elapsed()));
                             }
-                            dispatch(peer, msg, slots, &mut job)?;
+                            dispatch(peer, msg, threads, &mut job)?;
                         }
                     }
                     false
@@ -421,7 +435,7 @@ impl Io {
                     false
                 }
                 _ = beat.tick() => {
-                    let progress = slots.iter().map(|s| s.cell.progress.load(Ordering::Relaxed)).collect();
+                    let progress = threads.iter().map(|s| s.cell.progress.load(Ordering::Relaxed)).collect();
                     sink.send(frame::encode(&ToCoordinator::Heartbeat { progress })).await.map_err(io_error)?;
                     false
                 }
@@ -439,11 +453,11 @@ impl Io {
     }
 }
 
-/// Hands a coordinator's message to the slot it is for.
+/// Hands a coordinator's message to the thread of the slot it is for.
 fn dispatch<J: Job>(
     peer: &str,
     msg: ToWorker,
-    slots: &mut [Slot<J>],
+    threads: &mut [Thread<J>],
     job: &mut Option<(u64, Arc<J>)>,
 ) -> Result<(), Error> {
     let bad = |reason: String| Error::Malformed {
@@ -451,10 +465,16 @@ fn dispatch<J: Job>(
         what: "a message to a worker",
         reason,
     };
-    let slot_of = |slot: u32| {
-        slots
-            .get(slot as usize)
-            .filter(|s| s.tx.is_some())
+    // The thread of a live slot, and the slot's index in it.
+    let thread_of = |threads: &[Thread<J>], slot: u32| {
+        let (t, i) = (
+            (slot / SLOTS_PER_THREAD) as usize,
+            (slot % SLOTS_PER_THREAD) as usize,
+        );
+        threads
+            .get(t)
+            .filter(|th| th.tx.is_some() && th.live[i])
+            .map(|_| (t, i))
             .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
     };
     match msg {
@@ -476,31 +496,42 @@ fn dispatch<J: Job>(
             if start > end {
                 return Err(bad(format!("an empty range {start}..{end}")));
             }
-            let s = slot_of(slot)?;
-            let _ = s.tx.as_ref().expect("live").send(SlotMsg::Run {
-                chunk,
-                range: start..end,
-                state,
-                job: Arc::clone(j),
-                phase: *phase,
-            });
+            let (t, _) = thread_of(threads, slot)?;
+            let _ = threads[t]
+                .tx
+                .as_ref()
+                .expect("live")
+                .send(SlotMsg::Run(Run {
+                    slot,
+                    chunk,
+                    range: start..end,
+                    state,
+                    job: Arc::clone(j),
+                    phase: *phase,
+                }));
         }
         ToWorker::Interrupt { slot, chunk } | ToWorker::Capture { slot, chunk } => {
             let capture = matches!(msg, ToWorker::Capture { .. });
-            let s = slot_of(slot)?;
+            let (t, _) = thread_of(threads, slot)?;
+            let th = &threads[t];
             let m = if capture {
-                SlotMsg::Capture(chunk)
+                SlotMsg::Capture { slot, chunk }
             } else {
-                SlotMsg::Interrupt(chunk)
+                SlotMsg::Interrupt { slot, chunk }
             };
-            let _ = s.tx.as_ref().expect("live").send(m);
-            // After the send: the thread that sees the flag finds the message.
-            s.cell.flag.fetch_or(ATTENTION, Ordering::Relaxed);
+            let _ = th.tx.as_ref().expect("live").send(m);
+            // After the send, with `Release`: the thread that sees the flag (and fences with
+            // `Acquire`) finds the message.
+            th.cell.flag.fetch_or(ATTENTION, Ordering::Release);
         }
         ToWorker::Release { slot } => {
-            slot_of(slot)?;
-            // Closing its queue ends the (idle) thread.
-            slots[slot as usize].tx = None;
+            let (t, i) = thread_of(threads, slot)?;
+            let th = &mut threads[t];
+            th.live[i] = false;
+            if th.live.iter().all(|l| !l) {
+                // Closing its queue ends the (idle) thread.
+                th.tx = None;
+            }
         }
         ToWorker::Heartbeat => {}
         ToWorker::End => {}
@@ -508,136 +539,243 @@ fn dispatch<J: Job>(
     Ok(())
 }
 
-/// A slot's thread: run the chunks the coordinator sends, one at a time. Returns the chunks
-/// finished and handed back.
-fn slot_main<J: Job>(
-    slot: u32,
+/// What a thread was asked about the chunk it runs, at an adjustment point.
+#[derive(Default)]
+struct Asked {
+    interrupt: bool,
+    capture: bool,
+    /// The queue closed: the job ended for this process.
+    gone: bool,
+}
+
+/// A compute thread: runs its slots' chunks one at a time, in the order they came. Returns
+/// the chunks finished and handed back.
+fn thread_main<J: Job>(
     rx: &Receiver<SlotMsg<J>>,
     cell: &CachePadded<Cell>,
     out: &UnboundedSender<ToCoordinator>,
     input: &OnceLock<Result<J::Input, String>>,
 ) -> (u64, u64) {
     let mut stats = StepStats::new(J::NAME);
-    let (mut done, mut yielded) = (0, 0);
-    while let Ok(msg) = rx.recv() {
-        let SlotMsg::Run {
-            chunk,
-            range,
-            state,
-            job,
-            phase,
-        } = msg
-        else {
-            // A request for a chunk that already ended here: its `Done` crossed it.
-            continue;
+    let mut waiting: std::collections::VecDeque<Run<J>> = std::collections::VecDeque::new();
+    let mut counts = (0, 0);
+    loop {
+        cell.flag.store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if take_messages(rx, &mut waiting, None, out, &mut counts.1).gone {
+            return counts;
+        }
+        let run = match waiting.pop_front() {
+            Some(run) => run,
+            None => match rx.recv() {
+                Ok(SlotMsg::Run(run)) => run,
+                // A request for a chunk that already ended here: its `Done` crossed it.
+                Ok(_) => continue,
+                Err(_) => return counts,
+            },
         };
-        let failed = |message: String| ToCoordinator::Failed {
-            slot,
-            chunk,
-            message,
-        };
-        let input = input.get_or_init(|| load_input(&*job));
-        let input = match input {
-            Ok(i) => i,
-            Err(e) => {
-                let _ = out.send(failed(format!("the input did not load: {e}")));
-                continue;
-            }
-        };
-        let fresh = state.is_none();
-        let state: Option<J::Chunk> = match state
-            .map(|b| crate::executor::decode("a chunk state", &b))
-            .transpose()
-        {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = out.send(failed(e.to_string()));
-                continue;
-            }
-        };
-        cell.progress.store(0, Ordering::Relaxed);
-        let site = crate::Site::Chunk { phase, chunk };
-        let ran = crate::executor::catch(site, J::NAME, || {
-            let mut c = state.unwrap_or_else(|| job.chunk(range.clone()));
-            let before = c.iterations_done().unwrap_or(0);
-            let mut gone = false;
-            let output = loop {
-                let output = steps(&mut c, &job, input, cell, &mut stats);
-                if output.is_some() {
-                    break output;
-                }
-                cell.flag.store(0, Ordering::Relaxed);
-                let (mut interrupt, mut capture_now) = (false, false);
-                loop {
-                    match rx.try_recv() {
-                        Ok(SlotMsg::Interrupt(c)) if c == chunk => interrupt = true,
-                        Ok(SlotMsg::Capture(c)) if c == chunk => capture_now = true,
-                        Ok(_) => {}
-                        Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => {
-                            gone = true;
-                            break;
-                        }
-                    }
-                }
-                if gone || interrupt {
-                    break None;
-                }
-                if capture_now {
-                    capture(&c, &mut stats, |bytes| {
-                        let _ = out.send(match bytes {
-                            Ok(b) => ToCoordinator::Captured {
-                                slot,
-                                chunk,
-                                state: b.into(),
-                            },
-                            Err(e) => failed(e.to_string()),
-                        });
-                    });
-                }
-            };
-            let iterations = iterations_run(&c, before, fresh, output.is_some(), &range);
-            (c, output, iterations, gone)
-        });
-        let busy_ns = stats.busy().as_nanos() as u64;
-        match ran {
-            Err(e) => {
-                let _ = out.send(failed(e.to_string()));
-            }
-            Ok((_, _, _, true)) => return (done, yielded),
-            Ok((c, output, iterations, false)) => {
-                stats.flush(output.is_some());
-                let msg = match output {
-                    Some(output) => match crate::executor::encode("a chunk output", &output) {
-                        Ok(b) => {
-                            done += 1;
-                            ToCoordinator::Done {
-                                slot,
-                                chunk,
-                                output: b.into(),
-                                iterations,
-                                busy_ns,
-                            }
-                        }
-                        Err(e) => failed(e.to_string()),
-                    },
-                    None => match crate::executor::encode("a chunk state", &c) {
-                        Ok(b) => {
-                            yielded += 1;
-                            ToCoordinator::Yielded {
-                                slot,
-                                chunk,
-                                state: b.into(),
-                                iterations,
-                                busy_ns,
-                            }
-                        }
-                        Err(e) => failed(e.to_string()),
-                    },
-                };
-                let _ = out.send(msg);
-            }
+        if run_chunk(
+            run,
+            rx,
+            &mut waiting,
+            cell,
+            out,
+            input,
+            &mut stats,
+            &mut counts,
+        ) {
+            return counts;
         }
     }
-    (done, yielded)
+}
+
+/// Takes the messages queued for a thread: runs join `waiting`; a request for a waiting chunk
+/// is answered at once (it has the state it came with); one for `running` (slot, chunk) is
+/// returned; others are for chunks that ended here and are ignored.
+fn take_messages<J: Job>(
+    rx: &Receiver<SlotMsg<J>>,
+    waiting: &mut std::collections::VecDeque<Run<J>>,
+    running: Option<(u32, u64)>,
+    out: &UnboundedSender<ToCoordinator>,
+    yielded: &mut u64,
+) -> Asked {
+    let mut asked = Asked::default();
+    loop {
+        let (slot, chunk, capture) = match rx.try_recv() {
+            Ok(SlotMsg::Run(run)) => {
+                waiting.push_back(run);
+                continue;
+            }
+            Ok(SlotMsg::Interrupt { slot, chunk }) => (slot, chunk, false),
+            Ok(SlotMsg::Capture { slot, chunk }) => (slot, chunk, true),
+            Err(TryRecvError::Empty) => return asked,
+            Err(TryRecvError::Disconnected) => {
+                asked.gone = true;
+                return asked;
+            }
+        };
+        if running == Some((slot, chunk)) {
+            if capture {
+                asked.capture = true;
+            } else {
+                asked.interrupt = true;
+            }
+            continue;
+        }
+        let Some(at) = waiting
+            .iter()
+            .position(|r| r.slot == slot && r.chunk == chunk)
+        else {
+            continue;
+        };
+        let state = match waiting[at].state.clone() {
+            Some(bytes) => Ok(bytes),
+            None => {
+                let r = &waiting[at];
+                crate::executor::encode("a chunk state", &r.job.chunk(r.range.clone()))
+                    .map(Bytes::from)
+            }
+        };
+        let msg = match state {
+            Err(e) => ToCoordinator::Failed {
+                slot,
+                chunk,
+                message: e.to_string(),
+            },
+            Ok(state) if capture => ToCoordinator::Captured { slot, chunk, state },
+            Ok(state) => {
+                waiting.remove(at);
+                *yielded += 1;
+                ToCoordinator::Yielded {
+                    slot,
+                    chunk,
+                    state,
+                    iterations: 0,
+                    busy_ns: 0,
+                }
+            }
+        };
+        let _ = out.send(msg);
+    }
+}
+
+/// Runs one chunk until it ends, is handed back, or the job ends for this process (then
+/// returns true).
+#[allow(clippy::too_many_arguments)]
+fn run_chunk<J: Job>(
+    run: Run<J>,
+    rx: &Receiver<SlotMsg<J>>,
+    waiting: &mut std::collections::VecDeque<Run<J>>,
+    cell: &CachePadded<Cell>,
+    out: &UnboundedSender<ToCoordinator>,
+    input: &OnceLock<Result<J::Input, String>>,
+    stats: &mut StepStats,
+    (done, yielded): &mut (u64, u64),
+) -> bool {
+    let Run {
+        slot,
+        chunk,
+        range,
+        state,
+        job,
+        phase,
+    } = run;
+    let failed = |message: String| ToCoordinator::Failed {
+        slot,
+        chunk,
+        message,
+    };
+    let input = match input.get_or_init(|| load_input(&*job)) {
+        Ok(i) => i,
+        Err(e) => {
+            let _ = out.send(failed(format!("the input did not load: {e}")));
+            return false;
+        }
+    };
+    let fresh = state.is_none();
+    let state: Option<J::Chunk> = match state
+        .map(|b| crate::executor::decode("a chunk state", &b))
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = out.send(failed(e.to_string()));
+            return false;
+        }
+    };
+    cell.progress.store(0, Ordering::Relaxed);
+    let site = crate::Site::Chunk { phase, chunk };
+    let ran = crate::executor::catch(site, J::NAME, || {
+        let mut c = state.unwrap_or_else(|| job.chunk(range.clone()));
+        let before = c.iterations_done().unwrap_or(0);
+        let mut gone = false;
+        let output = loop {
+            let output = steps(&mut c, &job, input, cell, stats);
+            if output.is_some() {
+                break output;
+            }
+            cell.flag.store(0, Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::Acquire);
+            let asked = take_messages(rx, waiting, Some((slot, chunk)), out, yielded);
+            if asked.gone || asked.interrupt {
+                gone = asked.gone;
+                break None;
+            }
+            if asked.capture {
+                capture(&c, stats, |bytes| {
+                    let _ = out.send(match bytes {
+                        Ok(b) => ToCoordinator::Captured {
+                            slot,
+                            chunk,
+                            state: b.into(),
+                        },
+                        Err(e) => failed(e.to_string()),
+                    });
+                });
+            }
+        };
+        let iterations = iterations_run(&c, before, fresh, output.is_some(), &range);
+        (c, output, iterations, gone)
+    });
+    cell.progress.store(0, Ordering::Relaxed);
+    let busy_ns = stats.busy().as_nanos() as u64;
+    let (c, output, iterations) = match ran {
+        Err(e) => {
+            let _ = out.send(failed(e.to_string()));
+            return false;
+        }
+        Ok((_, _, _, true)) => return true,
+        Ok((c, output, iterations, false)) => (c, output, iterations),
+    };
+    stats.flush(output.is_some());
+    let msg = match output {
+        Some(output) => match crate::executor::encode("a chunk output", &output) {
+            Ok(b) => {
+                *done += 1;
+                ToCoordinator::Done {
+                    slot,
+                    chunk,
+                    output: b.into(),
+                    iterations,
+                    busy_ns,
+                }
+            }
+            Err(e) => failed(e.to_string()),
+        },
+        None => match crate::executor::encode("a chunk state", &c) {
+            Ok(b) => {
+                *yielded += 1;
+                ToCoordinator::Yielded {
+                    slot,
+                    chunk,
+                    state: b.into(),
+                    iterations,
+                    busy_ns,
+                }
+            }
+            Err(e) => failed(e.to_string()),
+        },
+    };
+    let _ = out.send(msg);
+    false
 }

@@ -1,11 +1,15 @@
-//! The job's side of remote workers: each thread of a connected worker process is a worker of
-//! the core (a *slot*), driven by messages instead of a mailbox and a flag.
+//! The job's side of remote workers: each connected worker process has
+//! [`SLOTS_PER_THREAD`](crate::cluster::frame::SLOTS_PER_THREAD) *slots* per thread, each a
+//! worker of the core driven by messages instead of a mailbox and a flag. Two slots per thread
+//! keep a chunk waiting next to the running one, so a thread never waits for the round trip
+//! between its `Done` and its next `Run`; the core's ledger is untouched (a slot holds at most
+//! one chunk, like any worker).
 //!
 //! # Membership (coordinator side)
 //!
 //! 1. *Join.* An accepted connection (see `cluster/listener.rs`) is attached to the job under
-//!    its lock: each of its threads gets a worker id and joins the core (`Joined`), also in the
-//!    middle of a phase; the core may hand it a chunk at once.
+//!    its lock: each of its slots gets a worker id and joins the core (`Joined`), also in the
+//!    middle of a phase; the core may hand them chunks at once.
 //! 2. *Run.* A `Run` command for a slot becomes a `Run` message, preceded by the phase's job
 //!    value (`Phase`) the first time the connection gets a chunk of that phase. A state held
 //!    as bytes is sent as it is.
@@ -50,7 +54,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::snapshot::{self, Captured};
 use super::{Held, Shared, State};
 use crate::cluster::Error as PeerError;
-use crate::cluster::frame::{self, ToCoordinator, ToWorker};
+use crate::cluster::frame::{self, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 use crate::cluster::listener::{Attach, Connection};
 use crate::error::{Error, Site};
 use crate::job::Job;
@@ -58,8 +62,7 @@ use crate::schedule::{ChunkId, Event, Work, WorkerId};
 
 pub(crate) type ConnId = u64;
 
-/// A slot: one thread of a worker process.
-/// (The chunk it runs is the core's: `Core::running_on`.)
+/// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
 pub(crate) struct Remote {
     conn: ConnId,
     slot: u32,
@@ -73,9 +76,18 @@ pub(crate) struct Conn {
     phase_sent: Option<u64>,
     /// Worker id per slot, `None` once released.
     slots: Vec<Option<WorkerId>>,
-    /// Iterations done in each slot's chunk, from heartbeats.
+    /// Iterations done in each thread's running chunk, from heartbeats.
     pub(crate) progress: Vec<u64>,
     retiring: bool,
+}
+
+impl Conn {
+    /// A chunk of `slot` ended: its thread's published progress is in the ledger now.
+    fn ended_in(&mut self, slot: u32) {
+        if let Some(p) = self.progress.get_mut((slot / SLOTS_PER_THREAD) as usize) {
+            *p = 0;
+        }
+    }
 }
 
 /// The remote side of a job's state.
@@ -181,19 +193,18 @@ async fn connection<J: Job>(
     };
     if let Some(id) = id {
         let mut st = shared.lock();
-        let known = st.remote.conns.contains_key(&id);
-        st.drop_conn(&shared, id);
-        drop(st);
-        if let (true, Err(e)) = (known, ended) {
+        // Recorded before the connection leaves the job: whoever sees it gone finds why.
+        if let (true, Err(e)) = (st.remote.conns.contains_key(&id), ended) {
             if let Some(l) = &shared.listener {
                 l.record(e);
             }
         }
+        st.drop_conn(&shared, id);
     }
 }
 
 impl<J: Job> State<J> {
-    /// Protocol step 1: each thread of the connection joins the core.
+    /// Protocol step 1: each slot of the connection joins the core.
     fn join_remote(
         &mut self,
         shared: &Arc<Shared<J>>,
@@ -204,8 +215,8 @@ impl<J: Job> State<J> {
         let id = self.remote.next;
         self.remote.next += 1;
         let threads = threads.clamp(1, 4096);
-        let mut slots = Vec::with_capacity(threads as usize);
-        for slot in 0..threads {
+        let mut slots = Vec::with_capacity((threads * SLOTS_PER_THREAD) as usize);
+        for slot in 0..threads * SLOTS_PER_THREAD {
             let w = self.next_id;
             self.next_id += 1;
             slots.push(Some(w));
@@ -277,9 +288,6 @@ impl<J: Job> State<J> {
                     phase,
                     job: job_bytes,
                 });
-            }
-            if let Some(p) = c.progress.get_mut(slot as usize) {
-                *p = 0;
             }
             let _ = c.tx.send(ToWorker::Run {
                 slot,
@@ -366,19 +374,13 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// Iterations done in remote slots' running chunks (from heartbeats).
+    /// Iterations done in remote threads' running chunks (from heartbeats; a thread reports
+    /// zero between chunks).
     pub(crate) fn remote_progress(&self) -> u64 {
         self.remote
-            .slots
-            .iter()
-            .filter(|(w, _)| self.core.running_on(**w).is_some())
-            .filter_map(|(_, r)| {
-                self.remote
-                    .conns
-                    .get(&r.conn)?
-                    .progress
-                    .get(r.slot as usize)
-            })
+            .conns
+            .values()
+            .flat_map(|c| c.progress.iter())
             .sum()
     }
 
@@ -496,6 +498,7 @@ impl<J: Job> State<J> {
                 busy_ns,
             } => {
                 let w = slot_of(conn, slot)?;
+                conn.ended_in(slot);
                 let decoded =
                     snapshot::decode("a chunk output", &output).map_err(|e| bad(e.to_string()))?;
                 let event = Event::Done {
@@ -514,6 +517,7 @@ impl<J: Job> State<J> {
                 busy_ns,
             } => {
                 let w = slot_of(conn, slot)?;
+                conn.ended_in(slot);
                 let event = Event::Yielded {
                     worker: w,
                     chunk,
