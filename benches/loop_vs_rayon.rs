@@ -154,6 +154,7 @@ fn crypt_malleable(exec: &Executor) -> Vec<u8> {
     })
     .expect("crypt job")
     .into_value()
+    .into() // `Vec<u8>: From<BytesMut>` takes over the allocation, no copy
 }
 
 // ---------------------------------------------------------------------------------------

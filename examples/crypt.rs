@@ -4,7 +4,8 @@
 //! A job ([`Crypt`], in `kernels/jobs.rs`) references its buffer by name: the job value
 //! stays small (a name, a key, a direction) and its input resolves the name once per process
 //! in the registry that [`publish`] fills. Each chunk ciphers a range of 8-byte blocks into its
-//! own `Vec<u8>`, and `CollectInOrder` concatenates the chunks in order. The example checks
+//! own buffer, and `CollectBytes` concatenates the chunks in order into one `BytesMut` (bytes
+//! encode in bulk when they cross the wire). The example checks
 //! the ciphertext against a sequential pass and that decryption gives the plaintext back.
 //!
 //! ```text
@@ -57,7 +58,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let expected = crypt::sequential(&plain, &crypt::encrypt_key(key));
     let t_seq = t.elapsed();
 
-    let cipher = publish("ciphertext", cipher);
+    // Zero-copy: the value owns its whole allocation.
+    let cipher = publish("ciphertext", Vec::from(cipher));
     let t = Instant::now();
     let roundtrip = exec
         .run(Crypt {
@@ -93,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t_seq.as_secs_f64() / t_enc.as_secs_f64()
     );
 
-    if *cipher != expected {
+    if cipher[..] != expected[..] {
         let at = cipher.iter().zip(&expected).position(|(a, b)| a != b);
         eprintln!(
             "FAILED: ciphertext differs from the sequential one (first difference at byte {at:?}, lengths {} and {})",
@@ -102,14 +104,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         std::process::exit(1);
     }
-    if roundtrip != *plain {
+    if roundtrip[..] != plain[..] {
         let at = roundtrip.iter().zip(plain.iter()).position(|(a, b)| a != b);
         eprintln!(
             "FAILED: decryption did not give the plaintext back (first difference at byte {at:?})"
         );
         std::process::exit(1);
     }
-    if cipher == plain {
+    if cipher[..] == plain[..] {
         eprintln!("FAILED: the ciphertext equals the plaintext");
         std::process::exit(1);
     }

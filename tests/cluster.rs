@@ -42,8 +42,8 @@ fn worker_process() {
     match cluster::serve(&addr, &Registry::new().register::<Walk>(), options) {
         Ok(served) => {
             println!(
-                "SERVED done={} yielded={} left={}",
-                served.chunks_done, served.chunks_yielded, served.left
+                "SERVED done={} yielded={} left={} parts={}",
+                served.chunks_done, served.chunks_yielded, served.left, served.parts_written
             );
             std::process::exit(0);
         }
@@ -106,12 +106,17 @@ impl Worker {
     }
 }
 
+/// A count in a worker's report (`done`, `yielded`, `parts`).
+fn count_of(line: &str, what: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(what)?.strip_prefix('='))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {what} in {line:?}"))
+}
+
 /// Chunks a worker's report says it finished.
 fn done_of(line: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("done="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no report in {line:?}"))
+    count_of(line, "done")
 }
 
 /// A walk of 3 phases whose steps sleep 1 ms in this process too; a distinct tag per test.
@@ -329,25 +334,34 @@ fn a_job_suspended_with_remote_workers_resumes_with_local_ones() {
     let b = Worker::start(&addr(&exec), 1, None);
     until_remote(&h, 2);
     until("remote chunks", || h.progress().done > 3 * CHUNK);
-    // A snapshot with remote captures first, then the suspend.
-    let id = h.snapshot().wait().unwrap();
+    // Snapshots with remote captures first: the first one is written by the coordinator
+    // alone; once the workers have read it in the store, they write their parts themselves.
+    let first = h.snapshot().wait().unwrap();
+    let mut id = first.clone();
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(30));
+        id = h.snapshot().wait().unwrap();
+    }
     let suspended = h.suspend().wait().unwrap();
-    assert!(suspended.epoch > id.epoch);
+    assert!(suspended.epoch > id.epoch && id.epoch > first.epoch);
     match h.wait().unwrap() {
         Outcome::Suspended(s) => assert_eq!(s, suspended),
         other => panic!("not suspended: {other:?}"),
     }
-    // The workers were stopped cleanly.
+    // The workers were stopped cleanly, and wrote parts to the store.
+    let mut parts = 0;
     for w in [a, b] {
         let (code, line) = w.finish();
         assert_eq!(code, 0, "{line}");
+        parts += count_of(&line, "parts");
     }
+    assert!(parts > 0, "no worker process wrote a part");
     // Resume with local workers only, unpaced.
     pace(job.tag, false);
     let local = Executor::builder().local_workers(2).build().unwrap();
     let fin = finished(local.resume::<Walk>(&url, malleable::At::Latest).unwrap());
     assert_exact(&fin, &job);
-    // And from the earlier snapshot, inline.
+    // And from the last snapshot before the suspend (parts written by workers), inline.
     let inline = Executor::builder().local_workers(0).build().unwrap();
     let fin = finished(
         inline
@@ -356,4 +370,40 @@ fn a_job_suspended_with_remote_workers_resumes_with_local_ones() {
     );
     assert_exact(&fin, &job);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn snapshot_parts_go_to_the_coordinator_when_a_worker_cannot_reach_the_store() {
+    // A memory store is the coordinator's alone: under the same URL a worker process finds
+    // another, empty store, without the snapshot it is shown as a witness.
+    let store = malleable::snapshot::Store::open("memory://cluster").unwrap();
+    let exec = Executor::builder()
+        .local_workers(0)
+        .chunking(CHUNKING)
+        .listen("127.0.0.1:0")
+        .snapshot_store(store.clone())
+        .build()
+        .unwrap();
+    let job = walk(40_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let a = Worker::start(&addr(&exec), 2, None);
+    until_remote(&h, 1);
+    until("remote chunks", || h.progress().done > 3 * CHUNK);
+    let mut last = None;
+    for _ in 0..4 {
+        last = Some(h.snapshot().wait().unwrap());
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+    let (code, line) = a.finish();
+    assert_eq!(code, 0, "{line}");
+    assert_eq!(count_of(&line, "parts"), 0, "{line}");
+    // The last snapshot lists the running chunks' states, which the coordinator wrote.
+    let manifest =
+        futures::executor::block_on(store.manifest(&last.unwrap())).expect("the manifest");
+    assert!(!manifest.parts.is_empty());
+    for part in &manifest.parts {
+        futures::executor::block_on(store.get_part(part)).expect("an intact part");
+    }
 }

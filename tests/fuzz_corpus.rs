@@ -162,9 +162,20 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             ToWorker::Capture {
                 slot: u32::MAX,
                 chunk: 300,
+                folder: 7,
             },
         ),
         ("release", ToWorker::Release { slot: 3 }),
+        (
+            "store",
+            ToWorker::Store {
+                url: "s3://bucket/prefix".to_owned(),
+                options: vec![("endpoint".to_owned(), "http://127.0.0.1:8333".to_owned())],
+                job_id: "kmeans".to_owned(),
+                epoch: 12,
+                created_unix_ms: 1_790_000_000_000,
+            },
+        ),
         ("heartbeat", ToWorker::Heartbeat),
         ("end", ToWorker::End),
     ]
@@ -199,6 +210,19 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                 slot: 2,
                 chunk: 19,
                 state: Bytes::new(),
+            },
+        ),
+        (
+            "captured-part",
+            ToCoordinator::CapturedPart {
+                slot: 1,
+                chunk: 19,
+                part: malleable::snapshot::PartRef {
+                    chunk: 19,
+                    key: "kmeans/00000000000000000013/parts/0-19-00000000deadbeef".to_owned(),
+                    size: 4096,
+                    crc32c: 0x1234_5678,
+                },
             },
         ),
         (

@@ -2,17 +2,19 @@
 //!
 //! - [`Pi`]: Monte Carlo π, one iteration per sample, the accumulator counts hits.
 //! - [`Crypt`]: IDEA encryption or decryption of a named buffer (see [`publish`]), one
-//!   iteration per 8-byte block, each chunk ciphering its blocks into its own `Vec<u8>`.
+//!   iteration per 8-byte block, each chunk ciphering its blocks into its own buffer.
 //! - [`Render`]: ray tracing, one iteration per image row, with the [`Scene`] as the input.
 //!
-//! [`CollectInOrder`] concatenates the chunks' bytes in order for the last two. Each job has
-//! one [`Job::NAME`], distinct from the others' and from the other examples' jobs.
+//! The last two concatenate the chunks' bytes in order: [`CollectBytes`] for `Crypt`, whose
+//! outputs (and value) encode in bulk, [`CollectInOrder`] for `Render`. Each job has one
+//! [`Job::NAME`], distinct from the others' and from the other examples' jobs.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use malleable::reduce::{CollectInOrder, Count};
+use bytes::BytesMut;
+use malleable::reduce::{CollectBytes, CollectInOrder, Count};
 use malleable::{BoxError, Chunk, Fold, Input, Job, Step};
 use serde::{Deserialize, Serialize};
 
@@ -117,17 +119,21 @@ impl Input<Crypt> for CryptInput {
 }
 
 /// A range of blocks and the bytes ciphered so far.
+///
+/// `out` stays a `Vec<u8>` for [`crypt::cipher_append`] and is encoded as one byte string
+/// (in snapshots and migrations); at the end it becomes the output without a copy.
 #[derive(Serialize, Deserialize)]
 pub(crate) struct CryptChunk {
     next: u64,
     end: u64,
+    #[serde(with = "serde_bytes")]
     out: Vec<u8>,
 }
 
 impl Job for Crypt {
     const NAME: &'static str = "crypt";
     type Chunk = CryptChunk;
-    type Reducer = CollectInOrder<u8>;
+    type Reducer = CollectBytes;
     type Input = CryptInput;
 
     fn iterations(&self) -> u64 {
@@ -142,22 +148,25 @@ impl Job for Crypt {
         }
     }
 
-    fn reducer(&self) -> CollectInOrder<u8> {
-        CollectInOrder::new()
+    fn reducer(&self) -> CollectBytes {
+        CollectBytes::new()
     }
 }
 
 impl Chunk for CryptChunk {
     type Job = Crypt;
-    type Output = Vec<u8>;
+    type Output = BytesMut;
 
-    fn step(&mut self, _job: &Crypt, input: &CryptInput) -> Step<Vec<u8>> {
+    fn step(&mut self, _job: &Crypt, input: &CryptInput) -> Step<BytesMut> {
         let stop = self.end.min(self.next + BLOCKS_PER_STEP);
         let (a, b) = (8 * self.next as usize, 8 * stop as usize);
         crypt::cipher_append(&input.data[a..b], &mut self.out, &input.subkeys);
         self.next = stop;
         if self.next == self.end {
-            Step::Done(std::mem::take(&mut self.out))
+            // `Bytes::from(Vec)` and `BytesMut::from(Bytes)` take over the allocation of a
+            // uniquely owned buffer: no copy (there is no `BytesMut: From<Vec<u8>>`).
+            let out = std::mem::take(&mut self.out);
+            Step::Done(BytesMut::from(bytes::Bytes::from(out)))
         } else {
             Step::Yield
         }

@@ -70,17 +70,39 @@ pub enum ToWorker {
         /// The chunk it runs.
         chunk: u64,
     },
-    /// Serialize `chunk` at the next adjustment point for a snapshot, and go on.
+    /// Serialize `chunk` at the next adjustment point for a snapshot, and go on. A worker
+    /// process that writes to the job's store (see `Store`) puts the state in epoch folder
+    /// `folder` itself and answers `CapturedPart`; otherwise it answers `Captured`.
     Capture {
         /// The slot.
         slot: u32,
         /// The chunk it runs.
         chunk: u64,
+        /// The epoch folder of the snapshot being taken.
+        folder: u64,
     },
     /// Slot `slot` is no longer a worker of the job.
     Release {
         /// The slot.
         slot: u32,
+    },
+    /// The job's snapshot store, so that the worker process can write its own parts: the URL
+    /// without credentials (the worker uses its own environment's), the options that are not
+    /// secrets, and the latest committed snapshot there as a witness. The worker writes parts
+    /// only once it has read that snapshot's manifest, with this creation time, through the
+    /// URL: a URL that leads elsewhere from the worker's machine (another disk, another
+    /// store) does not have it.
+    Store {
+        /// The store's URL (credentials removed).
+        url: String,
+        /// Backend options that are not secrets (endpoint, region, ...).
+        options: Vec<(String, String)>,
+        /// The job id snapshots are stored under.
+        job_id: String,
+        /// The latest committed epoch.
+        epoch: u64,
+        /// Its manifest's creation time (Unix milliseconds).
+        created_unix_ms: u64,
     },
     /// The coordinator is alive.
     Heartbeat,
@@ -126,6 +148,16 @@ pub enum ToCoordinator {
         chunk: u64,
         /// The chunk's state (postcard).
         state: Bytes,
+    },
+    /// The state of `chunk` after a `Capture`, written to the store by the worker process;
+    /// the thread goes on.
+    CapturedPart {
+        /// The slot.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
+        /// The part, as a manifest lists it.
+        part: crate::snapshot::PartRef,
     },
     /// The job's code failed in slot `slot` (a panic, an input that did not load, a state
     /// that did not decode).

@@ -26,6 +26,17 @@
 //!    whose chunks come back as `Yielded` at their next adjustment point, then sends `End`.
 //! 6. *End.* `End` (the job finished, was suspended, failed or cancelled, or this process was
 //!    retired): the threads stop and [`serve`] returns.
+//! 7. *Snapshot parts.* Once a snapshot is committed, the coordinator offers the store
+//!    (`Store`: its URL without credentials, non-secret options, and that snapshot as a
+//!    witness). The I/O task opens the URL with this process's own environment (credentials
+//!    stay where they are) and reads the witness's manifest; if it is there with the same
+//!    creation time, the store is the coordinator's, and from then on a state captured for a
+//!    snapshot is written to the epoch folder the `Capture` names and reported as
+//!    `CapturedPart` (its key, size and checksum) instead of crossing the wire. Until then, or
+//!    if the store cannot be reached from here (another disk behind the same `file://` path,
+//!    no credentials, a write that fails), states go to the coordinator as `Captured`, which
+//!    writes them. Either way the coordinator's writer lists the part in the manifest and is
+//!    the only one to commit.
 //!
 //! Why no chunk is lost or counted twice: a chunk leaves a slot only as `Done` or `Yielded`
 //! (at most one per `Run`: a `Run` is in the thread's queue or running until exactly one of
@@ -179,6 +190,9 @@ pub struct Served {
     /// From dialling the coordinator to the first chunk received (the join latency), if one
     /// was.
     pub first_run_after: Option<Duration>,
+    /// Snapshot parts this process wrote to the job's store itself (the others went to the
+    /// coordinator).
+    pub parts_written: u64,
 }
 
 /// An established connection, before the job type is known.
@@ -339,6 +353,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         signals: options.signals,
         dialled,
         first_run: std::cell::Cell::new(None),
+        parts_written: std::cell::Cell::new(0),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -362,6 +377,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         chunks_yielded: done.1,
         left,
         first_run_after: io.first_run.get(),
+        parts_written: io.parts_written.get(),
     })
 }
 
@@ -374,6 +390,104 @@ struct Io {
     signals: bool,
     dialled: std::time::Instant,
     first_run: std::cell::Cell<Option<Duration>>,
+    parts_written: std::cell::Cell<u64>,
+}
+
+/// What background tasks of the I/O loop report.
+enum Background {
+    /// The store offered by the coordinator was checked: usable, or why not.
+    Store(Result<(crate::snapshot::Store, String), String>),
+    /// A captured state went to the store (`CapturedPart`), or could not and goes to the
+    /// coordinator instead (`Captured`).
+    Part(ToCoordinator),
+}
+
+/// Parts this process writes to the job's store itself (step 7 above).
+#[derive(Default)]
+struct Parts {
+    /// The store and job id, once the witness was read there.
+    store: Option<(crate::snapshot::Store, String)>,
+    /// A check of an offered store is under way.
+    checking: bool,
+    /// The epoch folder of each requested capture.
+    folders: std::collections::HashMap<(u32, u64), u64>,
+}
+
+impl Parts {
+    /// Checks an offered store in the background: it is the coordinator's if the witness
+    /// snapshot is there with the same creation time.
+    fn offered(&mut self, msg: ToWorker, tx: &UnboundedSender<Background>) {
+        let ToWorker::Store {
+            url,
+            options,
+            job_id,
+            epoch,
+            created_unix_ms,
+        } = msg
+        else {
+            return;
+        };
+        if self.store.is_some() || self.checking {
+            return;
+        }
+        self.checking = true;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let checked = async {
+                let store =
+                    crate::snapshot::Store::open_with(&url, options).map_err(|e| e.to_string())?;
+                let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
+                let manifest = store.manifest(&id).await.map_err(|e| e.to_string())?;
+                if manifest.created_unix_ms != created_unix_ms {
+                    return Err(format!("{url}: snapshot {id} there is another one"));
+                }
+                Ok((store, job_id))
+            };
+            let _ = tx.send(Background::Store(checked.await));
+        });
+    }
+
+    /// Routes a message of a thread: a captured state that this process can store goes up
+    /// in the background; anything else goes to the coordinator now.
+    fn route(
+        &mut self,
+        msg: ToCoordinator,
+        phase: Option<u64>,
+        tx: &UnboundedSender<Background>,
+    ) -> Option<ToCoordinator> {
+        let (slot, chunk) = match &msg {
+            ToCoordinator::Captured { slot, chunk, .. }
+            | ToCoordinator::Done { slot, chunk, .. }
+            | ToCoordinator::Yielded { slot, chunk, .. }
+            | ToCoordinator::Failed { slot, chunk, .. } => (*slot, *chunk),
+            _ => return Some(msg),
+        };
+        let folder = self.folders.remove(&(slot, chunk));
+        let (
+            ToCoordinator::Captured { state, .. },
+            Some(folder),
+            Some((store, job_id)),
+            Some(phase),
+        ) = (&msg, folder, &self.store, phase)
+        else {
+            return Some(msg);
+        };
+        let (store, job_id, state, tx) = (store.clone(), job_id.clone(), state.clone(), tx.clone());
+        tokio::spawn(async move {
+            let reply = match store
+                .put_part(&job_id, folder, phase, chunk, state.clone())
+                .await
+            {
+                Ok(part) => ToCoordinator::CapturedPart { slot, chunk, part },
+                Err(e) => {
+                    tracing::warn!(error = %e, "a part could not be stored; it goes to the coordinator");
+                    ToCoordinator::Captured { slot, chunk, state }
+                }
+            };
+            let _ = tx.send(Background::Part(reply));
+        });
+        None
+    }
 }
 
 impl Io {
@@ -402,7 +516,10 @@ impl Io {
             .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok())
             .flatten();
         let stop = self.stop.clone();
+        let mut parts = Parts::default();
+        let (bg_tx, mut bg_rx) = unbounded_channel();
         loop {
+            let phase = job.as_ref().map(|(p, _)| *p);
             let stop_now = tokio::select! {
                 next = tokio::time::timeout(self.lease, stream.next()) => {
                     let bytes = match next {
@@ -416,9 +533,13 @@ impl Io {
                             let _ = sink.close().await;
                             return Ok(left);
                         }
+                        msg @ ToWorker::Store { .. } => parts.offered(msg, &bg_tx),
                         msg => {
                             if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
                                 self.first_run.set(Some(self.dialled.elapsed()));
+                            }
+                            if let ToWorker::Capture { slot, chunk, folder } = msg {
+                                parts.folders.insert((slot, chunk), folder);
                             }
                             dispatch(peer, msg, threads, &mut job)?;
                         }
@@ -427,11 +548,36 @@ impl Io {
                 }
                 msg = out_rx.recv() => {
                     let Some(msg) = msg else { return Ok(left) };
-                    sink.feed(frame::encode(&msg)).await.map_err(io_error)?;
-                    while let Ok(m) = out_rx.try_recv() {
-                        sink.feed(frame::encode(&m)).await.map_err(io_error)?;
+                    let mut next = Some(msg);
+                    while let Some(msg) = next {
+                        if let Some(m) = parts.route(msg, phase, &bg_tx) {
+                            sink.feed(frame::encode(&m)).await.map_err(io_error)?;
+                        }
+                        next = out_rx.try_recv().ok();
                     }
                     sink.flush().await.map_err(io_error)?;
+                    false
+                }
+                Some(done) = bg_rx.recv() => {
+                    match done {
+                        Background::Store(Ok(store)) => {
+                            tracing::info!(store = store.0.url(), "this worker process writes its own snapshot parts");
+                            parts.store = Some(store);
+                            parts.checking = false;
+                        }
+                        Background::Store(Err(why)) => {
+                            tracing::info!(why, "snapshot parts go to the coordinator");
+                            parts.checking = false;
+                        }
+                        Background::Part(msg) => {
+                            if matches!(msg, ToCoordinator::CapturedPart { .. }) {
+                                self.parts_written.set(self.parts_written.get() + 1);
+                            } else {
+                                parts.store = None;
+                            }
+                            sink.send(frame::encode(&msg)).await.map_err(io_error)?;
+                        }
+                    }
                     false
                 }
                 _ = beat.tick() => {
@@ -510,7 +656,7 @@ fn dispatch<J: Job>(
                     phase: *phase,
                 }));
         }
-        ToWorker::Interrupt { slot, chunk } | ToWorker::Capture { slot, chunk } => {
+        ToWorker::Interrupt { slot, chunk } | ToWorker::Capture { slot, chunk, .. } => {
             let capture = matches!(msg, ToWorker::Capture { .. });
             let (t, _) = thread_of(threads, slot)?;
             let th = &threads[t];
@@ -533,8 +679,7 @@ fn dispatch<J: Job>(
                 th.tx = None;
             }
         }
-        ToWorker::Heartbeat => {}
-        ToWorker::End => {}
+        ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
     }
     Ok(())
 }

@@ -29,14 +29,19 @@
 //!
 //! # Snapshots
 //!
-//! The epoch marker reaches a running remote slot as `Capture`; its state comes back as
-//! `Captured` (or as the chunk's `Done` / `Yielded`, whichever comes first, exactly as for a
-//! local worker) and the coordinator's background writer stores it with the other parts. Remote
-//! workers never write to the store themselves: a state crosses the wire once either way, the
-//! commit stays one writer's `PutMode::Create`, and workers need no store credentials. (A
-//! worker that could reach the store would save the coordinator's uplink for very large
-//! states; that variant is not built.) A suspend halts the core: remote chunks are interrupted,
-//! come back as `Yielded`, the cut is written, and every connection gets `End`.
+//! The epoch marker reaches a running remote slot as `Capture`, naming the epoch folder of
+//! the snapshot; its state comes back as `Captured` (or as the chunk's `Done` / `Yielded`,
+//! whichever comes first, exactly as for a local worker) and the coordinator's background
+//! writer stores it with the other parts. A worker process that has shown it reaches the
+//! job's store (it read the latest committed snapshot there, see `ToWorker::Store` and step 7
+//! of `cluster/worker.rs`) writes the part itself and sends `CapturedPart`, its reference:
+//! a large state then never crosses the coordinator's link. The coordinator checks that the
+//! key is a part key of this job and lists it like a part of an earlier epoch; the commit
+//! stays one writer's `PutMode::Create`, so a part written for a cut that is abandoned, or
+//! overtaken by the chunk's output, is never referenced and retention deletes it. A suspend
+//! halts the core: remote chunks are interrupted, come back as `Yielded` (the coordinator
+//! needs those states anyway, to hand the chunks out again if the write fails), the cut is
+//! written, and every connection gets `End`.
 //!
 //! Why the value stays exact: the core sees a remote slot exactly as a local worker, with the
 //! same events in the same per-worker order (one connection, one task, messages in order), so
@@ -61,6 +66,25 @@ use crate::job::Job;
 use crate::schedule::{ChunkId, Event, Work, WorkerId};
 
 pub(crate) type ConnId = u64;
+
+/// Store options a worker process may be told (`object_store`'s S3 keys that are not secrets).
+const NOT_SECRET: &[&str] = &[
+    "endpoint",
+    "aws_endpoint",
+    "aws_endpoint_url",
+    "region",
+    "aws_region",
+    "default_region",
+    "aws_default_region",
+    "allow_http",
+    "aws_allow_http",
+    "virtual_hosted_style_request",
+    "aws_virtual_hosted_style_request",
+    "bucket",
+    "aws_bucket",
+    "bucket_name",
+    "aws_bucket_name",
+];
 
 /// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
 pub(crate) struct Remote {
@@ -233,12 +257,43 @@ impl<J: Job> State<J> {
                 retiring: false,
             },
         );
+        self.offer_store(shared, Some(id));
         for w in slots.into_iter().flatten() {
             let _ = self.feed(shared, Event::Joined { worker: w }, None);
         }
         self.settle(shared);
         self.remote_gauge();
         id
+    }
+
+    /// Tells connection `to` (or every connection) where the job's snapshots are, once one is
+    /// committed there (see `ToWorker::Store`). Secrets are not sent: the URL is the store's
+    /// shown form (credentials removed) and only options on a list of non-secret keys go.
+    pub(crate) fn offer_store(&self, shared: &Arc<Shared<J>>, to: Option<ConnId>) {
+        let Some((epoch, created_unix_ms)) = self.snap.witness else {
+            return;
+        };
+        let cfg = &shared.config.snapshots;
+        let Ok(store) = cfg.store() else {
+            return;
+        };
+        let msg = ToWorker::Store {
+            url: store.url().to_owned(),
+            options: cfg
+                .options
+                .iter()
+                .filter(|(k, _)| NOT_SECRET.contains(&k.to_ascii_lowercase().as_str()))
+                .cloned()
+                .collect(),
+            job_id: cfg.job_id::<J>(),
+            epoch,
+            created_unix_ms,
+        };
+        for (id, c) in &self.remote.conns {
+            if to.is_none_or(|t| t == *id) {
+                let _ = c.tx.send(msg.clone());
+            }
+        }
     }
 
     fn remote_gauge(&self) {
@@ -308,7 +363,11 @@ impl<J: Job> State<J> {
         if let (Some(chunk), Some(c)) = (running, self.remote.conns.get(&r.conn)) {
             let slot = r.slot;
             let _ = c.tx.send(if capture {
-                ToWorker::Capture { slot, chunk }
+                ToWorker::Capture {
+                    slot,
+                    chunk,
+                    folder: self.snap.next_folder(),
+                }
             } else {
                 ToWorker::Interrupt { slot, chunk }
             });
@@ -469,6 +528,27 @@ impl<J: Job> State<J> {
                 let w = slot_of(conn, slot)?;
                 if self.core.running_on(w) == Some(chunk) {
                     self.captured(shared, chunk, Captured::State, Ok(state));
+                    self.settle(shared);
+                }
+                return Ok(());
+            }
+            ToCoordinator::CapturedPart { slot, chunk, part } => {
+                let w = slot_of(conn, slot)?;
+                let job_id = shared.config.snapshots.job_id::<J>();
+                let ours = part.chunk == chunk
+                    && part
+                        .key
+                        .strip_prefix(job_id.as_str())
+                        .is_some_and(|k| k.starts_with('/'))
+                    && crate::snapshot::store::check_part_key(&part.key).is_ok();
+                if !ours {
+                    return Err(bad(format!(
+                        "{:?} is not a part of chunk {chunk} of job {job_id}",
+                        part.key
+                    )));
+                }
+                if self.core.running_on(w) == Some(chunk) {
+                    self.captured_part(shared, chunk, part);
                     self.settle(shared);
                 }
                 return Ok(());

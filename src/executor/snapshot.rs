@@ -114,6 +114,9 @@ pub(crate) struct Snapshots {
     ran_since_marker: HashSet<ChunkId>,
     /// The highest epoch this run committed or restored.
     pub(crate) last_epoch: Option<u64>,
+    /// The latest snapshot committed in the configured store that this run knows of (epoch,
+    /// manifest creation time): worker processes prove they reach the store by reading it.
+    pub(crate) witness: Option<(u64, u64)>,
     /// The longest snapshot so far, for the deadline's margin.
     pub(crate) longest: Option<Duration>,
     /// A suspend was asked for; it starts once no chunk runs.
@@ -185,7 +188,7 @@ impl SnapshotConfig {
         self.opened = Arc::new(OnceLock::from(store));
     }
 
-    fn job_id<J: Job>(&self) -> String {
+    pub(crate) fn job_id<J: Job>(&self) -> String {
         self.job_id.clone().unwrap_or_else(|| J::NAME.to_owned())
     }
 }
@@ -258,8 +261,15 @@ impl Snapshots {
                 .map(|p| (p.chunk, p.clone()))
                 .collect(),
             last_epoch: Some(manifest.epoch),
+            witness: Some((manifest.epoch, manifest.created_unix_ms)),
             ..Snapshots::default()
         }
+    }
+
+    /// The epoch folder the next snapshot's parts go to (the writer takes the next epoch
+    /// after the store's latest; it is this one unless another writer committed meanwhile).
+    pub(crate) fn next_folder(&self) -> u64 {
+        self.last_epoch.map_or(0, |e| e + 1)
     }
 
     /// The job ended: a cut still waiting for captures, a suspend not yet started and queued
@@ -450,6 +460,19 @@ impl<J: Job> State<J> {
         self.try_finish_cut(shared);
     }
 
+    /// Protocol step 2 for a remote worker that wrote the state of `chunk` to the store
+    /// itself: the cut lists its part.
+    pub(crate) fn captured_part(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId, part: PartRef) {
+        let Some(cut) = &mut self.snap.cut else {
+            return;
+        };
+        if !cut.waiting.remove(&chunk) {
+            return;
+        }
+        cut.parts.push(Part::Reuse(part));
+        self.try_finish_cut(shared);
+    }
+
     /// Whether `chunk` is awaited by the cut in progress.
     pub(crate) fn cut_waits_for(&self, chunk: ChunkId) -> bool {
         self.snap
@@ -518,6 +541,8 @@ impl<J: Job> State<J> {
             match &written {
                 Ok(id) => {
                     st.snap.last_epoch = Some(id.epoch);
+                    st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
+                    st.offer_store(&shared2, None);
                     st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
                     let by_chunk: HashMap<ChunkId, &PartRef> =
                         manifest.parts.iter().map(|p| (p.chunk, p)).collect();

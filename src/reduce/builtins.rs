@@ -4,6 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Add;
 
+use bytes::BytesMut;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -179,6 +180,49 @@ where
     }
 }
 
+/// Concatenates byte-buffer outputs in chunk order, like [`CollectInOrder<u8>`] but for
+/// [`BytesMut`] values.
+///
+/// Use it for outputs that are bytes (ciphertext, pixels, serialized records): a `BytesMut`
+/// encodes as one length followed by the bytes, copied in bulk, where a `Vec<u8>` (the value of
+/// `CollectInOrder<u8>`) encodes and decodes as a sequence, one element at a time. That matters
+/// whenever outputs cross the wire to remote workers or go into a snapshot.
+///
+/// ```
+/// use bytes::BytesMut;
+/// use malleable::reduce::{CollectBytes, Reducer};
+/// let r = CollectBytes::new();
+/// let mut v = r.identity();
+/// r.combine(&mut v, BytesMut::from(&b"mall"[..]));
+/// r.combine(&mut v, BytesMut::from(&b"eable"[..]));
+/// assert_eq!(&v[..], b"malleable");
+/// ```
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CollectBytes;
+
+impl CollectBytes {
+    /// The reducer.
+    pub const fn new() -> Self {
+        CollectBytes
+    }
+}
+
+impl Reducer for CollectBytes {
+    type Value = BytesMut;
+
+    fn identity(&self) -> BytesMut {
+        BytesMut::new()
+    }
+
+    fn combine(&self, acc: &mut BytesMut, next: BytesMut) {
+        if acc.is_empty() {
+            *acc = next;
+        } else {
+            acc.extend_from_slice(&next);
+        }
+    }
+}
+
 /// A reducer made of two closures: `identity()` and `combine(&mut acc, next)`.
 ///
 /// ```
@@ -255,6 +299,33 @@ mod tests {
         assert_eq!(
             fold(&CollectInOrder::new(), vec![vec![1], vec![], vec![2, 3]]),
             vec![1, 2, 3]
+        );
+    }
+
+    #[test]
+    fn collect_bytes_concatenates_in_order() {
+        let parts = [&b"ab"[..], b"", b"c", b"defg"]
+            .map(BytesMut::from)
+            .to_vec();
+        assert_eq!(&fold(&CollectBytes::new(), parts)[..], b"abcdefg");
+        assert!(fold(&CollectBytes::new(), vec![]).is_empty());
+    }
+
+    #[test]
+    fn collect_bytes_encodes_in_bulk() {
+        // One length, then the bytes as they are: no per-element encoding.
+        let v = BytesMut::from(&b"abc"[..]);
+        let wire = postcard::to_allocvec(&v).expect("encode");
+        assert_eq!(wire, [3, b'a', b'b', b'c']);
+        let back: BytesMut = postcard::from_bytes(&wire).expect("decode");
+        assert_eq!(back, v);
+        // A large value: the length is a varint, the payload is not expanded.
+        let big = BytesMut::from(&[0xffu8; 300][..]);
+        let wire = postcard::to_allocvec(&big).expect("encode");
+        assert_eq!(wire.len(), 2 + 300);
+        assert_eq!(
+            postcard::from_bytes::<BytesMut>(&wire).expect("decode"),
+            big
         );
     }
 }

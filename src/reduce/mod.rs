@@ -1,6 +1,7 @@
 //! Reductions: the [`Reducer`] trait, the built-in reducers and the ordered merge.
 //!
-//! - [`Sum`], [`Min`], [`Max`], [`Count`] and [`CollectInOrder`] are the built-ins;
+//! - [`Sum`], [`Min`], [`Max`], [`Count`], [`CollectInOrder`] and [`CollectBytes`] (byte
+//!   outputs, encoded in bulk) are the built-ins;
 //!   [`FnReducer`] turns two closures into a reducer; any type can implement [`Reducer`].
 //! - `merge.rs` holds the ordered merge the executor uses: chunk outputs are folded into the
 //!   phase value strictly in chunk order, whatever order they arrive in.
@@ -16,7 +17,9 @@
 mod builtins;
 mod merge;
 
-pub use builtins::{Bounded, CollectInOrder, Count, FnReducer, Max, Min, Sum};
+pub use builtins::{Bounded, CollectBytes, CollectInOrder, Count, FnReducer, Max, Min, Sum};
+/// The value of [`CollectBytes`] (from the `bytes` crate), so that outputs can name it.
+pub use bytes::BytesMut;
 pub(crate) use merge::OrderedMerge;
 
 use serde::Serialize;

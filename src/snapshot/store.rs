@@ -805,7 +805,7 @@ fn parse_epoch(folder: &str) -> Option<u64> {
 /// Checks that `key` has the shape of a part key, `{job_id}/{epoch:020}/parts/{name}` with a
 /// name of `[A-Za-z0-9._-]`: a manifest from an untrusted store cannot make a reader fetch
 /// (or a cleanup spare) anything else.
-fn check_part_key(key: &str) -> Result<()> {
+pub(crate) fn check_part_key(key: &str) -> Result<()> {
     let mut levels = key.split('/');
     let ok = matches!(
         (levels.next(), levels.next(), levels.next(), levels.next(), levels.next()),
