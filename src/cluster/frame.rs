@@ -48,6 +48,7 @@ pub enum ToWorker {
         /// The phase number.
         phase: u64,
         /// The job value (postcard).
+        #[serde(deserialize_with = "in_frame")]
         job: Bytes,
     },
     /// Run a chunk of the current phase in `slot` (after the thread's earlier chunks).
@@ -61,6 +62,7 @@ pub enum ToWorker {
         /// One past the last iteration.
         end: u64,
         /// The chunk's state to continue from (postcard), or none to start it.
+        #[serde(deserialize_with = "in_frame_opt")]
         state: Option<Bytes>,
     },
     /// Hand `chunk` back at the next adjustment point.
@@ -121,6 +123,7 @@ pub enum ToCoordinator {
         /// The chunk.
         chunk: u64,
         /// The chunk's output (postcard).
+        #[serde(deserialize_with = "in_frame")]
         output: Bytes,
         /// Iterations done in this run of the chunk.
         iterations: u64,
@@ -134,6 +137,7 @@ pub enum ToCoordinator {
         /// The chunk.
         chunk: u64,
         /// The chunk's state (postcard).
+        #[serde(deserialize_with = "in_frame")]
         state: Bytes,
         /// Iterations done in this run of the chunk.
         iterations: u64,
@@ -147,6 +151,7 @@ pub enum ToCoordinator {
         /// The chunk.
         chunk: u64,
         /// The chunk's state (postcard).
+        #[serde(deserialize_with = "in_frame")]
         state: Bytes,
     },
     /// The state of `chunk` after a `Capture`, written to the store by the worker process;
@@ -203,6 +208,74 @@ pub fn decode_to_coordinator(peer: &str, body: &[u8]) -> Result<ToCoordinator, E
     decode(peer, "a message to the coordinator", body)
 }
 
+/// Decodes a message to a worker held in `frame`; its byte fields share `frame`'s memory.
+pub(crate) fn decode_frame_to_worker(peer: &str, frame: Bytes) -> Result<ToWorker, Error> {
+    with_frame(frame, |body| decode_to_worker(peer, body))
+}
+
+/// Decodes a message to the coordinator held in `frame`; its byte fields share `frame`'s
+/// memory (a chunk's output or state is not copied out of the frame it came in).
+pub(crate) fn decode_frame_to_coordinator(
+    peer: &str,
+    frame: Bytes,
+) -> Result<ToCoordinator, Error> {
+    with_frame(frame, |body| decode_to_coordinator(peer, body))
+}
+
+thread_local! {
+    /// The frame being decoded on this thread, for [`in_frame`].
+    static FRAME: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
+}
+
+fn with_frame<T>(frame: Bytes, decode: impl FnOnce(&[u8]) -> T) -> T {
+    let body = frame.clone();
+    FRAME.with_borrow_mut(|f| *f = Some(frame));
+    let decoded = decode(&body);
+    FRAME.with_borrow_mut(|f| *f = None);
+    decoded
+}
+
+/// A byte field: a view of the frame being decoded when it lies in it (see `with_frame`),
+/// else a copy.
+fn in_frame<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+    struct InFrame;
+    impl<'de> serde::de::Visitor<'de> for InFrame {
+        type Value = Bytes;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("bytes")
+        }
+        fn visit_borrowed_bytes<E>(self, v: &'de [u8]) -> Result<Bytes, E> {
+            Ok(FRAME.with_borrow(|frame| match frame {
+                Some(f) if contains(f, v) => f.slice_ref(v),
+                _ => Bytes::copy_from_slice(v),
+            }))
+        }
+        fn visit_bytes<E>(self, v: &[u8]) -> Result<Bytes, E> {
+            Ok(Bytes::copy_from_slice(v))
+        }
+        fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<Bytes, E> {
+            Ok(Bytes::from(v))
+        }
+    }
+    d.deserialize_bytes(InFrame)
+}
+
+fn in_frame_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Bytes>, D::Error> {
+    struct Field(Bytes);
+    impl<'de> Deserialize<'de> for Field {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Field, D::Error> {
+            in_frame(d).map(Field)
+        }
+    }
+    Ok(Option::<Field>::deserialize(d)?.map(|f| f.0))
+}
+
+/// Whether `part` lies within `whole`'s memory (what `Bytes::slice_ref` requires).
+fn contains(whole: &Bytes, part: &[u8]) -> bool {
+    let (w, p) = (whole.as_ptr() as usize, part.as_ptr() as usize);
+    p >= w && p + part.len() <= w + whole.len()
+}
+
 pub(crate) fn decode<'a, T: Deserialize<'a>>(
     peer: &str,
     what: &'static str,
@@ -220,5 +293,58 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(
             what,
             reason: e.to_string(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_fields_share_the_frame_they_came_in() {
+        let output = Bytes::from(vec![7u8; 4096]);
+        let done = ToCoordinator::Done {
+            slot: 1,
+            chunk: 2,
+            output: output.clone(),
+            iterations: 3,
+            busy_ns: 4,
+        };
+        let frame = encode(&done);
+        let decoded = decode_frame_to_coordinator("peer", frame.clone()).unwrap();
+        assert_eq!(decoded, done);
+        let ToCoordinator::Done { output: shared, .. } = decoded else {
+            unreachable!()
+        };
+        assert!(contains(&frame, &shared), "the output was copied");
+        // From a plain slice (no frame): a copy, equal.
+        assert_eq!(decode_to_coordinator("peer", &frame).unwrap(), done);
+
+        let run = ToWorker::Run {
+            slot: 0,
+            chunk: 9,
+            start: 0,
+            end: 10,
+            state: Some(output),
+        };
+        let frame = encode(&run);
+        let decoded = decode_frame_to_worker("peer", frame.clone()).unwrap();
+        assert_eq!(decoded, run);
+        let ToWorker::Run {
+            state: Some(shared),
+            ..
+        } = decoded
+        else {
+            unreachable!()
+        };
+        assert!(contains(&frame, &shared), "the state was copied");
+        let none = ToWorker::Run {
+            slot: 0,
+            chunk: 9,
+            start: 0,
+            end: 10,
+            state: None,
+        };
+        assert_eq!(decode_frame_to_worker("peer", encode(&none)).unwrap(), none);
     }
 }

@@ -528,7 +528,7 @@ impl Io {
                         Ok(Some(Err(e))) => return Err(Error::io(peer, e, self.max_frame)),
                         Ok(Some(Ok(b))) => b,
                     };
-                    match frame::decode_to_worker(peer, &bytes)? {
+                    match frame::decode_frame_to_worker(peer, bytes.freeze())? {
                         ToWorker::End => {
                             let _ = sink.close().await;
                             return Ok(left);

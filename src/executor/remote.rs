@@ -206,7 +206,7 @@ async fn connection<J: Job>(
                 Ok(Some(Err(e))) => return Err(PeerError::io(&peer, e, limit)),
                 Ok(Some(Ok(b))) => b,
             };
-            let msg = frame::decode_to_coordinator(&peer, &bytes)?;
+            let msg = frame::decode_frame_to_coordinator(&peer, bytes.freeze())?;
             shared.lock().on_remote(&shared, id, msg)?;
         }
     };
