@@ -5,8 +5,12 @@
 //!    `--worker ADDR`, one thread each; the coordinator has no local worker and only
 //!    coordinates). The processes are started before the job is submitted and dial until it
 //!    runs, so the clock covers what a running cluster does: joins, the job value's trip,
-//!    every chunk's messages and outputs, and the merge. Runs alternate; the table shows
-//!    medians and `remote/local` = local time ÷ remote time (above 1: remote is faster).
+//!    every chunk's messages and outputs, and the merge. Runs alternate, local then remote;
+//!    the table shows median times and `remote/local`, the median over pairs of local time ÷
+//!    remote time (above 1: remote is faster), then the CPU time each side used: this
+//!    process's for the local run; for the remote run, the coordinator's plus each worker
+//!    process's from its last dial to its end (what the cluster costs, whatever the wall
+//!    clock's noise).
 //! 2. **Join latency**: from a worker process dialling the coordinator to its first chunk
 //!    (measured in the worker: TCP connect, handshake, job value, first `Run`), over many
 //!    joins in the middle of a running job; and from `retire_remote(1)` to the retired
@@ -20,6 +24,7 @@
 //! cargo bench --bench cluster                 # the full run (about a minute)
 //! CLUSTER_RUNS=7 cargo bench --bench cluster  # more timed runs per kernel (default 3)
 //! CLUSTER_ONLY=crypt cargo bench --bench cluster  # one part: a kernel, latencies or cpu
+//! CLUSTER_CHUNKS=4096 cargo bench --bench cluster # another chunk count (default 1024)
 //! cargo test --bench cluster                  # a quick checked pass at small sizes
 //! ```
 
@@ -86,8 +91,8 @@ fn main() {
 
     println!("== 2 worker processes over loopback vs 2 local threads ({runs} runs, medians)");
     println!(
-        "{:<12} {:>10} {:>10} {:>13}",
-        "kernel", "local", "remote", "remote/local"
+        "{:<12} {:>10} {:>10} {:>13} {:>11} {:>11}",
+        "kernel", "local", "remote", "remote/local", "CPU local", "CPU remote"
     );
     // `CLUSTER_ONLY=crypt` (say) runs one part: a kernel, `latencies` or `cpu`.
     let only = std::env::var("CLUSTER_ONLY").ok();
@@ -144,12 +149,13 @@ fn worker(addr: &str) {
     let options = WorkerOptions::default().threads(1);
     // Started before its job is submitted (so its start-up is not timed): until the job
     // runs, the coordinator refuses it as a worker of no running job; try again.
-    let served = loop {
+    let (served, cpu) = loop {
+        let cpu = cpu_time();
         match cluster::serve(addr, &registry, options.clone()) {
             Err(cluster::Error::UnknownJob { .. }) => {
                 std::thread::sleep(Duration::from_micros(500));
             }
-            other => break other,
+            other => break (other, cpu),
         }
     };
     match served {
@@ -157,6 +163,7 @@ fn worker(addr: &str) {
             if let Some(d) = served.first_run_after {
                 println!("JOIN_US {}", d.as_micros());
             }
+            println!("CPU_US {}", (cpu_time() - cpu).as_micros());
         }
         Err(e) => {
             eprintln!("worker: {e}");
@@ -174,12 +181,13 @@ fn spawn_worker(addr: &str, quick: bool) -> Child {
     cmd.spawn().expect("a worker process")
 }
 
-/// The join latency a worker printed, waiting for it to exit.
-fn join_latency(child: Child) -> Option<Duration> {
+/// A figure a worker printed (`JOIN_US`: its join latency; `CPU_US`: its CPU time from its
+/// last dial to its end), waiting for it to exit.
+fn reported(child: Child, what: &str) -> Option<Duration> {
     let out = child.wait_with_output().ok()?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("JOIN_US ")?.parse().ok())
+        .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
         .map(Duration::from_micros)
 }
 
@@ -188,8 +196,16 @@ fn coordinator(quick: bool) -> Executor {
     Executor::builder()
         .local_workers(0)
         .listen("127.0.0.1:0")
+        .chunking(chunking())
         .build()
         .expect("a listening executor")
+}
+
+/// The chunking of both sides: the default, or `CLUSTER_CHUNKS` chunks.
+fn chunking() -> Chunking {
+    std::env::var("CLUSTER_CHUNKS").map_or(Chunking::default(), |n| {
+        Chunking::Count(n.parse().expect("CLUSTER_CHUNKS"))
+    })
 }
 
 /// Waits for a job that nobody computes inline (zero local workers) without joining it.
@@ -204,46 +220,74 @@ fn finish<J: Job>(h: JobHandle<J>) -> malleable::Value<J> {
     }
 }
 
-fn remote_run<J: Job>(job: J, quick: bool) -> (Duration, malleable::Value<J>) {
+/// A remote run: its time, value, and the CPU time of all its processes.
+fn remote_run<J: Job>(job: J, quick: bool) -> (Duration, malleable::Value<J>, Duration) {
     let exec = coordinator(quick);
     let addr = exec.local_addr().expect("listening").to_string();
     let workers = [spawn_worker(&addr, quick), spawn_worker(&addr, quick)];
     // Let them start (and build their inputs) before the clock starts.
     std::thread::sleep(Duration::from_millis(if quick { 100 } else { 700 }));
     let t = Instant::now();
+    let cpu = cpu_time();
     let h = exec.submit(job).expect("submit");
     let value = finish(h);
     let took = t.elapsed();
+    let mut cpu = cpu_time() - cpu;
     for w in workers {
-        let _ = w.wait_with_output();
+        cpu += reported(w, "CPU_US").unwrap_or_default();
     }
-    (took, value)
+    (took, value, cpu)
 }
 
 fn throughput<J: Job>(name: &str, runs: usize, quick: bool, job: fn() -> J)
 where
     malleable::Value<J>: PartialEq,
 {
-    let local = Executor::builder().local_workers(2).build().expect("local");
-    let mut tl = Vec::new();
-    let mut tr = Vec::new();
+    let local = Executor::builder()
+        .local_workers(2)
+        .chunking(chunking())
+        .build()
+        .expect("local");
+    let (mut tl, mut tr, mut cl, mut cr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), cpu_time());
         let expected = local.run(job()).expect("local run").value;
         tl.push(t.elapsed());
-        let (took, value) = remote_run(job(), quick);
+        cl.push(cpu_time() - cpu);
+        let (took, value, cpu) = remote_run(job(), quick);
         assert!(value == expected, "{name}: the remote value differs");
         tr.push(took);
+        cr.push(cpu);
     }
+    // The ratio of each pair (run back to back), then their median: this machine's speed
+    // drifts by more than the difference measured, and a pair shares the drift.
+    let mut ratios: Vec<f64> = tl
+        .iter()
+        .zip(&tr)
+        .map(|(l, r)| l.as_secs_f64() / r.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let ratio = ratios[ratios.len() / 2];
     let (ml, mr) = (
         support::percentile(&mut tl, 0.5),
         support::percentile(&mut tr, 0.5),
     );
+    let (cl, cr) = (
+        support::percentile(&mut cl, 0.5),
+        support::percentile(&mut cr, 0.5),
+    );
     println!(
-        "{name:<12} {:>8.3} s {:>8.3} s {:>12.2}x",
+        "{name:<12} {:>8.3} s {:>8.3} s {:>12.2}x {:>9.3} s {:>9.3} s   (pairs: {})",
         ml.as_secs_f64(),
         mr.as_secs_f64(),
-        ml.as_secs_f64() / mr.as_secs_f64()
+        ratio,
+        cl.as_secs_f64(),
+        cr.as_secs_f64(),
+        ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
 }
 
@@ -275,7 +319,7 @@ fn latencies(quick: bool) {
         std::thread::sleep(Duration::from_millis(20));
         let t = Instant::now();
         h.retire_remote(1);
-        let latency = join_latency(child);
+        let latency = reported(child, "JOIN_US");
         retire.push(t.elapsed());
         join.extend(latency);
     }
