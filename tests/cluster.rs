@@ -17,6 +17,8 @@ use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
 use malleable::{Chunking, Executor, Finished, JobHandle, Outcome};
 
 mod common;
+#[cfg(feature = "s3")]
+mod support;
 
 use common::walk::{PACE_ENV, Total, Walk, pace};
 
@@ -61,7 +63,13 @@ struct Worker {
 
 impl Worker {
     fn start(addr: &str, threads: usize, token: Option<&str>) -> Worker {
+        Worker::start_with(addr, threads, token, &[])
+    }
+
+    /// A worker process with extra environment variables.
+    fn start_with(addr: &str, threads: usize, token: Option<&str>, env: &[(&str, &str)]) -> Worker {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.envs(env.iter().copied());
         cmd.args(["--exact", "worker_process", "--ignored", "--nocapture"])
             .args(["--test-threads", "1"])
             .env(ADDR_ENV, addr)
@@ -406,4 +414,72 @@ fn snapshot_parts_go_to_the_coordinator_when_a_worker_cannot_reach_the_store() {
     for part in &manifest.parts {
         futures::executor::block_on(store.get_part(part)).expect("an intact part");
     }
+}
+
+/// Remote workers and an S3 store (a real SeaweedFS server): a worker process with the keys
+/// in its environment writes its parts itself; one with wrong keys cannot read the witness
+/// and sends its states to the coordinator. Resuming from a snapshot holding parts written by
+/// a worker gives the exact value. (The coordinator tells workers the endpoint, region and
+/// `allow_http`, never the keys.)
+#[cfg(feature = "s3")]
+#[test]
+fn remote_workers_write_their_parts_to_s3_when_they_can() {
+    use support::seaweed;
+    let server = seaweed::server();
+    let url = format!("s3://{}/cluster-{}", seaweed::BUCKET, std::process::id());
+    let with_options = |mut b: malleable::Builder| {
+        for (k, v) in server.options() {
+            b = b.snapshot_option(k, v);
+        }
+        b
+    };
+    let exec = with_options(
+        Executor::builder()
+            .local_workers(0)
+            .chunking(CHUNKING)
+            .listen("127.0.0.1:0"),
+    )
+    .snapshots(&url)
+    .build()
+    .unwrap();
+    let job = walk(40_000);
+    let h = exec.submit(job.clone()).unwrap();
+    let keys = [
+        ("AWS_ACCESS_KEY_ID", seaweed::ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", seaweed::SECRET_KEY),
+    ];
+    let wrong = [
+        ("AWS_ACCESS_KEY_ID", seaweed::ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", "not-the-secret"),
+    ];
+    let a = Worker::start_with(&addr(&exec), 2, None, &keys);
+    let b = Worker::start_with(&addr(&exec), 2, None, &wrong);
+    until_remote(&h, 2);
+    until("remote chunks", || h.progress().done > 3 * CHUNK);
+    let first = h.snapshot().wait().unwrap();
+    let mut id = first.clone();
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(50));
+        id = h.snapshot().wait().unwrap();
+    }
+    assert!(id.epoch > first.epoch);
+    let fin = finished(h);
+    assert_exact(&fin, &job);
+    let (code, line) = a.finish();
+    assert_eq!(code, 0, "{line}");
+    assert!(count_of(&line, "parts") > 0, "{line}");
+    let (code, line) = b.finish();
+    assert_eq!(code, 0, "{line}");
+    assert_eq!(count_of(&line, "parts"), 0, "{line}");
+    // Resume the last snapshot inline: parts from both kinds of workers read back intact.
+    pace(job.tag, false);
+    let inline = with_options(Executor::builder().local_workers(0))
+        .build()
+        .unwrap();
+    let fin = finished(
+        inline
+            .resume::<Walk>(&url, malleable::At::Epoch(id.epoch))
+            .unwrap(),
+    );
+    assert_exact(&fin, &job);
 }
