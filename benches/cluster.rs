@@ -364,24 +364,44 @@ fn coordinator_cpu(quick: bool) {
         .expect("executor");
     let addr = exec.local_addr().expect("listening").to_string();
     // About 0.5 ms of work per chunk.
-    let job = Folded(Pi {
-        samples: chunks * 20_000,
-        seed: 3,
-    });
+    let job = || {
+        Folded(Pi {
+            samples: chunks * 20_000,
+            seed: 3,
+        })
+    };
     let cpu = cpu_time();
     let t = Instant::now();
-    let h = exec.submit(job).expect("submit");
+    let h = exec.submit(job()).expect("submit");
     let workers = [spawn_worker(&addr, quick), spawn_worker(&addr, quick)];
-    let _ = finish(h);
+    let remote = finish(h);
     let (cpu, wall) = (cpu_time() - cpu, t.elapsed());
+    let mut total = cpu;
     for w in workers {
-        let _ = w.wait_with_output();
+        total += reported(w, "CPU_US").unwrap_or_default();
     }
+    // The same job on 2 local threads: the work itself.
+    let local = Executor::builder()
+        .local_workers(2)
+        .chunking(Chunking::Count(chunks))
+        .build()
+        .expect("local");
+    let alone = cpu_time();
+    let expected = local.run(job()).expect("local run").value;
+    let alone = cpu_time() - alone;
+    assert!(remote == expected, "the remote value differs");
+    let per_chunk = |d: Duration| d.as_secs_f64() * 1e6 / chunks as f64;
     println!("\n== coordinator CPU ({chunks} chunks, 2 worker processes)");
     println!(
         "{:.1} ms CPU per 1000 chunk completions ({:.2} s CPU over {:.2} s; includes this bench's 1 ms polling)",
         cpu.as_secs_f64() * 1e3 / (chunks as f64 / 1000.0),
         cpu.as_secs_f64(),
         wall.as_secs_f64()
+    );
+    println!(
+        "all processes: {:.2} s CPU, the same job on 2 local threads {:.2} s: {:.0} µs more per chunk",
+        total.as_secs_f64(),
+        alone.as_secs_f64(),
+        per_chunk(total.saturating_sub(alone))
     );
 }
