@@ -475,6 +475,39 @@ async fn file_store() {
     // A second handle on the same folder sees the same snapshots.
     let again = Store::open(&url).unwrap();
     assert_eq!(again.epochs("cleanup").await.unwrap(), vec![4, 6]);
+    // Temporary files of puts killed before their rename (`NAME#DIGITS`, not listed by the
+    // store): gc deletes those in committed folders, never above the newest epoch.
+    for epoch in [0, 1] {
+        let p = again
+            .put_part("staged", epoch, 0, 3, Bytes::from_static(b"state"))
+            .await
+            .unwrap();
+        again
+            .commit(&manifest("staged", epoch, vec![p]))
+            .await
+            .unwrap();
+    }
+    let job = dir.join("staged");
+    let low = job.join("00000000000000000000/parts/x#12");
+    let manifest_tmp = job.join("00000000000000000001/manifest#3");
+    let high = job.join("00000000000000000002/parts/y#5");
+    for f in [&low, &manifest_tmp, &high] {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, b"partial").unwrap();
+    }
+    let gc = again.gc("staged").await.unwrap();
+    assert!(!low.exists() && !manifest_tmp.exists(), "{gc:?}");
+    assert!(
+        high.exists(),
+        "a write may be in flight above the newest epoch"
+    );
+    assert!(
+        gc.deleted
+            .iter()
+            .any(|k| k == "staged/00000000000000000000/parts/x#12"),
+        "{gc:?}"
+    );
+    assert_eq!(again.epochs("staged").await.unwrap(), vec![0, 1]);
 }
 
 #[test]

@@ -201,6 +201,9 @@ struct Inner {
     prefix: Path,
     /// The URL without credentials, for messages.
     url: String,
+    /// The folder of a `file://` store: cleanup also removes the temporary files of writes
+    /// that were killed before their rename, which the store does not list.
+    local_root: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for Store {
@@ -261,6 +264,7 @@ impl Store {
             }),
             None => Ok(()),
         };
+        let mut local_root = None;
         let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
             "file" => {
                 no_options("file")?;
@@ -281,6 +285,7 @@ impl Store {
                     .map_err(|e| Error::store("open", "", e))?
                     .with_automatic_cleanup(true)
                     .with_fsync(true);
+                local_root = Some(dir);
                 (Arc::new(local), Path::ROOT)
             }
             "memory" => {
@@ -301,6 +306,7 @@ impl Store {
                 store,
                 prefix,
                 url: shown,
+                local_root,
             }),
         })
     }
@@ -311,7 +317,12 @@ impl Store {
         let prefix = Path::from(prefix);
         let url = format!("{store}/{prefix}");
         Store {
-            inner: Arc::new(Inner { store, prefix, url }),
+            inner: Arc::new(Inner {
+                store,
+                prefix,
+                url,
+                local_root: None,
+            }),
         }
     }
 
@@ -552,8 +563,10 @@ impl Store {
     /// newest is never deleted), deletes the manifests of older ones, then every object in an
     /// epoch folder up to the newest committed epoch that no kept manifest is or references:
     /// the parts of deleted snapshots (unless a kept incremental snapshot reuses them), the
-    /// leftovers of uncommitted epochs, and unreferenced parts. Folders above the newest
-    /// committed epoch are never touched: a snapshot may be in progress there.
+    /// leftovers of uncommitted epochs, and unreferenced parts; in a `file://` store also the
+    /// temporary files of puts killed before their rename, which the store does not list.
+    /// Folders above the newest committed epoch are never touched: a snapshot may be in
+    /// progress there.
     ///
     /// # Errors
     ///
@@ -566,7 +579,8 @@ impl Store {
 
     /// Garbage collection: deletes, in epoch folders up to the newest committed epoch of
     /// `job_id`, every object that no committed manifest is or references (leftovers of
-    /// uncommitted epochs, parts of a writer that lost an epoch). Keeps every committed
+    /// uncommitted epochs, parts of a writer that lost an epoch, a `file://` store's
+    /// temporary files of killed puts). Keeps every committed
     /// snapshot, and never touches a folder above the newest committed epoch.
     ///
     /// # Errors
@@ -657,7 +671,60 @@ impl Store {
             .filter(|(key, _)| !referenced.contains(key.as_str()))
             .collect();
         self.delete(garbage, &mut cleanup).await?;
+        self.sweep_staged(
+            job_id,
+            scan.epochs.range(..=newest).map(|(e, _)| *e),
+            &mut cleanup,
+        )?;
         Ok(cleanup)
+    }
+
+    /// A `file://` store's temporary files (`NAME#DIGITS`, written before the rename that
+    /// completes a put) left in epoch folders `epochs` by a writer that was killed in
+    /// between. The store does not list them, so the folders are read directly. Only folders
+    /// up to the newest committed epoch are given, where no write is in flight.
+    fn sweep_staged(
+        &self,
+        job_id: &str,
+        epochs: impl Iterator<Item = u64>,
+        cleanup: &mut Cleanup,
+    ) -> Result<()> {
+        let Some(root) = &self.inner.local_root else {
+            return Ok(());
+        };
+        let staged = |name: &str| {
+            name.split_once('#')
+                .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        };
+        for epoch in epochs {
+            let folder = format!("{job_id}/{epoch:020}");
+            for sub in [folder.clone(), format!("{folder}/parts")] {
+                let Ok(entries) = std::fs::read_dir(root.join(&sub)) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if !staged(&name) {
+                        continue;
+                    }
+                    let size = entry.metadata().map_or(0, |m| m.len());
+                    match std::fs::remove_file(entry.path()) {
+                        Ok(()) => {
+                            cleanup.deleted.push(format!("{sub}/{name}"));
+                            cleanup.freed_bytes += size;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(source) => {
+                            return Err(Error::Io {
+                                what: format!("cannot delete {}", entry.path().display()),
+                                source,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The part keys that the manifests of `epochs` of `job_id` reference.
