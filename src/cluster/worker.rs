@@ -439,7 +439,9 @@ impl Parts {
                 let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
                 let manifest = store.manifest(&id).await.map_err(|e| e.to_string())?;
                 if manifest.created_unix_ms != created_unix_ms {
-                    return Err(format!("{url}: snapshot {id} there is another one"));
+                    return Err(format!(
+                        "snapshot {id} in {url} is not the coordinator's (created at another time)"
+                    ));
                 }
                 Ok((store, job_id))
             };
