@@ -25,6 +25,7 @@
 //! CLUSTER_RUNS=7 cargo bench --bench cluster  # more timed runs per kernel (default 3)
 //! CLUSTER_ONLY=crypt cargo bench --bench cluster  # one part: a kernel, latencies or cpu
 //! CLUSTER_CHUNKS=4096 cargo bench --bench cluster # another chunk count (default 1024)
+//! CLUSTER_ONE_PROCESS=1 cargo bench --bench cluster # 1 worker process of 2 threads
 //! cargo test --bench cluster                  # a quick checked pass at small sizes
 //! ```
 
@@ -89,7 +90,14 @@ fn main() {
     };
     jobs::publish(PLAINTEXT, crypt::plaintext(42, sizes().crypt_bytes));
 
-    println!("== 2 worker processes over loopback vs 2 local threads ({runs} runs, medians)");
+    println!(
+        "== {} over loopback vs 2 local threads ({runs} runs, medians)",
+        if threads_per_worker() == 2 {
+            "1 worker process of 2 threads"
+        } else {
+            "2 worker processes"
+        }
+    );
     println!(
         "{:<12} {:>10} {:>10} {:>13} {:>11} {:>11}",
         "kernel", "local", "remote", "remote/local", "CPU local", "CPU remote"
@@ -146,7 +154,7 @@ fn worker(addr: &str) {
         .register::<Folded<Pi>>()
         .register::<Crypt>()
         .register::<Folded<Render>>();
-    let options = WorkerOptions::default().threads(1);
+    let options = WorkerOptions::default().threads(threads_per_worker());
     // Started before its job is submitted (so its start-up is not timed): until the job
     // runs, the coordinator refuses it as a worker of no running job; try again.
     let (served, cpu) = loop {
@@ -169,6 +177,15 @@ fn worker(addr: &str) {
             eprintln!("worker: {e}");
             std::process::exit(3);
         }
+    }
+}
+
+/// Threads per worker process: 1 (two processes), or 2 with `CLUSTER_ONE_PROCESS=1` (one).
+fn threads_per_worker() -> usize {
+    if std::env::var_os("CLUSTER_ONE_PROCESS").is_some() {
+        2
+    } else {
+        1
     }
 }
 
@@ -224,7 +241,9 @@ fn finish<J: Job>(h: JobHandle<J>) -> malleable::Value<J> {
 fn remote_run<J: Job>(job: J, quick: bool) -> (Duration, malleable::Value<J>, Duration) {
     let exec = coordinator(quick);
     let addr = exec.local_addr().expect("listening").to_string();
-    let workers = [spawn_worker(&addr, quick), spawn_worker(&addr, quick)];
+    let workers: Vec<Child> = (0..2 / threads_per_worker())
+        .map(|_| spawn_worker(&addr, quick))
+        .collect();
     // Let them start (and build their inputs) before the clock starts.
     std::thread::sleep(Duration::from_millis(if quick { 100 } else { 700 }));
     let t = Instant::now();
