@@ -624,7 +624,7 @@ impl<J: Job> State<J> {
                         Some(b) => Ok(b),
                         None => snapshot::encode("a chunk output", output).map(Into::into),
                     };
-                    self.captured(shared, *chunk, Captured::Output, bytes);
+                    self.captured(shared, *chunk, bytes.map(Captured::Output));
                 }
                 Event::Yielded {
                     worker,
@@ -635,7 +635,7 @@ impl<J: Job> State<J> {
                     && self.core.running_on(*worker) == Some(*chunk) =>
                 {
                     let bytes = state.to_bytes();
-                    self.captured(shared, *chunk, Captured::State, bytes);
+                    self.captured(shared, *chunk, bytes.map(Captured::State));
                 }
                 _ => {}
             }

@@ -95,7 +95,8 @@ pub(crate) struct Remote {
 /// A connected worker process.
 pub(crate) struct Conn {
     tx: UnboundedSender<ToWorker>,
-    peer: String,
+    /// Shared with every message's error path (cloned per message, so not a `String`).
+    peer: Arc<str>,
     /// The phase whose job value it has.
     phase_sent: Option<u64>,
     /// Worker id per slot, `None` once released.
@@ -250,7 +251,7 @@ impl<J: Job> State<J> {
             id,
             Conn {
                 tx,
-                peer,
+                peer: peer.into(),
                 phase_sent: None,
                 slots: slots.clone(),
                 progress: vec![0; threads as usize],
@@ -480,8 +481,8 @@ impl<J: Job> State<J> {
             .find(|(c, _)| *c == chunk)
             .map(|(_, s)| s.to_bytes());
         match held {
-            Some(bytes) => self.captured(shared, chunk, Captured::State, bytes),
-            None => self.captured(shared, chunk, Captured::Scratch, Ok(Bytes::new())),
+            Some(bytes) => self.captured(shared, chunk, bytes.map(Captured::State)),
+            None => self.captured(shared, chunk, Ok(Captured::Scratch)),
         }
     }
 
@@ -496,9 +497,9 @@ impl<J: Job> State<J> {
             // Released or the job ended: late messages are dropped.
             return Ok(());
         };
-        let peer = conn.peer.clone();
+        let peer = Arc::clone(&conn.peer);
         let bad = |reason: String| PeerError::Malformed {
-            peer: peer.clone(),
+            peer: peer.to_string(),
             what: "a message to the coordinator",
             reason,
         };
@@ -527,7 +528,7 @@ impl<J: Job> State<J> {
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
                 if self.core.running_on(w) == Some(chunk) {
-                    self.captured(shared, chunk, Captured::State, Ok(state));
+                    self.captured(shared, chunk, Ok(Captured::State(state)));
                     self.settle(shared);
                 }
                 return Ok(());
@@ -548,7 +549,7 @@ impl<J: Job> State<J> {
                     )));
                 }
                 if self.core.running_on(w) == Some(chunk) {
-                    self.captured_part(shared, chunk, part);
+                    self.captured(shared, chunk, Ok(Captured::Stored(part)));
                     self.settle(shared);
                 }
                 return Ok(());

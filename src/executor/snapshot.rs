@@ -71,12 +71,15 @@ pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> R
 }
 
 /// What a running chunk left for a cut in progress.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) enum Captured {
     /// Its state at an adjustment point.
-    State,
+    State(bytes::Bytes),
+    /// Its state at an adjustment point, already in the store (written by the remote worker
+    /// that runs the chunk).
+    Stored(PartRef),
     /// Its output: it ended before its capture.
-    Output,
+    Output(bytes::Bytes),
     /// Nothing: it went back to the pile from scratch (its remote worker was lost before
     /// it reported a state).
     Scratch,
@@ -436,14 +439,14 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 2: what a running chunk left for the cut: its state at an adjustment
-    /// point (`Captured::State`), or its output when it ended before its capture (the output
-    /// wins). Only the first of these per chunk counts.
+    /// point (as bytes, or as a part a remote worker stored), or its output when it ended
+    /// before its capture (the output wins). Only the first of these per chunk counts; an
+    /// error (a state that did not serialize) abandons the cut.
     pub(crate) fn captured(
         &mut self,
         shared: &Arc<Shared<J>>,
         chunk: ChunkId,
-        what: Captured,
-        bytes: Result<bytes::Bytes>,
+        what: Result<Captured>,
     ) {
         let Some(cut) = &mut self.snap.cut else {
             return;
@@ -451,25 +454,13 @@ impl<J: Job> State<J> {
         if !cut.waiting.remove(&chunk) {
             return;
         }
-        match (bytes, what) {
-            (Ok(bytes), Captured::State) => cut.parts.push(Part::New { chunk, bytes }),
-            (Ok(bytes), Captured::Output) => cut.manifest.done.push((chunk, bytes.into())),
-            (Ok(_), Captured::Scratch) => {}
-            (Err(e), _) => return self.abort_cut(e),
+        match what {
+            Ok(Captured::State(bytes)) => cut.parts.push(Part::New { chunk, bytes }),
+            Ok(Captured::Stored(part)) => cut.parts.push(Part::Reuse(part)),
+            Ok(Captured::Output(bytes)) => cut.manifest.done.push((chunk, bytes.into())),
+            Ok(Captured::Scratch) => {}
+            Err(e) => return self.abort_cut(e),
         }
-        self.try_finish_cut(shared);
-    }
-
-    /// Protocol step 2 for a remote worker that wrote the state of `chunk` to the store
-    /// itself: the cut lists its part.
-    pub(crate) fn captured_part(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId, part: PartRef) {
-        let Some(cut) = &mut self.snap.cut else {
-            return;
-        };
-        if !cut.waiting.remove(&chunk) {
-            return;
-        }
-        cut.parts.push(Part::Reuse(part));
         self.try_finish_cut(shared);
     }
 

@@ -116,8 +116,7 @@ fn run<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> O
                 st.captured(
                     shared,
                     chunk,
-                    snapshot::Captured::State,
-                    bytes.map(Into::into),
+                    bytes.map(|b| snapshot::Captured::State(b.into())),
                 );
             });
         };
