@@ -156,6 +156,14 @@ fn assert_exact(fin: &Finished<Walk>, job: &Walk) {
     assert_eq!(got, want);
 }
 
+/// A coordinator's builder with no local worker: every chunk runs in a worker process.
+fn remote_only() -> malleable::Builder {
+    Executor::builder()
+        .local_workers(0)
+        .chunking(CHUNKING)
+        .listen("127.0.0.1:0")
+}
+
 fn coordinator(local: usize) -> Executor {
     Executor::builder()
         .local_workers(local)
@@ -329,13 +337,7 @@ fn a_job_suspended_with_remote_workers_resumes_with_local_ones() {
         std::env::temp_dir().join(format!("malleable-cluster-suspend-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let url = format!("file://{}", dir.display());
-    let exec = Executor::builder()
-        .local_workers(0)
-        .chunking(CHUNKING)
-        .listen("127.0.0.1:0")
-        .snapshots(&url)
-        .build()
-        .unwrap();
+    let exec = remote_only().snapshots(&url).build().unwrap();
     let job = walk(40_000);
     let h = exec.submit(job.clone()).unwrap();
     let a = Worker::start(&addr(&exec), 2, None);
@@ -385,13 +387,7 @@ fn snapshot_parts_go_to_the_coordinator_when_a_worker_cannot_reach_the_store() {
     // A memory store is the coordinator's alone: under the same URL a worker process finds
     // another, empty store, without the snapshot it is shown as a witness.
     let store = malleable::snapshot::Store::open("memory://cluster").unwrap();
-    let exec = Executor::builder()
-        .local_workers(0)
-        .chunking(CHUNKING)
-        .listen("127.0.0.1:0")
-        .snapshot_store(store.clone())
-        .build()
-        .unwrap();
+    let exec = remote_only().snapshot_store(store.clone()).build().unwrap();
     let job = walk(40_000);
     let h = exec.submit(job.clone()).unwrap();
     let a = Worker::start(&addr(&exec), 2, None);
@@ -433,15 +429,7 @@ fn remote_workers_write_their_parts_to_s3_when_they_can() {
         }
         b
     };
-    let exec = with_options(
-        Executor::builder()
-            .local_workers(0)
-            .chunking(CHUNKING)
-            .listen("127.0.0.1:0"),
-    )
-    .snapshots(&url)
-    .build()
-    .unwrap();
+    let exec = with_options(remote_only()).snapshots(&url).build().unwrap();
     let job = walk(40_000);
     let h = exec.submit(job.clone()).unwrap();
     let keys = [
