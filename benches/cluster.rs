@@ -10,7 +10,8 @@
 //!    remote time (above 1: remote is faster), then the CPU time each side used: this
 //!    process's for the local run; for the remote run, the coordinator's plus each worker
 //!    process's from its last dial to its end (what the cluster costs, whatever the wall
-//!    clock's noise).
+//!    clock's noise), split into the coordinator, the worker processes' I/O threads and
+//!    their compute threads.
 //! 2. **Join latency**: from a worker process dialling the coordinator to its first chunk
 //!    (measured in the worker: TCP connect, handshake, job value, first `Run`), over many
 //!    joins in the middle of a running job; and from `retire_remote(1)` to the retired
@@ -157,13 +158,13 @@ fn worker(addr: &str) {
     let options = WorkerOptions::default().threads(threads_per_worker());
     // Started before its job is submitted (so its start-up is not timed): until the job
     // runs, the coordinator refuses it as a worker of no running job; try again.
-    let (served, cpu) = loop {
-        let cpu = cpu_time();
+    let (served, cpu, io) = loop {
+        let (cpu, io) = (cpu_time(), main_thread_cpu());
         match cluster::serve(addr, &registry, options.clone()) {
             Err(cluster::Error::UnknownJob { .. }) => {
                 std::thread::sleep(Duration::from_micros(500));
             }
-            other => break (other, cpu),
+            other => break (other, cpu, io),
         }
     };
     match served {
@@ -171,7 +172,10 @@ fn worker(addr: &str) {
             if let Some(d) = served.first_run_after {
                 println!("JOIN_US {}", d.as_micros());
             }
+            // From the last dial: the whole process, and its main thread, which runs the
+            // I/O (the compute threads are the rest).
             println!("CPU_US {}", (cpu_time() - cpu).as_micros());
+            println!("IO_US {}", (main_thread_cpu() - io).as_micros());
         }
         Err(e) => {
             eprintln!("worker: {e}");
@@ -198,14 +202,37 @@ fn spawn_worker(addr: &str, quick: bool) -> Child {
     cmd.spawn().expect("a worker process")
 }
 
-/// A figure a worker printed (`JOIN_US`: its join latency; `CPU_US`: its CPU time from its
-/// last dial to its end), waiting for it to exit.
-fn reported(child: Child, what: &str) -> Option<Duration> {
-    let out = child.wait_with_output().ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
-        .map(Duration::from_micros)
+/// What a worker process printed at its end (`JOIN_US`: its join latency; `CPU_US` and
+/// `IO_US`: the CPU time of the process and of its I/O thread from its last dial to its end).
+#[derive(Default)]
+struct Report {
+    join: Option<Duration>,
+    cpu: Duration,
+    io: Duration,
+}
+
+/// Waits for a worker process to exit and reads its report.
+fn report(child: Child) -> Report {
+    let Ok(out) = child.wait_with_output() else {
+        return Report::default();
+    };
+    let mut r = Report::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some((key, us)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(us) = us.trim().parse() else {
+            continue;
+        };
+        let d = Duration::from_micros(us);
+        match key {
+            "JOIN_US" => r.join = Some(d),
+            "CPU_US" => r.cpu = d,
+            "IO_US" => r.io = d,
+            _ => {}
+        }
+    }
+    r
 }
 
 fn coordinator(quick: bool) -> Executor {
@@ -237,8 +264,19 @@ fn finish<J: Job>(h: JobHandle<J>) -> malleable::Value<J> {
     }
 }
 
-/// A remote run: its time, value, and the CPU time of all its processes.
-fn remote_run<J: Job>(job: J, quick: bool) -> (Duration, malleable::Value<J>, Duration) {
+/// A remote run's time and CPU times.
+struct RemoteRun {
+    took: Duration,
+    /// All processes.
+    cpu: Duration,
+    /// The coordinator process.
+    coordinator: Duration,
+    /// The worker processes' I/O threads.
+    io: Duration,
+}
+
+/// A remote run and its value.
+fn remote_run<J: Job>(job: J, quick: bool) -> (RemoteRun, malleable::Value<J>) {
     let exec = coordinator(quick);
     let addr = exec.local_addr().expect("listening").to_string();
     let workers: Vec<Child> = (0..2 / threads_per_worker())
@@ -251,11 +289,19 @@ fn remote_run<J: Job>(job: J, quick: bool) -> (Duration, malleable::Value<J>, Du
     let h = exec.submit(job).expect("submit");
     let value = finish(h);
     let took = t.elapsed();
-    let mut cpu = cpu_time() - cpu;
+    let coordinator = cpu_time() - cpu;
+    let mut run = RemoteRun {
+        took,
+        cpu: coordinator,
+        coordinator,
+        io: Duration::ZERO,
+    };
     for w in workers {
-        cpu += reported(w, "CPU_US").unwrap_or_default();
+        let r = report(w);
+        run.cpu += r.cpu;
+        run.io += r.io;
     }
-    (took, value, cpu)
+    (run, value)
 }
 
 fn throughput<J: Job>(name: &str, runs: usize, quick: bool, job: fn() -> J)
@@ -268,15 +314,18 @@ where
         .build()
         .expect("local");
     let (mut tl, mut tr, mut cl, mut cr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut coordinator, mut io) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let (t, cpu) = (Instant::now(), cpu_time());
         let expected = local.run(job()).expect("local run").value;
         tl.push(t.elapsed());
         cl.push(cpu_time() - cpu);
-        let (took, value, cpu) = remote_run(job(), quick);
+        let (run, value) = remote_run(job(), quick);
         assert!(value == expected, "{name}: the remote value differs");
-        tr.push(took);
-        cr.push(cpu);
+        tr.push(run.took);
+        cr.push(run.cpu);
+        coordinator.push(run.coordinator);
+        io.push(run.io);
     }
     // The ratio of each pair (run back to back), then their median: this machine's speed
     // drifts by more than the difference measured, and a pair shares the drift.
@@ -295,13 +344,20 @@ where
         support::percentile(&mut cl, 0.5),
         support::percentile(&mut cr, 0.5),
     );
+    let (coordinator, io) = (
+        support::percentile(&mut coordinator, 0.5),
+        support::percentile(&mut io, 0.5),
+    );
     println!(
-        "{name:<12} {:>8.3} s {:>8.3} s {:>12.2}x {:>9.3} s {:>9.3} s   (pairs: {})",
+        "{name:<12} {:>8.3} s {:>8.3} s {:>12.2}x {:>9.3} s {:>9.3} s   (coordinator {:.3} s, worker I/O {:.3} s, worker compute {:.3} s; pairs: {})",
         ml.as_secs_f64(),
         mr.as_secs_f64(),
         ratio,
         cl.as_secs_f64(),
         cr.as_secs_f64(),
+        coordinator.as_secs_f64(),
+        io.as_secs_f64(),
+        cr.saturating_sub(coordinator + io).as_secs_f64(),
         ratios
             .iter()
             .map(|r| format!("{r:.2}"))
@@ -338,7 +394,7 @@ fn latencies(quick: bool) {
         std::thread::sleep(Duration::from_millis(20));
         let t = Instant::now();
         h.retire_remote(1);
-        let latency = reported(child, "JOIN_US");
+        let latency = report(child).join;
         retire.push(t.elapsed());
         join.extend(latency);
     }
@@ -361,7 +417,17 @@ fn latencies(quick: bool) {
 
 /// This process's CPU time (user + system).
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    stat_cpu("/proc/self/stat")
+}
+
+/// The CPU time of this process's main thread.
+fn main_thread_cpu() -> Duration {
+    stat_cpu(&format!("/proc/self/task/{}/stat", std::process::id()))
+}
+
+/// User + system time from a `/proc/…/stat` file.
+fn stat_cpu(path: &str) -> Duration {
+    let stat = std::fs::read_to_string(path).expect("a /proc stat file");
     // Fields after the command name (which is in parentheses and may hold spaces).
     let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
     let f: Vec<u64> = rest
@@ -397,7 +463,7 @@ fn coordinator_cpu(quick: bool) {
     let (cpu, wall) = (cpu_time() - cpu, t.elapsed());
     let mut total = cpu;
     for w in workers {
-        total += reported(w, "CPU_US").unwrap_or_default();
+        total += report(w).cpu;
     }
     // The same job on 2 local threads: the work itself.
     let local = Executor::builder()
