@@ -87,7 +87,7 @@ pub enum Error {
     /// A cluster error: an address that cannot be listened on or dialled, a missing token,
     /// a refused handshake.
     #[error(transparent)]
-    Cluster(#[from] crate::cluster::Error),
+    Cluster(#[from] crate::wire::Error),
     /// A snapshot could not be taken; the job goes on and the previous committed snapshot
     /// stays the latest.
     #[error("snapshot failed: {0}")]
@@ -118,6 +118,15 @@ pub enum Error {
     /// A worker thread could not be started.
     #[error("could not start a worker thread")]
     Spawn(#[source] std::io::Error),
+}
+
+impl From<crate::codec::Error> for Error {
+    fn from(e: crate::codec::Error) -> Error {
+        Error::Codec {
+            what: e.what,
+            source: e.source,
+        }
+    }
 }
 
 /// The message of a caught panic payload.

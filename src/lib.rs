@@ -66,24 +66,65 @@
 //! - [`cluster`]: remote worker processes over TCP ([`cluster::serve`], launchers, the
 //!   handshake and frames); the coordinator side is [`Builder::listen`].
 //! - [`metrics`]: the names of the metrics the executor reports.
+//!
+//! Inside the crate the layers are (see each module's docs; a layer imports only those above
+//! it in this list, and only `worker` and `executor` combine several):
+//!
+//! | module | folder | what |
+//! | --- | --- | --- |
+//! | `reduce`, `codec` | `src/reduce/`, `src/codec.rs` | reducers and the ordered merge; the one codec |
+//! | `job`, `fold` | `src/job.rs`, `src/fold.rs` | the user contract |
+//! | `schedule` | `src/schedule/` | pure: plans, schedules, the ledger (`core`), the snapshot cut (`cut`); no threads, clocks, atomics or I/O |
+//! | `run` | `src/run/` | the one chunk runner of local threads, the inline worker and remote threads, and its flag contract |
+//! | `snapshot` | `src/snapshot/` | the storage edge: format, store, commit protocol, retention |
+//! | `wire` | `src/cluster/` | the wire: frames, handshake, listener, launchers; no `Job` |
+//! | `worker` | `src/worker/` | the worker process: [`cluster::serve`] = wire + runner + store |
+//! | `executor` | `src/executor/` | the coordinator: core + cut + members, local threads, remote connections, I/O |
+//!
+//! The public [`cluster`] module is the face of two of them: the wire and the worker process.
 
 #![doc(test(attr(deny(warnings))))]
 
-pub mod cluster;
+mod codec;
 mod error;
 mod executor;
 mod fold;
 mod job;
 pub mod metrics;
 pub mod reduce;
+mod run;
 pub mod schedule;
 pub mod snapshot;
+#[path = "cluster/mod.rs"]
+mod wire;
+mod worker;
+
+pub mod cluster {
+    //! Remote workers: worker processes that dial the coordinator over TCP, join a running
+    //! job, leave it, or fail, at any time.
+    //!
+    //! A worker process is the user's own binary calling [`serve`] with a [`Registry`] of the
+    //! job types it can run; no code crosses the network, only job values, chunk states and
+    //! outputs. The coordinator's side is [`Builder::listen`](crate::Builder::listen) and
+    //! [`JobHandle::scale_remote`](crate::JobHandle::scale_remote), which starts processes
+    //! through a [`Launcher`].
+    //!
+    //! This module is the face of two layers: the wire (`src/cluster/`: [`frame`],
+    //! [`handshake`], launchers, [`Error`]) and the worker process (`src/worker/`: [`serve`],
+    //! [`Registry`], [`WorkerOptions`], [`Served`]).
+
+    pub use crate::wire::{
+        CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher, TOKEN_ENV, Token,
+        frame, handshake,
+    };
+    pub use crate::worker::{Registry, Served, WorkerOptions, serve};
+}
 
 pub use error::{Error, Result, Site};
 pub use executor::{
     At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest,
-    SuspendToken,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Step, Value};
+pub use run::SuspendToken;
 pub use schedule::{Chunking, Guided, Schedule};

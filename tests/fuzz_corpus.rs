@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use malleable::cluster::frame::{self, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
+use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
 use malleable::cluster::handshake::{Hello, ProofMsg, Refusal, Reply};
 use malleable::snapshot::{FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
@@ -230,7 +230,31 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::Failed {
                 slot: 3,
                 chunk: 20,
-                message: "the job panicked: index out of bounds (é)".to_owned(),
+                failure: Failure::Panicked {
+                    input: false,
+                    message: "index out of bounds (é)".to_owned(),
+                },
+            },
+        ),
+        (
+            "failed-input",
+            ToCoordinator::Failed {
+                slot: 0,
+                chunk: 0,
+                failure: Failure::Input {
+                    chain: vec!["no such file".to_owned(), "os error 2".to_owned()],
+                },
+            },
+        ),
+        (
+            "failed-codec",
+            ToCoordinator::Failed {
+                slot: 1,
+                chunk: 7,
+                failure: Failure::Codec {
+                    what: "a chunk state".to_owned(),
+                    error: postcard::Error::DeserializeUnexpectedEnd,
+                },
             },
         ),
         (
@@ -386,12 +410,12 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     let run = encode(&to_worker_messages()[2].1);
     f("seed-truncated-run", run[..run.len() - 3].to_vec());
     f("seed-trailing-byte", [&leave[..], &[0]].concat());
-    // `Failed` (variant 3) with a message that is not UTF-8.
-    f("seed-not-utf8", vec![3, 0, 5, 2, 0xff, 0xfe]);
-    // `Heartbeat` (variant 4) announcing u64::MAX entries; `Phase` (variant 0) announcing a
+    // `Failed` (variant 4) of a panic (variant 0) whose message is not UTF-8.
+    f("seed-not-utf8", vec![4, 0, 5, 0, 0, 2, 0xff, 0xfe]);
+    // `Heartbeat` (variant 5) announcing u64::MAX entries; `Phase` (variant 0) announcing a
     // job of u64::MAX bytes.
     let huge = [&[0xffu8; 9][..], &[0x01]].concat();
-    f("seed-huge-progress", [&[4u8][..], &huge].concat());
+    f("seed-huge-progress", [&[5u8][..], &huge].concat());
     f("seed-huge-job", [&[0u8, 1][..], &huge, b"xy"].concat());
     // Frames: one byte over the limit, a length of u32::MAX, a frame cut short, a length cut
     // short, and first frames of another protocol or version.

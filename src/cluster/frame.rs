@@ -18,8 +18,9 @@ use super::Error;
 /// The first bytes of a peer's first frame.
 pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// The version of the protocol (handshake and messages). Version 2: slots are lanes, several
-/// per thread ([`SLOTS_PER_THREAD`]).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// per thread ([`SLOTS_PER_THREAD`]). Version 3: `Failed` says what failed ([`Failure`]), so
+/// the coordinator reports the error a local worker would.
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
 /// ends, the next is already there, and the round trip of its `Done` and the following `Run`
@@ -165,14 +166,14 @@ pub enum ToCoordinator {
         part: crate::snapshot::PartRef,
     },
     /// The job's code failed in slot `slot` (a panic, an input that did not load, a state
-    /// that did not decode).
+    /// that did not decode): the chunk's state is lost and the job cannot go on.
     Failed {
         /// The slot.
         slot: u32,
         /// The chunk.
         chunk: u64,
-        /// What happened.
-        message: String,
+        /// What failed.
+        failure: Failure,
     },
     /// The worker is alive; iterations done so far in each thread's current chunk.
     Heartbeat {
@@ -182,6 +183,32 @@ pub enum ToCoordinator {
     /// The worker process is asked to stop: retire all its slots (their chunks come back
     /// as `Yielded`), then send `End`.
     Leave,
+}
+
+/// What failed on a worker process, in the terms the coordinator reports it to the user with:
+/// the same error a local worker would give.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Failure {
+    /// User code panicked: `Job::chunk` or `Chunk::step` (`input` false), or `Input::load`
+    /// (`input` true).
+    Panicked {
+        /// Whether it was the input's loader.
+        input: bool,
+        /// The panic message.
+        message: String,
+    },
+    /// The job's input did not load.
+    Input {
+        /// The loader's error and its causes, each on its own (outermost first).
+        chain: Vec<String>,
+    },
+    /// A value did not encode or decode.
+    Codec {
+        /// What it was ("a chunk state", "a chunk output", …).
+        what: String,
+        /// The codec's error.
+        error: postcard::Error,
+    },
 }
 
 /// Encodes a message body.

@@ -1,22 +1,25 @@
-//! Remote workers: worker processes that dial the coordinator over TCP, join a running job,
-//! leave it, or fail, at any time.
+//! The wire of the cluster: what crosses a TCP connection between a coordinator and a
+//! worker process, and how worker processes are started. It knows no [`Job`](crate::Job),
+//! no executor and no worker process: bytes, frames, the handshake, and typed errors.
 //!
 //! - `frame.rs`: the messages and their framing.
 //! - `handshake.rs`: versions, the shared token (challenge and response), the job.
-//! - `listener.rs`: the coordinator's listener, which hands accepted workers to their job (the
-//!   job's side of membership lives with the executor, in `executor/remote.rs`).
-//! - `worker.rs`: [`serve`], the worker process's side.
-//! - `launch.rs`: [`Launcher`]s that start worker processes for
-//!   [`JobHandle::scale_remote`](crate::JobHandle::scale_remote).
+//! - `listener.rs`: the coordinator's listener, which hands accepted workers to their job
+//!   through the `Attach` trait (the job's side of membership is `executor/remote.rs`).
+//! - `launch.rs`: launchers that start worker processes for `JobHandle::scale_remote`.
+//! - `error.rs`: the one error type of both sides of a connection.
+//!
+//! Inside the crate this module is `wire`; the public [`cluster`](crate::cluster) module
+//! re-exports it together with the worker process (`src/worker/`), which combines the wire
+//! with the chunk runner. Keeping the worker process out of this folder is what breaks the
+//! cycle there was between the executor and the cluster.
 
 mod error;
 pub mod frame;
 pub mod handshake;
 mod launch;
 pub(crate) mod listener;
-mod worker;
 
 pub use error::Error;
 pub use handshake::{TOKEN_ENV, Token};
 pub use launch::{CommandLauncher, LaunchSpec, Launched, Launcher, LocalLauncher};
-pub use worker::{Registry, Served, WorkerOptions, serve};

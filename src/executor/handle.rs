@@ -4,11 +4,10 @@ use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::{Shared, worker};
+use super::{Shared, local};
 use crate::error::{Error, Result};
 use crate::job::{Job, Value};
 use crate::snapshot::SnapshotId;
@@ -147,7 +146,7 @@ impl<J: Job> JobHandle<J> {
             .locals
             .iter()
             .filter(|(w, _)| st.core.running_on(**w).is_some())
-            .map(|(_, l)| l.cell.progress.load(Ordering::Relaxed))
+            .map(|(_, l)| l.cell.progress())
             .sum::<u64>()
             + st.remote_progress();
         let done = (done_chunks + running).min(total);
@@ -240,7 +239,7 @@ impl<J: Job> JobHandle<J> {
             st.waiter = Some(tx);
             st.settle(&self.shared);
         }
-        worker::serve_inline(&self.shared, &rx);
+        local::serve_inline(&self.shared, &rx);
         let mut st = self.shared.lock();
         st.waiter = None;
         st.result
@@ -332,7 +331,7 @@ impl<J: Job> Future for JobFuture<J> {
             let spawned = std::thread::Builder::new()
                 .name(format!("malleable-{}-inline", J::NAME))
                 .spawn(move || {
-                    worker::serve_inline(&shared, &rx);
+                    local::serve_inline(&shared, &rx);
                     shared.lock().waiter = None;
                 });
             if let Err(e) = spawned {

@@ -2,7 +2,9 @@
 //!
 //! - `mod.rs` (this file): [`Executor`], [`Builder`], and the shared state of one job run.
 //! - `handle.rs`: [`JobHandle`] (scale, progress, cancel, wait or await) and [`Outcome`].
-//! - `worker.rs`: the loop of a local worker thread (and of the inline worker).
+//! - `local.rs`: local worker threads and the inline worker, hosts of the chunk runner.
+//! - `remote.rs`: the job's side of worker processes (their connections and slots).
+//! - `snapshot.rs`: the snapshot cut, the background write, suspend and resume.
 //!
 //! # How a job runs
 //!
@@ -26,29 +28,26 @@
 //! thread.
 
 mod handle;
+mod local;
 mod remote;
 mod snapshot;
-mod worker;
 
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
-pub use snapshot::{At, SuspendToken};
-pub(crate) use snapshot::{decode, encode};
-pub(crate) use worker::{capture, iterations_run, load_input, steps};
+pub use snapshot::At;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Sender;
-use crossbeam_utils::CachePadded;
 
-use crate::cluster::listener::{ClusterConfig, Listener};
 use crate::error::{Error, Result, Site};
 use crate::job::{Job, Next, Value};
+use crate::run::{Assignment, Cell, Held, INTERRUPT, Inputs, SuspendToken, catch};
 use crate::schedule::{Chunking, Command, Core, Event, Plan, Schedule, WorkerId};
+use crate::wire::listener::{ClusterConfig, Listener};
 use snapshot::{Captured, SnapshotConfig, Snapshots};
 
 /// Runs jobs on local worker threads.
@@ -224,7 +223,7 @@ impl Builder {
 
     /// The token remote workers must prove they hold (default: from the environment
     /// variable [`TOKEN_ENV`](crate::cluster::TOKEN_ENV), if set).
-    pub fn cluster_token(mut self, token: crate::cluster::Token) -> Self {
+    pub fn cluster_token(mut self, token: crate::wire::Token) -> Self {
         self.config.cluster.token = Some(token);
         self
     }
@@ -250,7 +249,7 @@ impl Builder {
     }
 
     /// Starts worker processes for [`JobHandle::scale_remote`].
-    pub fn launcher(mut self, launcher: impl crate::cluster::Launcher + 'static) -> Self {
+    pub fn launcher(mut self, launcher: impl crate::wire::Launcher + 'static) -> Self {
         self.config.cluster.launcher = Some(Arc::new(launcher));
         self
     }
@@ -277,7 +276,7 @@ impl Builder {
             }
         }
         if self.config.cluster.token.is_none() {
-            self.config.cluster.token = crate::cluster::Token::from_env()?;
+            self.config.cluster.token = crate::wire::Token::from_env()?;
         }
         let io = Arc::new(IoRuntime::new()?);
         let listener = match self.config.cluster.listen {
@@ -305,7 +304,7 @@ impl Executor {
     }
 
     /// The most recent refused peers and lost worker connections (at most 256), oldest first.
-    pub fn peer_errors(&self) -> Vec<Arc<crate::cluster::Error>> {
+    pub fn peer_errors(&self) -> Vec<Arc<crate::wire::Error>> {
         self.listener.as_ref().map_or_else(Vec::new, |l| l.errors())
     }
 
@@ -349,7 +348,7 @@ impl Executor {
             config,
             io: Arc::clone(&self.io),
             listener: self.listener.clone(),
-            input: OnceLock::new(),
+            inputs: Inputs::default(),
             started: Instant::now(),
             state: Mutex::new(State {
                 core,
@@ -379,7 +378,7 @@ impl Executor {
         }
         snapshot::spawn_triggers(&shared);
         if let Some(l) = &self.listener {
-            let weak: std::sync::Weak<dyn crate::cluster::listener::Attach> =
+            let weak: std::sync::Weak<dyn crate::wire::listener::Attach> =
                 Arc::downgrade(&shared) as _;
             l.register(weak);
         }
@@ -408,73 +407,14 @@ fn first_phase<J: Job>(job: &J, config: &Config) -> Result<Core<J::Reducer, Held
     })
 }
 
-/// Runs user code, turning a panic into [`Error::Panicked`].
-pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> Result<T> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| Error::Panicked {
-        job,
-        site,
-        message: crate::error::panic_message(p.as_ref()),
-    })
-}
-
-/// A local worker's attention flag and progress cell, on their own cache line so that the
-/// per-step reads and the occasional progress writes share it with nothing else.
-#[derive(Debug, Default)]
-pub(crate) struct Cell {
-    /// Requests for the worker's next adjustment point: [`INTERRUPT`] (hand the chunk back)
-    /// and [`CAPTURE`] (serialize it for a snapshot and go on). Set under the state mutex;
-    /// the worker reads it with `Relaxed` once per step, and what it then does happens under
-    /// the mutex, which orders everything.
-    pub(crate) flag: AtomicU8,
-    /// Iterations done in the worker's current chunk, published at most every few ms.
-    pub(crate) progress: AtomicU64,
-}
-
-/// [`Cell::flag`] bit: stop at the next adjustment point and hand the chunk back.
-pub(crate) const INTERRUPT: u8 = 1;
-/// [`Cell::flag`] bit: serialize the chunk at the next adjustment point for a snapshot.
-pub(crate) const CAPTURE: u8 = 2;
-
-/// A chunk's state as the coordinator holds it: live, or as the bytes it arrived in (from a
-/// snapshot, or later from a remote worker).
-///
-/// Bytes are decoded only by the worker that runs the chunk next: a restore reads the parts
-/// and starts (decoding is spread over the workers and overlaps computing), and a state that
-/// goes from one remote worker to another is never decoded on the way.
-pub(crate) enum Held<C> {
-    Live(C),
-    Bytes(bytes::Bytes),
-}
-
-impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
-    /// The live state, decoding it if needed.
-    pub(crate) fn into_live(self) -> Result<C> {
-        match self {
-            Held::Live(c) => Ok(c),
-            Held::Bytes(b) => snapshot::decode("a chunk state", &b),
-        }
-    }
-
-    /// The state's bytes, encoding it if needed.
-    pub(crate) fn to_bytes(&self) -> Result<bytes::Bytes> {
-        match self {
-            Held::Live(c) => snapshot::encode("a chunk state", c).map(bytes::Bytes::from),
-            Held::Bytes(b) => Ok(b.clone()),
-        }
-    }
-}
-
 /// A message to a local worker (or to the thread waiting in inline mode).
 pub(crate) enum Msg<J: Job> {
     /// Run a chunk of the current phase as worker `worker`.
     Run {
         worker: WorkerId,
-        chunk: u64,
-        range: std::ops::Range<u64>,
-        state: Option<Held<J::Chunk>>,
+        assignment: Assignment<J::Chunk>,
         job: Arc<J>,
-        phase: u64,
-        cell: Arc<CachePadded<Cell>>,
+        cell: Arc<Cell>,
     },
     /// This worker id is released: a thread exits, the inline waiter goes back to waiting.
     Release,
@@ -484,7 +424,7 @@ pub(crate) enum Msg<J: Job> {
 
 struct Local<J: Job> {
     tx: Sender<Msg<J>>,
-    cell: Arc<CachePadded<Cell>>,
+    cell: Arc<Cell>,
     inline: bool,
     retiring: bool,
 }
@@ -494,7 +434,7 @@ pub(crate) struct Shared<J: Job> {
     config: Config,
     io: Arc<IoRuntime>,
     listener: Option<Arc<Listener>>,
-    input: OnceLock<std::result::Result<J::Input, String>>,
+    inputs: Inputs<J>,
     started: Instant,
     state: Mutex<State<J>>,
 }
@@ -531,7 +471,7 @@ pub(crate) struct State<J: Job> {
     /// Remote worker processes and their slots (`remote.rs`).
     remote: remote::Remotes,
     /// Worker processes started by `scale_remote`.
-    launched: Vec<Box<dyn crate::cluster::Launched>>,
+    launched: Vec<Box<dyn crate::wire::Launched>>,
     workers_gauge: metrics::Gauge,
 }
 
@@ -540,15 +480,6 @@ impl<J: Job> Shared<J> {
         // A panic never happens while the lock is held (user code under it is caught), but be
         // robust: the state stays consistent, so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The job's input, loaded once by the first worker that needs it.
-    pub(crate) fn input(&self, job: &J) -> std::result::Result<&J::Input, Error> {
-        let loaded = self.input.get_or_init(|| worker::load_input(job));
-        loaded.as_ref().map_err(|msg| Error::Input {
-            job: J::NAME,
-            source: msg.clone().into(),
-        })
     }
 }
 
@@ -622,7 +553,9 @@ impl<J: Job> State<J> {
                 {
                     let bytes = match output_bytes {
                         Some(b) => Ok(b),
-                        None => snapshot::encode("a chunk output", output).map(Into::into),
+                        None => crate::codec::encode("a chunk output", output)
+                            .map(Into::into)
+                            .map_err(Error::from),
                     };
                     self.captured(shared, *chunk, bytes.map(Captured::Output));
                 }
@@ -634,7 +567,7 @@ impl<J: Job> State<J> {
                 } if self.cut_waits_for(*chunk)
                     && self.core.running_on(*worker) == Some(*chunk) =>
                 {
-                    let bytes = state.to_bytes();
+                    let bytes = state.to_bytes().map_err(Error::from);
                     self.captured(shared, *chunk, bytes.map(Captured::State));
                 }
                 _ => {}
@@ -680,15 +613,17 @@ impl<J: Job> State<J> {
                         self.run_remote(&mut failed, worker, chunk, range, state);
                         continue;
                     };
-                    local.cell.progress.store(0, Ordering::Relaxed);
+                    local.cell.publish(0);
                     self.snap.on_run(chunk);
                     let msg = Msg::Run {
                         worker,
-                        chunk,
-                        range,
-                        state,
+                        assignment: Assignment {
+                            chunk,
+                            phase: self.phase,
+                            range,
+                            state,
+                        },
                         job: Arc::clone(job),
-                        phase: self.phase,
                         cell: Arc::clone(&local.cell),
                     };
                     if me == Some(worker) {
@@ -699,7 +634,7 @@ impl<J: Job> State<J> {
                 }
                 Command::Interrupt { worker } => {
                     if let Some(local) = self.locals.get(&worker) {
-                        local.cell.flag.fetch_or(INTERRUPT, Ordering::Relaxed);
+                        local.cell.raise(INTERRUPT);
                     } else {
                         self.signal_remote(worker, false);
                     }
@@ -859,7 +794,7 @@ impl<J: Job> State<J> {
         let shared2 = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
             .name(format!("malleable-{}-{w}", J::NAME))
-            .spawn(move || worker::thread_main(shared2, rx));
+            .spawn(move || local::thread_main(shared2, rx));
         if let Err(e) = spawned {
             self.locals.remove(&w);
             return Err(Error::Spawn(e));

@@ -56,14 +56,15 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::snapshot::{self, Captured};
+use super::snapshot::Captured;
 use super::{Held, Shared, State};
-use crate::cluster::Error as PeerError;
-use crate::cluster::frame::{self, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
-use crate::cluster::listener::{Attach, Connection};
+use crate::codec;
 use crate::error::{Error, Site};
 use crate::job::Job;
 use crate::schedule::{ChunkId, Event, Work, WorkerId};
+use crate::wire::Error as PeerError;
+use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
+use crate::wire::listener::{Attach, Connection};
 
 pub(crate) type ConnId = u64;
 
@@ -318,17 +319,17 @@ impl<J: Job> State<J> {
         let phase = self.phase;
         let job_bytes = match &self.remote.job_bytes {
             Some((p, b)) if *p == phase => Ok(b.clone()),
-            _ => match self.job.as_deref().map(|j| snapshot::encode("the job", j)) {
+            _ => match self.job.as_deref().map(|j| codec::encode("the job", j)) {
                 Some(Ok(b)) => {
                     let b = Bytes::from(b);
                     self.remote.job_bytes = Some((phase, b.clone()));
                     Ok(b)
                 }
-                Some(Err(e)) => Err(e),
+                Some(Err(e)) => Err(e.into()),
                 None => Err(Error::Internal("no job value to send".into())),
             },
         };
-        let state = state.map(|s| s.to_bytes()).transpose();
+        let state = state.map(|s| s.to_bytes()).transpose().map_err(Error::from);
         let (job_bytes, state) = match (job_bytes, state) {
             (Ok(j), Ok(s)) => (j, s),
             (Err(e), _) | (_, Err(e)) => {
@@ -479,7 +480,7 @@ impl<J: Job> State<J> {
             .core
             .suspended()
             .find(|(c, _)| *c == chunk)
-            .map(|(_, s)| s.to_bytes());
+            .map(|(_, s)| s.to_bytes().map_err(Error::from));
         match held {
             Some(bytes) => self.captured(shared, chunk, bytes.map(Captured::State)),
             None => self.captured(shared, chunk, Ok(Captured::Scratch)),
@@ -557,18 +558,12 @@ impl<J: Job> State<J> {
             ToCoordinator::Failed {
                 slot,
                 chunk,
-                message,
+                failure,
             } => {
                 slot_of(conn, slot)?;
-                let phase = self.phase;
-                self.fail(
-                    shared,
-                    Error::Panicked {
-                        job: J::NAME,
-                        site: Site::Chunk { phase, chunk },
-                        message: format!("on worker process {peer}: {message}"),
-                    },
-                );
+                let error = error_of::<J>(failure, self.phase, chunk, &peer);
+                tracing::warn!(peer = %peer, chunk, error = %error, "a worker process lost a chunk: the job ends");
+                self.fail(shared, error);
                 return Ok(());
             }
             ToCoordinator::Done {
@@ -581,7 +576,7 @@ impl<J: Job> State<J> {
                 let w = slot_of(conn, slot)?;
                 conn.ended_in(slot);
                 let decoded =
-                    snapshot::decode("a chunk output", &output).map_err(|e| bad(e.to_string()))?;
+                    codec::decode("a chunk output", &output).map_err(|e| bad(e.to_string()))?;
                 let event = Event::Done {
                     worker: w,
                     chunk,
@@ -619,6 +614,79 @@ impl<J: Job> State<J> {
     }
 }
 
+/// The error a worker process's [`Failure`] stands for: the same variant the same failure
+/// gives on a local worker.
+fn error_of<J: Job>(failure: Failure, phase: u64, chunk: ChunkId, peer: &str) -> Error {
+    match failure {
+        Failure::Panicked { input, message } => Error::Panicked {
+            job: J::NAME,
+            site: if input {
+                Site::Input
+            } else {
+                Site::Chunk { phase, chunk }
+            },
+            message,
+        },
+        Failure::Input { chain } => Error::Input {
+            job: J::NAME,
+            source: Box::new(RemoteCause::chain(peer, chain)),
+        },
+        Failure::Codec { what, error } => Error::Codec {
+            what: codec::what_of(&what),
+            source: error,
+        },
+    }
+}
+
+/// An error that happened in a worker process, as its text (and its causes' texts): the
+/// source of an [`Error::Input`] that came over the wire.
+#[derive(Debug)]
+struct RemoteCause {
+    message: String,
+    peer: Arc<str>,
+    source: Option<Box<RemoteCause>>,
+}
+
+impl RemoteCause {
+    /// The chain `messages` (outermost first); `peer` is the worker process.
+    fn chain(peer: &str, messages: Vec<String>) -> RemoteCause {
+        let peer: Arc<str> = peer.into();
+        let mut cause = None;
+        for message in messages.into_iter().rev() {
+            cause = Some(RemoteCause {
+                message,
+                peer: Arc::clone(&peer),
+                source: cause.map(Box::new),
+            });
+        }
+        cause.unwrap_or(RemoteCause {
+            message: "an error without a message".to_owned(),
+            peer,
+            source: None,
+        })
+    }
+
+    /// The worker process where it happened.
+    #[allow(dead_code)]
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+}
+
+impl std::fmt::Display for RemoteCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RemoteCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
 /// [`JobHandle::scale_remote`](super::JobHandle::scale_remote): processes are started outside
 /// the job's lock (starting one can take milliseconds).
 pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::Result<()> {
@@ -646,7 +714,7 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
     let mut started = Vec::with_capacity(start);
     let mut error = None;
     for i in 0..start {
-        let spec = crate::cluster::LaunchSpec {
+        let spec = crate::wire::LaunchSpec {
             addr: listener.addr(),
             index: first_index + i,
             token: shared.config.cluster.token.clone(),

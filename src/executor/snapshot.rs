@@ -39,36 +39,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 
 use super::{Shared, State};
+use crate::codec::{decode, encode};
 use crate::error::{Error, Result};
 use crate::job::Job;
+use crate::run::{CAPTURE, SuspendToken};
 use crate::schedule::{ChunkId, Chunking, Schedule};
 use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, SnapshotId, Store};
-
-/// Serializes a value for a snapshot.
-pub(crate) fn encode<T: Serialize + ?Sized>(what: &'static str, value: &T) -> Result<Vec<u8>> {
-    postcard::to_allocvec(value).map_err(|source| Error::Codec { what, source })
-}
-
-/// Serializes a value into a buffer of `capacity` bytes to start with (the size of the
-/// worker's previous capture): a worker's snapshot pause then does not regrow the buffer.
-pub(crate) fn encode_sized<T: Serialize + ?Sized>(
-    what: &'static str,
-    value: &T,
-    capacity: usize,
-) -> Result<Vec<u8>> {
-    postcard::to_extend(value, Vec::with_capacity(capacity))
-        .map_err(|source| Error::Codec { what, source })
-}
-
-/// Deserializes a value from a snapshot.
-pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T> {
-    postcard::from_bytes(bytes).map_err(|source| Error::Codec { what, source })
-}
 
 /// What a running chunk left for a cut in progress.
 #[derive(Debug)]
@@ -203,47 +182,6 @@ pub enum At {
     Latest,
     /// This epoch.
     Epoch(u64),
-}
-
-/// A trigger for suspending jobs, for programs that decide themselves when to stop
-/// (see [`Builder::suspend_token`](crate::Builder::suspend_token)). Clones share the trigger.
-#[derive(Debug, Clone, Default)]
-pub struct SuspendToken(Arc<TokenInner>);
-
-#[derive(Debug, Default)]
-struct TokenInner {
-    fired: std::sync::atomic::AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl SuspendToken {
-    /// A token that has not fired.
-    pub fn new() -> SuspendToken {
-        SuspendToken::default()
-    }
-
-    /// Suspends every job watching this token (now, and any started later).
-    pub fn suspend(&self) {
-        self.0
-            .fired
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        self.0.notify.notify_waiters();
-    }
-
-    /// Whether [`SuspendToken::suspend`] was called.
-    pub fn is_suspended(&self) -> bool {
-        self.0.fired.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    pub(crate) async fn fired(&self) {
-        loop {
-            let notified = self.0.notify.notified();
-            if self.is_suspended() {
-                return;
-            }
-            notified.await;
-        }
-    }
 }
 
 /// The schedule and chunking of a run, stored in the manifest so a restore cuts the phase
@@ -394,10 +332,7 @@ impl<J: Job> State<J> {
         for (w, c) in running {
             waiting.insert(c);
             if let Some(local) = self.locals.get(&w) {
-                local
-                    .cell
-                    .flag
-                    .fetch_or(super::CAPTURE, std::sync::atomic::Ordering::Relaxed);
+                local.cell.raise(CAPTURE);
             } else {
                 self.signal_remote(w, true);
             }
@@ -479,10 +414,7 @@ impl<J: Job> State<J> {
                 let _ = r.send(Err(Error::SnapshotFailed(msg.clone())));
             }
             for local in self.locals.values() {
-                local
-                    .cell
-                    .flag
-                    .fetch_and(!super::CAPTURE, std::sync::atomic::Ordering::Relaxed);
+                local.cell.lower(CAPTURE);
             }
             if cut.suspend {
                 self.unhalt();

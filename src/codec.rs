@@ -1,0 +1,59 @@
+//! The one codec of the crate, for the wire and for snapshots: postcard (serde-based, a
+//! stable documented format, little-endian varints, no `usize` on the wire). Kept behind this
+//! module so it can be swapped; nothing else names postcard except the public
+//! [`Error::Codec`](crate::Error::Codec), whose source it is.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A value that could not be encoded or decoded, and what it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("could not encode or decode {what}")]
+pub(crate) struct Error {
+    /// What it was ("a chunk state", "the job", …).
+    pub(crate) what: &'static str,
+    /// The codec's error.
+    #[source]
+    pub(crate) source: postcard::Error,
+}
+
+/// Serializes `value`.
+pub(crate) fn encode<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<Vec<u8>, Error> {
+    postcard::to_allocvec(value).map_err(|source| Error { what, source })
+}
+
+/// Serializes `value` into a buffer of `capacity` bytes to start with (the size of the
+/// worker's previous capture): a worker's snapshot pause then does not regrow the buffer.
+pub(crate) fn encode_sized<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+    capacity: usize,
+) -> Result<Vec<u8>, Error> {
+    postcard::to_extend(value, Vec::with_capacity(capacity))
+        .map_err(|source| Error { what, source })
+}
+
+/// Deserializes a value of type `T` from `bytes`.
+pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, Error> {
+    postcard::from_bytes(bytes).map_err(|source| Error { what, source })
+}
+
+/// The static name of what a peer said it could not encode or decode (the wire carries it
+/// as text); anything unknown is "a value".
+pub(crate) fn what_of(text: &str) -> &'static str {
+    const KNOWN: &[&str] = &[
+        "a chunk state",
+        "a chunk output",
+        "the job",
+        "the reduced value",
+        "the run configuration",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| **k == text)
+        .copied()
+        .unwrap_or("a value")
+}

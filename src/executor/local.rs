@@ -1,0 +1,142 @@
+//! Local workers: threads of this process, and the inline worker (the thread blocked in
+//! [`JobHandle::wait`](crate::JobHandle::wait) when the job has zero threads). Both are hosts
+//! of the crate's one chunk runner (`crate::run`): their requests are the [`INTERRUPT`] and
+//! [`CAPTURE`] bits the coordinator raises under the job's lock, and their results go to the
+//! core under that lock.
+
+use std::sync::Arc;
+
+use crossbeam_channel::Receiver;
+
+use super::snapshot::Captured;
+use super::{Msg, Shared, State};
+use crate::codec;
+use crate::error::Error;
+use crate::job::Job;
+use crate::metrics::StepStats;
+use crate::run::{self, Attend, CAPTURE, Cell, Held, Host, INTERRUPT, Ran};
+use crate::schedule::{ChunkId, Event, WorkerId};
+
+/// The body of a local worker thread: serve messages until released.
+pub(super) fn thread_main<J: Job>(shared: Arc<Shared<J>>, rx: Receiver<Msg<J>>) {
+    let mut stats = StepStats::new(J::NAME);
+    let mut next = None;
+    loop {
+        let msg = match next.take() {
+            Some(m) => m,
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return,
+            },
+        };
+        match msg {
+            Msg::Run { .. } => next = run_one(&shared, msg, &mut stats),
+            Msg::Release => return,
+            Msg::Wake => {}
+        }
+    }
+}
+
+/// Serves as the inline worker on the waiting thread until the job has a result.
+pub(super) fn serve_inline<J: Job>(shared: &Arc<Shared<J>>, rx: &Receiver<Msg<J>>) {
+    let mut stats = StepStats::new(J::NAME);
+    let mut next = None;
+    loop {
+        if next.is_none() && shared.lock().ended {
+            return;
+        }
+        let msg = match next.take() {
+            Some(m) => m,
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return,
+            },
+        };
+        if let Msg::Run { .. } = msg {
+            next = run_one(shared, msg, &mut stats);
+        }
+    }
+}
+
+/// The runner's host for a local worker's chunk.
+struct Local<'a, J: Job> {
+    shared: &'a Arc<Shared<J>>,
+    chunk: ChunkId,
+}
+
+impl<J: Job> Host for Local<'_, J> {
+    fn attend(&mut self, cell: &Cell) -> Attend {
+        let bits = cell.take();
+        if bits & INTERRUPT != 0 {
+            // A handed-back state also serves a capture asked for at the same time.
+            Attend::Stop
+        } else if bits & CAPTURE != 0 {
+            Attend::Capture
+        } else {
+            Attend::Continue
+        }
+    }
+
+    fn captured(&mut self, state: Result<Vec<u8>, codec::Error>) {
+        let captured = state
+            .map(|b| Captured::State(b.into()))
+            .map_err(Error::from);
+        self.shared
+            .lock()
+            .captured(self.shared, self.chunk, captured);
+    }
+}
+
+/// Runs one chunk and reports it; returns the worker's next message if the core had one.
+fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> Option<Msg<J>> {
+    let Msg::Run {
+        worker,
+        assignment,
+        job,
+        cell,
+    } = msg
+    else {
+        return None;
+    };
+    let chunk = assignment.chunk;
+    let mut host = Local { shared, chunk };
+    let ran = run::run(&*job, &shared.inputs, assignment, &cell, stats, &mut host);
+    // Drop our handle on the job before reporting: at a phase barrier the core's holder
+    // must be the last one.
+    drop(job);
+    let mut st = shared.lock();
+    // Step 4 of the flag contract: under the lock, before the core can ask anything about
+    // this worker's next chunk.
+    cell.clear();
+    let event = match ran {
+        Ran::Failed(e) => return abandon(shared, &mut st, worker, e),
+        Ran::Done { output, work } => Event::Done {
+            worker,
+            chunk,
+            output,
+            work,
+        },
+        Ran::Yielded { state, work } => Event::Yielded {
+            worker,
+            chunk,
+            state: Held::Live(state),
+            work,
+        },
+    };
+    st.report(shared, event, Some(worker))
+}
+
+/// Ends the job with `error` after this worker lost its chunk (user code panicked, the input
+/// did not load, a restored state did not decode): the chunk's state is gone, so the worker
+/// leaves the core as lost, and is released.
+fn abandon<J: Job>(
+    shared: &Arc<Shared<J>>,
+    st: &mut State<J>,
+    worker: WorkerId,
+    error: Error,
+) -> Option<Msg<J>> {
+    st.fail(shared, error);
+    st.report(shared, Event::Lost { worker }, Some(worker));
+    st.release(worker);
+    Some(Msg::Release)
+}

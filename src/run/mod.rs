@@ -1,0 +1,129 @@
+//! The chunk runner: one way to run a chunk's steps, used by local threads, the inline worker
+//! and the threads of remote worker processes.
+//!
+//! - `cell.rs`: the per-worker attention flag and progress, and the one memory-ordering
+//!   contract every requester and every runner follows.
+//! - `runner.rs`: runs a chunk's steps until it is done, handed back or captured, asking its
+//!   [`Host`] what to do whenever the flag is raised.
+//! - `stop.rs`: the [`SuspendToken`](crate::SuspendToken) (a cancellation token).
+//!
+//! This layer knows the user contract ([`Job`](crate::Job), [`Chunk`](crate::Chunk)) and the
+//! codec, never the executor, the wire or the store: where a request comes from (the job's
+//! lock, a frame) and where a result goes (the ledger, a socket) is the host's business.
+
+mod cell;
+mod runner;
+mod stop;
+
+pub(crate) use cell::{CAPTURE, Cell, INTERRUPT, MAIL};
+pub(crate) use runner::{Assignment, Attend, Host, Ran, run};
+pub use stop::SuspendToken;
+
+use std::sync::{Arc, OnceLock};
+
+use crate::codec;
+use crate::error::{Error, Site, panic_message};
+use crate::job::{BoxError, Input, Job};
+
+/// Runs user code, turning a panic into [`Error::Panicked`].
+pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| Error::Panicked {
+        job,
+        site,
+        message: panic_message(p.as_ref()),
+    })
+}
+
+/// A chunk's state as whoever holds it has it: live, or as the bytes it arrived in (from a
+/// snapshot, or from a remote worker).
+///
+/// Bytes are decoded only by the worker that runs the chunk next: a restore reads the parts
+/// and starts (decoding is spread over the workers and overlaps computing), and a state that
+/// goes from one remote worker to another is never decoded on the way.
+pub(crate) enum Held<C> {
+    Live(C),
+    Bytes(bytes::Bytes),
+}
+
+impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
+    /// The live state, decoding it if needed.
+    pub(crate) fn into_live(self) -> Result<C, codec::Error> {
+        match self {
+            Held::Live(c) => Ok(c),
+            Held::Bytes(b) => codec::decode("a chunk state", &b),
+        }
+    }
+
+    /// The state's bytes, encoding it if needed.
+    pub(crate) fn to_bytes(&self) -> Result<bytes::Bytes, codec::Error> {
+        match self {
+            Held::Live(c) => codec::encode("a chunk state", c).map(bytes::Bytes::from),
+            Held::Bytes(b) => Ok(b.clone()),
+        }
+    }
+}
+
+/// Why a job's input did not load, shared by every worker of the process that asks for it.
+#[derive(Debug, Clone)]
+pub(crate) enum InputFailure {
+    /// `Input::load` returned this error.
+    Error(Arc<BoxError>),
+    /// `Input::load` panicked with this message.
+    Panicked(String),
+}
+
+/// A job's input, loaded once per process and job run by the first worker that needs it.
+pub(crate) struct Inputs<J: Job>(OnceLock<Result<J::Input, InputFailure>>);
+
+impl<J: Job> Default for Inputs<J> {
+    fn default() -> Self {
+        Inputs(OnceLock::new())
+    }
+}
+
+impl<J: Job> Inputs<J> {
+    /// The input, loading it on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Input`] with the loader's error as its source, or [`Error::Panicked`] at
+    /// [`Site::Input`] if it panicked: the same error for every worker that asks.
+    pub(crate) fn get(&self, job: &J) -> Result<&J::Input, Error> {
+        let loaded = self.0.get_or_init(|| {
+            match catch(Site::Input, J::NAME, || <J::Input as Input<J>>::load(job)) {
+                Ok(Ok(input)) => Ok(input),
+                Ok(Err(e)) => Err(InputFailure::Error(Arc::new(e))),
+                Err(Error::Panicked { message, .. }) => Err(InputFailure::Panicked(message)),
+                Err(other) => Err(InputFailure::Panicked(other.to_string())),
+            }
+        });
+        loaded.as_ref().map_err(|f| match f {
+            InputFailure::Error(e) => Error::Input {
+                job: J::NAME,
+                source: Box::new(SharedError(Arc::clone(e))),
+            },
+            InputFailure::Panicked(message) => Error::Panicked {
+                job: J::NAME,
+                site: Site::Input,
+                message: message.clone(),
+            },
+        })
+    }
+}
+
+/// An error shared by several workers (the input's), seen through as itself: its `Display`
+/// and `source` are the original's.
+#[derive(Debug)]
+struct SharedError(Arc<BoxError>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}

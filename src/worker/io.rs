@@ -1,0 +1,320 @@
+//! The I/O task of a worker process: frames in and out, heartbeats and the lease, and the
+//! snapshot parts this process writes itself (steps 2-7 of the protocol in `mod.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::codec::Framed;
+
+use super::thread::{Run, SlotMsg, Thread};
+use crate::codec;
+use crate::job::Job;
+use crate::run::{MAIL, SuspendToken};
+use crate::wire::Error;
+use crate::wire::frame::{self, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
+
+pub(super) struct Io {
+    pub(super) peer: String,
+    pub(super) heartbeat: Duration,
+    pub(super) lease: Duration,
+    pub(super) max_frame: usize,
+    pub(super) stop: Option<SuspendToken>,
+    pub(super) signals: bool,
+    pub(super) dialled: std::time::Instant,
+    pub(super) first_run: std::cell::Cell<Option<Duration>>,
+    pub(super) parts_written: std::cell::Cell<u64>,
+}
+
+/// What background tasks of the I/O loop report.
+enum Background {
+    /// The store offered by the coordinator was checked: usable, or why not.
+    Store(Result<(crate::snapshot::Store, String), String>),
+    /// A captured state went to the store (`CapturedPart`), or could not and goes to the
+    /// coordinator instead (`Captured`).
+    Part(ToCoordinator),
+}
+
+/// Parts this process writes to the job's store itself (step 7 above).
+#[derive(Default)]
+struct Parts {
+    /// The store and job id, once the witness was read there.
+    store: Option<(crate::snapshot::Store, String)>,
+    /// A check of an offered store is under way.
+    checking: bool,
+    /// The epoch folder of each requested capture.
+    folders: std::collections::HashMap<(u32, u64), u64>,
+}
+
+impl Parts {
+    /// Checks an offered store in the background: it is the coordinator's if the witness
+    /// snapshot is there with the same creation time.
+    fn offered(&mut self, msg: ToWorker, tx: &UnboundedSender<Background>) {
+        let ToWorker::Store {
+            url,
+            options,
+            job_id,
+            epoch,
+            created_unix_ms,
+        } = msg
+        else {
+            return;
+        };
+        if self.store.is_some() || self.checking {
+            return;
+        }
+        self.checking = true;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let checked = async {
+                let store =
+                    crate::snapshot::Store::open_with(&url, options).map_err(|e| e.to_string())?;
+                let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
+                let manifest = store.manifest(&id).await.map_err(|e| e.to_string())?;
+                if manifest.created_unix_ms != created_unix_ms {
+                    return Err(format!(
+                        "snapshot {id} in {url} is not the coordinator's (created at another time)"
+                    ));
+                }
+                Ok((store, job_id))
+            };
+            let _ = tx.send(Background::Store(checked.await));
+        });
+    }
+
+    /// Routes a message of a thread: a captured state that this process can store goes up
+    /// in the background; anything else goes to the coordinator now.
+    fn route(
+        &mut self,
+        msg: ToCoordinator,
+        phase: Option<u64>,
+        tx: &UnboundedSender<Background>,
+    ) -> Option<ToCoordinator> {
+        let (slot, chunk) = match &msg {
+            ToCoordinator::Captured { slot, chunk, .. }
+            | ToCoordinator::Done { slot, chunk, .. }
+            | ToCoordinator::Yielded { slot, chunk, .. }
+            | ToCoordinator::Failed { slot, chunk, .. } => (*slot, *chunk),
+            _ => return Some(msg),
+        };
+        let folder = self.folders.remove(&(slot, chunk));
+        let (
+            ToCoordinator::Captured { state, .. },
+            Some(folder),
+            Some((store, job_id)),
+            Some(phase),
+        ) = (&msg, folder, &self.store, phase)
+        else {
+            return Some(msg);
+        };
+        let (store, job_id, state, tx) = (store.clone(), job_id.clone(), state.clone(), tx.clone());
+        tokio::spawn(async move {
+            let reply = match store
+                .put_part(&job_id, folder, phase, chunk, state.clone())
+                .await
+            {
+                Ok(part) => ToCoordinator::CapturedPart { slot, chunk, part },
+                Err(e) => {
+                    tracing::warn!(error = %e, "a part could not be stored; it goes to the coordinator");
+                    ToCoordinator::Captured { slot, chunk, state }
+                }
+            };
+            let _ = tx.send(Background::Part(reply));
+        });
+        None
+    }
+}
+
+impl Io {
+    /// The I/O loop; returns whether the process left on a stop request.
+    pub(super) async fn run<J: Job>(
+        &self,
+        framed: Framed<tokio::net::TcpStream, tokio_util::codec::LengthDelimitedCodec>,
+        threads: &mut [Thread<J>],
+        mut out_rx: UnboundedReceiver<ToCoordinator>,
+    ) -> Result<bool, Error> {
+        let peer = &self.peer;
+        let io_error = |source| Error::Io {
+            peer: peer.clone(),
+            source,
+        };
+        let (mut sink, mut stream) = framed.split();
+        let mut beat = tokio::time::interval(self.heartbeat);
+        let mut job: Option<(u64, Arc<J>)> = None;
+        let mut left = false;
+        let mut sigterm = self
+            .signals
+            .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok())
+            .flatten();
+        let mut sigint = self
+            .signals
+            .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok())
+            .flatten();
+        let stop = self.stop.clone();
+        let mut parts = Parts::default();
+        let (bg_tx, mut bg_rx) = unbounded_channel();
+        loop {
+            let phase = job.as_ref().map(|(p, _)| *p);
+            let stop_now = tokio::select! {
+                next = tokio::time::timeout(self.lease, stream.next()) => {
+                    let bytes = match next {
+                        Err(_) => return Err(Error::LeaseExpired { peer: peer.clone(), after: self.lease }),
+                        Ok(None) => return Err(Error::Closed { peer: peer.clone() }),
+                        Ok(Some(Err(e))) => return Err(Error::io(peer, e, self.max_frame)),
+                        Ok(Some(Ok(b))) => b,
+                    };
+                    match frame::decode_frame_to_worker(peer, bytes.freeze())? {
+                        ToWorker::End => {
+                            let _ = sink.close().await;
+                            return Ok(left);
+                        }
+                        msg @ ToWorker::Store { .. } => parts.offered(msg, &bg_tx),
+                        msg => {
+                            if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
+                                self.first_run.set(Some(self.dialled.elapsed()));
+                            }
+                            if let ToWorker::Capture { slot, chunk, folder } = msg {
+                                parts.folders.insert((slot, chunk), folder);
+                            }
+                            dispatch(peer, msg, threads, &mut job)?;
+                        }
+                    }
+                    false
+                }
+                msg = out_rx.recv() => {
+                    let Some(msg) = msg else { return Ok(left) };
+                    let mut next = Some(msg);
+                    while let Some(msg) = next {
+                        if let Some(m) = parts.route(msg, phase, &bg_tx) {
+                            sink.feed(frame::encode(&m)).await.map_err(io_error)?;
+                        }
+                        next = out_rx.try_recv().ok();
+                    }
+                    sink.flush().await.map_err(io_error)?;
+                    false
+                }
+                Some(done) = bg_rx.recv() => {
+                    match done {
+                        Background::Store(Ok(store)) => {
+                            tracing::info!(store = store.0.url(), "this worker process writes its own snapshot parts");
+                            parts.store = Some(store);
+                            parts.checking = false;
+                        }
+                        Background::Store(Err(why)) => {
+                            tracing::info!(why, "snapshot parts go to the coordinator");
+                            parts.checking = false;
+                        }
+                        Background::Part(msg) => {
+                            if matches!(msg, ToCoordinator::CapturedPart { .. }) {
+                                self.parts_written.set(self.parts_written.get() + 1);
+                            } else {
+                                parts.store = None;
+                            }
+                            sink.send(frame::encode(&msg)).await.map_err(io_error)?;
+                        }
+                    }
+                    false
+                }
+                _ = beat.tick() => {
+                    let progress = threads.iter().map(|s| s.cell.progress()).collect();
+                    sink.send(frame::encode(&ToCoordinator::Heartbeat { progress })).await.map_err(io_error)?;
+                    false
+                }
+                _ = async { stop.as_ref().expect("guarded").fired().await }, if stop.is_some() && !left => true,
+                _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() && !left => true,
+                _ = async { sigint.as_mut().expect("guarded").recv().await }, if sigint.is_some() && !left => true,
+            };
+            if stop_now {
+                left = true;
+                sink.send(frame::encode(&ToCoordinator::Leave))
+                    .await
+                    .map_err(io_error)?;
+            }
+        }
+    }
+}
+
+/// Hands a coordinator's message to the thread of the slot it is for.
+fn dispatch<J: Job>(
+    peer: &str,
+    msg: ToWorker,
+    threads: &mut [Thread<J>],
+    job: &mut Option<(u64, Arc<J>)>,
+) -> Result<(), Error> {
+    let bad = |reason: String| Error::Malformed {
+        peer: peer.to_owned(),
+        what: "a message to a worker",
+        reason,
+    };
+    // The thread of a live slot, and the slot's index in it.
+    let thread_of = |threads: &[Thread<J>], slot: u32| {
+        let (t, i) = (
+            (slot / SLOTS_PER_THREAD) as usize,
+            (slot % SLOTS_PER_THREAD) as usize,
+        );
+        threads
+            .get(t)
+            .filter(|th| th.tx.is_some() && th.live[i])
+            .map(|_| (t, i))
+            .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
+    };
+    match msg {
+        ToWorker::Phase { phase, job: bytes } => {
+            let value: J = codec::decode("the job", &bytes).map_err(|e| bad(e.to_string()))?;
+            *job = Some((phase, Arc::new(value)));
+        }
+        ToWorker::Run {
+            slot,
+            chunk,
+            start,
+            end,
+            state,
+        } => {
+            let Some((phase, j)) = job.as_ref() else {
+                return Err(bad("a run before the job value".into()));
+            };
+            if start > end {
+                return Err(bad(format!("an empty range {start}..{end}")));
+            }
+            let (t, _) = thread_of(threads, slot)?;
+            let _ = threads[t]
+                .tx
+                .as_ref()
+                .expect("live")
+                .send(SlotMsg::Run(Run {
+                    slot,
+                    chunk,
+                    range: start..end,
+                    state,
+                    job: Arc::clone(j),
+                    phase: *phase,
+                }));
+        }
+        ToWorker::Interrupt { slot, chunk } | ToWorker::Capture { slot, chunk, .. } => {
+            let capture = matches!(msg, ToWorker::Capture { .. });
+            let (t, _) = thread_of(threads, slot)?;
+            let th = &threads[t];
+            let m = if capture {
+                SlotMsg::Capture { slot, chunk }
+            } else {
+                SlotMsg::Interrupt { slot, chunk }
+            };
+            let _ = th.tx.as_ref().expect("live").send(m);
+            // After the send (step 1 of the flag contract in `run/cell.rs`): the thread that
+            // takes the bit finds the message.
+            th.cell.raise(MAIL);
+        }
+        ToWorker::Release { slot } => {
+            let (t, i) = thread_of(threads, slot)?;
+            let th = &mut threads[t];
+            th.live[i] = false;
+            if th.live.iter().all(|l| !l) {
+                // Closing its queue ends the (idle) thread.
+                th.tx = None;
+            }
+        }
+        ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
+    }
+    Ok(())
+}

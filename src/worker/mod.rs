@@ -1,0 +1,355 @@
+//! The worker process's side: dial the coordinator, shake hands, and run chunks on N threads
+//! with the same chunk runner as local workers (`crate::run`), until the job ends or the
+//! process is asked to stop.
+//!
+//! - `mod.rs` (this file): [`serve`], [`Registry`], [`WorkerOptions`], [`Served`]; the
+//!   membership protocol as a worker process sees it.
+//! - `io.rs`: the I/O task: frames in and out, heartbeats, the lease, parts this process
+//!   writes to the job's store itself.
+//! - `thread.rs`: a compute thread and its slots, a host of the chunk runner.
+//!
+//! This layer combines the wire (`crate::cluster`), the runner (`crate::run`) and the store
+//! (`crate::snapshot`); it never imports the executor, and the executor never imports it.
+//! Its public items are re-exported under [`crate::cluster`].
+//!
+//! # Membership, as a worker process sees it
+//!
+//! 1. *Join.* After the handshake the coordinator counts each of the process's threads as
+//!    [`SLOTS_PER_THREAD`] workers of the job (*slots*). It sends the job value of the current
+//!    phase once (`Phase`), then `Run`s, each for a slot.
+//! 2. *Run.* A thread runs its slots' chunks one at a time, in the order they came, step after
+//!    step, reading one flag per step, and sends `Done` with the output when a chunk ends: one
+//!    message per chunk, never per step. While it runs one chunk, the next waits in its queue,
+//!    so it never idles for a round trip. Messages that arrive together are sent together (one
+//!    flush for all that are queued).
+//! 3. *Adjust.* `Interrupt` and `Capture` name the slot and chunk they are for; the I/O task
+//!    queues them for the thread and sets its flag; the thread acts on them at its next
+//!    adjustment point: for the chunk it runs, it hands the chunk back (`Yielded`) or sends
+//!    its state (`Captured`); for a chunk still waiting, it does so at once with the state the
+//!    chunk came with (from scratch: a new chunk's state); for a chunk it no longer holds it
+//!    does nothing (the chunk ended first and its `Done` crossed the request on the wire; the
+//!    coordinator takes the `Done`).
+//! 4. *Heartbeats* go both ways every heartbeat period, with each slot's progress. A side that
+//!    hears nothing for a lease gives the other up: the coordinator puts the slots' chunks back
+//!    with the last state it holds; the worker stops computing and returns an error.
+//! 5. *Leave.* A stop request (the stop token, or SIGTERM/SIGINT with
+//!    [`WorkerOptions::stop_on_signals`]) sends `Leave`; the coordinator retires the slots,
+//!    whose chunks come back as `Yielded` at their next adjustment point, then sends `End`.
+//! 6. *End.* `End` (the job finished, was suspended, failed or cancelled, or this process was
+//!    retired): the threads stop and [`serve`] returns.
+//! 7. *Snapshot parts.* Once a snapshot is committed, the coordinator offers the store
+//!    (`Store`: its URL without credentials, non-secret options, and that snapshot as a
+//!    witness). The I/O task opens the URL with this process's own environment (credentials
+//!    stay where they are) and reads the witness's manifest; if it is there with the same
+//!    creation time, the store is the coordinator's, and from then on a state captured for a
+//!    snapshot is written to the epoch folder the `Capture` names and reported as
+//!    `CapturedPart` (its key, size and checksum) instead of crossing the wire. Until then, or
+//!    if the store cannot be reached from here (another disk behind the same `file://` path,
+//!    no credentials, a write that fails), states go to the coordinator as `Captured`, which
+//!    writes them. Either way the coordinator's writer lists the part in the manifest and is
+//!    the only one to commit.
+//!
+//! Why no chunk is lost or counted twice: a chunk leaves a slot only as `Done` or `Yielded`
+//! (at most one per `Run`: a `Run` is in the thread's queue or running until exactly one of
+//! them is sent, and a request for a chunk the thread no longer holds is ignored),
+//! or with the slot's loss, which the coordinator handles as `Lost` in its ledger (the
+//! ledger's invariant: a chunk is with exactly one worker or pending). A message of a lost
+//! slot that arrives late is refused by the ledger, not merged.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::codec::Framed;
+
+use crate::job::Job;
+use crate::run::{Cell, Inputs, SuspendToken};
+use crate::wire::Error;
+use crate::wire::frame;
+use crate::wire::handshake::{self, Token};
+
+mod io;
+mod thread;
+
+use io::Io;
+use thread::Thread;
+
+type Runner = fn(&tokio::runtime::Runtime, Session) -> Result<Served, Error>;
+
+/// The job types a worker process can run.
+#[derive(Clone, Default)]
+pub struct Registry {
+    jobs: Vec<(&'static str, Runner)>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.jobs.iter().map(|(n, _)| n))
+            .finish()
+    }
+}
+
+impl Registry {
+    /// No job types.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    /// Adds job type `J` (known by its [`Job::NAME`]).
+    pub fn register<J: Job>(mut self) -> Registry {
+        if !self.jobs.iter().any(|(n, _)| *n == J::NAME) {
+            self.jobs.push((J::NAME, run_job::<J>));
+        }
+        self
+    }
+
+    /// The registered job names.
+    pub fn names(&self) -> Vec<String> {
+        self.jobs.iter().map(|(n, _)| (*n).to_owned()).collect()
+    }
+}
+
+/// How a worker process serves.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    threads: usize,
+    token: Option<Token>,
+    max_frame: usize,
+    timeout: Duration,
+    stop: Option<SuspendToken>,
+    signals: bool,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            threads: std::thread::available_parallelism().map_or(1, usize::from),
+            token: None,
+            max_frame: frame::DEFAULT_MAX_FRAME,
+            timeout: Duration::from_secs(10),
+            stop: None,
+            signals: false,
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// The defaults: as many threads as the machine's parallelism, the token from
+    /// [`TOKEN_ENV`](super::TOKEN_ENV) if set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Token`] if the variable is set but empty.
+    pub fn from_env() -> Result<WorkerOptions, Error> {
+        Ok(WorkerOptions {
+            token: Token::from_env()?,
+            ..WorkerOptions::default()
+        })
+    }
+
+    /// Compute threads (at least 1).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
+    }
+
+    /// The shared token.
+    pub fn token(mut self, token: Token) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// The maximum frame length (default 64 MiB).
+    pub fn max_frame(mut self, bytes: usize) -> Self {
+        self.max_frame = bytes;
+        self
+    }
+
+    /// Time limit for connecting and for the handshake (default 10 s).
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// Leave the job gracefully when `token` fires.
+    pub fn stop_on(mut self, token: &SuspendToken) -> Self {
+        self.stop = Some(token.clone());
+        self
+    }
+
+    /// Leave the job gracefully on SIGTERM or SIGINT.
+    pub fn stop_on_signals(mut self) -> Self {
+        self.signals = true;
+        self
+    }
+}
+
+/// What a worker process did, from [`serve`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Served {
+    /// The job's name.
+    pub job: String,
+    /// Chunks finished here.
+    pub chunks_done: u64,
+    /// Chunks handed back (retire, leave, suspend).
+    pub chunks_yielded: u64,
+    /// Whether this process left because it was asked to stop.
+    pub left: bool,
+    /// From dialling the coordinator to the first chunk received (the join latency), if one
+    /// was.
+    pub first_run_after: Option<Duration>,
+    /// Snapshot parts this process wrote to the job's store itself (the others went to the
+    /// coordinator).
+    pub parts_written: u64,
+}
+
+/// An established connection, before the job type is known.
+pub(crate) struct Session {
+    framed: Framed<tokio::net::TcpStream, tokio_util::codec::LengthDelimitedCodec>,
+    peer: String,
+    job: String,
+    heartbeat: Duration,
+    lease: Duration,
+    options: WorkerOptions,
+    dialled: std::time::Instant,
+}
+
+/// Serves one job of the coordinator at `addr` as a worker process: connects, shakes hands,
+/// runs chunks on `options`' threads, and returns when the job ends, this process is retired,
+/// or it leaves after a stop request. Blocks the calling thread.
+///
+/// # Errors
+///
+/// [`Error`] for a coordinator that cannot be reached or refuses this worker (wrong token,
+/// another protocol version, no job in common), or a connection lost before the end.
+pub fn serve(addr: &str, registry: &Registry, options: WorkerOptions) -> Result<Served, Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Address {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    let session = rt.block_on(connect(addr, registry, options))?;
+    let runner = registry
+        .jobs
+        .iter()
+        .find(|(n, _)| *n == session.job)
+        .map(|(_, r)| *r)
+        .ok_or_else(|| Error::Malformed {
+            peer: session.peer.clone(),
+            what: "a welcome",
+            reason: format!("job {} was not offered", session.job),
+        })?;
+    runner(&rt, session)
+}
+
+async fn connect(
+    addr: &str,
+    registry: &Registry,
+    options: WorkerOptions,
+) -> Result<Session, Error> {
+    let timeout = options.timeout;
+    let dialled = std::time::Instant::now();
+    let address = |source| Error::Address {
+        addr: addr.to_owned(),
+        source,
+    };
+    let stream = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| address(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(address)?;
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| addr.to_owned(), |a: SocketAddr| a.to_string());
+    let mut framed = Framed::new(stream, frame::codec(options.max_frame));
+    let threads = u32::try_from(options.threads).unwrap_or(u32::MAX);
+    let shake = handshake::worker(
+        &mut framed,
+        &peer,
+        options.token.as_ref(),
+        options.max_frame,
+        registry.names(),
+        threads,
+    );
+    let welcomed =
+        tokio::time::timeout(timeout, shake)
+            .await
+            .map_err(|_| Error::HandshakeTimeout {
+                peer: peer.clone(),
+                after: timeout,
+            })??;
+    Ok(Session {
+        framed,
+        peer,
+        job: welcomed.job,
+        heartbeat: Duration::from_millis(welcomed.heartbeat_ms.max(1)),
+        lease: Duration::from_millis(welcomed.lease_ms.max(1)),
+        options,
+        dialled,
+    })
+}
+
+fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Served, Error> {
+    let Session {
+        framed,
+        peer,
+        job: name,
+        heartbeat,
+        lease,
+        options,
+        dialled,
+    } = session;
+    let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
+    let inputs: Arc<Inputs<J>> = Arc::default();
+    let mut threads: Vec<Thread<J>> = Vec::with_capacity(options.threads);
+    for index in 0..options.threads {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let cell: Arc<Cell> = Arc::default();
+        let (cell2, out, inputs) = (Arc::clone(&cell), out_tx.clone(), Arc::clone(&inputs));
+        let thread = std::thread::Builder::new()
+            .name(format!("malleable-remote-{index}"))
+            .spawn(move || thread::main::<J>(&rx, &cell2, &out, &inputs))
+            .map_err(|source| Error::Io {
+                peer: peer.clone(),
+                source,
+            })?;
+        threads.push(Thread::new(tx, cell, thread));
+    }
+    drop(out_tx);
+    let io = Io {
+        peer: peer.clone(),
+        heartbeat,
+        lease,
+        max_frame: options.max_frame,
+        stop: options.stop.clone(),
+        signals: options.signals,
+        dialled,
+        first_run: std::cell::Cell::new(None),
+        parts_written: std::cell::Cell::new(0),
+    };
+    let ended = rt.block_on(io.run(framed, &mut threads, out_rx));
+    // Whatever happened, the threads stop: their queues close and their flags are raised.
+    let mut done = (0, 0);
+    for s in &mut threads {
+        s.stop();
+    }
+    for s in &mut threads {
+        if let Some((d, y)) = s.join() {
+            done.0 += d;
+            done.1 += y;
+        }
+    }
+    let left = ended?;
+    Ok(Served {
+        job: name,
+        chunks_done: done.0,
+        chunks_yielded: done.1,
+        left,
+        first_run_after: io.first_run.get(),
+        parts_written: io.parts_written.get(),
+    })
+}

@@ -1,0 +1,330 @@
+//! A compute thread of a worker process and its slots: a host of the chunk runner whose
+//! requests come through a queue (the I/O task queues a message, then raises [`MAIL`]) and
+//! whose results go to the I/O task as messages to the coordinator.
+//!
+//! A thread runs its slots' chunks one at a time, in the order they came. At each adjustment
+//! point where the flag is raised it takes its queue: new chunks join the waiting ones; a
+//! request for a waiting chunk is answered at once with the state that chunk came with; a
+//! request for the running chunk is the runner's answer (stop, capture); a request for a
+//! chunk that is no longer here is dropped (its `Done` crossed the request on the wire).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::codec;
+use crate::error::{Error, Site};
+use crate::job::Job;
+use crate::metrics::StepStats;
+use crate::run::{self, Assignment, Attend, Cell, Held, Host, Inputs, MAIL, Ran};
+use crate::wire::frame::{Failure, SLOTS_PER_THREAD, ToCoordinator};
+
+/// A chunk to run in a slot.
+pub(super) struct Run<J: Job> {
+    pub(super) slot: u32,
+    pub(super) chunk: u64,
+    pub(super) range: std::ops::Range<u64>,
+    pub(super) state: Option<Bytes>,
+    pub(super) job: Arc<J>,
+    pub(super) phase: u64,
+}
+
+/// What the I/O task queues for a thread.
+pub(super) enum SlotMsg<J: Job> {
+    Run(Run<J>),
+    Interrupt { slot: u32, chunk: u64 },
+    Capture { slot: u32, chunk: u64 },
+}
+
+/// A compute thread, as the I/O task sees it.
+pub(super) struct Thread<J: Job> {
+    pub(super) tx: Option<Sender<SlotMsg<J>>>,
+    pub(super) cell: Arc<Cell>,
+    thread: Option<std::thread::JoinHandle<(u64, u64)>>,
+    /// Which of its slots are still workers of the job.
+    pub(super) live: [bool; SLOTS_PER_THREAD as usize],
+}
+
+impl<J: Job> Thread<J> {
+    pub(super) fn new(
+        tx: Sender<SlotMsg<J>>,
+        cell: Arc<Cell>,
+        thread: std::thread::JoinHandle<(u64, u64)>,
+    ) -> Thread<J> {
+        Thread {
+            tx: Some(tx),
+            cell,
+            thread: Some(thread),
+            live: [true; SLOTS_PER_THREAD as usize],
+        }
+    }
+
+    /// Closes the thread's queue and raises its flag: it stops at its next adjustment point
+    /// without reporting.
+    pub(super) fn stop(&mut self) {
+        self.tx = None;
+        self.cell.raise(MAIL);
+    }
+
+    /// Waits for the thread; the chunks it finished and handed back.
+    pub(super) fn join(&mut self) -> Option<(u64, u64)> {
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+/// A thread's queue and the chunks waiting in it.
+struct Queue<'a, J: Job> {
+    rx: &'a Receiver<SlotMsg<J>>,
+    out: &'a UnboundedSender<ToCoordinator>,
+    waiting: VecDeque<Run<J>>,
+    /// The queue closed: the job ended for this process.
+    gone: bool,
+    done: u64,
+    yielded: u64,
+}
+
+/// What a thread was asked about the chunk it runs.
+#[derive(Default)]
+struct Asked {
+    interrupt: bool,
+    capture: bool,
+}
+
+impl<J: Job> Queue<'_, J> {
+    /// Takes the queued messages: runs join `waiting`; a request for a waiting chunk is
+    /// answered at once (it has the state it came with); one for `running` (slot, chunk) is
+    /// returned; others are for chunks that ended here and are dropped.
+    fn take(&mut self, running: Option<(u32, u64)>) -> Asked {
+        let mut asked = Asked::default();
+        loop {
+            let (slot, chunk, capture) = match self.rx.try_recv() {
+                Ok(SlotMsg::Run(run)) => {
+                    self.waiting.push_back(run);
+                    continue;
+                }
+                Ok(SlotMsg::Interrupt { slot, chunk }) => (slot, chunk, false),
+                Ok(SlotMsg::Capture { slot, chunk }) => (slot, chunk, true),
+                Err(TryRecvError::Empty) => return asked,
+                Err(TryRecvError::Disconnected) => {
+                    self.gone = true;
+                    return asked;
+                }
+            };
+            if running == Some((slot, chunk)) {
+                if capture {
+                    asked.capture = true;
+                } else {
+                    asked.interrupt = true;
+                }
+                continue;
+            }
+            let Some(at) = self
+                .waiting
+                .iter()
+                .position(|r| r.slot == slot && r.chunk == chunk)
+            else {
+                continue;
+            };
+            let state = match self.waiting[at].state.clone() {
+                Some(bytes) => Ok(bytes),
+                None => {
+                    let r = &self.waiting[at];
+                    codec::encode("a chunk state", &r.job.chunk(r.range.clone())).map(Bytes::from)
+                }
+            };
+            let msg = match state {
+                Err(e) => ToCoordinator::Failed {
+                    slot,
+                    chunk,
+                    failure: failure_of(e.into()),
+                },
+                Ok(state) if capture => ToCoordinator::Captured { slot, chunk, state },
+                Ok(state) => {
+                    self.waiting.remove(at);
+                    self.yielded += 1;
+                    ToCoordinator::Yielded {
+                        slot,
+                        chunk,
+                        state,
+                        iterations: 0,
+                        busy_ns: 0,
+                    }
+                }
+            };
+            let _ = self.out.send(msg);
+        }
+    }
+}
+
+/// The runner's host for one chunk of a slot.
+struct Slot<'q, 'a, J: Job> {
+    queue: &'q mut Queue<'a, J>,
+    slot: u32,
+    chunk: u64,
+}
+
+impl<J: Job> Host for Slot<'_, '_, J> {
+    fn attend(&mut self, cell: &Cell) -> Attend {
+        cell.take();
+        let asked = self.queue.take(Some((self.slot, self.chunk)));
+        if self.queue.gone || asked.interrupt {
+            Attend::Stop
+        } else if asked.capture {
+            Attend::Capture
+        } else {
+            Attend::Continue
+        }
+    }
+
+    fn captured(&mut self, state: Result<Vec<u8>, codec::Error>) {
+        let (slot, chunk) = (self.slot, self.chunk);
+        let _ = self.queue.out.send(match state {
+            Ok(b) => ToCoordinator::Captured {
+                slot,
+                chunk,
+                state: b.into(),
+            },
+            Err(e) => ToCoordinator::Failed {
+                slot,
+                chunk,
+                failure: failure_of(e.into()),
+            },
+        });
+    }
+}
+
+/// A compute thread: runs its slots' chunks one at a time, in the order they came, until its
+/// queue closes. Returns the chunks finished and handed back.
+pub(super) fn main<J: Job>(
+    rx: &Receiver<SlotMsg<J>>,
+    cell: &Cell,
+    out: &UnboundedSender<ToCoordinator>,
+    inputs: &Inputs<J>,
+) -> (u64, u64) {
+    let mut stats = StepStats::new(J::NAME);
+    let mut queue = Queue {
+        rx,
+        out,
+        waiting: VecDeque::new(),
+        gone: false,
+        done: 0,
+        yielded: 0,
+    };
+    loop {
+        // Between chunks (step 4 of the flag contract): take the bits, then the queue.
+        cell.take();
+        queue.take(None);
+        if queue.gone {
+            return (queue.done, queue.yielded);
+        }
+        let next = match queue.waiting.pop_front() {
+            Some(next) => next,
+            None => match rx.recv() {
+                Ok(SlotMsg::Run(next)) => next,
+                // A request for a chunk that already ended here: its `Done` crossed it.
+                Ok(_) => continue,
+                Err(_) => return (queue.done, queue.yielded),
+            },
+        };
+        let Run {
+            slot,
+            chunk,
+            range,
+            state,
+            job,
+            phase,
+        } = next;
+        let assignment = Assignment {
+            chunk,
+            phase,
+            range,
+            state: state.map(Held::Bytes),
+        };
+        cell.publish(0);
+        let mut host = Slot {
+            queue: &mut queue,
+            slot,
+            chunk,
+        };
+        let ran = run::run(&*job, inputs, assignment, cell, &mut stats, &mut host);
+        cell.publish(0);
+        if queue.gone {
+            // The job ended for this process: nobody waits for this chunk.
+            return (queue.done, queue.yielded);
+        }
+        let msg = match ran {
+            Ran::Done { output, work } => match codec::encode("a chunk output", &output) {
+                Ok(b) => {
+                    queue.done += 1;
+                    ToCoordinator::Done {
+                        slot,
+                        chunk,
+                        output: b.into(),
+                        iterations: work.iterations,
+                        busy_ns: work.busy.as_nanos() as u64,
+                    }
+                }
+                Err(e) => ToCoordinator::Failed {
+                    slot,
+                    chunk,
+                    failure: failure_of(e.into()),
+                },
+            },
+            Ran::Yielded { state, work } => match codec::encode("a chunk state", &state) {
+                Ok(b) => {
+                    queue.yielded += 1;
+                    ToCoordinator::Yielded {
+                        slot,
+                        chunk,
+                        state: b.into(),
+                        iterations: work.iterations,
+                        busy_ns: work.busy.as_nanos() as u64,
+                    }
+                }
+                Err(e) => ToCoordinator::Failed {
+                    slot,
+                    chunk,
+                    failure: failure_of(e.into()),
+                },
+            },
+            Ran::Failed(e) => ToCoordinator::Failed {
+                slot,
+                chunk,
+                failure: failure_of(e),
+            },
+        };
+        let _ = out.send(msg);
+    }
+}
+
+/// The wire's form of an error that lost a chunk here; the coordinator turns it back into
+/// the same [`Error`] variant (see `executor/remote.rs`).
+fn failure_of(e: Error) -> Failure {
+    match e {
+        Error::Panicked { site, message, .. } => Failure::Panicked {
+            input: site == Site::Input,
+            message,
+        },
+        Error::Input { source, .. } => {
+            let mut chain = vec![source.to_string()];
+            let mut next = source.source();
+            while let Some(e) = next {
+                chain.push(e.to_string());
+                next = e.source();
+            }
+            Failure::Input { chain }
+        }
+        Error::Codec { what, source } => Failure::Codec {
+            what: what.to_owned(),
+            error: source,
+        },
+        // The runner loses a chunk only for the reasons above.
+        other => Failure::Panicked {
+            input: false,
+            message: other.to_string(),
+        },
+    }
+}
