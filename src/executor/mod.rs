@@ -267,7 +267,10 @@ impl Builder {
         if self.config.snapshots.url.is_some() {
             self.config.snapshots.store()?;
         }
-        self.config.chunking.validate()?;
+        self.config
+            .chunking
+            .validate()
+            .map_err(|e: crate::schedule::Invalid| Error::InvalidConfig(e.to_string()))?;
         if let Schedule::Guided(g) = self.config.schedule {
             if g.workers == 0 || g.min_chunk == 0 {
                 return Err(Error::InvalidConfig(

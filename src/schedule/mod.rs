@@ -8,6 +8,12 @@
 //! - `core.rs`: the deterministic state machine — events in (worker joined, chunk done, chunk
 //!   handed back, retire, worker lost), commands out (run chunk C on W, interrupt W, release W).
 //!   It has no threads, clocks or I/O.
+//! - `cut.rs`: the snapshot cut, also a state machine (marker, captures, the output that
+//!   wins over a state, quiescence for a suspend, one write at a time), driven next to the
+//!   core by the executor and by the tests.
+//!
+//! This layer is pure: no tokio, no crossbeam, no atomics, no clock, and no `crate::Error`
+//! (its refusals are its own small types: [`Rejected`], and `Invalid` for a chunking policy).
 //!
 //! # What every schedule keeps
 //!
@@ -17,6 +23,7 @@
 //! was handed back with).
 
 mod core;
+mod cut;
 mod dynamic;
 mod guided;
 mod idhash;
@@ -27,8 +34,11 @@ mod static_;
 // a stable API.
 #[doc(hidden)]
 pub use self::core::{ChunkId, Command, Core, Event, Rejected, Work, WorkerId};
+#[doc(hidden)]
+pub use cut::{Captured, Cut, CutCommand, Write, Written};
 pub use guided::Guided;
 pub use plan::Chunking;
+pub(crate) use plan::Invalid;
 #[doc(hidden)]
 pub use plan::Plan;
 

@@ -5,7 +5,18 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::{Guided, Schedule};
-use crate::Error;
+
+/// A chunking policy that cannot cut a phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum Invalid {
+    /// `Chunking::Count(0)`.
+    #[error("chunk count must be at least 1")]
+    ZeroCount,
+    /// `Chunking::Size(0)`.
+    #[error("chunk size must be at least 1")]
+    ZeroSize,
+}
 
 /// How a phase's iteration space is cut into chunks.
 ///
@@ -32,12 +43,10 @@ impl Default for Chunking {
 
 impl Chunking {
     /// Checks the policy: a count or size of zero is an error.
-    pub(crate) fn validate(self) -> Result<(), Error> {
+    pub(crate) fn validate(self) -> Result<(), Invalid> {
         match self {
-            Chunking::Count(0) => Err(Error::InvalidConfig(
-                "chunk count must be at least 1".into(),
-            )),
-            Chunking::Size(0) => Err(Error::InvalidConfig("chunk size must be at least 1".into())),
+            Chunking::Count(0) => Err(Invalid::ZeroCount),
+            Chunking::Size(0) => Err(Invalid::ZeroSize),
             _ => Ok(()),
         }
     }

@@ -1,0 +1,1 @@
+//! Unit tests of the cut, driven with the core and no threads.
