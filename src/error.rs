@@ -89,9 +89,9 @@ pub enum Error {
     #[error(transparent)]
     Cluster(#[from] crate::wire::Error),
     /// A snapshot could not be taken; the job goes on and the previous committed snapshot
-    /// stays the latest.
-    #[error("snapshot failed: {0}")]
-    SnapshotFailed(String),
+    /// stays the latest. The source is why (shared by every requester of that snapshot).
+    #[error("snapshot failed")]
+    SnapshotFailed(#[source] Cause),
     /// A value could not be encoded or decoded with the snapshot codec.
     #[error("could not encode or decode {what}")]
     Codec {
@@ -126,6 +126,59 @@ impl From<crate::codec::Error> for Error {
             what: e.what,
             source: e.source,
         }
+    }
+}
+
+/// Why something failed, shared by everyone who waited for it (every requester of one
+/// snapshot gets the same cause).
+///
+/// It is the error itself through [`std::error::Error::source`] and [`Cause::error`], so a
+/// report walks the whole chain once. It also derefs to the chain's text, `"outer: inner:
+/// …"` (what this variant carried as a `String` before it kept its cause), so
+/// `cause.contains("credentials")` still finds a word anywhere in the chain.
+#[derive(Debug, Clone)]
+pub struct Cause {
+    error: std::sync::Arc<Error>,
+    text: String,
+}
+
+impl Cause {
+    /// The error.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    pub(crate) fn new(error: Error) -> Cause {
+        let mut text = error.to_string();
+        let mut next = std::error::Error::source(&error);
+        while let Some(e) = next {
+            text.push_str(": ");
+            text.push_str(&e.to_string());
+            next = e.source();
+        }
+        Cause {
+            error: std::sync::Arc::new(error),
+            text,
+        }
+    }
+}
+
+impl std::ops::Deref for Cause {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 

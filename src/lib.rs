@@ -120,7 +120,7 @@ pub mod cluster {
     pub use crate::worker::{Registry, Served, WorkerOptions, serve};
 }
 
-pub use error::{Error, Result, Site};
+pub use error::{Cause, Error, Result, Site};
 pub use executor::{
     At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest,
 };

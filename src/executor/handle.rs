@@ -208,7 +208,7 @@ impl<J: Job> JobHandle<J> {
     pub fn snapshot(&self) -> SnapshotRequest {
         let (tx, rx) = oneshot::channel();
         self.shared.lock().request_snapshot(&self.shared, tx);
-        SnapshotRequest { rx }
+        SnapshotRequest { rx, job: J::NAME }
     }
 
     /// Suspends the job: running chunks are handed back at their next adjustment point, a
@@ -217,7 +217,7 @@ impl<J: Job> JobHandle<J> {
     pub fn suspend(&self) -> SnapshotRequest {
         let (tx, rx) = oneshot::channel();
         self.shared.lock().request_suspend(&self.shared, Some(tx));
-        SnapshotRequest { rx }
+        SnapshotRequest { rx, job: J::NAME }
     }
 
     /// Whether the job has ended (finished, failed or cancelled).
@@ -267,6 +267,7 @@ impl<J: Job> IntoFuture for JobHandle<J> {
 #[derive(Debug)]
 pub struct SnapshotRequest {
     rx: oneshot::Receiver<Result<SnapshotId>>,
+    job: &'static str,
 }
 
 impl SnapshotRequest {
@@ -277,9 +278,8 @@ impl SnapshotRequest {
     ///
     /// [`Error::SnapshotFailed`] (the job goes on), [`Error::Ended`].
     pub fn wait(self) -> Result<SnapshotId> {
-        self.rx.blocking_recv().unwrap_or(Err(Error::SnapshotFailed(
-            "the job ended before the snapshot was committed".into(),
-        )))
+        let job = self.job;
+        self.rx.blocking_recv().unwrap_or(Err(Error::Ended { job }))
     }
 }
 
@@ -287,11 +287,10 @@ impl Future for SnapshotRequest {
     type Output = Result<SnapshotId>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| {
-            r.unwrap_or(Err(Error::SnapshotFailed(
-                "the job ended before the snapshot was committed".into(),
-            )))
-        })
+        let job = self.job;
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(Error::Ended { job })))
     }
 }
 

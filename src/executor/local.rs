@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
-use super::snapshot::Captured;
+use super::snapshot::{Captured, Part};
 use super::{Msg, Shared, State};
 use crate::codec;
 use crate::error::Error;
@@ -61,6 +61,7 @@ pub(super) fn serve_inline<J: Job>(shared: &Arc<Shared<J>>, rx: &Receiver<Msg<J>
 /// The runner's host for a local worker's chunk.
 struct Local<'a, J: Job> {
     shared: &'a Arc<Shared<J>>,
+    worker: WorkerId,
     chunk: ChunkId,
 }
 
@@ -79,11 +80,11 @@ impl<J: Job> Host for Local<'_, J> {
 
     fn captured(&mut self, state: Result<Vec<u8>, codec::Error>) {
         let captured = state
-            .map(|b| Captured::State(b.into()))
+            .map(|b| Captured::State(Part::New(b.into())))
             .map_err(Error::from);
         self.shared
             .lock()
-            .captured(self.shared, self.chunk, captured);
+            .captured(self.shared, self.worker, self.chunk, captured);
     }
 }
 
@@ -99,7 +100,11 @@ fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) 
         return None;
     };
     let chunk = assignment.chunk;
-    let mut host = Local { shared, chunk };
+    let mut host = Local {
+        shared,
+        worker,
+        chunk,
+    };
     let ran = run::run(&*job, &shared.inputs, assignment, &cell, stats, &mut host);
     // Drop our handle on the job before reporting: at a phase barrier the core's holder
     // must be the last one.

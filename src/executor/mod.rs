@@ -541,37 +541,34 @@ impl<J: Job> State<J> {
         me: Option<WorkerId>,
         output_bytes: Option<bytes::Bytes>,
     ) -> std::result::Result<Option<Msg<J>>, crate::schedule::Rejected> {
-        if self.snap.cut.is_some() {
-            // Protocol step 2 of `snapshot.rs`: the output or handed-back state of a chunk the
-            // cut waits for, from the worker that holds it (an event the ledger will refuse
-            // must not reach the cut).
+        if self.snap.cut.is_open() {
+            // Protocol step 2 of `schedule/cut.rs`: the output or handed-back state of a chunk
+            // the cut waits for, from the worker the marker saw it on (an event the ledger
+            // will refuse comes from another worker and does not reach the cut).
             match &event {
                 Event::Done {
                     worker,
                     chunk,
                     output,
                     ..
-                } if self.cut_waits_for(*chunk)
-                    && self.core.running_on(*worker) == Some(*chunk) =>
-                {
+                } if self.snap.cut.waits_for(*worker, *chunk) => {
                     let bytes = match output_bytes {
                         Some(b) => Ok(b),
                         None => crate::codec::encode("a chunk output", output)
                             .map(Into::into)
                             .map_err(Error::from),
                     };
-                    self.captured(shared, *chunk, bytes.map(Captured::Output));
+                    self.captured(shared, *worker, *chunk, bytes.map(Captured::Output));
                 }
                 Event::Yielded {
                     worker,
                     chunk,
                     state,
                     ..
-                } if self.cut_waits_for(*chunk)
-                    && self.core.running_on(*worker) == Some(*chunk) =>
-                {
+                } if self.snap.cut.waits_for(*worker, *chunk) => {
                     let bytes = state.to_bytes().map_err(Error::from);
-                    self.captured(shared, *chunk, bytes.map(Captured::State));
+                    let captured = bytes.map(|b| Captured::State(snapshot::Part::New(b)));
+                    self.captured(shared, *worker, *chunk, captured);
                 }
                 _ => {}
             }
@@ -639,7 +636,7 @@ impl<J: Job> State<J> {
                     if let Some(local) = self.locals.get(&worker) {
                         local.cell.raise(INTERRUPT);
                     } else {
-                        self.signal_remote(worker, false);
+                        self.interrupt_remote(worker);
                     }
                 }
                 Command::Release { worker } => {
@@ -669,7 +666,7 @@ impl<J: Job> State<J> {
             self.end_phase(shared);
         }
         self.reconcile(shared);
-        self.maybe_suspend(shared);
+        self.poll_cut(shared);
         self.workers_gauge.set(self.locals.len() as f64);
     }
 

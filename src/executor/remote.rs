@@ -14,7 +14,7 @@
 //!    value (`Phase`) the first time the connection gets a chunk of that phase. A state held
 //!    as bytes is sent as it is.
 //! 3. *Report.* `Done` and `Yielded` messages become the core's events of the same names;
-//!    `Captured` feeds a snapshot's cut (protocol step 2 of `snapshot.rs`); heartbeats carry
+//!    `Captured` feeds a snapshot's cut (protocol step 2 of `schedule/cut.rs`); heartbeats carry
 //!    progress. An event the core refuses (a chunk the slot does not hold) or bytes that do
 //!    not decode drop the connection: a peer that breaks the protocol is lost, not trusted.
 //! 4. *Retire / Leave.* Retiring a connection (the handle's `retire_remote` or
@@ -56,7 +56,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::snapshot::Captured;
+use super::snapshot::{Captured, Part};
 use super::{Held, Shared, State};
 use crate::codec;
 use crate::error::{Error, Site};
@@ -356,22 +356,31 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// An `Interrupt` or `Capture` for a remote slot; nothing if `worker` is not one.
-    pub(crate) fn signal_remote(&self, worker: WorkerId, capture: bool) {
+    /// An `Interrupt` for a remote slot; nothing if `worker` is not one or runs nothing.
+    pub(crate) fn interrupt_remote(&self, worker: WorkerId) {
         let Some(r) = self.remote.slots.get(&worker) else {
             return;
         };
-        let running = self.core.running_on(worker);
-        if let (Some(chunk), Some(c)) = (running, self.remote.conns.get(&r.conn)) {
-            let slot = r.slot;
-            let _ = c.tx.send(if capture {
-                ToWorker::Capture {
-                    slot,
-                    chunk,
-                    folder: self.snap.next_folder(),
-                }
-            } else {
-                ToWorker::Interrupt { slot, chunk }
+        if let (Some(chunk), Some(c)) =
+            (self.core.running_on(worker), self.remote.conns.get(&r.conn))
+        {
+            let _ = c.tx.send(ToWorker::Interrupt {
+                slot: r.slot,
+                chunk,
+            });
+        }
+    }
+
+    /// A snapshot's `Capture` of `chunk` for a remote slot; nothing if `worker` is not one.
+    pub(crate) fn capture_remote(&self, worker: WorkerId, chunk: ChunkId) {
+        let Some(r) = self.remote.slots.get(&worker) else {
+            return;
+        };
+        if let Some(c) = self.remote.conns.get(&r.conn) {
+            let _ = c.tx.send(ToWorker::Capture {
+                slot: r.slot,
+                chunk,
+                folder: self.snap.next_folder(),
             });
         }
     }
@@ -464,7 +473,7 @@ impl<J: Job> State<J> {
             let running = self.core.running_on(w);
             let _ = self.feed(shared, Event::Lost { worker: w }, None);
             if let Some(chunk) = running {
-                self.recapture(shared, chunk);
+                self.recapture(shared, w, chunk);
             }
         }
         self.settle(shared);
@@ -472,8 +481,8 @@ impl<J: Job> State<J> {
 
     /// A cut waited for `chunk`, which was lost with its worker and is pending again: it
     /// takes the state the ledger now holds for it (none: from scratch).
-    fn recapture(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
-        if !self.cut_waits_for(chunk) {
+    fn recapture(&mut self, shared: &Arc<Shared<J>>, worker: WorkerId, chunk: ChunkId) {
+        if !self.snap.cut.waits_for(worker, chunk) {
             return;
         }
         let held = self
@@ -482,8 +491,13 @@ impl<J: Job> State<J> {
             .find(|(c, _)| *c == chunk)
             .map(|(_, s)| s.to_bytes().map_err(Error::from));
         match held {
-            Some(bytes) => self.captured(shared, chunk, bytes.map(Captured::State)),
-            None => self.captured(shared, chunk, Ok(Captured::Scratch)),
+            Some(bytes) => self.captured(
+                shared,
+                worker,
+                chunk,
+                bytes.map(|b| Captured::State(Part::New(b))),
+            ),
+            None => self.captured(shared, worker, chunk, Ok(Captured::Scratch)),
         }
     }
 
@@ -528,10 +542,8 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
-                if self.core.running_on(w) == Some(chunk) {
-                    self.captured(shared, chunk, Ok(Captured::State(state)));
-                    self.settle(shared);
-                }
+                self.captured(shared, w, chunk, Ok(Captured::State(Part::New(state))));
+                self.settle(shared);
                 return Ok(());
             }
             ToCoordinator::CapturedPart { slot, chunk, part } => {
@@ -549,10 +561,8 @@ impl<J: Job> State<J> {
                         part.key
                     )));
                 }
-                if self.core.running_on(w) == Some(chunk) {
-                    self.captured(shared, chunk, Ok(Captured::Stored(part)));
-                    self.settle(shared);
-                }
+                self.captured(shared, w, chunk, Ok(Captured::State(Part::Reuse(part))));
+                self.settle(shared);
                 return Ok(());
             }
             ToCoordinator::Failed {

@@ -1,41 +1,29 @@
-//! The executor's side of coordinated snapshots: the cut, the capture of running chunks, the
-//! background write, suspend and resume.
+//! The executor's side of coordinated snapshots: it drives the pure cut of
+//! `schedule/cut.rs` (where the protocol and its correctness argument live) and carries out
+//! its commands, writes complete cuts in the background, and resumes jobs.
 //!
-//! # The snapshot protocol (local workers)
+//! # What the executor adds to the cut's protocol
 //!
-//! 1. *Marker.* Under the job's lock the coordinator records the cut of epoch E: the job
-//!    value, the merge (chunks `0..merged` folded, later done outputs held), and every
-//!    pending chunk (from scratch, or suspended with a state it serializes now — or, if that
-//!    state is unchanged since the last committed snapshot, the part already in the store).
-//!    Every chunk running at the marker is put in `waiting`, and its worker's `CAPTURE` bit is
-//!    set.
-//! 2. *Capture.* At its next adjustment point such a worker serializes its chunk, hands the
-//!    bytes over under the lock and goes on computing the same chunk; it pauses only to
-//!    serialize. If the chunk ends first, its output is taken instead (the output wins: a
-//!    restore must not run the rest of a finished chunk); if it is handed back (retire), the
-//!    handed-back state is taken.
-//! 3. *Write.* When `waiting` is empty the cut is complete: every chunk of the phase appears
-//!    in it exactly once. A background task on the executor's I/O runtime writes the new
-//!    parts, then creates the numbered manifest (`PutMode::Create`: the commit), then applies
-//!    retention. Workers never wait for storage.
-//! 4. *Reply.* The requesters get the committed [`SnapshotId`], or the error; a failed
-//!    snapshot changes nothing in the running job, and the previous committed snapshot stays
-//!    the latest.
-//!
-//! Why every chunk appears once: at the marker each chunk is in exactly one ledger state.
-//! Folded, held and pending chunks are recorded then and there; work done on a pending chunk
-//! after the marker is simply not in the snapshot (restoring redoes it). A running chunk is
-//! recorded once, by whichever of capture, output or hand-back reaches the lock first; the
-//! others find it no longer in `waiting`.
-//!
-//! # Suspend
-//!
-//! A suspend halts the core: running chunks are interrupted and handed back. Once no chunk
-//! runs, the whole ledger is pending, done or suspended, and the cut needs no capture. After
-//! the commit every worker is released and the job ends with `Outcome::Suspended`. If the write
-//! fails, the core is un-halted and the job goes on.
+//! 1. *Marker.* Under the job's lock, `poll_cut` lets the cut record the manifest (the job
+//!    value, the merge: chunks `0..merged` folded, later outputs held) and the part of every
+//!    suspended chunk: its bytes, or, if its state is unchanged since a committed snapshot,
+//!    the part already in the store. A `Capture` command raises a local worker's `CAPTURE`
+//!    bit, or sends `Capture` to the worker process of a remote slot.
+//! 2. *Capture.* A local worker serializes its chunk at its next adjustment point, hands the
+//!    bytes over under the lock and goes on with the same chunk: it pauses only to serialize.
+//!    A worker process sends the state, or writes the part itself and sends its reference.
+//!    A `Done` or `Yielded` of a waited chunk reaches the cut before the core
+//!    (`State::feed_at`), and a lost remote slot's chunk is taken with the state the ledger
+//!    falls back to (`remote.rs`).
+//! 3. *Write.* A complete cut goes to a task on the executor's I/O runtime: new parts go up
+//!    concurrently, then the numbered manifest is created (`PutMode::Create`: the commit),
+//!    then retention runs. Workers never wait for storage.
+//! 4. *Reply.* Requesters get the committed [`SnapshotId`], or [`Error::SnapshotFailed`] with
+//!    the cause; a failed snapshot changes nothing in the running job, and the previous
+//!    committed snapshot stays the latest. After a suspend's commit the job ends with
+//!    `Outcome::Suspended`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -43,57 +31,46 @@ use tokio::sync::oneshot;
 
 use super::{Shared, State};
 use crate::codec::{decode, encode};
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
 use crate::job::Job;
+use crate::run::Held;
 use crate::run::{CAPTURE, SuspendToken};
-use crate::schedule::{ChunkId, Chunking, Schedule};
+use crate::schedule::{
+    ChunkId, Chunking, Core, Cut, CutCommand, Schedule, WorkerId, Write, Written,
+};
 use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, SnapshotId, Store};
 
-/// What a running chunk left for a cut in progress.
-#[derive(Debug)]
-pub(crate) enum Captured {
-    /// Its state at an adjustment point.
-    State(bytes::Bytes),
-    /// Its state at an adjustment point, already in the store (written by the remote worker
-    /// that runs the chunk).
-    Stored(PartRef),
-    /// Its output: it ended before its capture.
-    Output(bytes::Bytes),
-    /// Nothing: it went back to the pile from scratch (its remote worker was lost before
-    /// it reported a state).
-    Scratch,
-}
+/// What a running chunk left for a cut, as the executor hands it to [`Cut::captured`].
+pub(crate) type Captured = crate::schedule::Captured<Part, bytes::Bytes>;
 
 /// Who waits for a snapshot's id.
 pub(crate) type Reply = oneshot::Sender<Result<SnapshotId>>;
 
-/// A part of a cut: already in the store, or bytes to write.
-enum Part {
+/// A chunk's part in a cut: already in the store (unchanged since a committed snapshot, or
+/// written by the remote worker that runs the chunk), or bytes to write.
+#[derive(Debug)]
+pub(crate) enum Part {
     Reuse(PartRef),
-    New { chunk: ChunkId, bytes: bytes::Bytes },
+    New(bytes::Bytes),
 }
 
-/// The snapshot of one epoch while it is being put together (protocol steps 1–2).
-pub(crate) struct Cut {
-    started: Instant,
+/// What the executor records at a cut's marker: the manifest without its parts and outputs
+/// (the cut collects those), and when the marker was.
+#[derive(Debug)]
+pub(crate) struct Header {
     manifest: Manifest,
-    parts: Vec<Part>,
-    /// Chunks running at the marker whose state or output has not arrived yet.
-    waiting: HashSet<ChunkId>,
-    /// Pending suspended chunks at the marker: their parts may be reused later.
-    reusable: Vec<ChunkId>,
-    suspend: bool,
-    replies: Vec<Reply>,
+    started: Instant,
 }
 
-/// Snapshot bookkeeping of one job run.
+type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
+
+/// Snapshot bookkeeping of one job run: the pure cut (`schedule/cut.rs`), and what only the
+/// executor knows (parts in the store, epochs, timings).
 #[derive(Default)]
 pub(crate) struct Snapshots {
-    pub(crate) cut: Option<Cut>,
+    pub(crate) cut: Cut<Header, Part, bytes::Bytes, Reply>,
     /// Parts of pending chunks whose state has not changed since a committed snapshot.
     cache: HashMap<ChunkId, PartRef>,
-    /// Chunks handed to a worker since the current cut's marker.
-    ran_since_marker: HashSet<ChunkId>,
     /// The highest epoch this run committed or restored.
     pub(crate) last_epoch: Option<u64>,
     /// The latest snapshot committed in the configured store that this run knows of (epoch,
@@ -101,12 +78,8 @@ pub(crate) struct Snapshots {
     pub(crate) witness: Option<(u64, u64)>,
     /// The longest snapshot so far, for the deadline's margin.
     pub(crate) longest: Option<Duration>,
-    /// A suspend was asked for; it starts once no chunk runs.
-    pub(crate) suspend_replies: Option<Vec<Reply>>,
-    /// A write is in flight: the next cut waits for it, so epochs commit in order.
-    writing: bool,
-    /// Requests that came while a write was in flight.
-    queued: Vec<Reply>,
+    /// The cut's command buffer, reused.
+    out: Commands,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -213,12 +186,10 @@ impl Snapshots {
         self.last_epoch.map_or(0, |e| e + 1)
     }
 
-    /// The job ended: a cut still waiting for captures, a suspend not yet started and queued
-    /// requests are answered with [`Error::Ended`]. A write in flight still completes.
+    /// The job ended: every requester still waiting (an open cut's, a suspend's, queued) is
+    /// answered with [`Error::Ended`]. A write in flight still completes.
     pub(crate) fn end(&mut self, job: &'static str) {
-        let cut = self.cut.take().map(|c| c.replies).unwrap_or_default();
-        let suspend = self.suspend_replies.take().unwrap_or_default();
-        for r in cut.into_iter().chain(suspend).chain(self.queued.drain(..)) {
+        for r in self.cut.end() {
             let _ = r.send(Err(Error::Ended { job }));
         }
     }
@@ -228,28 +199,19 @@ impl Snapshots {
         if !self.cache.is_empty() {
             self.cache.remove(&chunk);
         }
-        if self.cut.is_some() {
-            self.ran_since_marker.insert(chunk);
-        }
+        self.cut.ran(chunk);
     }
 }
 
 impl<J: Job> State<J> {
-    /// Asks for a snapshot; `reply` gets its id. Joins a cut in progress.
+    /// Asks for a snapshot; `reply` gets its id. Joins a cut in progress, or the next one.
     pub(crate) fn request_snapshot(&mut self, shared: &Arc<Shared<J>>, reply: Reply) {
         if self.ended {
             let _ = reply.send(Err(Error::Ended { job: J::NAME }));
             return;
         }
-        if let Some(cut) = &mut self.snap.cut {
-            cut.replies.push(reply);
-            return;
-        }
-        if self.snap.writing {
-            self.snap.queued.push(reply);
-            return;
-        }
-        self.start_cut(shared, vec![reply], false);
+        self.snap.cut.request(reply);
+        self.poll_cut(shared);
     }
 
     /// Asks for a suspend: halt, snapshot once quiet, end with `Outcome::Suspended`.
@@ -260,207 +222,134 @@ impl<J: Job> State<J> {
             }
             return;
         }
-        let replies = self.snap.suspend_replies.get_or_insert_with(Vec::new);
-        replies.extend(reply);
-        let mut out = std::mem::take(&mut self.out);
-        self.core.halt(&mut out);
-        let mine = self.execute(&mut out, None);
-        debug_assert!(mine.is_none());
-        self.out = out;
-        self.maybe_suspend(shared);
+        let mut out = std::mem::take(&mut self.snap.out);
+        self.snap.cut.suspend(reply, &mut out);
+        self.cut_commands(shared, &mut out);
+        self.snap.out = out;
+        self.poll_cut(shared);
     }
 
-    /// Starts the suspend's cut once no chunk runs and no write is in flight.
-    pub(crate) fn maybe_suspend(&mut self, shared: &Arc<Shared<J>>) {
-        if self.ended
-            || self.snap.suspend_replies.is_none()
-            || self.snap.cut.is_some()
-            || self.snap.writing
-        {
+    /// Starts a cut if one is due (protocol step 1 of `schedule/cut.rs`): queued requests,
+    /// or a suspend once no chunk runs. Called after every change (`settle`).
+    pub(crate) fn poll_cut(&mut self, shared: &Arc<Shared<J>>) {
+        if self.ended || self.snap.cut.is_open() || self.snap.cut.is_writing() {
             return;
         }
-        if self.core.running().next().is_some() {
-            return;
-        }
-        let replies = self.snap.suspend_replies.take().unwrap_or_default();
-        self.start_cut(shared, replies, true);
-    }
-
-    /// Protocol step 1: the marker.
-    fn start_cut(&mut self, shared: &Arc<Shared<J>>, replies: Vec<Reply>, suspend: bool) {
-        match self.cut(shared, suspend) {
-            Ok(mut cut) => {
-                cut.replies = replies;
-                self.snap.ran_since_marker.clear();
-                self.snap.cut = Some(cut);
-                self.try_finish_cut(shared);
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                for r in replies {
-                    let _ = r.send(Err(Error::SnapshotFailed(msg.clone())));
-                }
-                if suspend {
-                    self.unhalt();
-                }
-            }
-        }
-    }
-
-    fn cut(&mut self, shared: &Arc<Shared<J>>, suspend: bool) -> Result<Cut> {
-        let cfg = &shared.config.snapshots;
-        let job = self.job.as_ref().ok_or(Error::Ended { job: J::NAME })?;
-        let (merged, value, held) = self.core.merge_state();
-        let done = held
-            .map(|(c, v)| Ok((c, encode("a chunk output", v)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let reduced = encode("the reduced value", value)?;
-        let mut parts = Vec::new();
-        let mut reusable = Vec::new();
-        for (c, state) in self.core.suspended() {
-            reusable.push(c);
-            parts.push(match self.snap.cache.get(&c) {
-                Some(p) => Part::Reuse(p.clone()),
-                None => Part::New {
-                    chunk: c,
-                    bytes: state.to_bytes()?,
-                },
-            });
-        }
-        let mut waiting = HashSet::new();
-        let running: Vec<_> = self.core.running().collect();
-        for (w, c) in running {
-            waiting.insert(c);
-            if let Some(local) = self.locals.get(&w) {
-                local.cell.raise(CAPTURE);
-            } else {
-                self.signal_remote(w, true);
-            }
-        }
-        let (done_iters, total) = self.core.progress();
-        let config = RunConfig {
-            schedule: shared.config.schedule,
-            chunking: shared.config.chunking,
+        let mut out = std::mem::take(&mut self.snap.out);
+        let (cfg, schedule, chunking) = (
+            &shared.config.snapshots,
+            shared.config.schedule,
+            shared.config.chunking,
+        );
+        let State {
+            snap,
+            core,
+            job,
+            phase,
+            iterations_before,
+            ..
+        } = self;
+        let (cut, cache) = (&mut snap.cut, &snap.cache);
+        let header = |core: &Core<J::Reducer, Held<J::Chunk>>| {
+            let run = RunConfig { schedule, chunking };
+            header::<J>(cfg, run, job.as_deref(), *phase, *iterations_before, core)
         };
-        let manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            job_name: J::NAME.to_owned(),
-            job_id: cfg.job_id::<J>(),
-            epoch: 0, // chosen by the writer
-            created_unix_ms: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            job: encode("the job", &**job)?,
-            phase: self.phase,
-            iterations_before: self.iterations_before,
-            iterations_done: done_iters,
-            iterations_total: total,
-            chunks: self.core.plan().len(),
-            config: encode("the run configuration", &config)?,
-            merged,
-            reduced,
-            done,
-            parts: Vec::new(),
+        let part_of = |c: ChunkId, state: &Held<J::Chunk>| match cache.get(&c) {
+            Some(p) => Ok(Part::Reuse(p.clone())),
+            None => Ok(Part::New(state.to_bytes()?)),
         };
-        Ok(Cut {
-            started: Instant::now(),
-            manifest,
-            parts,
-            waiting,
-            reusable,
-            suspend,
-            replies: Vec::new(),
-        })
+        cut.poll(core, header, part_of, &mut out);
+        self.cut_commands(shared, &mut out);
+        self.snap.out = out;
     }
 
-    /// Protocol step 2: what a running chunk left for the cut: its state at an adjustment
-    /// point (as bytes, or as a part a remote worker stored), or its output when it ended
-    /// before its capture (the output wins). Only the first of these per chunk counts; an
-    /// error (a state that did not serialize) abandons the cut.
+    /// Protocol step 2: what `worker` left of `chunk` for the cut (ignored unless the cut
+    /// waits for it from that worker); an error abandons the cut.
     pub(crate) fn captured(
         &mut self,
         shared: &Arc<Shared<J>>,
+        worker: WorkerId,
         chunk: ChunkId,
         what: Result<Captured>,
     ) {
-        let Some(cut) = &mut self.snap.cut else {
-            return;
-        };
-        if !cut.waiting.remove(&chunk) {
-            return;
-        }
-        match what {
-            Ok(Captured::State(bytes)) => cut.parts.push(Part::New { chunk, bytes }),
-            Ok(Captured::Stored(part)) => cut.parts.push(Part::Reuse(part)),
-            Ok(Captured::Output(bytes)) => cut.manifest.done.push((chunk, bytes.into())),
-            Ok(Captured::Scratch) => {}
-            Err(e) => return self.abort_cut(e),
-        }
-        self.try_finish_cut(shared);
+        let mut out = std::mem::take(&mut self.snap.out);
+        self.snap.cut.captured(worker, chunk, what, &mut out);
+        self.cut_commands(shared, &mut out);
+        self.snap.out = out;
     }
 
-    /// Whether `chunk` is awaited by the cut in progress.
-    pub(crate) fn cut_waits_for(&self, chunk: ChunkId) -> bool {
-        self.snap
-            .cut
-            .as_ref()
-            .is_some_and(|c| c.waiting.contains(&chunk))
-    }
-
-    fn abort_cut(&mut self, e: Error) {
-        if let Some(cut) = self.snap.cut.take() {
-            let msg = e.to_string();
-            for r in cut.replies {
-                let _ = r.send(Err(Error::SnapshotFailed(msg.clone())));
-            }
-            for local in self.locals.values() {
-                local.cell.lower(CAPTURE);
-            }
-            if cut.suspend {
-                self.unhalt();
+    /// Carries out the cut's commands.
+    fn cut_commands(&mut self, shared: &Arc<Shared<J>>, out: &mut Commands) {
+        for cmd in out.drain(..) {
+            match cmd {
+                CutCommand::Capture { worker, chunk } => {
+                    if let Some(local) = self.locals.get(&worker) {
+                        local.cell.raise(CAPTURE);
+                    } else {
+                        self.capture_remote(worker, chunk);
+                    }
+                }
+                CutCommand::Withdraw { worker } => {
+                    if let Some(local) = self.locals.get(&worker) {
+                        local.cell.lower(CAPTURE);
+                    }
+                }
+                CutCommand::Halt => {
+                    let mut cmds = std::mem::take(&mut self.out);
+                    self.core.halt(&mut cmds);
+                    let mine = self.execute(&mut cmds, None);
+                    debug_assert!(mine.is_none());
+                    self.out = cmds;
+                }
+                CutCommand::Unhalt => {
+                    let mut cmds = std::mem::take(&mut self.out);
+                    self.core.unhalt(&mut cmds);
+                    let mine = self.execute(&mut cmds, None);
+                    debug_assert!(mine.is_none());
+                    self.out = cmds;
+                }
+                CutCommand::Fail { replies, error } => {
+                    tracing::warn!(job = J::NAME, %error, "a snapshot failed before its write");
+                    let cause = Cause::new(error);
+                    for r in replies {
+                        let _ = r.send(Err(Error::SnapshotFailed(cause.clone())));
+                    }
+                }
+                CutCommand::Write(write) => self.write(shared, write),
             }
         }
-    }
-
-    fn unhalt(&mut self) {
-        let mut out = std::mem::take(&mut self.out);
-        self.core.unhalt(&mut out);
-        let mine = self.execute(&mut out, None);
-        debug_assert!(mine.is_none());
-        self.out = out;
     }
 
     /// Protocol step 3: hands a complete cut to the background writer.
-    fn try_finish_cut(&mut self, shared: &Arc<Shared<J>>) {
-        if !self.snap.cut.as_ref().is_some_and(|c| c.waiting.is_empty()) {
-            return;
-        }
-        let Some(cut) = self.snap.cut.take() else {
-            return;
-        };
+    fn write(&mut self, shared: &Arc<Shared<J>>, cut: Write<Header, Part, bytes::Bytes, Reply>) {
         let cfg = shared.config.snapshots.clone();
-        self.snap.writing = true;
-        let reusable: Vec<ChunkId> = cut
-            .reusable
-            .iter()
-            .copied()
-            .filter(|c| !self.snap.ran_since_marker.contains(c))
-            .collect();
         let after = self.snap.last_epoch;
         let shared2 = Arc::clone(shared);
         shared.io.handle().spawn(async move {
-            let Cut {
-                started,
-                mut manifest,
+            let Write {
+                header,
                 parts,
+                done,
                 suspend,
                 replies,
-                ..
             } = cut;
-            let written = write(&cfg, after, &mut manifest, parts).await;
+            let Header {
+                mut manifest,
+                started,
+            } = header;
+            manifest
+                .done
+                .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
+            let written = store(&cfg, after, &mut manifest, parts).await;
             let took = started.elapsed();
             let mut st = shared2.lock();
-            st.snap.writing = false;
+            let mut out = std::mem::take(&mut st.snap.out);
+            let outcome = if written.is_ok() {
+                Written::Committed
+            } else {
+                Written::Failed
+            };
+            let unchanged = st.snap.cut.written(outcome, suspend, &mut out);
             match &written {
                 Ok(id) => {
                     st.snap.last_epoch = Some(id.epoch);
@@ -469,41 +358,83 @@ impl<J: Job> State<J> {
                     st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
                     let by_chunk: HashMap<ChunkId, &PartRef> =
                         manifest.parts.iter().map(|p| (p.chunk, p)).collect();
-                    for c in reusable {
+                    for c in unchanged {
                         if let Some(p) = by_chunk.get(&c) {
                             st.snap.cache.insert(c, (*p).clone());
                         }
                     }
                 }
-                Err(_) if suspend => st.unhalt(),
-                Err(_) => {}
+                Err(e) => {
+                    tracing::warn!(job = J::NAME, error = %e, "a snapshot could not be written")
+                }
             }
+            let written = written.map_err(Cause::new);
             for r in replies {
                 let _ = r.send(match &written {
                     Ok(id) => Ok(id.clone()),
-                    Err(e) => Err(Error::SnapshotFailed(e.to_string())),
+                    Err(e) => Err(Error::SnapshotFailed(e.clone())),
                 });
             }
+            st.cut_commands(&shared2, &mut out);
+            st.snap.out = out;
             if suspend && !st.ended {
                 if let Ok(id) = written {
                     st.complete(Ok(super::Outcome::Suspended(id)));
                 }
             }
-            let queued = std::mem::take(&mut st.snap.queued);
-            if !queued.is_empty() && !st.ended {
-                st.start_cut(&shared2, queued, false);
-            }
-            st.maybe_suspend(&shared2);
+            st.poll_cut(&shared2);
         });
     }
 }
 
+/// Protocol step 1: the manifest of a cut, without its parts and outputs.
+fn header<J: Job>(
+    cfg: &SnapshotConfig,
+    config: RunConfig,
+    job: Option<&J>,
+    phase: u64,
+    iterations_before: u64,
+    core: &Core<J::Reducer, Held<J::Chunk>>,
+) -> Result<Header> {
+    let job = job.ok_or(Error::Ended { job: J::NAME })?;
+    let (merged, value, held) = core.merge_state();
+    let done = held
+        .map(|(c, v)| Ok((c, encode("a chunk output", v)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let reduced = encode("the reduced value", value)?;
+    let (done_iters, total) = core.progress();
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        job_name: J::NAME.to_owned(),
+        job_id: cfg.job_id::<J>(),
+        epoch: 0, // chosen by the writer
+        created_unix_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        job: encode("the job", job)?,
+        phase,
+        iterations_before,
+        iterations_done: done_iters,
+        iterations_total: total,
+        chunks: core.plan().len(),
+        config: encode("the run configuration", &config)?,
+        merged,
+        reduced,
+        done,
+        parts: Vec::new(),
+    };
+    Ok(Header {
+        manifest,
+        started: Instant::now(),
+    })
+}
+
 /// Protocol step 3 on the I/O runtime: parts, then the manifest (the commit), then retention.
-async fn write(
+async fn store(
     cfg: &SnapshotConfig,
     after: Option<u64>,
     manifest: &mut Manifest,
-    parts: Vec<Part>,
+    parts: Vec<(ChunkId, Part)>,
 ) -> Result<SnapshotId> {
     let store = &cfg.store()?;
     let latest = store.latest(&manifest.job_id).await?.map(|id| id.epoch);
@@ -512,10 +443,10 @@ async fn write(
     // Parts go up concurrently (each its own task); the manifest waits for all of them.
     let mut refs = Vec::with_capacity(parts.len());
     let mut uploads = tokio::task::JoinSet::new();
-    for part in parts {
+    for (chunk, part) in parts {
         match part {
             Part::Reuse(p) => refs.push(p),
-            Part::New { chunk, bytes } => {
+            Part::New(bytes) => {
                 let (store, job_id) = (store.clone(), job_id.clone());
                 uploads.spawn(
                     async move { store.put_part(&job_id, epoch, phase, chunk, bytes).await },

@@ -136,7 +136,7 @@ impl Default for WorkerOptions {
 
 impl WorkerOptions {
     /// The defaults: as many threads as the machine's parallelism, the token from
-    /// [`TOKEN_ENV`](super::TOKEN_ENV) if set.
+    /// [`TOKEN_ENV`](crate::cluster::TOKEN_ENV) if set.
     ///
     /// # Errors
     ///
