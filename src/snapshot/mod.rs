@@ -24,6 +24,7 @@
 
 mod error;
 pub mod format;
+mod open;
 pub mod store;
 
 pub use error::{Error, Result};

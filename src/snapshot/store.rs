@@ -247,66 +247,13 @@ impl Store {
         url: &str,
         options: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Store> {
-        let parsed = url::Url::parse(url).map_err(|e| Error::InvalidUrl {
-            url: redact(url),
-            reason: e.to_string(),
-        })?;
-        let shown = redact_url(&parsed);
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: shown.clone(),
-            reason,
-        };
-        let options: Vec<(String, String)> = options.into_iter().collect();
-        let no_options = |scheme: &str| match options.first() {
-            Some((key, _)) => Err(Error::InvalidOption {
-                key: key.clone(),
-                reason: format!("{scheme}:// stores take no options"),
-            }),
-            None => Ok(()),
-        };
-        let mut local_root = None;
-        let (store, prefix): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
-            "file" => {
-                no_options("file")?;
-                if parsed
-                    .host_str()
-                    .is_some_and(|h| !h.is_empty() && h != "localhost")
-                {
-                    return Err(invalid("a file:// URL cannot name a host".to_owned()));
-                }
-                let dir = parsed
-                    .to_file_path()
-                    .map_err(|()| invalid("expected file:///absolute/path".to_owned()))?;
-                std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-                    what: format!("cannot create the snapshot folder {}", dir.display()),
-                    source,
-                })?;
-                let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| Error::store("open", "", e))?
-                    .with_automatic_cleanup(true)
-                    .with_fsync(true);
-                local_root = Some(dir);
-                (Arc::new(local), Path::ROOT)
-            }
-            "memory" => {
-                no_options("memory")?;
-                let prefix = format!("{}{}", parsed.host_str().unwrap_or(""), parsed.path());
-                let prefix = Path::parse(&prefix).map_err(|e| invalid(e.to_string()))?;
-                (Arc::new(object_store::memory::InMemory::new()), prefix)
-            }
-            "s3" => open_s3(&parsed, &shown, options)?,
-            other => {
-                return Err(invalid(format!(
-                    "unsupported scheme {other:?}: use file://, memory:// or s3://"
-                )));
-            }
-        };
+        let opened = super::open::open(url, options.into_iter().collect())?;
         Ok(Store {
             inner: Arc::new(Inner {
-                store,
-                prefix,
-                url: shown,
-                local_root,
+                store: opened.store,
+                prefix: opened.prefix,
+                url: opened.url,
+                local_root: opened.local_root,
             }),
         })
     }
@@ -906,71 +853,6 @@ fn random_u64() -> u64 {
     hasher.finish()
 }
 
-/// `url` without user info or query, for messages (it did not parse as a URL).
-fn redact(url: &str) -> String {
-    let without_query = url.split(['?', '#']).next().unwrap_or("");
-    match without_query.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((_, host)) => format!("{scheme}://{host}"),
-            None => without_query.to_owned(),
-        },
-        None => without_query.to_owned(),
-    }
-}
-
-/// `url` without user info, query or fragment.
-fn redact_url(url: &url::Url) -> String {
-    let mut url = url.clone();
-    // These fail only for URLs that cannot have user info ("cannot-be-a-base"); nothing to
-    // strip then.
-    let _ = url.set_username("");
-    let _ = url.set_password(None);
-    url.set_query(None);
-    url.set_fragment(None);
-    url.to_string()
-}
-
-#[cfg(feature = "s3")]
-fn open_s3(
-    url: &url::Url,
-    shown: &str,
-    options: Vec<(String, String)>,
-) -> Result<(Arc<dyn ObjectStore>, Path)> {
-    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
-    for (key, value) in options {
-        let config: AmazonS3ConfigKey =
-            key.to_ascii_lowercase()
-                .parse()
-                .map_err(|e: object_store::Error| Error::InvalidOption {
-                    key: key.clone(),
-                    reason: e.to_string(),
-                })?;
-        builder = builder.with_config(config, value);
-    }
-    let store = builder.build().map_err(|e| Error::InvalidUrl {
-        url: shown.to_owned(),
-        reason: e.to_string(),
-    })?;
-    let prefix = Path::parse(url.path()).map_err(|e| Error::InvalidUrl {
-        url: shown.to_owned(),
-        reason: e.to_string(),
-    })?;
-    Ok((Arc::new(store), prefix))
-}
-
-#[cfg(not(feature = "s3"))]
-fn open_s3(
-    _url: &url::Url,
-    shown: &str,
-    _options: Vec<(String, String)>,
-) -> Result<(Arc<dyn ObjectStore>, Path)> {
-    Err(Error::InvalidUrl {
-        url: shown.to_owned(),
-        reason: "s3:// stores need the `s3` feature of malleable".to_owned(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1015,13 +897,6 @@ mod tests {
         ] {
             assert!(check_part_key(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn urls_are_redacted() {
-        assert_eq!(redact("s3://user:secret@bucket/p?x=1"), "s3://bucket/p");
-        let url = url::Url::parse("s3://key:secret@bucket/prefix?token=t").unwrap();
-        assert_eq!(redact_url(&url), "s3://bucket/prefix");
     }
 
     #[test]

@@ -1,0 +1,453 @@
+//! From a store URL and options to an [`ObjectStore`] and a prefix in it.
+//!
+//! [`object_store::parse_url_opts`], and the [`ObjectStoreScheme::parse`] behind it, know how
+//! a URL maps to a backend and a prefix (percent escapes in the path decoded). What this
+//! module adds on top:
+//!
+//! - `file://`: the folder is created if missing, and the store is built here rather than by
+//!   `parse_url_opts`, which returns a plain `LocalFileSystem::new()` (rooted at `/`, no
+//!   fsync, no cleanup of empty folders) that cannot be configured once boxed. Ours is rooted
+//!   at the folder (cleanup sweeps that folder, see [`Opened::local_root`]), fsyncs every
+//!   write (the commit order survives a power cut) and removes folders that deletes empty.
+//! - `memory://name/…`: `object_store` refuses a host in a `memory://` URL; ours makes it the
+//!   first level of the prefix (`memory://cluster` is a store under `cluster/`).
+//! - `s3://`: built with `AmazonS3Builder::from_env()`, see [`open_s3`] for why.
+//! - `file://` and `memory://` refuse options instead of ignoring them, an unknown S3 option
+//!   is an error instead of being dropped, and a scheme other than `file`, `memory` and `s3`
+//!   (`object_store` also knows `gs://`, `az://`, `http(s)://`, …) is refused with a message
+//!   listing ours.
+//! - Every URL that reaches a message, [`Debug`](std::fmt::Debug) or
+//!   [`Store::url`](super::Store::url) is redacted: no user info, query or fragment.
+//!
+//! [`ObjectStoreScheme::parse`]: object_store::ObjectStoreScheme::parse
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::path::Path;
+use url::Url;
+
+use super::error::{Error, Result};
+
+/// A store opened from a URL.
+pub(crate) struct Opened {
+    /// The backend.
+    pub(crate) store: Arc<dyn ObjectStore>,
+    /// Where in the backend the snapshot keys start.
+    pub(crate) prefix: Path,
+    /// The URL without credentials, for messages.
+    pub(crate) url: String,
+    /// The folder of a `file://` store (the backend's root, with [`Path::ROOT`] as prefix).
+    pub(crate) local_root: Option<PathBuf>,
+}
+
+/// Opens the store at `url` with backend `options` (see [`Store::open_with`] for the URLs and
+/// options accepted).
+///
+/// # Errors
+///
+/// [`Error::InvalidUrl`] for a URL that does not parse, an unknown scheme, a `file://` URL
+/// naming a host, `s3://` without the `s3` feature or an S3 configuration the builder refuses;
+/// [`Error::InvalidOption`] for an option given to `file://` or `memory://`, or an S3 option
+/// `object_store` does not know; [`Error::Io`] if a `file://` folder cannot be created.
+///
+/// [`Store::open_with`]: super::Store::open_with
+pub(crate) fn open(url: &str, options: Vec<(String, String)>) -> Result<Opened> {
+    let parsed = Url::parse(url).map_err(|e| Error::InvalidUrl {
+        url: redact(url),
+        reason: e.to_string(),
+    })?;
+    let shown = redact_url(&parsed);
+    let no_options = |scheme: &str| match options.first() {
+        Some((key, _)) => Err(Error::InvalidOption {
+            key: key.clone(),
+            reason: format!("{scheme}:// stores take no options"),
+        }),
+        None => Ok(()),
+    };
+    let (store, prefix, local_root) = match parsed.scheme() {
+        "file" => {
+            no_options("file")?;
+            let (store, root) = open_file(&parsed, &shown)?;
+            (store, Path::ROOT, Some(root))
+        }
+        "memory" => {
+            no_options("memory")?;
+            let (store, prefix) = open_memory(&parsed, &shown)?;
+            (store, prefix, None)
+        }
+        "s3" => {
+            let (store, prefix) = open_s3(&parsed, &shown, options)?;
+            (store, prefix, None)
+        }
+        other => {
+            return Err(invalid(
+                &shown,
+                format!("unsupported scheme {other:?}: use file://, memory:// or s3://"),
+            ));
+        }
+    };
+    Ok(Opened {
+        store,
+        prefix,
+        url: shown,
+        local_root,
+    })
+}
+
+fn invalid(shown: &str, reason: String) -> Error {
+    Error::InvalidUrl {
+        url: shown.to_owned(),
+        reason,
+    }
+}
+
+/// A `file://` folder, created if missing: the store, rooted at the folder, and the folder.
+///
+/// Built here, not by `parse_url_opts`: that returns `LocalFileSystem::new()`, boxed, so
+/// neither `with_fsync(true)` (a committed manifest must never name parts a power cut lost)
+/// nor `with_automatic_cleanup(true)` (deleting an epoch's last object removes its folders)
+/// can be set on it, and it is rooted at `/` where cleanup wants the snapshot folder.
+fn open_file(url: &Url, shown: &str) -> Result<(Arc<dyn ObjectStore>, PathBuf)> {
+    // `object_store` refuses a host too, but as an unrecognised URL; this says what is wrong.
+    // (`url` already turns `file://localhost/…` into `file:///…`.)
+    if url
+        .host_str()
+        .is_some_and(|h| !h.is_empty() && h != "localhost")
+    {
+        return Err(invalid(
+            shown,
+            "a file:// URL cannot name a host".to_owned(),
+        ));
+    }
+    let dir = url
+        .to_file_path()
+        .map_err(|()| invalid(shown, "expected file:///absolute/path".to_owned()))?;
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        what: format!("cannot create the snapshot folder {}", dir.display()),
+        source,
+    })?;
+    let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
+        .map_err(|e| Error::store("open", "", e))?
+        .with_automatic_cleanup(true)
+        .with_fsync(true);
+    Ok((Arc::new(local), dir))
+}
+
+/// A fresh in-memory store and the prefix of `memory://`, `memory:///prefix` or
+/// `memory://name/prefix` (`name/prefix`), through `parse_url_opts`.
+fn open_memory(url: &Url, shown: &str) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    // `parse_url_opts` takes `memory:///prefix` only, without a host: a host becomes the
+    // first level of the prefix.
+    let path = format!("{}{}", url.host_str().unwrap_or(""), url.path());
+    let normalized = Url::parse(&format!("memory:///{}", path.trim_start_matches('/')))
+        .map_err(|e| invalid(shown, e.to_string()))?;
+    let (store, prefix) =
+        object_store::parse_url_opts(&normalized, std::iter::empty::<(&str, &str)>())
+            .map_err(|e| invalid(shown, e.to_string()))?;
+    Ok((Arc::from(store), prefix))
+}
+
+/// An S3-compatible bucket and the prefix of `s3://bucket/prefix`.
+///
+/// The prefix comes from the same parse as `parse_url_opts` ([`ObjectStoreScheme::parse`]:
+/// percent escapes decoded). The store does not: `parse_url_opts` starts from
+/// `AmazonS3Builder::new()`, so it does not read the `AWS_*` environment that
+/// `AmazonS3Builder::from_env()` reads (credentials, endpoint, region, …; documented by
+/// [`Store::open`](super::Store::open)), and it silently drops an option key it does not know,
+/// where a misspelt key must be an error. Passing the environment in as options would copy
+/// `from_env`, and every key has to be parsed here anyway to report a bad one, so the builder
+/// is used directly.
+///
+/// [`ObjectStoreScheme::parse`]: object_store::ObjectStoreScheme::parse
+#[cfg(feature = "s3")]
+fn open_s3(
+    url: &Url,
+    shown: &str,
+    options: Vec<(String, String)>,
+) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
+    for (key, value) in options {
+        let config: AmazonS3ConfigKey =
+            key.to_ascii_lowercase()
+                .parse()
+                .map_err(|e: object_store::Error| Error::InvalidOption {
+                    key: key.clone(),
+                    reason: e.to_string(),
+                })?;
+        builder = builder.with_config(config, value);
+    }
+    let store = builder.build().map_err(|e| invalid(shown, e.to_string()))?;
+    let (_, prefix) =
+        object_store::ObjectStoreScheme::parse(url).map_err(|e| invalid(shown, e.to_string()))?;
+    Ok((Arc::new(store), prefix))
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(
+    _url: &Url,
+    shown: &str,
+    _options: Vec<(String, String)>,
+) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    Err(invalid(
+        shown,
+        "s3:// stores need the `s3` feature of malleable".to_owned(),
+    ))
+}
+
+/// `url` without user info, query or fragment, for messages (it did not parse as a URL).
+pub(crate) fn redact(url: &str) -> String {
+    let without_query = url.split(['?', '#']).next().unwrap_or("");
+    match without_query.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://{host}"),
+            None => without_query.to_owned(),
+        },
+        None => without_query.to_owned(),
+    }
+}
+
+/// `url` without user info, query or fragment.
+pub(crate) fn redact_url(url: &Url) -> String {
+    let mut url = url.clone();
+    // These fail only for URLs that cannot have user info ("cannot-be-a-base"); nothing to
+    // strip then.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
+    url.to_string()
+}
+
+/// Store option keys that are not secrets (`object_store`'s S3 keys, lower case, with and
+/// without their `aws_` prefix and aliases); see [`shareable_options`].
+const SHAREABLE: &[&str] = &[
+    "endpoint",
+    "aws_endpoint",
+    "aws_endpoint_url",
+    "region",
+    "aws_region",
+    "default_region",
+    "aws_default_region",
+    "allow_http",
+    "aws_allow_http",
+    "virtual_hosted_style_request",
+    "aws_virtual_hosted_style_request",
+    "bucket",
+    "aws_bucket",
+    "bucket_name",
+    "aws_bucket_name",
+];
+
+/// The options among `options` that may be told to another process, a remote worker that
+/// opens the same store: those whose key (compared case-insensitively) says where the bucket
+/// is and how to talk to it, and nothing that proves who the caller is.
+///
+/// - `endpoint` (`aws_endpoint`, `aws_endpoint_url`): the server's address. The worker must
+///   reach the same server; an address grants no access.
+/// - `region` (`aws_region`, `default_region`, `aws_default_region`): the region requests are
+///   signed for, a public name.
+/// - `allow_http` (`aws_allow_http`): whether plain HTTP is allowed, a transport choice.
+/// - `virtual_hosted_style_request` (`aws_…`): how the bucket is addressed (host name or
+///   path), a property of the server.
+/// - `bucket` (`aws_bucket`, `bucket_name`, `aws_bucket_name`): the bucket's name, which the
+///   `s3://bucket/…` URL already shows.
+///
+/// Everything else stays with the caller: credentials (`access_key_id`, `secret_access_key`,
+/// `session_token`/`token`, with or without `aws_`), files and URLs credentials come from
+/// (web identity token file, container credentials, role ARN, metadata endpoint), and any key
+/// not listed here, known or not. A worker takes its credentials from its own environment.
+#[allow(dead_code)] // To be called by the executor when it tells workers about the store.
+pub(crate) fn shareable_options(options: &[(String, String)]) -> Vec<(String, String)> {
+    options
+        .iter()
+        .filter(|(key, _)| SHAREABLE.contains(&key.to_ascii_lowercase().as_str()))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(keys: &[&str]) -> Vec<(String, String)> {
+        keys.iter()
+            .map(|k| ((*k).to_owned(), "value".to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_file_url_opens_and_creates_its_folder() {
+        let dir =
+            std::env::temp_dir().join(format!("malleable-open-{}-{}", std::process::id(), line!()));
+        let folder = dir.join("a b").join("c");
+        let _ = std::fs::remove_dir_all(&dir);
+        let url = Url::from_directory_path(&folder).unwrap();
+        let opened = open(url.as_str(), Vec::new()).unwrap();
+        assert!(folder.is_dir());
+        assert_eq!(opened.local_root.as_deref(), Some(folder.as_path()));
+        assert_eq!(opened.prefix, Path::ROOT);
+        assert_eq!(opened.url, url.as_str());
+        // An existing folder opens too.
+        open(url.as_str(), Vec::new()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn memory_urls_give_a_prefix() {
+        for (url, prefix) in [
+            ("memory://", ""),
+            ("memory:///", ""),
+            ("memory:///a/b", "a/b"),
+            ("memory://cluster", "cluster"),
+            ("memory://cluster/a/b", "cluster/a/b"),
+            ("memory://user:pw@x/y%20z?q=1", "x/y z"),
+        ] {
+            let opened = open(url, Vec::new()).unwrap();
+            assert_eq!(opened.prefix.as_ref(), prefix, "{url}");
+            assert!(opened.local_root.is_none());
+        }
+        assert_eq!(
+            open("memory://user:pw@x/y?q=1#f", Vec::new()).unwrap().url,
+            "memory://x/y"
+        );
+    }
+
+    #[test]
+    fn file_and_memory_stores_refuse_options() {
+        for url in [
+            "memory://",
+            "memory:///p",
+            "file:///nonexistent/never-created",
+        ] {
+            match open(url, options(&["endpoint"])) {
+                Err(Error::InvalidOption { key, reason }) => {
+                    assert_eq!(key, "endpoint");
+                    assert!(reason.contains("take no options"), "{url}: {reason}");
+                }
+                r => panic!("{url}: expected InvalidOption, got {:?}", r.err()),
+            }
+        }
+        assert!(!std::path::Path::new("/nonexistent/never-created").exists());
+    }
+
+    #[test]
+    fn a_file_url_cannot_name_a_host() {
+        match open("file://otherhost/x", Vec::new()) {
+            Err(e @ Error::InvalidUrl { .. }) => {
+                assert!(e.to_string().contains("cannot name a host"), "{e}");
+            }
+            r => panic!("expected InvalidUrl, got {:?}", r.err()),
+        }
+    }
+
+    #[test]
+    fn unknown_schemes_are_refused() {
+        // `object_store` knows these, but they are not snapshot stores of ours.
+        for url in [
+            "ftp://host/x",
+            "gs://bucket/x",
+            "https://host/x",
+            "s3a://b/x",
+        ] {
+            match open(url, Vec::new()) {
+                Err(e @ Error::InvalidUrl { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains("unsupported scheme"), "{url}: {text}");
+                    assert!(
+                        text.contains("file://, memory:// or s3://"),
+                        "{url}: {text}"
+                    );
+                }
+                r => panic!("{url}: expected InvalidUrl, got {:?}", r.err()),
+            }
+        }
+        match open("not a url", Vec::new()) {
+            Err(e @ Error::InvalidUrl { .. }) => assert!(e.to_string().contains("relative")),
+            r => panic!("expected InvalidUrl, got {:?}", r.err()),
+        }
+    }
+
+    #[cfg(not(feature = "s3"))]
+    #[test]
+    fn s3_needs_the_feature() {
+        match open("s3://bucket/p", Vec::new()) {
+            Err(e @ Error::InvalidUrl { .. }) => {
+                assert!(e.to_string().contains("`s3` feature"), "{e}");
+            }
+            r => panic!("expected InvalidUrl, got {:?}", r.err()),
+        }
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn s3_urls_give_a_prefix_and_check_options() {
+        let endpoint = vec![("Endpoint".to_owned(), "http://127.0.0.1:1".to_owned())];
+        let opened = open("s3://bucket/a%20b/c", endpoint).unwrap();
+        assert_eq!(opened.prefix.as_ref(), "a b/c");
+        assert!(opened.local_root.is_none());
+        match open("s3://bucket/p", options(&["no_such_option"])) {
+            Err(Error::InvalidOption { key, .. }) => assert_eq!(key, "no_such_option"),
+            r => panic!("expected InvalidOption, got {:?}", r.err()),
+        }
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(redact("s3://key:secret@bucket/p?x=y"), "s3://bucket/p");
+        assert_eq!(redact("s3://bucket/p#frag"), "s3://bucket/p");
+        let url = Url::parse("s3://key:secret@bucket/p?x=y#f").unwrap();
+        assert_eq!(redact_url(&url), "s3://bucket/p");
+        // Through `open`: in a message for a URL that does not parse, for an unknown scheme,
+        // and in the shown URL of a store.
+        for url in [
+            "s3://key:secret@[bucket/p?x=y",
+            "ftp://key:secret@bucket/p?x=y",
+        ] {
+            let e = open(url, Vec::new()).err().unwrap().to_string();
+            assert!(!e.contains("secret") && !e.contains("x=y"), "{e}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_never_shareable() {
+        let secrets = [
+            "secret_access_key",
+            "aws_secret_access_key",
+            "SECRET_ACCESS_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "access_key_id",
+            "aws_access_key_id",
+            "session_token",
+            "aws_session_token",
+            "token",
+            "aws_token",
+            "web_identity_token_file",
+            "aws_web_identity_token_file",
+            "role_arn",
+            "aws_role_arn",
+            "container_credentials_relative_uri",
+            "aws_container_credentials_relative_uri",
+            "container_credentials_full_uri",
+            "aws_container_authorization_token_file",
+            "metadata_endpoint",
+            "aws_metadata_endpoint",
+            "no_such_option",
+        ];
+        assert_eq!(shareable_options(&options(&secrets)), Vec::new());
+        let public = [
+            "endpoint",
+            "AWS_ENDPOINT",
+            "Region",
+            "aws_default_region",
+            "allow_http",
+            "virtual_hosted_style_request",
+            "bucket",
+        ];
+        let mut mixed = options(&secrets);
+        mixed.extend(options(&public));
+        assert_eq!(shareable_options(&mixed), options(&public));
+    }
+}
