@@ -68,25 +68,6 @@ use crate::wire::listener::{Attach, Connection};
 
 pub(crate) type ConnId = u64;
 
-/// Store options a worker process may be told (`object_store`'s S3 keys that are not secrets).
-const NOT_SECRET: &[&str] = &[
-    "endpoint",
-    "aws_endpoint",
-    "aws_endpoint_url",
-    "region",
-    "aws_region",
-    "default_region",
-    "aws_default_region",
-    "allow_http",
-    "aws_allow_http",
-    "virtual_hosted_style_request",
-    "aws_virtual_hosted_style_request",
-    "bucket",
-    "aws_bucket",
-    "bucket_name",
-    "aws_bucket_name",
-];
-
 /// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
 pub(crate) struct Remote {
     conn: ConnId,
@@ -281,12 +262,7 @@ impl<J: Job> State<J> {
         };
         let msg = ToWorker::Store {
             url: store.url().to_owned(),
-            options: cfg
-                .options
-                .iter()
-                .filter(|(k, _)| NOT_SECRET.contains(&k.to_ascii_lowercase().as_str()))
-                .cloned()
-                .collect(),
+            options: crate::snapshot::shareable_options(&cfg.options),
             job_id: cfg.job_id::<J>(),
             epoch,
             created_unix_ms,

@@ -32,6 +32,7 @@ pub use format::{
     FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
     encode_manifest,
 };
+pub(crate) use open::shareable_options;
 pub use store::{
     Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, SnapshotId, SnapshotInfo, Store,
     check_job_id,

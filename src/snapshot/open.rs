@@ -259,7 +259,6 @@ const SHAREABLE: &[&str] = &[
 /// `session_token`/`token`, with or without `aws_`), files and URLs credentials come from
 /// (web identity token file, container credentials, role ARN, metadata endpoint), and any key
 /// not listed here, known or not. A worker takes its credentials from its own environment.
-#[allow(dead_code)] // To be called by the executor when it tells workers about the store.
 pub(crate) fn shareable_options(options: &[(String, String)]) -> Vec<(String, String)> {
     options
         .iter()
