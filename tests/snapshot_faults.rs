@@ -38,7 +38,7 @@ fn a_store_that_refuses_writes_fails_the_snapshot_not_the_job() {
         .snapshots(&url)
         .build()
         .unwrap();
-    let job = slow(40_000);
+    let job = slow(1_000_000);
     let handle = exec.submit(job.clone()).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     let first = handle.snapshot().wait().unwrap();
@@ -78,7 +78,7 @@ fn corrupt_and_foreign_snapshots_are_typed_errors() {
         .job_id("shared")
         .build()
         .unwrap();
-    let handle = exec.submit(slow(20_000)).unwrap();
+    let handle = exec.submit(slow(500_000)).unwrap();
     std::thread::sleep(Duration::from_millis(10));
     let id = handle.suspend().wait().unwrap();
     assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));

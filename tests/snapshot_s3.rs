@@ -35,7 +35,7 @@ fn builder(server: &seaweed::Seaweed, url: &str, workers: usize) -> malleable::B
 fn suspend_to_s3_and_resume_with_other_worker_counts() {
     let server = seaweed::server();
     let url = url("suspend");
-    let mut job = Kernel::new(600_000, 4);
+    let mut job = Kernel::new(6_000_000, 4);
     job.spin = 300;
     job.phases = 2;
     let handle = builder(server, &url, 2)

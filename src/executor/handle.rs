@@ -135,7 +135,7 @@ impl<J: Job> JobHandle<J> {
 
     /// The requested number of local worker threads.
     pub fn local_workers(&self) -> usize {
-        self.shared.lock().target
+        self.shared.lock().members.target
     }
 
     /// A progress report. Takes the job's lock briefly; fine to call every few milliseconds.
@@ -143,9 +143,9 @@ impl<J: Job> JobHandle<J> {
         let st = self.shared.lock();
         let (done_chunks, total) = st.core.progress();
         let running: u64 = st
-            .locals
-            .iter()
-            .filter(|(w, _)| st.core.running_on(**w).is_some())
+            .members
+            .locals()
+            .filter(|(w, _)| st.core.running_on(*w).is_some())
             .map(|(_, l)| l.cell.progress())
             .sum::<u64>()
             + st.remote_progress();
@@ -165,7 +165,7 @@ impl<J: Job> JobHandle<J> {
             done_all_phases,
             rate,
             eta,
-            local_workers: st.locals.len(),
+            local_workers: st.members.local_count(),
             remote_workers: st.remote_count(),
         }
     }
@@ -236,12 +236,12 @@ impl<J: Job> JobHandle<J> {
         let (tx, rx) = crossbeam_channel::unbounded();
         {
             let mut st = self.shared.lock();
-            st.waiter = Some(tx);
+            st.members.waiter = Some(tx);
             st.settle(&self.shared);
         }
         local::serve_inline(&self.shared, &rx);
         let mut st = self.shared.lock();
-        st.waiter = None;
+        st.members.waiter = None;
         st.result
             .take()
             .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME }))
@@ -320,10 +320,10 @@ impl<J: Job> Future for JobFuture<J> {
             return Poll::Ready(Err(Error::OutcomeTaken { job: J::NAME }));
         }
         st.waker = Some(cx.waker().clone());
-        if !self.helper && st.waiter.is_none() {
+        if !self.helper && st.members.waiter.is_none() {
             // The inline role, should the target be or become zero, goes to a helper thread.
             let (tx, rx) = crossbeam_channel::unbounded();
-            st.waiter = Some(tx);
+            st.members.waiter = Some(tx);
             st.settle(&self.shared);
             drop(st);
             let shared = Arc::clone(&self.shared);
@@ -331,11 +331,11 @@ impl<J: Job> Future for JobFuture<J> {
                 .name(format!("malleable-{}-inline", J::NAME))
                 .spawn(move || {
                     local::serve_inline(&shared, &rx);
-                    shared.lock().waiter = None;
+                    shared.lock().members.waiter = None;
                 });
             if let Err(e) = spawned {
                 let mut st = self.shared.lock();
-                st.waiter = None;
+                st.members.waiter = None;
                 st.fail(&self.shared, Error::Spawn(e));
                 return Poll::Ready(
                     st.result

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
+use super::job_run::{Shared, State};
+use super::members::Msg;
 use super::snapshot::{Captured, Part};
-use super::{Msg, Shared, State};
 use crate::codec;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::metrics::StepStats;
 use crate::run::{self, Attend, CAPTURE, Cell, Held, Host, INTERRUPT, Ran};
@@ -129,6 +130,82 @@ fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) 
         },
     };
     st.report(shared, event, Some(worker))
+}
+
+impl<J: Job> State<J> {
+    /// Brings the local workers to the target: spawn or retire threads, start or stop the
+    /// inline worker.
+    pub(crate) fn reconcile(&mut self, shared: &Arc<Shared<J>>) {
+        if self.ended {
+            return;
+        }
+        let threads: Vec<WorkerId> = {
+            let mut v: Vec<WorkerId> = self
+                .members
+                .locals()
+                .filter(|(_, l)| !l.inline && !l.retiring)
+                .map(|(w, _)| w)
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let inline: Option<WorkerId> = self
+            .members
+            .locals()
+            .find(|(_, l)| l.inline && !l.retiring)
+            .map(|(w, _)| w);
+        for &w in threads.iter().skip(self.members.target).rev() {
+            self.retire(shared, w);
+        }
+        for _ in threads.len()..self.members.target {
+            if let Err(e) = self.spawn(shared) {
+                return self.fail(shared, e);
+            }
+        }
+        match (self.members.target, inline) {
+            (0, None) => {
+                if let Some(tx) = self.members.waiter.clone() {
+                    let w = self.members.join_local(tx, true);
+                    let _ = self.feed(shared, Event::Joined { worker: w }, None);
+                }
+            }
+            (1.., Some(w)) => self.retire(shared, w),
+            _ => {}
+        }
+    }
+
+    fn spawn(&mut self, shared: &Arc<Shared<J>>) -> Result<()> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let w = self.members.join_local(tx, false);
+        let shared2 = Arc::clone(shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("malleable-{}-{w}", J::NAME))
+            .spawn(move || thread_main(shared2, rx));
+        if let Err(e) = spawned {
+            self.members.remove(w);
+            return Err(Error::Spawn(e));
+        }
+        let _ = self.feed(shared, Event::Joined { worker: w }, None);
+        Ok(())
+    }
+
+    pub(crate) fn retire(&mut self, shared: &Arc<Shared<J>>, w: WorkerId) {
+        if let Some(l) = self.members.local_mut(w) {
+            l.retiring = true;
+            let _ = self.feed(shared, Event::Retire { worker: w }, None);
+        }
+    }
+
+    /// Forgets a local worker that left the core without a `Release` command.
+    pub(crate) fn release(&mut self, worker: WorkerId) {
+        self.members.remove(worker);
+    }
+
+    /// The caller's new target for local threads.
+    pub(crate) fn set_target(&mut self, shared: &Arc<Shared<J>>, n: usize) {
+        self.members.target = n;
+        self.settle(shared);
+    }
 }
 
 /// Ends the job with `error` after this worker lost its chunk (user code panicked, the input

@@ -56,23 +56,19 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::job_run::{Shared, State};
+use super::members::Slot;
 use super::snapshot::{Captured, Part};
-use super::{Held, Shared, State};
 use crate::codec;
 use crate::error::{Error, Site};
 use crate::job::Job;
+use crate::run::Held;
 use crate::schedule::{ChunkId, Event, Work, WorkerId};
 use crate::wire::Error as PeerError;
 use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 use crate::wire::listener::{Attach, Connection};
 
 pub(crate) type ConnId = u64;
-
-/// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
-pub(crate) struct Remote {
-    conn: ConnId,
-    slot: u32,
-}
 
 /// A connected worker process.
 pub(crate) struct Conn {
@@ -97,14 +93,16 @@ impl Conn {
     }
 }
 
-/// The remote side of a job's state.
+/// The connections of worker processes of one job run (their slots are members of the job,
+/// `members.rs`).
 #[derive(Default)]
 pub(crate) struct Remotes {
-    pub(crate) slots: HashMap<WorkerId, Remote>,
     pub(crate) conns: HashMap<ConnId, Conn>,
     next: ConnId,
     /// The job value of a phase, encoded once for all connections.
     job_bytes: Option<(u64, Bytes)>,
+    /// Worker processes started by `scale_remote` that may still be running.
+    launched: Vec<Box<dyn crate::wire::Launched>>,
     /// Worker processes started so far (their `index`).
     launched_total: usize,
 }
@@ -224,10 +222,7 @@ impl<J: Job> State<J> {
         let threads = threads.clamp(1, 4096);
         let mut slots = Vec::with_capacity((threads * SLOTS_PER_THREAD) as usize);
         for slot in 0..threads * SLOTS_PER_THREAD {
-            let w = self.next_id;
-            self.next_id += 1;
-            slots.push(Some(w));
-            self.remote.slots.insert(w, Remote { conn: id, slot });
+            slots.push(Some(self.members.join_slot(id, slot)));
         }
         self.remote.conns.insert(
             id,
@@ -279,19 +274,18 @@ impl<J: Job> State<J> {
             .set(self.remote.conns.len() as f64);
     }
 
-    /// Protocol step 2: a `Run` command for a remote slot (nothing if `worker` is not one).
+    /// Protocol step 2: a `Run` command for a remote slot.
     pub(crate) fn run_remote(
         &mut self,
         shared_fail: &mut Option<Error>,
-        worker: WorkerId,
+        Slot {
+            conn: conn_id,
+            slot,
+        }: Slot,
         chunk: ChunkId,
         range: std::ops::Range<u64>,
         state: Option<Held<J::Chunk>>,
     ) {
-        let Some(r) = self.remote.slots.get(&worker) else {
-            return;
-        };
-        let (conn_id, slot) = (r.conn, r.slot);
         let phase = self.phase;
         let job_bytes = match &self.remote.job_bytes {
             Some((p, b)) if *p == phase => Ok(b.clone()),
@@ -332,11 +326,8 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// An `Interrupt` for a remote slot; nothing if `worker` is not one or runs nothing.
-    pub(crate) fn interrupt_remote(&self, worker: WorkerId) {
-        let Some(r) = self.remote.slots.get(&worker) else {
-            return;
-        };
+    /// An `Interrupt` for remote slot `r` (worker `worker`); nothing if it runs nothing.
+    pub(crate) fn interrupt_remote(&self, worker: WorkerId, r: Slot) {
         if let (Some(chunk), Some(c)) =
             (self.core.running_on(worker), self.remote.conns.get(&r.conn))
         {
@@ -347,11 +338,8 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// A snapshot's `Capture` of `chunk` for a remote slot; nothing if `worker` is not one.
-    pub(crate) fn capture_remote(&self, worker: WorkerId, chunk: ChunkId) {
-        let Some(r) = self.remote.slots.get(&worker) else {
-            return;
-        };
+    /// A snapshot's `Capture` of `chunk` for remote slot `r`.
+    pub(crate) fn capture_remote(&self, r: Slot, chunk: ChunkId) {
         if let Some(c) = self.remote.conns.get(&r.conn) {
             let _ = c.tx.send(ToWorker::Capture {
                 slot: r.slot,
@@ -361,12 +349,9 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// A `Release` for a remote slot; nothing if `worker` is not one. The connection gets
-    /// `End` with its last slot.
-    pub(crate) fn release_remote(&mut self, worker: WorkerId) {
-        let Some(r) = self.remote.slots.remove(&worker) else {
-            return;
-        };
+    /// A `Release` for remote slot `r` (no longer a member). The connection gets `End` with
+    /// its last slot.
+    pub(crate) fn release_remote(&mut self, r: Slot) {
         if let Some(c) = self.remote.conns.get_mut(&r.conn) {
             if let Some(s) = c.slots.get_mut(r.slot as usize) {
                 *s = None;
@@ -385,7 +370,7 @@ impl<J: Job> State<J> {
         for (_, c) in self.remote.conns.drain() {
             let _ = c.tx.send(ToWorker::End);
         }
-        self.remote.slots.clear();
+        self.members.drop_slots();
         self.remote_gauge();
     }
 
@@ -445,7 +430,7 @@ impl<J: Job> State<J> {
             return;
         }
         for w in c.slots.into_iter().flatten() {
-            self.remote.slots.remove(&w);
+            self.members.remove(w);
             let running = self.core.running_on(w);
             let _ = self.feed(shared, Event::Lost { worker: w }, None);
             if let Some(chunk) = running {
@@ -687,9 +672,11 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
         if st.ended {
             return Ok(());
         }
-        st.launched.retain_mut(|p| matches!(p.try_wait(), Ok(None)));
+        st.remote
+            .launched
+            .retain_mut(|p| matches!(p.try_wait(), Ok(None)));
         let connected = st.remote.conns.len();
-        let starting = st.launched.len().saturating_sub(connected);
+        let starting = st.remote.launched.len().saturating_sub(connected);
         let present = st.remote_count() + starting;
         if n < st.remote_count() {
             let extra = st.remote_count() - n;
@@ -718,6 +705,6 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
     }
     let mut st = shared.lock();
     st.remote.launched_total += started.len();
-    st.launched.extend(started);
+    st.remote.launched.extend(started);
     error.map_or(Ok(()), Err)
 }

@@ -29,7 +29,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::oneshot;
 
-use super::{Shared, State};
+use super::job_run::{Shared, State};
+use super::members::Member;
 use crate::codec::{decode, encode};
 use crate::error::{Cause, Error, Result};
 use crate::job::Job;
@@ -282,15 +283,13 @@ impl<J: Job> State<J> {
     fn cut_commands(&mut self, shared: &Arc<Shared<J>>, out: &mut Commands) {
         for cmd in out.drain(..) {
             match cmd {
-                CutCommand::Capture { worker, chunk } => {
-                    if let Some(local) = self.locals.get(&worker) {
-                        local.cell.raise(CAPTURE);
-                    } else {
-                        self.capture_remote(worker, chunk);
-                    }
-                }
+                CutCommand::Capture { worker, chunk } => match self.members.get(worker) {
+                    Some(Member::Local(local)) => local.cell.raise(CAPTURE),
+                    Some(Member::Remote(slot)) => self.capture_remote(*slot, chunk),
+                    None => {}
+                },
                 CutCommand::Withdraw { worker } => {
-                    if let Some(local) = self.locals.get(&worker) {
+                    if let Some(local) = self.members.local(worker) {
                         local.cell.lower(CAPTURE);
                     }
                 }

@@ -44,7 +44,7 @@
 //! # Incremental parts
 //!
 //! A pending chunk's state that did not change since a committed snapshot need not be written
-//! again. [`Write::unchanged`] lists the chunks that were suspended at the marker and were not
+//! again. [`Cut::written`] returns the chunks that were suspended at the marker and were not
 //! handed to any worker from the marker until the write's outcome ([`Cut::ran`]); only their
 //! parts may be reused by a later cut.
 
@@ -325,7 +325,8 @@ impl<H, P, O, R> Cut<H, P, O, R> {
                     .collect()
             }
             Written::Failed => {
-                if suspend {
+                // A suspend asked for while this one was written still wants the core halted.
+                if suspend && self.suspend.is_none() {
                     out.push(CutCommand::Unhalt);
                 }
                 Vec::new()
@@ -351,7 +352,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             replies: open.replies,
             error,
         });
-        if open.suspend {
+        if open.suspend && self.suspend.is_none() {
             out.push(CutCommand::Unhalt);
         }
     }

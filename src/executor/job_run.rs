@@ -1,0 +1,388 @@
+//! One job run: where the events of workers meet the commands of the core and the cut.
+//!
+//! Each submitted job gets its own [`Shared`]: the configuration, the input loaded once, and
+//! the [`State`] behind one mutex. There is no global pool: two executors, or two jobs of one
+//! executor, never share threads.
+//!
+//! A worker runs steps back to back and reads one atomic flag per step. It takes the mutex
+//! only when a chunk ends, it was interrupted, or it captured its chunk for a snapshot; under
+//! the mutex its event is fed to the cut (`snapshot.rs`) and to the core, and the commands
+//! they return are carried out (`Run` and `Release` messages, flags, frames to worker
+//! processes) before the mutex is released, so a flag is never set for a request the core has
+//! already withdrawn.
+//!
+//! # Who owns what
+//!
+//! [`State`] is split by the file that changes it: the ledger, the job value and the result
+//! here; the workers in `members.rs` (local threads in `local.rs`); connections of worker
+//! processes in `remote.rs`; snapshot bookkeeping in `snapshot.rs`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Instant;
+
+use super::members::{Member, Members, Msg};
+use super::remote::Remotes;
+use super::snapshot::{self, Captured, Snapshots};
+use super::{Config, Finished, IoRuntime, Outcome};
+use crate::error::{Error, Result, Site};
+use crate::job::{Job, Next, Value};
+use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
+use crate::schedule::{Command, Core, Event, Plan, WorkerId};
+use crate::wire::listener::Listener;
+
+/// Everything one job run shares between its workers and its handle.
+pub(crate) struct Shared<J: Job> {
+    pub(crate) config: Config,
+    pub(crate) io: Arc<IoRuntime>,
+    pub(crate) listener: Option<Arc<Listener>>,
+    pub(crate) inputs: Inputs<J>,
+    pub(crate) started: Instant,
+    pub(crate) state: Mutex<State<J>>,
+}
+
+impl<J: Job> fmt::Debug for Shared<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("job", &J::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The state of one job run, behind the job's mutex.
+pub(crate) struct State<J: Job> {
+    pub(crate) core: Core<J::Reducer, Held<J::Chunk>>,
+    /// The job; `None` only while it is handed to the caller at the end.
+    pub(crate) job: Option<Arc<J>>,
+    pub(crate) phase: u64,
+    /// Iterations of the finished phases.
+    pub(crate) iterations_before: u64,
+    pub(crate) result: Option<Result<Outcome<J>>>,
+    /// Set once, when the result is stored (it stays set after the result is taken).
+    pub(crate) ended: bool,
+    pub(crate) waker: Option<Waker>,
+    /// The core's command buffer, reused.
+    pub(crate) out: Vec<Command<Held<J::Chunk>>>,
+    /// The job's workers, local or remote (`members.rs`).
+    pub(crate) members: Members<J>,
+    /// Connections of worker processes (`remote.rs`).
+    pub(crate) remote: Remotes,
+    /// Snapshot bookkeeping (`snapshot.rs`).
+    pub(crate) snap: Snapshots,
+}
+
+impl<J: Job> State<J> {
+    /// The state of a run starting at `phase` with this ledger.
+    pub(crate) fn new(
+        core: Core<J::Reducer, Held<J::Chunk>>,
+        job: J,
+        phase: u64,
+        iterations_before: u64,
+        snap: Snapshots,
+        target: usize,
+    ) -> State<J> {
+        State {
+            core,
+            job: Some(Arc::new(job)),
+            phase,
+            iterations_before,
+            result: None,
+            ended: false,
+            waker: None,
+            out: Vec::new(),
+            members: Members::new(target),
+            remote: Remotes::default(),
+            snap,
+        }
+    }
+}
+
+impl<J: Job> Shared<J> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State<J>> {
+        // A panic never happens while the lock is held (user code under it is caught), but be
+        // robust: the state stays consistent, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<J: Job> State<J> {
+    /// A worker's report: feeds it to the core, then settles (phase ends, worker target).
+    /// A command for `me` is returned instead of sent.
+    pub(crate) fn report(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
+        me: Option<WorkerId>,
+    ) -> Option<Msg<J>> {
+        let mine = self.feed(shared, event, me);
+        self.settle(shared);
+        mine
+    }
+
+    /// Feeds an event to the core and carries out the resulting commands; does not settle,
+    /// so that `reconcile` can call it without re-entering itself. A command for `me` is
+    /// returned instead of sent.
+    pub(crate) fn feed(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
+        me: Option<WorkerId>,
+    ) -> Option<Msg<J>> {
+        match self.feed_at(shared, event, me, None) {
+            Ok(mine) => mine,
+            // Local workers never send an event the ledger refuses; if one does, stop the
+            // job rather than risk a wrong value.
+            Err(rejected) => {
+                self.fail(shared, Error::Internal(rejected.to_string()));
+                None
+            }
+        }
+    }
+
+    /// Feeds an event from a remote worker, with a `Done`'s output as it came over the wire:
+    /// one the ledger refuses is returned (the connection is then dropped) and changes
+    /// nothing.
+    pub(crate) fn feed_checked(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
+        output_bytes: Option<bytes::Bytes>,
+    ) -> std::result::Result<(), crate::schedule::Rejected> {
+        self.feed_at(shared, event, None, output_bytes).map(|_| ())
+    }
+
+    /// Feeds an event to the core and carries out the commands; returns the command for
+    /// `me`, or the ledger's refusal. `output_bytes` is a `Done`'s output already encoded.
+    fn feed_at(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        event: Event<Held<J::Chunk>, Value<J>>,
+        me: Option<WorkerId>,
+        output_bytes: Option<bytes::Bytes>,
+    ) -> std::result::Result<Option<Msg<J>>, crate::schedule::Rejected> {
+        if self.snap.cut.is_open() {
+            // Protocol step 2 of `schedule/cut.rs`: the output or handed-back state of a chunk
+            // the cut waits for, from the worker the marker saw it on (an event the ledger
+            // will refuse comes from another worker and does not reach the cut).
+            match &event {
+                Event::Done {
+                    worker,
+                    chunk,
+                    output,
+                    ..
+                } if self.snap.cut.waits_for(*worker, *chunk) => {
+                    let bytes = match output_bytes {
+                        Some(b) => Ok(b),
+                        None => crate::codec::encode("a chunk output", output)
+                            .map(Into::into)
+                            .map_err(Error::from),
+                    };
+                    self.captured(shared, *worker, *chunk, bytes.map(Captured::Output));
+                }
+                Event::Yielded {
+                    worker,
+                    chunk,
+                    state,
+                    ..
+                } if self.snap.cut.waits_for(*worker, *chunk) => {
+                    let bytes = state.to_bytes().map_err(Error::from);
+                    let captured = bytes.map(|b| Captured::State(snapshot::Part::New(b)));
+                    self.captured(shared, *worker, *chunk, captured);
+                }
+                _ => {}
+            }
+        }
+        let mut out = std::mem::take(&mut self.out);
+        let phase = self.phase;
+        // `handle` runs the reducer's `combine`: a panic there ends the job, not the worker.
+        let mut rejected = None;
+        match catch(Site::Reducer { phase }, J::NAME, || {
+            self.core.handle(event, &mut out)
+        }) {
+            Ok(Ok(())) => {}
+            Ok(Err(r)) => rejected = Some(r),
+            Err(panic) => self.fail(shared, panic),
+        }
+        let mine = self.execute(&mut out, me);
+        self.out = out;
+        match rejected {
+            Some(r) => Err(r),
+            None => Ok(mine),
+        }
+    }
+
+    /// Carries out core commands; returns the one addressed to `me`.
+    pub(crate) fn execute(
+        &mut self,
+        out: &mut Vec<Command<Held<J::Chunk>>>,
+        me: Option<WorkerId>,
+    ) -> Option<Msg<J>> {
+        let mut mine = None;
+        let mut failed = None;
+        for cmd in out.drain(..) {
+            match cmd {
+                Command::Run {
+                    worker,
+                    chunk,
+                    range,
+                    state,
+                } => match (self.members.get(worker), self.job.as_ref()) {
+                    (Some(Member::Local(local)), Some(job)) => {
+                        local.cell.publish(0);
+                        let msg = Msg::Run {
+                            worker,
+                            assignment: Assignment {
+                                chunk,
+                                phase: self.phase,
+                                range,
+                                state,
+                            },
+                            job: Arc::clone(job),
+                            cell: Arc::clone(&local.cell),
+                        };
+                        let tx = local.tx.clone();
+                        self.snap.on_run(chunk);
+                        if me == Some(worker) {
+                            mine = Some(msg);
+                        } else {
+                            let _ = tx.send(msg);
+                        }
+                    }
+                    (Some(Member::Remote(slot)), _) => {
+                        let slot = *slot;
+                        self.run_remote(&mut failed, slot, chunk, range, state);
+                    }
+                    _ => {}
+                },
+                Command::Interrupt { worker } => match self.members.get(worker) {
+                    Some(Member::Local(local)) => local.cell.raise(INTERRUPT),
+                    Some(Member::Remote(slot)) => self.interrupt_remote(worker, *slot),
+                    None => {}
+                },
+                Command::Release { worker } => match self.members.remove(worker) {
+                    Some(Member::Local(local)) => {
+                        if me == Some(worker) {
+                            mine = Some(Msg::Release);
+                        } else {
+                            let _ = local.tx.send(Msg::Release);
+                        }
+                    }
+                    Some(Member::Remote(slot)) => self.release_remote(slot),
+                    None => {}
+                },
+            }
+        }
+        if let Some(e) = failed {
+            if !self.ended {
+                self.complete(Err(e));
+            }
+        }
+        mine
+    }
+
+    /// After any change: end finished phases, then bring the workers to the target.
+    pub(crate) fn settle(&mut self, shared: &Arc<Shared<J>>) {
+        while !self.ended && self.core.phase_complete() {
+            self.end_phase(shared);
+        }
+        self.reconcile(shared);
+        self.poll_cut(shared);
+        self.members.count();
+    }
+
+    /// The barrier between phases: every chunk is done and no worker holds the job.
+    fn end_phase(&mut self, shared: &Arc<Shared<J>>) {
+        let phase = self.phase;
+        let value = match catch(Site::Reducer { phase }, J::NAME, || {
+            self.core.finish_phase()
+        }) {
+            Ok(v) => v,
+            Err(e) => return self.fail(shared, e),
+        };
+        let Some(arc) = self.job.take() else { return };
+        // Workers drop their handle on the job before they report, and no chunk is pending,
+        // so this is the last one.
+        let mut job = match Arc::try_unwrap(arc) {
+            Ok(job) => job,
+            Err(arc) => {
+                self.job = Some(arc);
+                return self.fail(
+                    shared,
+                    Error::Internal("job still shared at a phase barrier".into()),
+                );
+            }
+        };
+        metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
+        let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
+            Ok(next) => next,
+            Err(e) => return self.fail(shared, e),
+        };
+        match next {
+            Next::Finish => self.complete(Ok(Outcome::Finished(Finished { job, value }))),
+            Next::Continue => {
+                let (plan, reducer) = match catch(Site::Job { phase: phase + 1 }, J::NAME, || {
+                    (
+                        Plan::new(
+                            job.iterations(),
+                            shared.config.schedule,
+                            shared.config.chunking,
+                        ),
+                        job.reducer(),
+                    )
+                }) {
+                    Ok(x) => x,
+                    Err(e) => return self.fail(shared, e),
+                };
+                self.iterations_before += self.core.progress().1;
+                self.phase += 1;
+                self.job = Some(Arc::new(job));
+                let mut out = std::mem::take(&mut self.out);
+                let started = catch(Site::Reducer { phase: phase + 1 }, J::NAME, || {
+                    self.core.start_phase(plan, reducer, &mut out)
+                });
+                if let Err(e) = started {
+                    self.out = out;
+                    return self.fail(shared, e);
+                }
+                // Nobody is waiting for a reply here: every worker is idle in its mailbox.
+                let mine = self.execute(&mut out, None);
+                debug_assert!(mine.is_none());
+                self.out = out;
+            }
+        }
+    }
+
+    /// Ends the run with an error: every worker is retired (running ones hand their chunk
+    /// back at their next adjustment point and exit).
+    pub(crate) fn fail(&mut self, _shared: &Arc<Shared<J>>, error: Error) {
+        if !self.ended {
+            self.complete(Err(error));
+        }
+    }
+
+    /// Stores the result, stops every worker and wakes whoever waits.
+    pub(crate) fn complete(&mut self, result: Result<Outcome<J>>) {
+        self.result = Some(result);
+        self.ended = true;
+        // A snapshot that cannot complete any more (its chunks will not be captured) or has
+        // not started: its requesters get an error rather than wait forever.
+        self.snap.end(J::NAME);
+        let mut out = std::mem::take(&mut self.out);
+        self.core.halt(&mut out);
+        let ids: Vec<WorkerId> = self.members.locals().map(|(w, _)| w).collect();
+        for w in ids {
+            let _ = self.core.handle(Event::Retire { worker: w }, &mut out);
+        }
+        let mine = self.execute(&mut out, None);
+        debug_assert!(mine.is_none());
+        self.out = out;
+        self.end_remotes();
+        if let Some(tx) = &self.members.waiter {
+            let _ = tx.send(Msg::Wake);
+        }
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}

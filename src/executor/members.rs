@@ -1,0 +1,143 @@
+//! The workers of one job run, local or remote, behind one type.
+//!
+//! Every worker of the ledger (a [`WorkerId`]) is a [`Member`]: a local thread or the inline
+//! worker (a mailbox and an attention cell, `local.rs`), or a slot of a worker process (its
+//! connection and slot number, `remote.rs`). Which one a worker is, is decided here and only
+//! here; the commands of the core and of the cut are dispatched by kind in one place each
+//! (`State::execute` in `job_run.rs`, `State::cut_commands` in `snapshot.rs`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crossbeam_channel::Sender;
+
+use super::remote::ConnId;
+use crate::job::Job;
+use crate::run::{Assignment, Cell};
+use crate::schedule::WorkerId;
+
+/// A message to a local worker (or to the thread waiting in inline mode).
+pub(crate) enum Msg<J: Job> {
+    /// Run a chunk of the current phase as worker `worker`.
+    Run {
+        worker: WorkerId,
+        assignment: Assignment<J::Chunk>,
+        job: Arc<J>,
+        cell: Arc<Cell>,
+    },
+    /// This worker id is released: a thread exits, the inline waiter goes back to waiting.
+    Release,
+    /// Something changed (the job ended, or the inline role may be needed): look again.
+    Wake,
+}
+
+/// A local thread, or the inline worker.
+pub(crate) struct Local<J: Job> {
+    pub(crate) tx: Sender<Msg<J>>,
+    pub(crate) cell: Arc<Cell>,
+    pub(crate) inline: bool,
+    pub(crate) retiring: bool,
+}
+
+/// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slot {
+    pub(crate) conn: ConnId,
+    pub(crate) slot: u32,
+}
+
+/// A worker of the job.
+pub(crate) enum Member<J: Job> {
+    Local(Local<J>),
+    Remote(Slot),
+}
+
+/// The job's workers, their ids, and the local target.
+pub(crate) struct Members<J: Job> {
+    table: HashMap<WorkerId, Member<J>>,
+    next_id: WorkerId,
+    /// Requested local worker threads.
+    pub(crate) target: usize,
+    /// The mailbox of the thread blocked in `wait`, which runs the job when `target` is 0.
+    pub(crate) waiter: Option<Sender<Msg<J>>>,
+    gauge: metrics::Gauge,
+}
+
+impl<J: Job> Members<J> {
+    pub(crate) fn new(target: usize) -> Members<J> {
+        Members {
+            table: HashMap::new(),
+            next_id: 0,
+            target,
+            waiter: None,
+            gauge: metrics::gauge!(crate::metrics::WORKERS, "job" => J::NAME),
+        }
+    }
+
+    fn join(&mut self, member: Member<J>) -> WorkerId {
+        let w = self.next_id;
+        self.next_id += 1;
+        self.table.insert(w, member);
+        w
+    }
+
+    /// A new local worker (a thread, or the inline worker) with its mailbox.
+    pub(crate) fn join_local(&mut self, tx: Sender<Msg<J>>, inline: bool) -> WorkerId {
+        self.join(Member::Local(Local {
+            tx,
+            cell: Arc::default(),
+            inline,
+            retiring: false,
+        }))
+    }
+
+    /// A new slot of connection `conn`.
+    pub(crate) fn join_slot(&mut self, conn: ConnId, slot: u32) -> WorkerId {
+        self.join(Member::Remote(Slot { conn, slot }))
+    }
+
+    pub(crate) fn get(&self, w: WorkerId) -> Option<&Member<J>> {
+        self.table.get(&w)
+    }
+
+    pub(crate) fn local(&self, w: WorkerId) -> Option<&Local<J>> {
+        match self.table.get(&w) {
+            Some(Member::Local(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn local_mut(&mut self, w: WorkerId) -> Option<&mut Local<J>> {
+        match self.table.get_mut(&w) {
+            Some(Member::Local(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn remove(&mut self, w: WorkerId) -> Option<Member<J>> {
+        self.table.remove(&w)
+    }
+
+    /// The local workers.
+    pub(crate) fn locals(&self) -> impl Iterator<Item = (WorkerId, &Local<J>)> {
+        self.table.iter().filter_map(|(&w, m)| match m {
+            Member::Local(l) => Some((w, l)),
+            Member::Remote(_) => None,
+        })
+    }
+
+    /// Local workers (threads, retiring ones included, or the inline worker).
+    pub(crate) fn local_count(&self) -> usize {
+        self.locals().count()
+    }
+
+    /// Forgets every remote slot (the job ended; their connections get `End`).
+    pub(crate) fn drop_slots(&mut self) {
+        self.table.retain(|_, m| matches!(m, Member::Local(_)));
+    }
+
+    /// Updates the gauge of local workers.
+    pub(crate) fn count(&self) {
+        self.gauge.set(self.local_count() as f64);
+    }
+}
