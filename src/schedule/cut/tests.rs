@@ -1193,9 +1193,6 @@ fn a_failed_suspend_marker_fails_its_requesters_and_unhalts() {
 /// asked while a suspend's cut is open (not reachable today, as a suspend's cut is complete
 /// at its marker).
 #[test]
-#[ignore = "bug: written(Failed, suspend=true) un-halts the core while a suspend asked \
-            during that write is pending; the pending suspend then waits for a quiescence \
-            the un-halted core need not reach"]
 fn a_suspend_asked_during_a_failing_suspend_write_keeps_the_core_halted() {
     let mut x = Exec::dynamic(2, 10);
     let a = x.join();
@@ -1694,8 +1691,6 @@ mod proptests {
         /// `a_suspend_asked_during_a_failing_suspend_write_keeps_the_core_halted`, e.g.
         /// `[Suspend(false), Adjust(0), Suspend(false), Join, Written(false)]`.
         #[test]
-        #[ignore = "bug: written(Failed, suspend=true) un-halts the core while a suspend \
-                    asked during that write is pending"]
         fn a_pending_suspend_keeps_the_core_halted(
             schedule in schedules(),
             chunking in chunkings(),
