@@ -293,20 +293,8 @@ impl<J: Job> State<J> {
                         local.cell.lower(CAPTURE);
                     }
                 }
-                CutCommand::Halt => {
-                    let mut cmds = std::mem::take(&mut self.out);
-                    self.core.halt(&mut cmds);
-                    let mine = self.execute(&mut cmds, None);
-                    debug_assert!(mine.is_none());
-                    self.out = cmds;
-                }
-                CutCommand::Unhalt => {
-                    let mut cmds = std::mem::take(&mut self.out);
-                    self.core.unhalt(&mut cmds);
-                    let mine = self.execute(&mut cmds, None);
-                    debug_assert!(mine.is_none());
-                    self.out = cmds;
-                }
+                CutCommand::Halt => self.drive_core(Core::halt),
+                CutCommand::Unhalt => self.drive_core(Core::unhalt),
                 CutCommand::Fail { replies, error } => {
                     tracing::warn!(job = J::NAME, %error, "a snapshot failed before its write");
                     let cause = Cause::new(error);
@@ -317,6 +305,22 @@ impl<J: Job> State<J> {
                 CutCommand::Write(write) => self.write(shared, write),
             }
         }
+    }
+
+    /// Runs `f` on the core (halt, unhalt) and carries out its commands; none is for the
+    /// caller.
+    fn drive_core(
+        &mut self,
+        f: impl FnOnce(
+            &mut Core<J::Reducer, Held<J::Chunk>>,
+            &mut Vec<crate::schedule::Command<Held<J::Chunk>>>,
+        ),
+    ) {
+        let mut cmds = std::mem::take(&mut self.out);
+        f(&mut self.core, &mut cmds);
+        let mine = self.execute(&mut cmds, None);
+        debug_assert!(mine.is_none());
+        self.out = cmds;
     }
 
     /// Protocol step 3: hands a complete cut to the background writer.

@@ -255,42 +255,39 @@ pub(super) fn main<J: Job>(
             // The job ended for this process: nobody waits for this chunk.
             return (queue.done, queue.yielded);
         }
-        let msg = match ran {
-            Ran::Done { output, work } => match codec::encode("a chunk output", &output) {
-                Ok(b) => {
+        let encoded = match ran {
+            Ran::Done { output, work } => codec::encode("a chunk output", &output)
+                .map(|b| (true, b, work))
+                .map_err(Error::from),
+            Ran::Yielded { state, work } => codec::encode("a chunk state", &state)
+                .map(|b| (false, b, work))
+                .map_err(Error::from),
+            Ran::Failed(e) => Err(e),
+        };
+        let msg = match encoded {
+            Ok((done, bytes, work)) => {
+                let (iterations, busy_ns) = (work.iterations, work.busy.as_nanos() as u64);
+                if done {
                     queue.done += 1;
                     ToCoordinator::Done {
                         slot,
                         chunk,
-                        output: b.into(),
-                        iterations: work.iterations,
-                        busy_ns: work.busy.as_nanos() as u64,
+                        output: bytes.into(),
+                        iterations,
+                        busy_ns,
                     }
-                }
-                Err(e) => ToCoordinator::Failed {
-                    slot,
-                    chunk,
-                    failure: failure_of(e.into()),
-                },
-            },
-            Ran::Yielded { state, work } => match codec::encode("a chunk state", &state) {
-                Ok(b) => {
+                } else {
                     queue.yielded += 1;
                     ToCoordinator::Yielded {
                         slot,
                         chunk,
-                        state: b.into(),
-                        iterations: work.iterations,
-                        busy_ns: work.busy.as_nanos() as u64,
+                        state: bytes.into(),
+                        iterations,
+                        busy_ns,
                     }
                 }
-                Err(e) => ToCoordinator::Failed {
-                    slot,
-                    chunk,
-                    failure: failure_of(e.into()),
-                },
-            },
-            Ran::Failed(e) => ToCoordinator::Failed {
+            }
+            Err(e) => ToCoordinator::Failed {
                 slot,
                 chunk,
                 failure: failure_of(e),
