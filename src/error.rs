@@ -192,3 +192,241 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         "a non-string panic payload".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Chained `Display`: a variant that exposes its cause through `source()` does not print
+    //! it in its own message too, so a report that walks the chain shows each cause once.
+
+    use std::error::Error as StdError;
+    use std::io;
+
+    use super::{Cause, Error};
+    use crate::snapshot::Error as SnapshotError;
+    use crate::wire::Error as ClusterError;
+
+    /// The `Display` of `e` and of each of its sources, outermost first.
+    fn chain(e: &dyn StdError) -> Vec<String> {
+        let mut texts = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(s) = next {
+            texts.push(s.to_string());
+            next = s.source();
+        }
+        texts
+    }
+
+    /// Whether no link of `e`'s chain prints its source's message; if one does, which.
+    fn no_repeats(e: &dyn StdError) -> Result<(), String> {
+        let texts = chain(e);
+        if texts.len() < 2 {
+            return Err(format!("{e:?} has no source"));
+        }
+        match texts.windows(2).find(|pair| pair[0].contains(&pair[1])) {
+            None => Ok(()),
+            Some(pair) => Err(format!("{:?} repeats its cause {:?}", pair[0], pair[1])),
+        }
+    }
+
+    /// An input loader's error: a context with the I/O error as its source.
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the table {path}")]
+    struct Context {
+        path: &'static str,
+        #[source]
+        source: io::Error,
+    }
+
+    fn io_error() -> io::Error {
+        io::Error::new(io::ErrorKind::ConnectionReset, "the peer reset the socket")
+    }
+
+    fn codec_error() -> postcard::Error {
+        postcard::Error::DeserializeUnexpectedEnd
+    }
+
+    // Sources of the store's variants: object_store variants without a source of their own
+    // (object_store's variants that have one print it too, which is not this crate's to fix).
+    fn store_error() -> object_store::Error {
+        object_store::Error::NotImplemented {
+            operation: "put_opts".to_owned(),
+            implementer: "a test store".to_owned(),
+        }
+    }
+
+    /// One value of every variant of `cluster::Error` that has a source.
+    fn cluster_errors() -> Vec<ClusterError> {
+        // Naming every variant: a new one must be sorted here, with a value if it has a
+        // source.
+        let sourced = |e: &ClusterError| match e {
+            ClusterError::Io { .. } | ClusterError::Address { .. } => true,
+            ClusterError::Closed { .. }
+            | ClusterError::HandshakeTimeout { .. }
+            | ClusterError::LeaseExpired { .. }
+            | ClusterError::NotAPeer { .. }
+            | ClusterError::Version { .. }
+            | ClusterError::Auth { .. }
+            | ClusterError::UnknownJob { .. }
+            | ClusterError::FrameTooLarge { .. }
+            | ClusterError::Malformed { .. }
+            | ClusterError::Refused { .. }
+            | ClusterError::NoToken { .. }
+            | ClusterError::Token(_) => false,
+        };
+        let all = vec![
+            ClusterError::Io {
+                peer: "127.0.0.1:7070".to_owned(),
+                source: io_error(),
+            },
+            ClusterError::Address {
+                addr: "example.invalid:7070".to_owned(),
+                source: io::Error::new(io::ErrorKind::NotFound, "no such host"),
+            },
+        ];
+        assert!(all.iter().all(sourced));
+        all
+    }
+
+    /// One value of every variant of `snapshot::Error` that has a source.
+    fn snapshot_errors() -> Vec<SnapshotError> {
+        let sourced = |e: &SnapshotError| match e {
+            SnapshotError::Decode { .. }
+            | SnapshotError::Denied { .. }
+            | SnapshotError::Store { .. }
+            | SnapshotError::Io { .. } => true,
+            SnapshotError::BadMagic { .. }
+            | SnapshotError::UnsupportedVersion { .. }
+            | SnapshotError::Truncated { .. }
+            | SnapshotError::TrailingBytes { .. }
+            | SnapshotError::Size { .. }
+            | SnapshotError::Checksum { .. }
+            | SnapshotError::WrongJob { .. }
+            | SnapshotError::Inconsistent(_)
+            | SnapshotError::NotFound { .. }
+            | SnapshotError::EpochTaken { .. }
+            | SnapshotError::InvalidJobId { .. }
+            | SnapshotError::InvalidId { .. }
+            | SnapshotError::InvalidUrl { .. }
+            | SnapshotError::InvalidOption { .. } => false,
+        };
+        let all = vec![
+            SnapshotError::Decode {
+                what: "the manifest".to_owned(),
+                source: codec_error(),
+            },
+            SnapshotError::Denied {
+                op: "put",
+                key: "job/manifests/1".to_owned(),
+                source: store_error(),
+            },
+            SnapshotError::Store {
+                op: "get",
+                key: "job/parts/1".to_owned(),
+                source: store_error(),
+            },
+            SnapshotError::Io {
+                what: "cannot create the snapshot folder /nowhere".to_owned(),
+                source: io::Error::new(io::ErrorKind::PermissionDenied, "read-only disk"),
+            },
+        ];
+        assert!(all.iter().all(sourced));
+        all
+    }
+
+    /// One value of every variant of the crate's `Error` that has a source; the transparent
+    /// ones once per source variant of what they wrap.
+    fn errors() -> Vec<Error> {
+        let sourced = |e: &Error| match e {
+            Error::Input { .. }
+            | Error::Snapshot(_)
+            | Error::Cluster(_)
+            | Error::SnapshotFailed(_)
+            | Error::Codec { .. }
+            | Error::Spawn(_) => true,
+            Error::InvalidConfig(_)
+            | Error::Panicked { .. }
+            | Error::Cancelled { .. }
+            | Error::OutcomeTaken { .. }
+            | Error::Suspended(_)
+            | Error::Ended { .. }
+            | Error::Internal(_) => false,
+        };
+        let mut all = vec![
+            Error::Input {
+                job: "walk",
+                source: Box::new(Context {
+                    path: "/data/table.bin",
+                    source: io::Error::new(io::ErrorKind::NotFound, "no such file"),
+                }),
+            },
+            Error::Codec {
+                what: "a chunk state",
+                source: codec_error(),
+            },
+            Error::Spawn(io::Error::new(io::ErrorKind::OutOfMemory, "no memory")),
+            Error::SnapshotFailed(Cause::new(Error::Codec {
+                what: "a chunk state",
+                source: codec_error(),
+            })),
+        ];
+        all.extend(cluster_errors().into_iter().map(Error::Cluster));
+        all.extend(snapshot_errors().into_iter().map(Error::Snapshot));
+        // A snapshot that failed for each cluster and store reason.
+        all.extend(
+            cluster_errors()
+                .into_iter()
+                .map(|e| Error::SnapshotFailed(Cause::new(Error::Cluster(e)))),
+        );
+        all.extend(
+            snapshot_errors()
+                .into_iter()
+                .map(|e| Error::SnapshotFailed(Cause::new(Error::Snapshot(e)))),
+        );
+        assert!(all.iter().all(sourced));
+        all
+    }
+
+    #[test]
+    fn no_variant_prints_its_source() {
+        let mut checked = 0;
+        let mut repeats = Vec::new();
+        let cluster = cluster_errors();
+        let snapshot = snapshot_errors();
+        let crate_errors = errors();
+        let all = (cluster.iter().map(|e| e as &dyn StdError))
+            .chain(snapshot.iter().map(|e| e as &dyn StdError))
+            .chain(crate_errors.iter().map(|e| e as &dyn StdError));
+        for e in all {
+            checked += 1;
+            if let Err(why) = no_repeats(e) {
+                repeats.push(why);
+            }
+        }
+        assert!(checked >= 20, "only {checked} values checked");
+        assert!(repeats.is_empty(), "{}", repeats.join("\n"));
+    }
+
+    #[test]
+    fn the_context_stays_in_the_message() {
+        let [io, address] = <[ClusterError; 2]>::try_from(cluster_errors()).unwrap();
+        assert_eq!(io.to_string(), "connection with 127.0.0.1:7070");
+        assert_eq!(address.to_string(), "address example.invalid:7070");
+        assert_eq!(
+            chain(&Error::SnapshotFailed(Cause::new(Error::Cluster(io)))),
+            [
+                "snapshot failed",
+                "connection with 127.0.0.1:7070",
+                "the peer reset the socket"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cause_reads_as_its_whole_chain_once() {
+        let cause = Cause::new(Error::Cluster(ClusterError::Address {
+            addr: "example.invalid:7070".to_owned(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no such host"),
+        }));
+        assert_eq!(&*cause, "address example.invalid:7070: no such host");
+    }
+}

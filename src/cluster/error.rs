@@ -11,7 +11,7 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum Error {
     /// Reading from or writing to the connection failed.
-    #[error("connection with {peer}: {source}")]
+    #[error("connection with {peer}")]
     Io {
         /// The other side's address.
         peer: String,
@@ -116,7 +116,7 @@ pub enum Error {
     #[error("cannot read the cluster token: {0}")]
     Token(String),
     /// The address to listen on or dial could not be used.
-    #[error("address {addr}: {source}")]
+    #[error("address {addr}")]
     Address {
         /// The address.
         addr: String,
