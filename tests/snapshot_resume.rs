@@ -26,7 +26,7 @@ fn slow_kernel(n: u64) -> Kernel {
 fn snapshot_mid_run_then_resume_elsewhere_gives_the_same_bits() {
     let (url, _dir) = folder("mid");
     let chunking = Chunking::Size(500);
-    let job = slow_kernel(40_000);
+    let job = slow_kernel(200_000);
     let exec = Executor::builder()
         .local_workers(2)
         .chunking(chunking)
@@ -65,7 +65,7 @@ fn snapshot_mid_run_then_resume_elsewhere_gives_the_same_bits() {
 fn suspend_then_resume_with_another_worker_count() {
     let (url, _dir) = folder("suspend");
     let chunking = Chunking::Count(64);
-    let job = slow_kernel(30_000);
+    let job = slow_kernel(300_000);
     let exec = Executor::builder()
         .local_workers(2)
         .chunking(chunking)
@@ -130,7 +130,7 @@ fn a_suspend_token_suspends() {
         .suspend_token(&token)
         .build()
         .unwrap();
-    let handle = exec.submit(slow_kernel(50_000)).unwrap();
+    let handle = exec.submit(slow_kernel(250_000)).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     token.suspend();
     assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));
@@ -154,7 +154,7 @@ fn unchanged_chunks_are_referenced_not_written_again() {
         .keep_snapshots(10)
         .build()
         .unwrap();
-    let handle = exec.submit(slow_kernel(80_000)).unwrap();
+    let handle = exec.submit(slow_kernel(400_000)).unwrap();
     std::thread::sleep(Duration::from_millis(30));
     let first = handle.suspend().wait().unwrap();
     assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));
