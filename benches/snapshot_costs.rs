@@ -191,14 +191,40 @@ fn pause_vs_serialize(snapshotter: &metrics_util::debugging::Snapshotter, words:
             })
             .collect(),
     );
+    // The same, while another core runs the job's steps, as the other worker does while a
+    // worker captures: the cache and memory traffic of a busy neighbour are then in both.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let neighbour = {
+        let stop = Arc::clone(&stop);
+        let mut chunk = Heavy { words }.chunk(0..1);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = chunk.step(&Heavy { words }, &());
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(5));
+    let beside = median(
+        (0..31)
+            .map(|_| {
+                let t0 = Instant::now();
+                std::hint::black_box(postcard::to_allocvec(&state).unwrap());
+                t0.elapsed()
+            })
+            .collect(),
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    neighbour.join().unwrap();
     let pause = median(pauses.clone());
     println!(
-        "pause vs serialize, state {:>8} bytes: pause p50 {:>9.1?} ({} samples), serialize alone {:>9.1?}: {:.2}x",
+        "pause vs serialize, state {:>8} bytes: pause p50 {:>9.1?} ({} samples), serialize alone {:>9.1?}: {:.2}x; beside a busy core {:>9.1?}: {:.2}x",
         words * 8 + 8,
         pause,
         pauses.len(),
         alone,
-        pause.as_secs_f64() / alone.as_secs_f64()
+        pause.as_secs_f64() / alone.as_secs_f64(),
+        beside,
+        pause.as_secs_f64() / beside.as_secs_f64()
     );
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -363,7 +389,7 @@ fn per_second() {
         Folded(kernels::jobs::Render {
             width: 1000,
             height: 1000,
-            samples: 3,
+            samples: 12,
         })
     };
     let run = |every: Option<Duration>| {

@@ -325,10 +325,9 @@ impl<J: Job> State<J> {
 
     /// Protocol step 3: hands a complete cut to the background writer.
     fn write(&mut self, shared: &Arc<Shared<J>>, cut: Write<Header, Part, bytes::Bytes, Reply>) {
-        let cfg = shared.config.snapshots.clone();
         let after = self.snap.last_epoch;
         let shared2 = Arc::clone(shared);
-        shared.io.handle().spawn(async move {
+        shared.io.writer().spawn(async move {
             let Write {
                 header,
                 parts,
@@ -343,7 +342,7 @@ impl<J: Job> State<J> {
             manifest
                 .done
                 .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
-            let written = store(&cfg, after, &mut manifest, parts).await;
+            let written = store(&shared2.config.snapshots, after, &mut manifest, parts).await;
             let took = started.elapsed();
             let mut st = shared2.lock();
             let mut out = std::mem::take(&mut st.snap.out);
