@@ -16,7 +16,6 @@
 //! alone, `PER_SECOND_PAIRS=N` sets its pairs, default 5).
 
 #[path = "../examples/kernels/mod.rs"]
-#[allow(dead_code)]
 mod kernels;
 
 use std::path::PathBuf;
