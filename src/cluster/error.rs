@@ -85,7 +85,8 @@ pub enum Error {
         /// The maximum frame length.
         limit: usize,
     },
-    /// A frame that does not decode as the message expected at that point.
+    /// A frame that does not decode as the message expected at that point, or a message
+    /// that breaks the protocol there.
     #[error("{peer} sent bytes that are not {what}: {reason}")]
     Malformed {
         /// The other side's address.
@@ -94,6 +95,9 @@ pub enum Error {
         what: &'static str,
         /// What is wrong with it.
         reason: String,
+        /// The codec's error, when the bytes did not decode (`reason` then says only that).
+        #[source]
+        source: Option<postcard::Error>,
     },
     /// The other side refused this one for a reason this side could not check itself.
     #[error("refused by {peer}: {reason}")]

@@ -314,11 +314,13 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(
             peer: peer.to_owned(),
             what,
             reason: format!("{} bytes after the message", rest.len()),
+            source: None,
         }),
         Err(e) => Err(Error::Malformed {
             peer: peer.to_owned(),
             what,
-            reason: e.to_string(),
+            reason: "they do not decode".to_owned(),
+            source: Some(e),
         }),
     }
 }

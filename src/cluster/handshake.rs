@@ -432,6 +432,7 @@ where
                 peer: peer.to_owned(),
                 what: "a challenge",
                 reason: "a welcome before the proof".into(),
+                source: None,
             });
         }
     };
@@ -460,6 +461,7 @@ where
             peer: peer.to_owned(),
             what: "a welcome",
             reason: "a second challenge".into(),
+            source: None,
         }),
     }
 }

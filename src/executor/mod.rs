@@ -7,8 +7,10 @@
 //! - `members.rs`: a worker of the job, local or remote, behind one type.
 //! - `local.rs`: local worker threads and the inline worker, hosts of the chunk runner.
 //! - `remote.rs`: the job's side of worker processes (their connections and slots).
-//! - `snapshot.rs`: the executor's side of the snapshot cut: commands, background writes,
-//!   triggers, resume.
+//! - `snapshot.rs`: the executor's side of the snapshot cut: its commands, the marker's
+//!   manifest, the snapshot configuration.
+//! - `io.rs`: the background writer of complete cuts, and resume.
+//! - `triggers.rs`: the job's timer task (snapshot period, deadline, signals, token).
 //!
 //! This layer imports every leaf layer (`schedule`, `run`, `snapshot`, the wire) and never
 //! the worker process (`crate::worker`), which never imports it either.
@@ -23,11 +25,13 @@
 //! thread.
 
 mod handle;
+mod io;
 mod job_run;
 mod local;
 mod members;
 mod remote;
 mod snapshot;
+mod triggers;
 
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
 pub use snapshot::At;
@@ -408,7 +412,7 @@ impl Executor {
                 return Err(e);
             }
         }
-        snapshot::spawn_triggers(&shared);
+        triggers::spawn_triggers(&shared);
         if let Some(l) = &self.listener {
             let weak: std::sync::Weak<dyn crate::wire::listener::Attach> =
                 Arc::downgrade(&shared) as _;

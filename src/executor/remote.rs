@@ -478,6 +478,7 @@ impl<J: Job> State<J> {
             peer: peer.to_string(),
             what: "a message to the coordinator",
             reason,
+            source: None,
         };
         let work = |iterations, busy_ns| Work {
             iterations,
@@ -547,7 +548,12 @@ impl<J: Job> State<J> {
                 let w = slot_of(conn, slot)?;
                 conn.ended_in(slot);
                 let decoded =
-                    codec::decode("a chunk output", &output).map_err(|e| bad(e.to_string()))?;
+                    codec::decode("a chunk output", &output).map_err(|e| PeerError::Malformed {
+                        peer: peer.to_string(),
+                        what: "a chunk output",
+                        reason: "it does not decode".to_owned(),
+                        source: Some(e.source),
+                    })?;
                 let event = Event::Done {
                     worker: w,
                     chunk,

@@ -24,21 +24,19 @@
 //!    `Outcome::Suspended`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::oneshot;
 
 use super::job_run::{Shared, State};
 use super::members::Member;
-use crate::codec::{decode, encode};
+use crate::codec::encode;
 use crate::error::{Cause, Error, Result};
 use crate::job::Job;
 use crate::run::Held;
 use crate::run::{CAPTURE, SuspendToken};
-use crate::schedule::{
-    ChunkId, Chunking, Core, Cut, CutCommand, Schedule, WorkerId, Write, Written,
-};
+use crate::schedule::{ChunkId, Chunking, Core, Cut, CutCommand, Schedule, WorkerId};
 use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, SnapshotId, Store};
 
 /// What a running chunk left for a cut, as the executor hands it to [`Cut::captured`].
@@ -59,8 +57,8 @@ pub(crate) enum Part {
 /// (the cut collects those), and when the marker was.
 #[derive(Debug)]
 pub(crate) struct Header {
-    manifest: Manifest,
-    started: Instant,
+    pub(crate) manifest: Manifest,
+    pub(crate) started: Instant,
 }
 
 type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
@@ -71,7 +69,7 @@ type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
 pub(crate) struct Snapshots {
     pub(crate) cut: Cut<Header, Part, bytes::Bytes, Reply>,
     /// Parts of pending chunks whose state has not changed since a committed snapshot.
-    cache: HashMap<ChunkId, PartRef>,
+    pub(crate) cache: HashMap<ChunkId, PartRef>,
     /// The highest epoch this run committed or restored.
     pub(crate) last_epoch: Option<u64>,
     /// The latest snapshot committed in the configured store that this run knows of (epoch,
@@ -80,7 +78,7 @@ pub(crate) struct Snapshots {
     /// The longest snapshot so far, for the deadline's margin.
     pub(crate) longest: Option<Duration>,
     /// The cut's command buffer, reused.
-    out: Commands,
+    pub(crate) out: Commands,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -280,7 +278,7 @@ impl<J: Job> State<J> {
     }
 
     /// Carries out the cut's commands.
-    fn cut_commands(&mut self, shared: &Arc<Shared<J>>, out: &mut Commands) {
+    pub(crate) fn cut_commands(&mut self, shared: &Arc<Shared<J>>, out: &mut Commands) {
         for cmd in out.drain(..) {
             match cmd {
                 CutCommand::Capture { worker, chunk } => match self.members.get(worker) {
@@ -321,71 +319,6 @@ impl<J: Job> State<J> {
         let mine = self.execute(&mut cmds, None);
         debug_assert!(mine.is_none());
         self.out = cmds;
-    }
-
-    /// Protocol step 3: hands a complete cut to the background writer.
-    fn write(&mut self, shared: &Arc<Shared<J>>, cut: Write<Header, Part, bytes::Bytes, Reply>) {
-        let after = self.snap.last_epoch;
-        let shared2 = Arc::clone(shared);
-        shared.io.writer().spawn(async move {
-            let Write {
-                header,
-                parts,
-                done,
-                suspend,
-                replies,
-            } = cut;
-            let Header {
-                mut manifest,
-                started,
-            } = header;
-            manifest
-                .done
-                .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
-            let written = store(&shared2.config.snapshots, after, &mut manifest, parts).await;
-            let took = started.elapsed();
-            let mut st = shared2.lock();
-            let mut out = std::mem::take(&mut st.snap.out);
-            let outcome = if written.is_ok() {
-                Written::Committed
-            } else {
-                Written::Failed
-            };
-            let unchanged = st.snap.cut.written(outcome, suspend, &mut out);
-            match &written {
-                Ok(id) => {
-                    st.snap.last_epoch = Some(id.epoch);
-                    st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
-                    st.offer_store(&shared2, None);
-                    st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
-                    let by_chunk: HashMap<ChunkId, &PartRef> =
-                        manifest.parts.iter().map(|p| (p.chunk, p)).collect();
-                    for c in unchanged {
-                        if let Some(p) = by_chunk.get(&c) {
-                            st.snap.cache.insert(c, (*p).clone());
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(job = J::NAME, error = %e, "a snapshot could not be written")
-                }
-            }
-            let written = written.map_err(Cause::new);
-            for r in replies {
-                let _ = r.send(match &written {
-                    Ok(id) => Ok(id.clone()),
-                    Err(e) => Err(Error::SnapshotFailed(e.clone())),
-                });
-            }
-            st.cut_commands(&shared2, &mut out);
-            st.snap.out = out;
-            if suspend && !st.ended {
-                if let Ok(id) = written {
-                    st.complete(Ok(super::Outcome::Suspended(id)));
-                }
-            }
-            st.poll_cut(&shared2);
-        });
     }
 }
 
@@ -429,229 +362,4 @@ fn header<J: Job>(
         manifest,
         started: Instant::now(),
     })
-}
-
-/// Protocol step 3 on the I/O runtime: parts, then the manifest (the commit), then retention.
-async fn store(
-    cfg: &SnapshotConfig,
-    after: Option<u64>,
-    manifest: &mut Manifest,
-    parts: Vec<(ChunkId, Part)>,
-) -> Result<SnapshotId> {
-    let store = &cfg.store()?;
-    let latest = store.latest(&manifest.job_id).await?.map(|id| id.epoch);
-    manifest.epoch = latest.max(after).map_or(0, |e| e + 1);
-    let (job_id, epoch, phase) = (manifest.job_id.clone(), manifest.epoch, manifest.phase);
-    // Parts go up concurrently (each its own task); the manifest waits for all of them.
-    let mut refs = Vec::with_capacity(parts.len());
-    let mut uploads = tokio::task::JoinSet::new();
-    for (chunk, part) in parts {
-        match part {
-            Part::Reuse(p) => refs.push(p),
-            Part::New(bytes) => {
-                let (store, job_id) = (store.clone(), job_id.clone());
-                uploads.spawn(
-                    async move { store.put_part(&job_id, epoch, phase, chunk, bytes).await },
-                );
-            }
-        }
-    }
-    while let Some(done) = uploads.join_next().await {
-        refs.push(done.map_err(|e| Error::Internal(format!("a part upload task failed: {e}")))??);
-    }
-    refs.sort_by_key(|p| p.chunk);
-    manifest.parts = refs;
-    manifest.done.sort_by_key(|d| d.0);
-    let id = store.commit(manifest).await?;
-    // Retention is housekeeping: the snapshot is committed whether or not it succeeds.
-    let _ = store.retain(&job_id, cfg.keep.max(1)).await;
-    Ok(id)
-}
-
-/// Starts the job's snapshot and suspend triggers (period, deadline, signals, token) on the
-/// I/O runtime. The task holds the job weakly and ends with it.
-pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
-    let cfg = &shared.config.snapshots;
-    if cfg.every.is_none() && cfg.deadline.is_none() && !cfg.signals && cfg.token.is_none() {
-        return;
-    }
-    let weak: Weak<Shared<J>> = Arc::downgrade(shared);
-    let (every, deadline, signals, token) =
-        (cfg.every, cfg.deadline, cfg.signals, cfg.token.clone());
-    let io = shared.io.handle().clone();
-    // Signal streams must be created inside the runtime.
-    let _enter = io.enter();
-    let mut sigterm = signals
-        .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok())
-        .flatten();
-    let mut sigusr1 = signals
-        .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).ok())
-        .flatten();
-    let submitted = SystemTime::now();
-    io.spawn(async move {
-        let start = tokio::time::Instant::now();
-        let mut tick = every.map(|d| tokio::time::interval_at(start + d, d));
-        // Once a suspend is wanted (deadline, signal, token), it is asked for again every
-        // second until the job has ended: a suspend whose snapshot failed is retried.
-        let mut want_suspend = false;
-        let mut last_ask: Option<std::time::Instant> = None;
-        loop {
-            let longest = match weak.upgrade() {
-                Some(shared) => {
-                    let st = shared.lock();
-                    if st.ended {
-                        return;
-                    }
-                    st.snap.longest
-                }
-                None => return,
-            };
-            if want_suspend {
-                if last_ask.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    let Some(shared) = weak.upgrade() else { return };
-                    shared.lock().request_suspend(&shared, None);
-                    last_ask = Some(std::time::Instant::now());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            // Before any snapshot was timed: ten seconds, but at most half the time the job
-            // was given, so a short deadline still leaves it time to work.
-            let margin = longest.map_or_else(
-                || {
-                    let given = deadline.and_then(|d| d.duration_since(submitted).ok()).unwrap_or_default();
-                    Duration::from_secs(10).min(given / 2)
-                },
-                |l| 2 * l + Duration::from_secs(1),
-            );
-            let until_deadline = deadline.map(|d| d.duration_since(SystemTime::now() + margin).unwrap_or(Duration::ZERO));
-            let suspend = tokio::select! {
-                _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => false,
-                _ = tokio::time::sleep(until_deadline.unwrap_or(Duration::MAX)), if until_deadline.is_some() => true,
-                _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() => true,
-                _ = async { sigusr1.as_mut().expect("guarded").recv().await }, if sigusr1.is_some() => true,
-                _ = async { token.as_ref().expect("guarded").fired().await }, if token.is_some() => true,
-                // Look again at the deadline's margin and whether the job ended.
-                _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
-            };
-            if suspend {
-                want_suspend = true;
-                continue;
-            }
-            let Some(shared) = weak.upgrade() else { return };
-            let (reply, _ignored) = oneshot::channel();
-            shared.lock().request_snapshot(&shared, reply);
-        }
-    });
-}
-
-/// Runs `fut` on the I/O runtime and blocks the calling thread until it is done (without
-/// entering a runtime, so this works from any thread).
-fn block_on_io<T: Send + 'static>(
-    io: &tokio::runtime::Handle,
-    fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
-) -> Result<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    io.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    rx.recv()
-        .map_err(|_| Error::Internal("the I/O runtime stopped".into()))?
-}
-
-impl super::Executor {
-    /// Resumes a job from a committed snapshot in the store at `url` (under the job id of
-    /// this executor's builder, by default [`Job::NAME`]), with this executor's workers: any
-    /// number, on any machine. The chunking and schedule are the snapshot's, so the value is
-    /// bit-identical to an uninterrupted run. Later snapshots go to this executor's store if
-    /// one was configured with [`Builder::snapshots`](crate::Builder::snapshots), else to `url`.
-    ///
-    /// Blocks while it reads the snapshot.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Snapshot`] for a store that cannot be read, no committed snapshot, a snapshot
-    /// of another job or format version, or a corrupt one; [`Error::Codec`] for values that do
-    /// not decode as this job's types; [`Error::Panicked`] if the job's code panics. Chunk
-    /// states are checked against their checksums here but decoded by the worker that runs
-    /// them, so a state of another type ends the job later with [`Error::Codec`].
-    pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
-        let store = Store::open_with(url, self.config.snapshots.options.clone())?;
-        let job_id = self.config.snapshots.job_id::<J>();
-        let reader = store.clone();
-        let (manifest, parts) = block_on_io(self.io.handle(), async move {
-            let id = match at {
-                At::Latest => reader.latest(&job_id).await?.ok_or_else(|| {
-                    crate::snapshot::Error::NotFound {
-                        what: format!("a committed snapshot of job {job_id}"),
-                    }
-                })?,
-                At::Epoch(e) => SnapshotId::new(job_id, e),
-            };
-            let m = reader.manifest(&id).await?;
-            m.check_job(J::NAME)?;
-            let parts =
-                futures::future::try_join_all(m.parts.iter().map(|p| reader.get_part(p))).await?;
-            Ok((m, parts))
-        })?;
-        let job: J = decode("the job", &manifest.job)?;
-        let run: RunConfig = decode("the run configuration", &manifest.config)?;
-        let reduced = decode("the reduced value", &manifest.reduced)?;
-        let done = manifest
-            .done
-            .iter()
-            .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
-            .collect::<Result<Vec<_>>>()?;
-        // States stay bytes until the worker that runs them decodes them (see `Held`).
-        let suspended = manifest
-            .parts
-            .iter()
-            .zip(parts)
-            .map(|(p, b)| (p.chunk, super::Held::Bytes(b)))
-            .collect();
-        let phase = manifest.phase;
-        let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
-            let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);
-            if plan.len() != manifest.chunks {
-                return Err(format!(
-                    "the job's phase {phase} has {} chunks, the snapshot {}",
-                    plan.len(),
-                    manifest.chunks
-                ));
-            }
-            crate::schedule::Core::restore(
-                run.schedule,
-                plan,
-                job.reducer(),
-                manifest.merged,
-                reduced,
-                done,
-                suspended,
-            )
-        })?
-        .map_err(|e| Error::Snapshot(crate::snapshot::Error::Inconsistent(e)))?;
-        let same_store = self.config.snapshots.url.is_none()
-            || self.config.snapshots.url.as_deref() == Some(url);
-        let snap = if same_store {
-            Snapshots::restored(&manifest)
-        } else {
-            Snapshots {
-                last_epoch: Some(manifest.epoch),
-                ..Snapshots::default()
-            }
-        };
-        let mut exec = self.clone();
-        if self.config.snapshots.url.is_none() {
-            exec.config.snapshots.set_store(store);
-        }
-        exec.launch(
-            job,
-            core,
-            phase,
-            manifest.iterations_before,
-            snap,
-            run.schedule,
-            run.chunking,
-        )
-    }
 }

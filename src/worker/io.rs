@@ -30,10 +30,27 @@ pub(super) struct Io {
 /// What background tasks of the I/O loop report.
 enum Background {
     /// The store offered by the coordinator was checked: usable, or why not.
-    Store(Result<(crate::snapshot::Store, String), String>),
+    Store(Result<(crate::snapshot::Store, String), Unusable>),
     /// A captured state went to the store (`CapturedPart`), or could not and goes to the
     /// coordinator instead (`Captured`).
     Part(ToCoordinator),
+}
+
+/// Why an offered store is not used by this process (its states then go to the coordinator).
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// The URL does not open here (no credentials, an option this build does not know, …).
+    #[error("the store does not open from this process")]
+    Open(#[source] crate::snapshot::Error),
+    /// The witness snapshot cannot be read here (another disk, wrong credentials, …).
+    #[error("the coordinator's latest snapshot cannot be read from this process")]
+    Read(#[source] crate::snapshot::Error),
+    /// The witness is there but was written at another time: another store of the same name.
+    #[error("snapshot {id} in {url} is not the coordinator's (created at another time)")]
+    Another {
+        id: crate::snapshot::SnapshotId,
+        url: String,
+    },
 }
 
 /// Parts this process writes to the job's store itself (step 7 above).
@@ -69,13 +86,11 @@ impl Parts {
         tokio::spawn(async move {
             let checked = async {
                 let store =
-                    crate::snapshot::Store::open_with(&url, options).map_err(|e| e.to_string())?;
+                    crate::snapshot::Store::open_with(&url, options).map_err(Unusable::Open)?;
                 let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
-                let manifest = store.manifest(&id).await.map_err(|e| e.to_string())?;
+                let manifest = store.manifest(&id).await.map_err(Unusable::Read)?;
                 if manifest.created_unix_ms != created_unix_ms {
-                    return Err(format!(
-                        "snapshot {id} in {url} is not the coordinator's (created at another time)"
-                    ));
+                    return Err(Unusable::Another { id, url });
                 }
                 Ok((store, job_id))
             };
@@ -202,7 +217,7 @@ impl Io {
                             parts.checking = false;
                         }
                         Background::Store(Err(why)) => {
-                            tracing::info!(why, "snapshot parts go to the coordinator");
+                            tracing::info!(why = &why as &dyn std::error::Error, "snapshot parts go to the coordinator");
                             parts.checking = false;
                         }
                         Background::Part(msg) => {
@@ -246,6 +261,7 @@ fn dispatch<J: Job>(
         peer: peer.to_owned(),
         what: "a message to a worker",
         reason,
+        source: None,
     };
     // The thread of a live slot, and the slot's index in it.
     let thread_of = |threads: &[Thread<J>], slot: u32| {
@@ -261,7 +277,12 @@ fn dispatch<J: Job>(
     };
     match msg {
         ToWorker::Phase { phase, job: bytes } => {
-            let value: J = codec::decode("the job", &bytes).map_err(|e| bad(e.to_string()))?;
+            let value: J = codec::decode("the job", &bytes).map_err(|e| Error::Malformed {
+                peer: peer.to_owned(),
+                what: "a job value",
+                reason: "it does not decode".to_owned(),
+                source: Some(e.source),
+            })?;
             *job = Some((phase, Arc::new(value)));
         }
         ToWorker::Run {

@@ -242,6 +242,7 @@ pub fn serve(addr: &str, registry: &Registry, options: WorkerOptions) -> Result<
             peer: session.peer.clone(),
             what: "a welcome",
             reason: format!("job {} was not offered", session.job),
+            source: None,
         })?;
     runner(&rt, session)
 }

@@ -1,0 +1,232 @@
+//! The executor's I/O with the snapshot store: the background writer of complete cuts
+//! (protocol step 3 of `schedule/cut.rs`) and resuming a job from a committed snapshot.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::job_run::{Shared, State};
+use super::snapshot::{At, Header, Part, Reply, RunConfig, SnapshotConfig, Snapshots};
+use crate::codec::decode;
+use crate::error::{Cause, Error, Result};
+use crate::job::Job;
+use crate::schedule::{ChunkId, Write, Written};
+use crate::snapshot::{Manifest, PartRef, SnapshotId, Store};
+
+impl<J: Job> State<J> {
+    /// Protocol step 3: hands a complete cut to the background writer.
+    pub(crate) fn write(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        cut: Write<Header, Part, bytes::Bytes, Reply>,
+    ) {
+        let after = self.snap.last_epoch;
+        let shared2 = Arc::clone(shared);
+        shared.io.writer().spawn(async move {
+            let Write {
+                header,
+                parts,
+                done,
+                suspend,
+                replies,
+            } = cut;
+            let Header {
+                mut manifest,
+                started,
+            } = header;
+            manifest
+                .done
+                .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
+            let written = store(&shared2.config.snapshots, after, &mut manifest, parts).await;
+            let took = started.elapsed();
+            let mut st = shared2.lock();
+            let mut out = std::mem::take(&mut st.snap.out);
+            let outcome = if written.is_ok() {
+                Written::Committed
+            } else {
+                Written::Failed
+            };
+            let unchanged = st.snap.cut.written(outcome, suspend, &mut out);
+            match &written {
+                Ok(id) => {
+                    st.snap.last_epoch = Some(id.epoch);
+                    st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
+                    st.offer_store(&shared2, None);
+                    st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
+                    let by_chunk: HashMap<ChunkId, &PartRef> =
+                        manifest.parts.iter().map(|p| (p.chunk, p)).collect();
+                    for c in unchanged {
+                        if let Some(p) = by_chunk.get(&c) {
+                            st.snap.cache.insert(c, (*p).clone());
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(job = J::NAME, error = %e, "a snapshot could not be written")
+                }
+            }
+            let written = written.map_err(Cause::new);
+            for r in replies {
+                let _ = r.send(match &written {
+                    Ok(id) => Ok(id.clone()),
+                    Err(e) => Err(Error::SnapshotFailed(e.clone())),
+                });
+            }
+            st.cut_commands(&shared2, &mut out);
+            st.snap.out = out;
+            if suspend && !st.ended {
+                if let Ok(id) = written {
+                    st.complete(Ok(super::Outcome::Suspended(id)));
+                }
+            }
+            st.poll_cut(&shared2);
+        });
+    }
+}
+
+/// Protocol step 3 on the I/O runtime: parts, then the manifest (the commit), then retention.
+async fn store(
+    cfg: &SnapshotConfig,
+    after: Option<u64>,
+    manifest: &mut Manifest,
+    parts: Vec<(ChunkId, Part)>,
+) -> Result<SnapshotId> {
+    let store = &cfg.store()?;
+    let latest = store.latest(&manifest.job_id).await?.map(|id| id.epoch);
+    manifest.epoch = latest.max(after).map_or(0, |e| e + 1);
+    let (job_id, epoch, phase) = (manifest.job_id.clone(), manifest.epoch, manifest.phase);
+    // Parts go up concurrently (each its own task); the manifest waits for all of them.
+    let mut refs = Vec::with_capacity(parts.len());
+    let mut uploads = tokio::task::JoinSet::new();
+    for (chunk, part) in parts {
+        match part {
+            Part::Reuse(p) => refs.push(p),
+            Part::New(bytes) => {
+                let (store, job_id) = (store.clone(), job_id.clone());
+                uploads.spawn(
+                    async move { store.put_part(&job_id, epoch, phase, chunk, bytes).await },
+                );
+            }
+        }
+    }
+    while let Some(done) = uploads.join_next().await {
+        refs.push(done.map_err(|e| Error::Internal(format!("a part upload task failed: {e}")))??);
+    }
+    refs.sort_by_key(|p| p.chunk);
+    manifest.parts = refs;
+    manifest.done.sort_by_key(|d| d.0);
+    let id = store.commit(manifest).await?;
+    // Retention is housekeeping: the snapshot is committed whether or not it succeeds.
+    let _ = store.retain(&job_id, cfg.keep.max(1)).await;
+    Ok(id)
+}
+
+/// Runs `fut` on the I/O runtime and blocks the calling thread until it is done (without
+/// entering a runtime, so this works from any thread).
+fn block_on_io<T: Send + 'static>(
+    io: &tokio::runtime::Handle,
+    fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    io.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv()
+        .map_err(|_| Error::Internal("the I/O runtime stopped".into()))?
+}
+
+impl super::Executor {
+    /// Resumes a job from a committed snapshot in the store at `url` (under the job id of
+    /// this executor's builder, by default [`Job::NAME`]), with this executor's workers: any
+    /// number, on any machine. The chunking and schedule are the snapshot's, so the value is
+    /// bit-identical to an uninterrupted run. Later snapshots go to this executor's store if
+    /// one was configured with [`Builder::snapshots`](crate::Builder::snapshots), else to `url`.
+    ///
+    /// Blocks while it reads the snapshot.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Snapshot`] for a store that cannot be read, no committed snapshot, a snapshot
+    /// of another job or format version, or a corrupt one; [`Error::Codec`] for values that do
+    /// not decode as this job's types; [`Error::Panicked`] if the job's code panics. Chunk
+    /// states are checked against their checksums here but decoded by the worker that runs
+    /// them, so a state of another type ends the job later with [`Error::Codec`].
+    pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
+        let store = Store::open_with(url, self.config.snapshots.options.clone())?;
+        let job_id = self.config.snapshots.job_id::<J>();
+        let reader = store.clone();
+        let (manifest, parts) = block_on_io(self.io.handle(), async move {
+            let id = match at {
+                At::Latest => reader.latest(&job_id).await?.ok_or_else(|| {
+                    crate::snapshot::Error::NotFound {
+                        what: format!("a committed snapshot of job {job_id}"),
+                    }
+                })?,
+                At::Epoch(e) => SnapshotId::new(job_id, e),
+            };
+            let m = reader.manifest(&id).await?;
+            m.check_job(J::NAME)?;
+            let parts =
+                futures::future::try_join_all(m.parts.iter().map(|p| reader.get_part(p))).await?;
+            Ok((m, parts))
+        })?;
+        let job: J = decode("the job", &manifest.job)?;
+        let run: RunConfig = decode("the run configuration", &manifest.config)?;
+        let reduced = decode("the reduced value", &manifest.reduced)?;
+        let done = manifest
+            .done
+            .iter()
+            .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
+            .collect::<Result<Vec<_>>>()?;
+        // States stay bytes until the worker that runs them decodes them (see `Held`).
+        let suspended = manifest
+            .parts
+            .iter()
+            .zip(parts)
+            .map(|(p, b)| (p.chunk, super::Held::Bytes(b)))
+            .collect();
+        let phase = manifest.phase;
+        let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
+            let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);
+            if plan.len() != manifest.chunks {
+                return Err(format!(
+                    "the job's phase {phase} has {} chunks, the snapshot {}",
+                    plan.len(),
+                    manifest.chunks
+                ));
+            }
+            crate::schedule::Core::restore(
+                run.schedule,
+                plan,
+                job.reducer(),
+                manifest.merged,
+                reduced,
+                done,
+                suspended,
+            )
+        })?
+        .map_err(|e| Error::Snapshot(crate::snapshot::Error::Inconsistent(e)))?;
+        let same_store = self.config.snapshots.url.is_none()
+            || self.config.snapshots.url.as_deref() == Some(url);
+        let snap = if same_store {
+            Snapshots::restored(&manifest)
+        } else {
+            Snapshots {
+                last_epoch: Some(manifest.epoch),
+                ..Snapshots::default()
+            }
+        };
+        let mut exec = self.clone();
+        if self.config.snapshots.url.is_none() {
+            exec.config.snapshots.set_store(store);
+        }
+        exec.launch(
+            job,
+            core,
+            phase,
+            manifest.iterations_before,
+            snap,
+            run.schedule,
+            run.chunking,
+        )
+    }
+}
