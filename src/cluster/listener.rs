@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use super::handshake::{self, Timing, Token};
+use super::transport::{Acceptor, Stream};
 use super::{Error, Launcher};
 
 /// How the coordinator's side of a cluster is set up (from the executor's builder).
@@ -40,7 +40,7 @@ impl Default for ClusterConfig {
 /// An accepted worker connection, handed to its job.
 #[derive(Debug)]
 pub(crate) struct Connection {
-    pub(crate) framed: Framed<TcpStream, LengthDelimitedCodec>,
+    pub(crate) framed: Framed<Stream, LengthDelimitedCodec>,
     pub(crate) peer: String,
     pub(crate) threads: u32,
 }
@@ -84,20 +84,10 @@ impl Listener {
         config: ClusterConfig,
     ) -> Result<Arc<Listener>, Error> {
         let asked = config.listen.clone().unwrap_or_default();
-        let address = |source| Error::Address {
-            addr: asked.clone(),
-            source,
-        };
-        let std_listener = std::net::TcpListener::bind(&asked).map_err(address)?;
-        let addr = std_listener.local_addr().map_err(address)?;
+        let (listener, addr) = Acceptor::bind(&asked, io)?;
         if config.token.is_none() && !is_loopback(&addr) {
             return Err(Error::NoToken { addr: asked });
         }
-        std_listener.set_nonblocking(true).map_err(address)?;
-        let listener = {
-            let _enter = io.enter();
-            tokio::net::TcpListener::from_std(std_listener).map_err(address)?
-        };
         let me = Arc::new(Listener {
             addr,
             config,
@@ -150,7 +140,7 @@ impl Listener {
             .clone()
     }
 
-    async fn accept(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    async fn accept(self: Arc<Self>, stream: Stream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let peer = peer.to_string();
         let cfg = &self.config;

@@ -2,6 +2,8 @@
 //! worker process, and how worker processes are started. It knows no [`Job`](crate::Job),
 //! no executor and no worker process: bytes, frames, the handshake, and typed errors.
 //!
+//! - `transport.rs`: the byte stream under the frames (dial, bind, accept); TLS would land
+//!   there and only there.
 //! - `frame.rs`: the messages and their framing.
 //! - `handshake.rs`: versions, the shared token (challenge and response), the job.
 //! - `listener.rs`: the coordinator's listener, which hands accepted workers to their job
@@ -19,6 +21,7 @@ pub mod frame;
 pub mod handshake;
 mod launch;
 pub(crate) mod listener;
+pub(crate) mod transport;
 
 pub use error::Error;
 pub use handshake::{TOKEN_ENV, Token};

@@ -145,7 +145,7 @@ impl Io {
     /// The I/O loop; returns whether the process left on a stop request.
     pub(super) async fn run<J: Job>(
         &self,
-        framed: Framed<tokio::net::TcpStream, tokio_util::codec::LengthDelimitedCodec>,
+        framed: Framed<crate::wire::transport::Stream, tokio_util::codec::LengthDelimitedCodec>,
         threads: &mut [Thread<J>],
         mut out_rx: UnboundedReceiver<ToCoordinator>,
     ) -> Result<bool, Error> {

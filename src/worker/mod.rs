@@ -56,7 +56,6 @@
 //! ledger's invariant: a chunk is with exactly one worker or pending). A message of a lost
 //! slot that arrives late is refused by the ledger, not merged.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +66,7 @@ use crate::run::{Cell, Inputs, SuspendToken};
 use crate::wire::Error;
 use crate::wire::frame;
 use crate::wire::handshake::{self, Token};
+use crate::wire::transport;
 
 mod io;
 mod thread;
@@ -207,7 +207,7 @@ pub struct Served {
 
 /// An established connection, before the job type is known.
 pub(crate) struct Session {
-    framed: Framed<tokio::net::TcpStream, tokio_util::codec::LengthDelimitedCodec>,
+    framed: Framed<transport::Stream, tokio_util::codec::LengthDelimitedCodec>,
     peer: String,
     job: String,
     heartbeat: Duration,
@@ -254,18 +254,7 @@ async fn connect(
 ) -> Result<Session, Error> {
     let timeout = options.timeout;
     let dialled = std::time::Instant::now();
-    let address = |source| Error::Address {
-        addr: addr.to_owned(),
-        source,
-    };
-    let stream = tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| address(std::io::ErrorKind::TimedOut.into()))?
-        .map_err(address)?;
-    let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| addr.to_owned(), |a: SocketAddr| a.to_string());
+    let (stream, peer) = transport::dial(addr, timeout).await?;
     let mut framed = Framed::new(stream, frame::codec(options.max_frame));
     let threads = u32::try_from(options.threads).unwrap_or(u32::MAX);
     let shake = handshake::worker(
