@@ -181,15 +181,18 @@ fn pause_vs_serialize(snapshotter: &metrics_util::debugging::Snapshotter, words:
         buf: self::words(words, 0),
         steps: 3,
     };
-    let alone = median(
-        (0..31)
-            .map(|_| {
-                let t0 = Instant::now();
-                std::hint::black_box(postcard::to_allocvec(&state).unwrap());
-                t0.elapsed()
-            })
-            .collect(),
-    );
+    let serialize = || {
+        median(
+            (0..31)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    std::hint::black_box(postcard::to_allocvec(&state).unwrap());
+                    t0.elapsed()
+                })
+                .collect(),
+        )
+    };
+    let alone = serialize();
     // The same, while another core runs the job's steps, as the other worker does while a
     // worker captures: the cache and memory traffic of a busy neighbour are then in both.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -203,15 +206,7 @@ fn pause_vs_serialize(snapshotter: &metrics_util::debugging::Snapshotter, words:
         })
     };
     std::thread::sleep(Duration::from_millis(5));
-    let beside = median(
-        (0..31)
-            .map(|_| {
-                let t0 = Instant::now();
-                std::hint::black_box(postcard::to_allocvec(&state).unwrap());
-                t0.elapsed()
-            })
-            .collect(),
-    );
+    let beside = serialize();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     neighbour.join().unwrap();
     let pause = median(pauses.clone());
