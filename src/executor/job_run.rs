@@ -251,7 +251,7 @@ impl<J: Job> State<J> {
                     }
                     (Some(Member::Remote(slot)), _) => {
                         let slot = *slot;
-                        self.run_remote(&mut failed, slot, chunk, range, state);
+                        self.run_remote(&mut failed, worker, slot, chunk, range, state);
                     }
                     _ => {}
                 },

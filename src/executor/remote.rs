@@ -23,8 +23,9 @@
 //!    when the last one is, the connection gets `End`.
 //! 5. *Loss.* A closed connection, a protocol error or a lease without a frame: each remaining
 //!    slot leaves the core with `Lost`, which puts its chunk back with the last state the
-//!    coordinator holds (the state it was sent with, or from scratch). A cut waiting for such a
-//!    chunk takes that state instead.
+//!    coordinator holds: the state it was sent with (reported to the core as the chunk's
+//!    fallback when the `Run` goes out), or from scratch. A cut waiting for such a chunk takes
+//!    that state too, read before the core may hand the chunk to another worker.
 //! 6. *End.* When the job ends every connection gets `End`.
 //!
 //! # Snapshots
@@ -278,6 +279,7 @@ impl<J: Job> State<J> {
     pub(crate) fn run_remote(
         &mut self,
         shared_fail: &mut Option<Error>,
+        worker: WorkerId,
         Slot {
             conn: conn_id,
             slot,
@@ -321,8 +323,19 @@ impl<J: Job> State<J> {
                 chunk,
                 start: range.start,
                 end: range.end,
-                state,
+                state: state.clone(),
             });
+        }
+        // The state the chunk was sent with is the one it falls back to if this worker is
+        // lost (the ledger keeps no copy of what it hands out). The core accepts it: the
+        // slot runs `chunk` since the `Run` command.
+        if let Some(bytes) = state {
+            let report = Event::StateReport {
+                worker,
+                chunk,
+                state: Held::Bytes(bytes),
+            };
+            let _ = self.core.handle(report, &mut Vec::new());
         }
     }
 
@@ -432,34 +445,39 @@ impl<J: Job> State<J> {
         for w in c.slots.into_iter().flatten() {
             self.members.remove(w);
             let running = self.core.running_on(w);
+            // Taken before the core handles the loss: it may hand the chunk, with this
+            // state, straight to an idle worker.
+            let fallback = running.map(|c| {
+                self.core
+                    .fallback(c)
+                    .map(|s| s.to_bytes().map_err(Error::from))
+            });
             let _ = self.feed(shared, Event::Lost { worker: w }, None);
-            if let Some(chunk) = running {
-                self.recapture(shared, w, chunk);
+            if let (Some(chunk), Some(fallback)) = (running, fallback) {
+                self.recapture(shared, w, chunk, fallback);
             }
         }
         self.settle(shared);
     }
 
-    /// A cut waited for `chunk`, which was lost with its worker and is pending again: it
-    /// takes the state the ledger now holds for it (none: from scratch).
-    fn recapture(&mut self, shared: &Arc<Shared<J>>, worker: WorkerId, chunk: ChunkId) {
+    /// A cut waited for `chunk`, which was lost with its worker: it takes the state the
+    /// chunk falls back to (`fallback`, the state it was last sent with), or records it from
+    /// scratch.
+    fn recapture(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        worker: WorkerId,
+        chunk: ChunkId,
+        fallback: Option<crate::Result<Bytes>>,
+    ) {
         if !self.snap.cut.waits_for(worker, chunk) {
             return;
         }
-        let held = self
-            .core
-            .suspended()
-            .find(|(c, _)| *c == chunk)
-            .map(|(_, s)| s.to_bytes().map_err(Error::from));
-        match held {
-            Some(bytes) => self.captured(
-                shared,
-                worker,
-                chunk,
-                bytes.map(|b| Captured::State(Part::New(b))),
-            ),
-            None => self.captured(shared, worker, chunk, Ok(Captured::Scratch)),
-        }
+        let captured = match fallback {
+            Some(bytes) => bytes.map(|b| Captured::State(Part::New(b))),
+            None => Ok(Captured::Scratch),
+        };
+        self.captured(shared, worker, chunk, captured);
     }
 
     /// Protocol step 3: a message from connection `id`. An error drops the connection.

@@ -600,6 +600,12 @@ impl<R: Reducer, S> Core<R, S> {
             .filter_map(|(&w, s)| s.running.map(|c| (w, c)))
     }
 
+    /// The state `chunk` falls back to if the worker running it is lost (its last
+    /// `StateReport`), if any.
+    pub(crate) fn fallback(&self, chunk: ChunkId) -> Option<&S> {
+        self.known.get(&chunk)
+    }
+
     /// Whether the output of `chunk` is in the merge.
     pub fn is_done(&self, chunk: ChunkId) -> bool {
         self.merge.contains(chunk)
