@@ -67,8 +67,9 @@
 //!   handshake and frames); the coordinator side is [`Builder::listen`].
 //! - [`metrics`]: the names of the metrics the executor reports.
 //!
-//! Inside the crate the layers are (see each module's docs; a layer imports only those above
-//! it in this list, and only `worker` and `executor` combine several):
+//! Inside the crate the layers are (see each module's docs). A layer imports only layers above
+//! it in this table, plus the crate-wide `error` and `metrics`; the edges (runner, store,
+//! wire) meet only in the worker process and in the executor, which never import each other.
 //!
 //! | module | folder | what |
 //! | --- | --- | --- |
