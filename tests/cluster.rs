@@ -471,3 +471,71 @@ fn remote_workers_write_their_parts_to_s3_when_they_can() {
     );
     assert_exact(&fin, &job);
 }
+
+/// A worker process lost while a snapshot waits for its chunks: each chunk falls back to the
+/// state it was sent with, and the snapshot records that state (not "from scratch").
+#[test]
+fn a_lost_workers_chunks_fall_back_to_the_states_they_were_sent_with() {
+    let dir =
+        std::env::temp_dir().join(format!("malleable-cluster-fallback-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("file://{}", dir.display());
+    let store = malleable::snapshot::Store::open(&url).unwrap();
+    let read = |id| futures::executor::block_on(store.manifest(id)).expect("the manifest");
+    // Two chunks of 500 paced steps (about 0.5 s each); two local threads run them, and a
+    // suspend hands them back with their states.
+    const SIZE: u64 = 10_000;
+    let chunking = Chunking::Size(SIZE);
+    let mut job = walk(20_000);
+    job.phases = 1;
+    let local = Executor::builder()
+        .local_workers(2)
+        .chunking(chunking)
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let h = local.submit(job.clone()).unwrap();
+    until("local chunks", || h.progress().done > 1_000);
+    let s0 = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    let before = read(&s0);
+    assert!(!before.parts.is_empty(), "the suspend left no chunk state");
+    // Resumed with one worker process of one thread: its two slots take the two handed-back
+    // chunks with their states. Heartbeats every 20 ms show its progress soon after it starts.
+    let remote = remote_only()
+        .heartbeat(Duration::from_millis(20), Duration::from_secs(2))
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let h = remote.resume::<Walk>(&url, malleable::At::Latest).unwrap();
+    let w = Worker::start(&addr(&remote), 1, None);
+    until_remote(&h, 1);
+    let at_resume = h.progress().done;
+    until("remote progress", || h.progress().done > at_resume);
+    // Frozen, it cannot answer the snapshot's capture; killed, its slots are lost.
+    w.signal("STOP");
+    let request = h.snapshot();
+    w.signal("KILL");
+    let s1 = request.wait().unwrap();
+    let after = read(&s1);
+    for part in &before.parts {
+        let now = after.parts.iter().find(|p| p.chunk == part.chunk);
+        assert_eq!(
+            now.map(|p| p.crc32c),
+            Some(part.crc32c),
+            "chunk {} is not recorded with the state it was sent with",
+            part.chunk
+        );
+    }
+    // A new worker process finishes the job from those states, exactly.
+    let w2 = Worker::start(&addr(&remote), 1, None);
+    let fin = finished(h);
+    let (total, history) = common::walk::sequential(&job, SIZE);
+    assert_eq!(fin.value.sum.to_bits(), total.sum.to_bits());
+    assert_eq!(fin.value.iterations, total.iterations);
+    assert_eq!(fin.job.history.len(), history.len());
+    let _ = w.finish();
+    let (code, line) = w2.finish();
+    assert_eq!(code, 0, "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
