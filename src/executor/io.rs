@@ -45,7 +45,7 @@ impl<J: Job> State<J> {
             } else {
                 Written::Failed
             };
-            let unchanged = st.snap.cut.written(outcome, suspend, &mut out);
+            let unchanged = st.snap.cut.written(outcome, &mut out);
             match &written {
                 Ok(id) => {
                     st.snap.last_epoch = Some(id.epoch);

@@ -135,8 +135,8 @@ struct Open<H, P, O, R> {
 #[derive(Debug)]
 pub struct Cut<H, P, O, R> {
     open: Option<Open<H, P, O, R>>,
-    /// A complete cut is being written.
-    writing: bool,
+    /// A complete cut is being written: `Some(true)` if it is a suspend's.
+    writing: Option<bool>,
     /// Snapshot requests that wait for the next cut.
     queued: Vec<R>,
     /// A suspend was asked for (with these requesters); it starts at quiescence.
@@ -151,7 +151,7 @@ impl<H, P, O, R> Default for Cut<H, P, O, R> {
     fn default() -> Self {
         Cut {
             open: None,
-            writing: false,
+            writing: None,
             queued: Vec::new(),
             suspend: None,
             suspended_at_marker: Vec::new(),
@@ -198,7 +198,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
 
     /// Whether a complete cut is being written.
     pub fn is_writing(&self) -> bool {
-        self.writing
+        self.writing.is_some()
     }
 
     /// Whether the open cut waits for `chunk` from `worker`.
@@ -219,7 +219,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         mut part_of: impl FnMut(ChunkId, &S) -> Result<P, E>,
         out: &mut Vec<CutCommand<H, P, O, R, E>>,
     ) {
-        if self.open.is_some() || self.writing {
+        if self.open.is_some() || self.writing.is_some() {
             return;
         }
         let quiet = core.running().next().is_none();
@@ -301,7 +301,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
 
     /// A chunk was handed to a worker: its state will change (see "Incremental parts").
     pub fn ran(&mut self, chunk: ChunkId) {
-        if self.open.is_some() || self.writing {
+        if self.open.is_some() || self.writing.is_some() {
             self.ran.insert(chunk);
         }
     }
@@ -312,10 +312,9 @@ impl<H, P, O, R> Cut<H, P, O, R> {
     pub fn written<E>(
         &mut self,
         outcome: Written,
-        suspend: bool,
         out: &mut Vec<CutCommand<H, P, O, R, E>>,
     ) -> Vec<ChunkId> {
-        self.writing = false;
+        let suspend = self.writing.take().unwrap_or(false);
         match outcome {
             Written::Committed => {
                 let ran = std::mem::take(&mut self.ran);
@@ -372,7 +371,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         } = open;
         parts.sort_unstable_by_key(|p| p.0);
         done.sort_unstable_by_key(|d| d.0);
-        self.writing = true;
+        self.writing = Some(suspend);
         out.push(CutCommand::Write(Write {
             header,
             parts,

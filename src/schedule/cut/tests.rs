@@ -555,7 +555,7 @@ impl Exec {
         };
         self.answer(&w.replies, answer);
         let mut out = Vec::new();
-        let unchanged = self.cut.written(outcome, w.suspend, &mut out);
+        let unchanged = self.cut.written(outcome, &mut out);
         if outcome == Written::Failed {
             assert!(unchanged.is_empty(), "a failed write leaves no part valid");
         }
