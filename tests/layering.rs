@@ -1,0 +1,93 @@
+//! The layering rules of `src/lib.rs`, checked on the source: the pure layer (`schedule`)
+//! uses no tokio, crossbeam, atomics, clock or crate-wide error; the wire (`src/cluster/`)
+//! knows no job, runner, worker process or executor; the executor and the worker process
+//! never import each other, and no leaf layer imports the executor.
+
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join(dir), &mut out);
+    assert!(!out.is_empty(), "no source under {dir}");
+    out
+}
+
+/// Lines of code (comments left out) under `dir` that mention any of `forbidden`.
+fn offenders(dir: &str, forbidden: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in sources(dir) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for f in forbidden {
+                if code.contains(f) {
+                    found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_schedule_layer_is_pure() {
+    let found = offenders(
+        "src/schedule",
+        &[
+            "tokio",
+            "crossbeam",
+            "atomic",
+            "Atomic",
+            "Instant",
+            "SystemTime",
+            "crate::Error",
+            "crate::Result",
+            "crate::error",
+            "std::thread",
+            "Mutex",
+        ],
+    );
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+fn the_wire_knows_no_job_and_no_executor() {
+    let found = offenders(
+        "src/cluster",
+        &[
+            "crate::job",
+            "crate::Job",
+            "crate::run",
+            "crate::worker",
+            "crate::executor",
+            "crate::schedule",
+        ],
+    );
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+#[test]
+fn the_executor_and_the_worker_process_never_import_each_other() {
+    let found = offenders("src/executor", &["crate::worker"]);
+    assert!(found.is_empty(), "{found:#?}");
+    for leaf in [
+        "src/worker",
+        "src/run",
+        "src/snapshot",
+        "src/cluster",
+        "src/schedule",
+    ] {
+        let found = offenders(leaf, &["crate::executor"]);
+        assert!(found.is_empty(), "{found:#?}");
+    }
+}
