@@ -288,7 +288,7 @@ impl<J: Job> State<J> {
         }
         self.reconcile(shared);
         self.poll_cut(shared);
-        self.members.count();
+        self.members.update_gauge();
     }
 
     /// The barrier between phases: every chunk is done and no worker holds the job.

@@ -137,7 +137,7 @@ impl<J: Job> Members<J> {
     }
 
     /// Updates the gauge of local workers.
-    pub(crate) fn count(&self) {
+    pub(crate) fn update_gauge(&self) {
         self.gauge.set(self.local_count() as f64);
     }
 }
