@@ -203,7 +203,7 @@ fn set_batch_hint<F: 'static>(batch: u64) {
 }
 
 /// The next batch size after a step of `batch` iterations took `took`.
-fn adapt(batch: u64, took: Duration, target: Duration) -> u64 {
+pub(crate) fn adapt(batch: u64, took: Duration, target: Duration) -> u64 {
     let (took, target) = (took.as_nanos().max(1), target.as_nanos().max(1));
     if took * 4 < target {
         return batch.saturating_mul(2);

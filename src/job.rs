@@ -6,8 +6,24 @@
 //! whatever workers it has, and folds the chunk outputs with the job's [`Reducer`] in chunk
 //! order. Between two steps (an *adjustment point*) a chunk may be moved to another worker,
 //! serialized into a snapshot, or handed back by a worker that is being retired.
+//!
+//! # Owned partitions
+//!
+//! A job whose chunks keep large data from phase to phase (a simulation's grid) declares it
+//! with [`Job::OWNERSHIP`] = [`Ownership::PARTITIONS`] and implements [`Partition`] for its
+//! chunk. Then a chunk is made once, for phase 0, and lives for the whole job: it is the
+//! *partition* of its range, mutated in place by its steps in every phase. After its last step
+//! of a phase it exports [`Partition::Halo`]s for its two neighbours; before its first step of
+//! the next phase it receives theirs ([`Partition::begin_phase`]). Only halos cross the
+//! barrier; partitions stay with the worker that holds them (affinity) and move, as few as
+//! possible, only when workers join or leave or their measured speeds diverge. Chunk
+//! boundaries are fixed for the job (every phase has the iterations of the first), so the value
+//! stays deterministic. The [`Rows`](crate::Rows) shortcut does all of this for a grid
+//! partitioned by rows.
 
+use std::any::Any;
 use std::error::Error as StdError;
+use std::fmt;
 use std::ops::Range;
 
 use serde::Serialize;
@@ -79,12 +95,24 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     /// Read-only data built once per process from the job (use `()` when there is none).
     type Input: Input<Self>;
 
+    /// Whether chunks are made fresh every phase ([`Ownership::NONE`], the default) or are
+    /// owned partitions that live across phases ([`Ownership::PARTITIONS`], for a job whose
+    /// chunk implements [`Partition`]; see the [module docs](crate::job)).
+    const OWNERSHIP: Ownership<Self> = Ownership::NONE;
+
     /// Size of the current phase's iteration space, `0..iterations()`.
     fn iterations(&self) -> u64;
-    /// A fresh state machine for `range` of the current phase.
+    /// A fresh state machine for `range` of the current phase. For a job with owned
+    /// partitions this is called once per chunk, for the first phase: it makes the partition.
     fn chunk(&self, range: Range<u64>) -> Self::Chunk;
     /// The reducer of the current phase.
     fn reducer(&self) -> Self::Reducer;
+    /// How this job's phases are cut into chunks, overriding the executor's
+    /// [`Builder::chunking`](crate::Builder::chunking); `None` (the default) keeps the
+    /// executor's. A job with owned partitions is cut the same way in every phase.
+    fn chunking(&self) -> Option<crate::Chunking> {
+        None
+    }
     /// Called at the barrier after a phase with the phase's reduced value. May update the job
     /// (the small, broadcast part of its state) and ask for another phase.
     ///
@@ -154,4 +182,102 @@ impl<J> Input<J> for () {
     fn load(_job: &J) -> Result<(), BoxError> {
         Ok(())
     }
+}
+
+/// A chunk that owns its range's data for the whole job (see the [module docs](crate::job)).
+///
+/// The chunk's steps work through its range in every phase, and its state (the partition and
+/// the progress within the phase) is what a snapshot stores and a retired worker hands over.
+/// A chunk that finished a phase keeps its state: it is not dropped after [`Step::Done`].
+pub trait Partition: Chunk {
+    /// What a partition exports for a neighbour at the end of a phase (for a five-point
+    /// stencil over rows: its first or its last row).
+    type Halo: serde::Serialize + DeserializeOwned + Send + 'static;
+
+    /// Called on the worker right after the step that returned [`Step::Done`]: the halos the
+    /// neighbours read in the next phase, `(for the chunk before, for the chunk after)`. The
+    /// first chunk's first and the last chunk's second halo are dropped.
+    fn export(&self, job: &Self::Job) -> (Self::Halo, Self::Halo);
+
+    /// Called at the barrier before the chunk's first step of every phase after the first,
+    /// with the job as [`Job::end_phase`] left it and what the neighbours exported for this
+    /// chunk: `before` from the chunk before (`None` for the first chunk), `after` from the
+    /// chunk after (`None` for the last). It should only take the halos in and rewind the
+    /// chunk's progress to the start of its range: it runs while the workers wait.
+    fn begin_phase(&mut self, job: &Self::Job, before: Option<Self::Halo>, after: Option<Self::Halo>);
+}
+
+/// Whether a job's chunks are owned partitions: the value of [`Job::OWNERSHIP`].
+pub struct Ownership<J: Job> {
+    pub(crate) hooks: Option<Hooks<J>>,
+}
+
+/// A halo with its type erased, as the executor carries it from one chunk to its neighbour.
+pub(crate) type AnyHalo = Box<dyn Any + Send>;
+
+/// The [`Partition`] methods of a job's chunk, reachable from code generic over any [`Job`].
+pub(crate) struct Hooks<J: Job> {
+    pub(crate) export: fn(&J::Chunk, &J) -> (AnyHalo, AnyHalo),
+    pub(crate) begin: fn(&mut J::Chunk, &J, Option<AnyHalo>, Option<AnyHalo>),
+}
+
+impl<J: Job> Clone for Hooks<J> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<J: Job> Copy for Hooks<J> {}
+
+impl<J: Job> Ownership<J> {
+    /// Chunks are made fresh every phase by [`Job::chunk`] and dropped when done.
+    pub const NONE: Ownership<J> = Ownership { hooks: None };
+
+    /// Whether chunks are owned partitions.
+    pub const fn is_partitioned(&self) -> bool {
+        self.hooks.is_some()
+    }
+}
+
+impl<J: Job> Ownership<J>
+where
+    J::Chunk: Partition,
+{
+    /// Chunks are owned partitions that live across phases (see [`Partition`]).
+    pub const PARTITIONS: Ownership<J> = Ownership {
+        hooks: Some(Hooks {
+            export: export_erased::<J>,
+            begin: begin_erased::<J>,
+        }),
+    };
+}
+
+impl<J: Job> fmt::Debug for Ownership<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.is_partitioned() {
+            "Ownership::PARTITIONS"
+        } else {
+            "Ownership::NONE"
+        })
+    }
+}
+
+fn export_erased<J: Job>(c: &J::Chunk, job: &J) -> (AnyHalo, AnyHalo)
+where
+    J::Chunk: Partition,
+{
+    let (before, after) = c.export(job);
+    (Box::new(before), Box::new(after))
+}
+
+fn begin_erased<J: Job>(c: &mut J::Chunk, job: &J, before: Option<AnyHalo>, after: Option<AnyHalo>)
+where
+    J::Chunk: Partition,
+{
+    // The executor only ever hands a chunk the halos its own type exported.
+    let cast = |h: Option<AnyHalo>| {
+        h.and_then(|h| h.downcast::<<J::Chunk as Partition>::Halo>().ok())
+            .map(|b| *b)
+    };
+    c.begin_phase(job, cast(before), cast(after));
 }

@@ -93,6 +93,7 @@ mod fold;
 mod job;
 pub mod metrics;
 pub mod reduce;
+pub mod rows;
 mod run;
 pub mod schedule;
 pub mod snapshot;
@@ -126,6 +127,7 @@ pub use executor::{
     At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
-pub use job::{BoxError, Chunk, Input, Job, Next, Step, Value};
+pub use job::{BoxError, Chunk, Input, Job, Next, Ownership, Partition, Step, Value};
+pub use rows::{Banded, Rows};
 pub use run::SuspendToken;
 pub use schedule::{Chunking, Guided, Schedule};
