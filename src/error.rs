@@ -287,6 +287,7 @@ mod tests {
             | ClusterError::Auth { .. }
             | ClusterError::UnknownJob { .. }
             | ClusterError::FrameTooLarge { .. }
+            | ClusterError::MessageTooLarge { .. }
             | ClusterError::Malformed { .. }
             | ClusterError::Refused { .. }
             | ClusterError::NoToken { .. }
