@@ -142,7 +142,6 @@ impl Owners {
             }
         }
         let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
-        let index = |w: WorkerId| ids.iter().position(|&x| x == w);
         let mut load: Vec<f64> = (0..k)
             .map(|i| {
                 self.queues
@@ -173,10 +172,7 @@ impl Owners {
         } else {
             for c in homeless {
                 let near = |i: usize| {
-                    let q = self.queues.get(&ids[i]);
-                    let holds = |x: ChunkId| {
-                        q.is_some_and(|q| q.contains(&x)) || self.holder(x) == Some(ids[i])
-                    };
+                    let holds = |x: ChunkId| self.holds(ids[i], x);
                     (c > 0 && holds(c - 1)) || holds(c + 1)
                 };
                 let best = (0..k)
@@ -191,38 +187,30 @@ impl Owners {
                 push_sorted(self.queues.entry(ids[best]).or_default(), c);
             }
         }
-        // Step 2.
+        // Step 2: each move takes an end of the giver's queue (sorted), the one next to the
+        // receiver's chunks if any, else the one nearer to them: O(log n) per move.
         loop {
             let (hi, lo) = extremes(&load);
             if hi == lo {
                 break;
             }
-            let Some(q_hi) = self.queues.get(&ids[hi]) else {
+            let (Some(&first), Some(&last)) = (
+                self.queues.get(&ids[hi]).and_then(|q| q.front()),
+                self.queues.get(&ids[hi]).and_then(|q| q.back()),
+            ) else {
                 break;
             };
-            let lo_holds = |x: ChunkId| {
-                self.queues.get(&ids[lo]).is_some_and(|q| q.contains(&x))
-                    || self.holder(x).and_then(index) == Some(lo)
-            };
-            let adjacent = q_hi
-                .iter()
-                .copied()
-                .find(|&c| (c > 0 && lo_holds(c - 1)) || lo_holds(c + 1));
-            let nearest = || {
-                let lo_chunks: Vec<ChunkId> = self
-                    .queues
-                    .get(&ids[lo])
-                    .map(|q| q.iter().copied().collect())
-                    .unwrap_or_default();
-                match (lo_chunks.first(), q_hi.front(), q_hi.back()) {
-                    (Some(&l), Some(&f), Some(_)) if l < f => Some(f),
-                    (Some(_), _, Some(&b)) => Some(b),
-                    (None, _, Some(&b)) => Some(b),
-                    _ => None,
+            let lo_holds = |x: ChunkId| self.holds(ids[lo], x);
+            let lo_first = self.queues.get(&ids[lo]).and_then(|q| q.front().copied());
+            let c = if last + 1 < plan.len() && lo_holds(last + 1) {
+                last
+            } else if first > 0 && lo_holds(first - 1) {
+                first
+            } else {
+                match lo_first {
+                    Some(l) if l < first => first,
+                    _ => last,
                 }
-            };
-            let Some(c) = adjacent.or_else(nearest) else {
-                break;
             };
             let len = len_of(plan, c);
             let (new_hi, new_lo) = (load[hi] - len / speed(hi), load[lo] + len / speed(lo));
@@ -230,12 +218,25 @@ impl Owners {
                 break;
             }
             if let Some(q) = self.queues.get_mut(&ids[hi]) {
-                q.retain(|&x| x != c);
+                if c == first {
+                    q.pop_front();
+                } else {
+                    q.pop_back();
+                }
             }
             push_sorted(self.queues.entry(ids[lo]).or_default(), c);
             load[hi] = new_hi;
             load[lo] = new_lo;
         }
+    }
+
+    /// Whether `w` has `x` queued, or holds its partition.
+    fn holds(&self, w: WorkerId, x: ChunkId) -> bool {
+        self.holder(x) == Some(w)
+            || self
+                .queues
+                .get(&w)
+                .is_some_and(|q| q.binary_search(&x).is_ok())
     }
 
     /// Every pending chunk.
