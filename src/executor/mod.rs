@@ -458,7 +458,7 @@ fn first_phase<J: Job>(job: &J, config: &Config) -> Result<(JobCore<J>, Chunking
         .validate()
         .map_err(|e: crate::schedule::Invalid| Error::InvalidConfig(e.to_string()))?;
     let core = if J::OWNERSHIP.is_partitioned() {
-        core.with_partitions()
+        core.with_partitions(0)
     } else {
         core
     };
