@@ -714,6 +714,12 @@ impl<R: Reducer, S> Core<R, S> {
         self.kept.iter_mut().map(|(&c, s)| (c, s))
     }
 
+    /// The states of pending chunks, to change them in place (the snapshot writer takes them
+    /// out to serialize them on several threads, and puts them back).
+    pub(crate) fn suspended_mut(&mut self) -> impl Iterator<Item = (ChunkId, &mut S)> {
+        self.suspended.iter_mut().map(|(&c, s)| (c, s))
+    }
+
     /// Owned partitions lost with their worker after the first phase: the phase cannot
     /// complete (the job must roll back to a snapshot or end).
     pub fn lost_partitions(&self) -> &[ChunkId] {
