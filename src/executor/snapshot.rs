@@ -63,6 +63,10 @@ pub(crate) struct Header {
 
 type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
 
+/// A state serialized on a helper thread: its chunk, whether it is a kept partition, the state
+/// (to put back) and its bytes.
+type Encoded<C> = (ChunkId, bool, C, Result<bytes::Bytes>);
+
 /// Snapshot bookkeeping of one job run: the pure cut (`schedule/cut.rs`), and what only the
 /// executor knows (parts in the store, epochs, timings).
 #[derive(Default)]
@@ -305,7 +309,7 @@ impl<J: Job> State<J> {
         for (i, t) in taken.into_iter().enumerate() {
             groups[i % n].push(t);
         }
-        let done: Vec<Vec<(ChunkId, bool, J::Chunk, Result<bytes::Bytes>)>> =
+        let done: Vec<Vec<Encoded<J::Chunk>>> =
             std::thread::scope(|scope| {
                 let handles: Vec<_> = groups
                     .into_iter()
