@@ -9,7 +9,7 @@
 use bytes::BytesMut;
 use malleable::cluster::Error;
 use malleable::cluster::frame::{
-    self, PROTOCOL_VERSION, decode_to_coordinator, decode_to_worker, encode,
+    self, PROTOCOL_VERSION, ToCoordinator, decode_to_coordinator, decode_to_worker, encode,
 };
 use malleable::cluster::handshake::{decode_hello, decode_proof, decode_reply, decode_welcome};
 use malleable::snapshot::{
@@ -149,10 +149,20 @@ pub(crate) fn frame_target(data: &[u8]) -> bool {
         .max_frame_length(LIMIT)
         .new_codec();
     let mut stream = BytesMut::from(data);
+    // Frames also go through the coordinator's assembler of pieced messages, whose buffer
+    // never passes its limit.
+    let mut pieces = frame::Assembler::new(4 * LIMIT);
     while let Ok(Some(frame)) = codec.decode(&mut stream) {
         assert!(frame.len() <= LIMIT, "a frame over the limit");
         ok |= to_coordinator(&frame);
         ok |= hello(&frame);
+        match pieces.frame::<ToCoordinator>(PEER, frame.clone().freeze()) {
+            Ok(_) => {}
+            Err(Error::Malformed { .. } | Error::MessageTooLarge { .. }) => {
+                pieces = frame::Assembler::new(4 * LIMIT);
+            }
+            Err(e) => panic!("an assembler error of another kind: {e:?}"),
+        }
     }
     ok
 }

@@ -224,6 +224,9 @@ pub(crate) type AnyHalo = Box<dyn Any + Send>;
 pub(crate) struct Hooks<J: Job> {
     pub(crate) export: fn(&J::Chunk, &J) -> (AnyHalo, AnyHalo),
     pub(crate) begin: fn(&mut J::Chunk, &J, Option<AnyHalo>, Option<AnyHalo>),
+    /// A halo's bytes, for a worker process (or from one).
+    pub(crate) encode_halo: fn(&AnyHalo) -> Result<Vec<u8>, crate::codec::Error>,
+    pub(crate) decode_halo: fn(&[u8]) -> Result<AnyHalo, crate::codec::Error>,
 }
 
 impl<J: Job> Clone for Hooks<J> {
@@ -253,6 +256,8 @@ where
         hooks: Some(Hooks {
             export: export_erased::<J>,
             begin: begin_erased::<J>,
+            encode_halo: encode_halo::<J>,
+            decode_halo: decode_halo::<J>,
         }),
     };
 }
@@ -285,4 +290,23 @@ where
             .map(|b| *b)
     };
     c.begin_phase(job, cast(before), cast(after));
+}
+
+fn encode_halo<J: Job>(h: &AnyHalo) -> Result<Vec<u8>, crate::codec::Error>
+where
+    J::Chunk: Partition,
+{
+    match h.downcast_ref::<<J::Chunk as Partition>::Halo>() {
+        Some(h) => crate::codec::encode("a halo", h),
+        // Only halos of this job's type are ever erased with these hooks.
+        None => crate::codec::encode("a halo", &()),
+    }
+}
+
+fn decode_halo<J: Job>(b: &[u8]) -> Result<AnyHalo, crate::codec::Error>
+where
+    J::Chunk: Partition,
+{
+    crate::codec::decode::<<J::Chunk as Partition>::Halo>("a halo", b)
+        .map(|h| Box::new(h) as AnyHalo)
 }

@@ -153,6 +153,35 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                 start: 1_000,
                 end: 2_000,
                 state: None,
+                held: false,
+            },
+        ),
+        (
+            "run-held",
+            ToWorker::Run {
+                slot: 1,
+                chunk: 16,
+                start: 0,
+                end: 1_000,
+                state: None,
+                held: true,
+            },
+        ),
+        (
+            "begin",
+            ToWorker::Begin {
+                chunk: 16,
+                before: Some(Bytes::from_static(b"\x03a halo")),
+                after: None,
+            },
+        ),
+        ("surrender", ToWorker::Surrender { chunk: 16 }),
+        ("capture-held", ToWorker::CaptureHeld { chunk: 15 }),
+        (
+            "piece",
+            ToWorker::Piece {
+                more: true,
+                bytes: Bytes::from_static(b"\x00\x01\x02"),
             },
         ),
         (
@@ -163,6 +192,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                 start: 2_000,
                 end: u64::MAX,
                 state: Some(Bytes::from_static(b"\x05a chunk state")),
+                held: false,
             },
         ),
         ("interrupt", ToWorker::Interrupt { slot: 2, chunk: 19 }),
@@ -199,8 +229,52 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                 slot: 1,
                 chunk: 17,
                 output: Bytes::from_static(b"\x08an output"),
+                halos: None,
                 iterations: 1_000,
                 busy_ns: 12_345_678,
+            },
+        ),
+        (
+            "done-kept",
+            ToCoordinator::Done {
+                slot: 0,
+                chunk: 16,
+                output: Bytes::from_static(b"\x08an output"),
+                halos: Some((Bytes::from_static(b"\x01u"), Bytes::from_static(b"\x01d"))),
+                iterations: 1_000,
+                busy_ns: 5,
+            },
+        ),
+        (
+            "surrendered",
+            ToCoordinator::Surrendered {
+                chunk: 16,
+                state: Bytes::from_static(b"\x09a partition"),
+            },
+        ),
+        (
+            "captured-held",
+            ToCoordinator::CapturedHeld {
+                chunk: 15,
+                state: Bytes::from_static(b"\x09a partition"),
+            },
+        ),
+        ("missing", ToCoordinator::Missing { chunk: 14 }),
+        (
+            "failed-held",
+            ToCoordinator::FailedHeld {
+                chunk: 14,
+                failure: Failure::Panicked {
+                    input: false,
+                    message: "begin_phase panicked".to_owned(),
+                },
+            },
+        ),
+        (
+            "piece",
+            ToCoordinator::Piece {
+                more: false,
+                bytes: Bytes::from_static(b"\x00"),
             },
         ),
         (

@@ -24,7 +24,8 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// The version of the protocol (handshake and messages). Version 2: slots are lanes, several
 /// per thread ([`SLOTS_PER_THREAD`]). Version 3: `Failed` says what failed ([`Failure`]), so
 /// the coordinator reports the error a local worker would. Version 4: messages longer than a
-/// frame travel in pieces (`Piece`).
+/// frame travel in pieces (`Piece`); worker processes hold owned partitions (`Run::held`,
+/// `Done::halos`, `Begin`, `Surrender`, `CaptureHeld` and their answers).
 pub const PROTOCOL_VERSION: u32 = 4;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
@@ -74,9 +75,37 @@ pub enum ToWorker {
         start: u64,
         /// One past the last iteration.
         end: u64,
-        /// The chunk's state to continue from (postcard), or none to start it.
+        /// The chunk's state to continue from (postcard), or none to start it (or to run the
+        /// partition this process holds, with `held`).
         #[serde(deserialize_with = "in_frame_opt")]
         state: Option<Bytes>,
+        /// Owned partitions: run the partition of `chunk` that this process holds (it ended
+        /// the last phase here and was given its halos with `Begin`).
+        held: bool,
+    },
+    /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos the
+    /// neighbours of `chunk` exported, for the partition this process holds.
+    Begin {
+        /// The chunk.
+        chunk: u64,
+        /// What the chunk before exported for it (postcard), none for the first chunk.
+        #[serde(deserialize_with = "in_frame_opt")]
+        before: Option<Bytes>,
+        /// What the chunk after exported for it (postcard), none for the last chunk.
+        #[serde(deserialize_with = "in_frame_opt")]
+        after: Option<Bytes>,
+    },
+    /// Owned partitions: send the partition of `chunk` this process holds and forget it (it
+    /// moves to another worker, or this process leaves). Answered by `Surrendered`.
+    Surrender {
+        /// The chunk.
+        chunk: u64,
+    },
+    /// Owned partitions: serialize the partition of `chunk` this process holds (not running)
+    /// for a snapshot and keep it. Answered by `CapturedHeld`.
+    CaptureHeld {
+        /// The chunk.
+        chunk: u64,
     },
     /// Hand `chunk` back at the next adjustment point.
     Interrupt {
@@ -146,10 +175,43 @@ pub enum ToCoordinator {
         /// The chunk's output (postcard).
         #[serde(deserialize_with = "in_frame")]
         output: Bytes,
+        /// Owned partitions: the halos the partition exported (postcard), for the chunk
+        /// before and the chunk after; the partition stays in this process.
+        halos: Option<(Bytes, Bytes)>,
         /// Iterations done in this run of the chunk.
         iterations: u64,
         /// Time spent in steps, in nanoseconds.
         busy_ns: u64,
+    },
+    /// The partition of `chunk`, after a `Surrender`; this process no longer holds it.
+    Surrendered {
+        /// The chunk.
+        chunk: u64,
+        /// The partition's state (postcard).
+        #[serde(deserialize_with = "in_frame")]
+        state: Bytes,
+    },
+    /// The partition of `chunk` serialized after a `CaptureHeld`; the process keeps it.
+    CapturedHeld {
+        /// The chunk.
+        chunk: u64,
+        /// The partition's state (postcard).
+        #[serde(deserialize_with = "in_frame")]
+        state: Bytes,
+    },
+    /// This process does not hold the partition of `chunk` that a `Run`, `Begin`,
+    /// `Surrender` or `CaptureHeld` named.
+    Missing {
+        /// The chunk.
+        chunk: u64,
+    },
+    /// The job's code failed on the partition of `chunk` this process holds (in `Begin`, or
+    /// serializing it): the job cannot go on.
+    FailedHeld {
+        /// The chunk.
+        chunk: u64,
+        /// What failed.
+        failure: Failure,
     },
     /// Slot `slot` handed `chunk` back after an `Interrupt`.
     Yielded {
@@ -515,6 +577,7 @@ mod tests {
             slot: 3,
             chunk: 7,
             output: (0..len).map(|i| i as u8).collect::<Vec<u8>>().into(),
+            halos: None,
             iterations: 1,
             busy_ns: 2,
         }
@@ -609,6 +672,7 @@ mod tests {
             slot: 1,
             chunk: 2,
             output: output.clone(),
+            halos: None,
             iterations: 3,
             busy_ns: 4,
         };
@@ -628,6 +692,7 @@ mod tests {
             start: 0,
             end: 10,
             state: Some(output),
+            held: false,
         };
         let frame = encode(&run);
         let decoded = decode_frame_to_worker("peer", frame.clone()).unwrap();
@@ -646,6 +711,7 @@ mod tests {
             start: 0,
             end: 10,
             state: None,
+            held: false,
         };
         assert_eq!(decode_frame_to_worker("peer", encode(&none)).unwrap(), none);
     }

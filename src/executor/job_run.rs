@@ -23,7 +23,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use super::members::{Member, Members, Msg};
-use super::remote::Remotes;
+use super::remote::{Fetch, Remotes};
 use super::snapshot::{self, Captured, Snapshots};
 use super::{Config, Finished, IoRuntime, Outcome};
 use crate::error::{Error, Result, Site};
@@ -31,6 +31,13 @@ use crate::job::{AnyHalo, Job, Next, Value};
 use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
 use crate::schedule::{ChunkId, Command, Core, Event, Plan, WorkerId};
 use crate::wire::listener::Listener;
+
+/// A halo as it reached the coordinator: exported by a local worker, or as bytes from a worker
+/// process.
+pub(crate) enum Halo {
+    Live(AnyHalo),
+    Bytes(bytes::Bytes),
+}
 
 /// Everything one job run shares between its workers and its handle.
 pub(crate) struct Shared<J: Job> {
@@ -72,7 +79,7 @@ pub(crate) struct State<J: Job> {
     pub(crate) snap: Snapshots,
     /// Owned partitions: the halos each done chunk of the phase exported, `(for the chunk
     /// before, for the chunk after)`, handed to the neighbours at the barrier.
-    pub(crate) exports: Vec<Option<(AnyHalo, AnyHalo)>>,
+    pub(crate) exports: Vec<Option<(Halo, Halo)>>,
     /// Owned partitions: moves the core had counted at the last barrier (for the counter).
     pub(crate) moved: u64,
 }
@@ -188,10 +195,17 @@ impl<J: Job> State<J> {
                     };
                     // An owned partition that ended before its capture is serialized here,
                     // under the lock: rare (it ended between the marker and its next step).
-                    let captured = bytes.and_then(|o| match kept {
-                        Some(state) => {
-                            let p = state.to_bytes().map_err(Error::from)?;
+                    let captured = bytes.and_then(|o| match kept.as_ref().map(Held::to_bytes) {
+                        Some(Some(p)) => {
+                            let p = p.map_err(Error::from)?;
                             Ok(Captured::Kept(o, snapshot::Part::New(p)))
+                        }
+                        // It stayed with the worker process that ran it.
+                        Some(None) => {
+                            if let Some(conn) = kept.as_ref().and_then(Held::elsewhere) {
+                                self.snap.kept_by.insert(*chunk, conn);
+                            }
+                            Ok(Captured::KeptHeld(o))
                         }
                         None => Ok(Captured::Output(o)),
                     });
@@ -203,7 +217,12 @@ impl<J: Job> State<J> {
                     state,
                     ..
                 } if self.snap.cut.waits_for(*worker, *chunk) => {
-                    let bytes = state.to_bytes().map_err(Error::from);
+                    let bytes = match state.to_bytes() {
+                        Some(b) => b.map_err(Error::from),
+                        None => Err(Error::Internal(
+                            "a handed-back state that is not here".into(),
+                        )),
+                    };
                     let captured = bytes.map(|b| Captured::State(snapshot::Part::New(b)));
                     self.captured(shared, *worker, *chunk, captured);
                 }
@@ -243,35 +262,43 @@ impl<J: Job> State<J> {
                     worker,
                     chunk,
                     range,
-                    state,
-                } => match (self.members.get(worker), self.job.as_ref()) {
-                    (Some(Member::Local(local)), Some(job)) => {
-                        local.cell.publish(0);
-                        let msg = Msg::Run {
-                            worker,
-                            assignment: Assignment {
-                                chunk,
-                                phase: self.phase,
-                                range,
-                                state,
-                            },
-                            job: Arc::clone(job),
-                            cell: Arc::clone(&local.cell),
-                        };
-                        let tx = local.tx.clone();
-                        self.snap.on_run(chunk);
-                        if me == Some(worker) {
-                            mine = Some(msg);
-                        } else {
-                            let _ = tx.send(msg);
+                    mut state,
+                } => {
+                    // A partition held by a worker process, for a local worker: its runner
+                    // waits for the bytes.
+                    let from = state.as_ref().and_then(Held::elsewhere);
+                    if let (Some(Member::Local(_)), Some(from)) = (self.members.get(worker), from) {
+                        state = Some(self.fetch_local(chunk, from));
+                    }
+                    match (self.members.get(worker), self.job.as_ref()) {
+                        (Some(Member::Local(local)), Some(job)) => {
+                            local.cell.publish(0);
+                            let msg = Msg::Run {
+                                worker,
+                                assignment: Assignment {
+                                    chunk,
+                                    phase: self.phase,
+                                    range,
+                                    state,
+                                },
+                                job: Arc::clone(job),
+                                cell: Arc::clone(&local.cell),
+                            };
+                            let tx = local.tx.clone();
+                            self.snap.on_run(chunk);
+                            if me == Some(worker) {
+                                mine = Some(msg);
+                            } else {
+                                let _ = tx.send(msg);
+                            }
                         }
+                        (Some(Member::Remote(slot)), _) => {
+                            let slot = *slot;
+                            self.run_remote(&mut failed, worker, slot, chunk, range, state);
+                        }
+                        _ => {}
                     }
-                    (Some(Member::Remote(slot)), _) => {
-                        let slot = *slot;
-                        self.run_remote(&mut failed, worker, slot, chunk, range, state);
-                    }
-                    _ => {}
-                },
+                }
                 Command::Interrupt { worker } => match self.members.get(worker) {
                     Some(Member::Local(local)) => local.cell.raise(INTERRUPT),
                     Some(Member::Remote(slot)) => self.interrupt_remote(worker, *slot),
@@ -384,7 +411,7 @@ impl<J: Job> State<J> {
     }
 
     /// Keeps the halos a done chunk exported until the barrier.
-    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: (AnyHalo, AnyHalo)) {
+    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: (Halo, Halo)) {
         let c = chunk as usize;
         if self.exports.len() <= c {
             self.exports
@@ -421,39 +448,71 @@ impl<J: Job> State<J> {
         // Restored partitions: decoded, and their halos exported, here.
         for (chunk, held) in self.core.kept_mut() {
             if let Held::Bytes(_) = held {
-                let live = std::mem::replace(held, Held::Bytes(bytes::Bytes::new()))
-                    .into_live()
-                    .map_err(Error::from)?;
+                let live = std::mem::replace(held, Held::Bytes(bytes::Bytes::new())).into_live()?;
                 *held = Held::Live(live);
             }
             let slot = &mut self.exports[chunk as usize];
             if slot.is_none() {
                 if let Held::Live(c) = held {
-                    *slot = Some(catch(Site::Chunk { phase, chunk }, J::NAME, || {
+                    let (u, d) = catch(Site::Chunk { phase, chunk }, J::NAME, || {
                         (hooks.export)(c, job)
-                    })?);
+                    })?;
+                    *slot = Some((Halo::Live(u), Halo::Live(d)));
                 }
             }
         }
         // Every chunk's halos, split into what goes up and what goes down.
-        let mut up: Vec<Option<AnyHalo>> = Vec::with_capacity(len);
-        let mut down: Vec<Option<AnyHalo>> = Vec::with_capacity(len);
+        let mut up: Vec<Option<Halo>> = Vec::with_capacity(len);
+        let mut down: Vec<Option<Halo>> = Vec::with_capacity(len);
         for e in self.exports.drain(..) {
             let (u, d) = e.map_or((None, None), |(u, d)| (Some(u), Some(d)));
             up.push(u);
             down.push(d);
         }
+        let live = |h: Option<Halo>| -> Result<Option<AnyHalo>> {
+            Ok(match h {
+                None => None,
+                Some(Halo::Live(h)) => Some(h),
+                Some(Halo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
+            })
+        };
+        let bytes = |h: Option<Halo>| -> Result<Option<bytes::Bytes>> {
+            Ok(match h {
+                None => None,
+                Some(Halo::Bytes(b)) => Some(b),
+                Some(Halo::Live(h)) => Some((hooks.encode_halo)(&h)?.into()),
+            })
+        };
+        let mut remote_begins = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             let c = chunk as usize;
             // The partition changes: no part of it in the store is current any more.
             self.snap.on_run(chunk);
             let before = if c > 0 { down[c - 1].take() } else { None };
             let after = up.get_mut(c + 1).and_then(Option::take);
-            if let Held::Live(part) = held {
-                catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
-                    (hooks.begin)(part, job, before, after)
-                })?;
+            match held {
+                Held::Live(part) => {
+                    let (before, after) = (live(before)?, live(after)?);
+                    catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
+                        (hooks.begin)(part, job, before, after)
+                    })?;
+                }
+                // Held by a worker process: it gets the halos after the new job value; one on
+                // its way back here (its holder leaves) takes them when it arrives.
+                Held::Elsewhere(conn) => match self.remote.fetching(chunk) {
+                    Some(fetch) => *fetch = Fetch::Begin(before, after),
+                    None => remote_begins.push((*conn, chunk, bytes(before)?, bytes(after)?)),
+                },
+                Held::Bytes(_) | Held::Fetch(_) => {
+                    return Err(Error::Internal(format!(
+                        "partition {chunk} is not at hand at the barrier"
+                    )));
+                }
             }
+        }
+        if !remote_begins.is_empty() {
+            let job_bytes = bytes::Bytes::from(crate::codec::encode("the job", job)?);
+            self.remote.begin_remote(next, job_bytes, remote_begins);
         }
         // Every partition changed: nothing of the last snapshot can be reused.
         self.snap.cache.clear();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
-use super::job_run::{Shared, State};
+use super::job_run::{Halo, Shared, State};
 use super::members::Msg;
 use super::snapshot::{Captured, Part};
 use crate::codec;
@@ -121,7 +121,8 @@ fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) 
             chunk,
             output,
             kept: kept.map(|k| {
-                st.keep_halos(chunk, k.halos);
+                let (up, down) = k.halos;
+                st.keep_halos(chunk, (Halo::Live(up), Halo::Live(down)));
                 Held::Live(k.state)
             }),
             work,

@@ -57,7 +57,7 @@ use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::job_run::{Shared, State};
+use super::job_run::{Halo, Shared, State};
 use super::members::Slot;
 use super::snapshot::{Captured, Part};
 use crate::codec;
@@ -106,6 +106,68 @@ pub(crate) struct Remotes {
     launched: Vec<Box<dyn crate::wire::Launched>>,
     /// Worker processes started so far (their `index`).
     launched_total: usize,
+    /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
+    /// the connection asked and where the bytes go.
+    fetches: HashMap<ChunkId, (ConnId, Fetch)>,
+}
+
+impl Remotes {
+    /// Owned partitions at the barrier before `phase`: each worker process that holds some
+    /// gets the phase's job value, then the halos of each of its partitions (`Begin`).
+    pub(crate) fn begin_remote(
+        &mut self,
+        phase: u64,
+        job: Bytes,
+        begins: Vec<(ConnId, ChunkId, Option<Bytes>, Option<Bytes>)>,
+    ) {
+        self.job_bytes = Some((phase, job.clone()));
+        for (id, chunk, before, after) in begins {
+            if let Some(c) = self.conns.get_mut(&id) {
+                if c.phase_sent != Some(phase) {
+                    c.phase_sent = Some(phase);
+                    let _ = c.tx.send(ToWorker::Phase {
+                        phase,
+                        job: job.clone(),
+                    });
+                }
+                let _ = c.tx.send(ToWorker::Begin {
+                    chunk,
+                    before,
+                    after,
+                });
+            }
+        }
+    }
+
+    /// The fetch of `chunk` under way, if any.
+    pub(crate) fn fetching(&mut self, chunk: ChunkId) -> Option<&mut Fetch> {
+        self.fetches.get_mut(&chunk).map(|(_, f)| f)
+    }
+
+    /// Sends `msg` to connection `id`; `None` if it is gone.
+    pub(crate) fn send_to(&self, id: ConnId, msg: ToWorker) -> Option<()> {
+        self.conns.get(&id).and_then(|c| c.tx.send(msg).ok())
+    }
+}
+
+/// Where the bytes of a surrendered partition go.
+pub(crate) enum Fetch {
+    /// To a local worker's runner, which waits for them (`Held::Fetch`).
+    Local(crossbeam_channel::Sender<crate::Result<Bytes>>),
+    /// To a slot of another worker process, in a `Run` sent when they arrive; an
+    /// `Interrupt` or `Capture` asked meanwhile follows it.
+    Forward {
+        worker: WorkerId,
+        slot: Slot,
+        range: std::ops::Range<u64>,
+        interrupt: bool,
+        capture: bool,
+    },
+    /// Back into the ledger: the holder leaves.
+    Ledger,
+    /// Back into the ledger, where it begins the phase that started while it was on its way
+    /// with these halos (see `Partition::begin_phase`).
+    Begin(Option<Halo>, Option<Halo>),
 }
 
 impl<J: Job> Attach for Shared<J> {
@@ -122,17 +184,6 @@ impl<J: Job> Attach for Shared<J> {
         let id = {
             let mut st = self.lock();
             if st.ended {
-                let _ = tx.send(ToWorker::End);
-                None
-            } else if J::OWNERSHIP.is_partitioned() {
-                // Worker processes do not hold owned partitions yet: the job goes on with its
-                // local workers, and the refusal is logged and counted.
-                tracing::warn!(
-                    job = J::NAME,
-                    peer = %conn.peer,
-                    "a worker process cannot join a job with owned partitions yet; it is sent away"
-                );
-                metrics::counter!(crate::metrics::REMOTE_REFUSED, "job" => J::NAME).increment(1);
                 let _ = tx.send(ToWorker::End);
                 None
             } else {
@@ -319,7 +370,31 @@ impl<J: Job> State<J> {
                 None => Err(Error::Internal("no job value to send".into())),
             },
         };
-        let state = state.map(|s| s.to_bytes()).transpose().map_err(Error::from);
+        // An owned partition: run where it is held, or fetch it from there first.
+        let mut held = false;
+        if let Some(from) = state.as_ref().and_then(Held::elsewhere) {
+            if from == conn_id {
+                held = true;
+            } else {
+                let forward = Fetch::Forward {
+                    worker,
+                    slot: Slot {
+                        conn: conn_id,
+                        slot,
+                    },
+                    range,
+                    interrupt: false,
+                    capture: false,
+                };
+                self.snap.on_run(chunk);
+                return self.fetch(chunk, from, forward);
+            }
+        }
+        let state = match state.filter(|_| !held).map(|s| s.to_bytes()) {
+            None => Ok(None),
+            Some(Some(b)) => b.map(Some).map_err(Error::from),
+            Some(None) => Err(Error::Internal("a partition on its way was sent on".into())),
+        };
         let (job_bytes, state) = match (job_bytes, state) {
             (Ok(j), Ok(s)) => (j, s),
             (Err(e), _) | (_, Err(e)) => {
@@ -342,6 +417,7 @@ impl<J: Job> State<J> {
                 start: range.start,
                 end: range.end,
                 state: state.clone(),
+                held,
             });
         }
         // The state the chunk was sent with is the one it falls back to if this worker is
@@ -358,7 +434,15 @@ impl<J: Job> State<J> {
     }
 
     /// An `Interrupt` for remote slot `r` (worker `worker`); nothing if it runs nothing.
-    pub(crate) fn interrupt_remote(&self, worker: WorkerId, r: Slot) {
+    pub(crate) fn interrupt_remote(&mut self, worker: WorkerId, r: Slot) {
+        if let Some(chunk) = self.core.running_on(worker) {
+            if let Some((_, Fetch::Forward { interrupt, .. })) = self.remote.fetches.get_mut(&chunk)
+            {
+                // Its `Run` has not gone yet: the interrupt follows it.
+                *interrupt = true;
+                return;
+            }
+        }
         if let (Some(chunk), Some(c)) =
             (self.core.running_on(worker), self.remote.conns.get(&r.conn))
         {
@@ -370,7 +454,11 @@ impl<J: Job> State<J> {
     }
 
     /// A snapshot's `Capture` of `chunk` for remote slot `r`.
-    pub(crate) fn capture_remote(&self, r: Slot, chunk: ChunkId) {
+    pub(crate) fn capture_remote(&mut self, r: Slot, chunk: ChunkId) {
+        if let Some((_, Fetch::Forward { capture, .. })) = self.remote.fetches.get_mut(&chunk) {
+            *capture = true;
+            return;
+        }
         if let Some(c) = self.remote.conns.get(&r.conn) {
             let _ = c.tx.send(ToWorker::Capture {
                 slot: r.slot,
@@ -388,10 +476,158 @@ impl<J: Job> State<J> {
                 *s = None;
             }
             let _ = c.tx.send(ToWorker::Release { slot: r.slot });
-            if c.slots.iter().all(Option::is_none) {
-                let _ = c.tx.send(ToWorker::End);
-                self.remote.conns.remove(&r.conn);
-                self.remote_gauge();
+        }
+        self.end_if_drained(r.conn);
+    }
+
+    /// Ends connection `id` once it has no slot and holds no partition.
+    fn end_if_drained(&mut self, id: ConnId) {
+        let Some(c) = self.remote.conns.get(&id) else {
+            return;
+        };
+        if c.slots.iter().any(Option::is_some) || self.holds_partitions(id) {
+            return;
+        }
+        let _ = c.tx.send(ToWorker::End);
+        self.remote.conns.remove(&id);
+        self.remote_gauge();
+    }
+
+    /// Chunks whose partition only worker process `id` has (in the ledger, or asked for).
+    fn held_by(&self, id: ConnId) -> Vec<ChunkId> {
+        let mut v: Vec<ChunkId> = self
+            .core
+            .suspended()
+            .chain(self.core.kept())
+            .filter(|(_, h)| h.elsewhere() == Some(id))
+            .map(|(c, _)| c)
+            .collect();
+        v.extend(
+            self.remote
+                .fetches
+                .iter()
+                .filter(|(_, (from, _))| *from == id)
+                .map(|(&c, _)| c),
+        );
+        v
+    }
+
+    fn holds_partitions(&self, id: ConnId) -> bool {
+        self.core.is_partitioned() && !self.held_by(id).is_empty()
+    }
+
+    /// Asks worker process `from` for the partition of `chunk` (`Surrender`), to go where
+    /// `to` says. A fetch already under way keeps its request and takes the new destination.
+    pub(crate) fn fetch(&mut self, chunk: ChunkId, from: ConnId, to: Fetch) {
+        let asked = self.remote.fetches.insert(chunk, (from, to)).is_some();
+        if !asked {
+            if let Some(c) = self.remote.conns.get(&from) {
+                let _ = c.tx.send(ToWorker::Surrender { chunk });
+            }
+        }
+    }
+
+    /// A local worker's `Run` of a partition held by worker process `from`: the runner waits
+    /// for its bytes.
+    pub(crate) fn fetch_local(&mut self, chunk: ChunkId, from: ConnId) -> Held<J::Chunk> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.fetch(chunk, from, Fetch::Local(tx));
+        Held::Fetch(rx)
+    }
+
+    /// A surrendered partition arrived: it goes where its fetch said.
+    fn surrendered(&mut self, shared: &Arc<Shared<J>>, id: ConnId, chunk: ChunkId, state: Bytes) {
+        let Some((_, to)) = self.remote.fetches.remove(&chunk) else {
+            return;
+        };
+        match to {
+            Fetch::Local(tx) => {
+                let _ = tx.send(Ok(state));
+            }
+            Fetch::Forward {
+                worker,
+                slot,
+                range,
+                interrupt,
+                capture,
+            } => {
+                if self.core.running_on(worker) == Some(chunk) && self.members.get(worker).is_some()
+                {
+                    let mut failed = None;
+                    self.run_remote(
+                        &mut failed,
+                        worker,
+                        slot,
+                        chunk,
+                        range,
+                        Some(Held::Bytes(state)),
+                    );
+                    if interrupt {
+                        self.interrupt_remote(worker, slot);
+                    }
+                    if capture {
+                        self.capture_remote(slot, chunk);
+                    }
+                    if let Some(e) = failed {
+                        self.fail(shared, e);
+                    }
+                } else {
+                    // The slot it was for is gone; the core has the chunk pending again.
+                    self.restate(chunk, Held::Bytes(state));
+                }
+            }
+            Fetch::Ledger => self.restate(chunk, Held::Bytes(state)),
+            Fetch::Begin(before, after) => match self.begin_here(chunk, state, before, after) {
+                Ok(part) => self.restate(chunk, Held::Live(part)),
+                Err(e) => self.fail(shared, e),
+            },
+        }
+        self.end_if_drained(id);
+    }
+
+    /// A partition that came back after its phase began: decoded, and given its halos here.
+    fn begin_here(
+        &self,
+        chunk: ChunkId,
+        state: Bytes,
+        before: Option<Halo>,
+        after: Option<Halo>,
+    ) -> crate::Result<J::Chunk> {
+        let (Some(hooks), Some(job)) = (J::OWNERSHIP.hooks, self.job.as_deref()) else {
+            return Err(Error::Internal("halos for a job without partitions".into()));
+        };
+        let mut part: J::Chunk = codec::decode("a chunk state", &state)?;
+        let live = |h: Option<Halo>| -> crate::Result<Option<crate::job::AnyHalo>> {
+            Ok(match h {
+                None => None,
+                Some(Halo::Live(h)) => Some(h),
+                Some(Halo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
+            })
+        };
+        let (before, after) = (live(before)?, live(after)?);
+        let site = Site::Chunk {
+            phase: self.phase,
+            chunk,
+        };
+        crate::run::catch(site, J::NAME, || {
+            (hooks.begin)(&mut part, job, before, after)
+        })?;
+        Ok(part)
+    }
+
+    /// Replaces the ledger's `Elsewhere` state of `chunk` (pending or kept) with `state`.
+    fn restate(&mut self, chunk: ChunkId, state: Held<J::Chunk>) {
+        let mut state = Some(state);
+        for (c, h) in self.core.suspended_mut() {
+            if c == chunk && h.elsewhere().is_some() {
+                *h = state.take().expect("one chunk, one state");
+                return;
+            }
+        }
+        for (c, h) in self.core.kept_mut() {
+            if c == chunk && h.elsewhere().is_some() {
+                *h = state.take().expect("one chunk, one state");
+                return;
             }
         }
     }
@@ -415,6 +651,14 @@ impl<J: Job> State<J> {
         }
         c.retiring = true;
         let slots: Vec<WorkerId> = c.slots.iter().flatten().copied().collect();
+        // Its partitions come back into the ledger before it ends.
+        if self.core.is_partitioned() {
+            for chunk in self.held_by(id) {
+                if !self.remote.fetches.contains_key(&chunk) {
+                    self.fetch(chunk, id, Fetch::Ledger);
+                }
+            }
+        }
         for w in slots {
             let _ = self.feed(shared, Event::Retire { worker: w }, None);
         }
@@ -460,6 +704,37 @@ impl<J: Job> State<J> {
         if self.ended {
             return;
         }
+        if self.core.is_partitioned() {
+            // Partitions only it had are lost: the job cannot go on from this run's state.
+            let mut lost: Vec<ChunkId> = self
+                .core
+                .suspended()
+                .chain(self.core.kept())
+                .filter(|(_, h)| h.elsewhere() == Some(id))
+                .map(|(c, _)| c)
+                .collect();
+            let fetched: Vec<ChunkId> = self
+                .remote
+                .fetches
+                .iter()
+                .filter(|(_, (from, _))| *from == id)
+                .map(|(&c, _)| c)
+                .collect();
+            for chunk in fetched {
+                if let Some((_, Fetch::Local(tx))) = self.remote.fetches.remove(&chunk) {
+                    let _ = tx.send(Err(Error::PartitionsLost {
+                        job: J::NAME,
+                        chunks: vec![chunk],
+                    }));
+                }
+                lost.push(chunk);
+            }
+            if !lost.is_empty() {
+                lost.sort_unstable();
+                tracing::warn!(job = J::NAME, peer = %c.peer, ?lost, "a worker process was lost with the only copy of owned partitions");
+                self.core.lose(&lost);
+            }
+        }
         for w in c.slots.into_iter().flatten() {
             self.members.remove(w);
             let running = self.core.running_on(w);
@@ -468,7 +743,7 @@ impl<J: Job> State<J> {
             let fallback = running.map(|c| {
                 self.core
                     .fallback(c)
-                    .map(|s| s.to_bytes().map_err(Error::from))
+                    .and_then(|s| s.to_bytes().map(|b| b.map_err(Error::from)))
             });
             let _ = self.feed(shared, Event::Lost { worker: w }, None);
             if let (Some(chunk), Some(fallback)) = (running, fallback) {
@@ -577,15 +852,72 @@ impl<J: Job> State<J> {
                 self.fail(shared, error);
                 return Ok(());
             }
+            ToCoordinator::Surrendered { chunk, state } => {
+                if self
+                    .remote
+                    .fetches
+                    .get(&chunk)
+                    .is_none_or(|(from, _)| *from != id)
+                {
+                    return Err(bad(format!("chunk {chunk} was not asked for")));
+                }
+                self.surrendered(shared, id, chunk, state);
+                self.settle(shared);
+                return Ok(());
+            }
+            ToCoordinator::CapturedHeld { chunk, state } => {
+                if self.snap.cut.waits_for_held(chunk) {
+                    let mut out = std::mem::take(&mut self.snap.out);
+                    self.snap
+                        .cut
+                        .captured_held(chunk, Ok(Part::New(state)), &mut out);
+                    self.cut_commands(shared, &mut out);
+                    self.snap.out = out;
+                }
+                self.settle(shared);
+                return Ok(());
+            }
+            ToCoordinator::Missing { chunk } => {
+                let error = Error::PartitionsLost {
+                    job: J::NAME,
+                    chunks: vec![chunk],
+                };
+                tracing::warn!(peer = %peer, chunk, "a worker process does not hold a partition it was given");
+                self.fail(shared, error);
+                return Ok(());
+            }
+            ToCoordinator::FailedHeld { chunk, failure } => {
+                let error = error_of::<J>(failure, self.phase, chunk, &peer);
+                tracing::warn!(peer = %peer, chunk, error = %error, "a worker process failed on a partition it holds: the job ends");
+                self.fail(shared, error);
+                return Ok(());
+            }
             ToCoordinator::Done {
                 slot,
                 chunk,
                 output,
+                halos,
                 iterations,
                 busy_ns,
             } => {
                 let w = slot_of(conn, slot)?;
                 conn.ended_in(slot);
+                let kept = match (J::OWNERSHIP.is_partitioned(), halos) {
+                    (true, Some((up, down))) => {
+                        // Kept by that process, with its halos here for the barrier.
+                        self.keep_halos(chunk, (Halo::Bytes(up), Halo::Bytes(down)));
+                        Some(Held::Elsewhere(id))
+                    }
+                    (false, None) => None,
+                    (true, None) => {
+                        return Err(bad(format!("chunk {chunk} ended without its halos")));
+                    }
+                    (false, Some(_)) => {
+                        return Err(bad(format!(
+                            "halos for chunk {chunk} of a job without partitions"
+                        )));
+                    }
+                };
                 let decoded =
                     codec::decode("a chunk output", &output).map_err(|e| PeerError::Malformed {
                         peer: peer.to_string(),
@@ -597,7 +929,7 @@ impl<J: Job> State<J> {
                     worker: w,
                     chunk,
                     output: decoded,
-                    kept: None,
+                    kept,
                     work: work(iterations, busy_ns),
                 };
                 (event, Some(output))

@@ -38,6 +38,7 @@ use crate::run::Held;
 use crate::run::{CAPTURE, SuspendToken};
 use crate::schedule::{ChunkId, Chunking, Core, Cut, CutCommand, Schedule, WorkerId};
 use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, SnapshotId, Store};
+use crate::wire::frame::ToWorker;
 
 /// What a running chunk left for a cut, as the executor hands it to [`Cut::captured`].
 pub(crate) type Captured = crate::schedule::Captured<Part, bytes::Bytes>;
@@ -83,6 +84,9 @@ pub(crate) struct Snapshots {
     pub(crate) longest: Option<Duration>,
     /// The cut's command buffer, reused.
     pub(crate) out: Commands,
+    /// Worker processes that keep the partitions of chunks whose `Done` reached a cut before
+    /// the ledger (their part is asked of them).
+    pub(crate) kept_by: HashMap<ChunkId, u64>,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -259,10 +263,11 @@ impl<J: Job> State<J> {
             header::<J>(cfg, run, job.as_deref(), *phase, *iterations_before, core)
         };
         let part_of = |c: ChunkId, state: &Held<J::Chunk>| match cache.get(&c) {
-            Some(p) => Ok(Part::Reuse(p.clone())),
+            Some(p) => Ok(Some(Part::Reuse(p.clone()))),
             None => match encoded.remove(&c) {
-                Some(bytes) => Ok(Part::New(bytes?)),
-                None => Ok(Part::New(state.to_bytes()?)),
+                Some(bytes) => Ok(Some(Part::New(bytes?))),
+                // `None`: a partition held by a worker process, asked for (`CaptureHeld`).
+                None => state.to_bytes().map(|b| Ok(Part::New(b?))).transpose(),
             },
         };
         cut.poll(core, header, part_of, &mut out);
@@ -309,34 +314,33 @@ impl<J: Job> State<J> {
         for (i, t) in taken.into_iter().enumerate() {
             groups[i % n].push(t);
         }
-        let done: Vec<Vec<Encoded<J::Chunk>>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = groups
-                    .into_iter()
-                    .map(|group| {
-                        scope.spawn(move || {
-                            group
-                                .into_iter()
-                                .map(|(chunk, kept, state)| {
-                                    // A panicking `Serialize` fails the snapshot, and the
-                                    // state still goes back.
-                                    let site = crate::Site::Chunk { phase, chunk };
-                                    let bytes = crate::run::catch(site, J::NAME, || {
-                                        encode("a chunk state", &state)
-                                    })
-                                    .and_then(|r| r.map_err(Error::from))
-                                    .map(bytes::Bytes::from);
-                                    (chunk, kept, state, bytes)
+        let done: Vec<Vec<Encoded<J::Chunk>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = groups
+                .into_iter()
+                .map(|group| {
+                    scope.spawn(move || {
+                        group
+                            .into_iter()
+                            .map(|(chunk, kept, state)| {
+                                // A panicking `Serialize` fails the snapshot, and the
+                                // state still goes back.
+                                let site = crate::Site::Chunk { phase, chunk };
+                                let bytes = crate::run::catch(site, J::NAME, || {
+                                    encode("a chunk state", &state)
                                 })
-                                .collect::<Vec<_>>()
-                        })
+                                .and_then(|r| r.map_err(Error::from))
+                                .map(bytes::Bytes::from);
+                                (chunk, kept, state, bytes)
+                            })
+                            .collect::<Vec<_>>()
                     })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_default())
-                    .collect()
-            });
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
         let mut encoded = HashMap::with_capacity(count);
         let mut back: HashMap<(bool, ChunkId), J::Chunk> = HashMap::with_capacity(count);
         for (c, kept, state, bytes) in done.into_iter().flatten() {
@@ -371,6 +375,30 @@ impl<J: Job> State<J> {
         self.snap.out = out;
     }
 
+    /// Asks the worker process that holds the partition of `chunk` for its part (protocol
+    /// step 2 for a partition the ledger has no state of).
+    fn capture_held(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
+        let holder = self
+            .core
+            .suspended()
+            .chain(self.core.kept())
+            .find(|(c, _)| *c == chunk)
+            .and_then(|(_, h)| h.elsewhere())
+            .or_else(|| self.snap.kept_by.remove(&chunk));
+        match holder.and_then(|id| self.remote.send_to(id, ToWorker::CaptureHeld { chunk })) {
+            Some(()) => {}
+            None => {
+                let mut out = Vec::new();
+                let error = Error::PartitionsLost {
+                    job: J::NAME,
+                    chunks: vec![chunk],
+                };
+                self.snap.cut.captured_held(chunk, Err(error), &mut out);
+                self.cut_commands(shared, &mut out);
+            }
+        }
+    }
+
     /// Carries out the cut's commands.
     pub(crate) fn cut_commands(&mut self, shared: &Arc<Shared<J>>, out: &mut Commands) {
         for cmd in out.drain(..) {
@@ -380,6 +408,7 @@ impl<J: Job> State<J> {
                     Some(Member::Remote(slot)) => self.capture_remote(*slot, chunk),
                     None => {}
                 },
+                CutCommand::CaptureHeld { chunk } => self.capture_held(shared, chunk),
                 CutCommand::Withdraw { worker } => {
                     if let Some(local) = self.members.local(worker) {
                         local.cell.lower(CAPTURE);

@@ -43,22 +43,48 @@ pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> 
 pub(crate) enum Held<C> {
     Live(C),
     Bytes(bytes::Bytes),
+    /// An owned partition held by the worker process of this connection (the executor's
+    /// number for it): only that process has its state.
+    Elsewhere(u64),
+    /// An owned partition on its way from the worker process that held it: the worker that
+    /// runs it waits for its bytes (an error if that process was lost on the way).
+    Fetch(crossbeam_channel::Receiver<Result<bytes::Bytes, Error>>),
 }
 
 impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
-    /// The live state, decoding it if needed.
-    pub(crate) fn into_live(self) -> Result<C, codec::Error> {
+    /// The live state, decoding it if needed (and waiting for it, if it is on its way).
+    pub(crate) fn into_live(self) -> Result<C, Error> {
         match self {
             Held::Live(c) => Ok(c),
-            Held::Bytes(b) => codec::decode("a chunk state", &b),
+            Held::Bytes(b) => Ok(codec::decode("a chunk state", &b)?),
+            Held::Fetch(rx) => match rx.recv() {
+                Ok(Ok(b)) => Ok(codec::decode("a chunk state", &b)?),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(Error::Internal(
+                    "a partition on its way was dropped without an answer".into(),
+                )),
+            },
+            Held::Elsewhere(_) => Err(Error::Internal(
+                "the state of a partition held by a worker process was asked for here".into(),
+            )),
         }
     }
 
-    /// The state's bytes, encoding it if needed.
-    pub(crate) fn to_bytes(&self) -> Result<bytes::Bytes, codec::Error> {
+    /// The state's bytes, encoding it if needed; `None` for a partition that is not here
+    /// (held by, or on its way from, a worker process).
+    pub(crate) fn to_bytes(&self) -> Option<Result<bytes::Bytes, codec::Error>> {
         match self {
-            Held::Live(c) => codec::encode("a chunk state", c).map(bytes::Bytes::from),
-            Held::Bytes(b) => Ok(b.clone()),
+            Held::Live(c) => Some(codec::encode("a chunk state", c).map(bytes::Bytes::from)),
+            Held::Bytes(b) => Some(Ok(b.clone())),
+            Held::Elsewhere(_) | Held::Fetch(_) => None,
+        }
+    }
+
+    /// The connection of the worker process that holds this partition, if one does.
+    pub(crate) fn elsewhere(&self) -> Option<u64> {
+        match self {
+            Held::Elsewhere(c) => Some(*c),
+            _ => None,
         }
     }
 }

@@ -107,7 +107,7 @@ pub(crate) fn run<J: Job>(
     // worker that runs it.
     let state = match state.map(Held::into_live).transpose() {
         Ok(state) => state,
-        Err(e) => return Ran::Failed(e.into()),
+        Err(e) => return Ran::Failed(e),
     };
     let ran = catch(Site::Chunk { phase, chunk }, J::NAME, || {
         let mut c = match state {

@@ -720,6 +720,16 @@ impl<R: Reducer, S> Core<R, S> {
         self.suspended.iter_mut().map(|(&c, s)| (c, s))
     }
 
+    /// Records owned partitions lost with a worker process that held them between runs (the
+    /// ledger has no state for them): see [`Core::lost_partitions`].
+    pub(crate) fn lose(&mut self, chunks: &[ChunkId]) {
+        for &c in chunks {
+            if !self.lost.contains(&c) {
+                self.lost.push(c);
+            }
+        }
+    }
+
     /// Owned partitions lost with their worker after the first phase: the phase cannot
     /// complete (the job must roll back to a snapshot or end).
     pub fn lost_partitions(&self) -> &[ChunkId] {

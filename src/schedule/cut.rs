@@ -62,6 +62,9 @@ pub enum Captured<P, O> {
     Output(O),
     /// Its output and its owned partition as it ended (a job with owned partitions).
     Kept(O, P),
+    /// Its output; its owned partition stayed with the worker process that ran it, and is
+    /// asked for with [`CutCommand::CaptureHeld`].
+    KeptHeld(O),
     /// Nothing: its worker was lost and the ledger holds no state for it; it restarts from
     /// scratch.
     Scratch,
@@ -92,6 +95,12 @@ pub enum CutCommand<H, P, O, R, E> {
         /// The worker.
         worker: WorkerId,
         /// The chunk it runs.
+        chunk: ChunkId,
+    },
+    /// Ask for the part of pending or kept `chunk`, whose state the ledger does not have (an
+    /// owned partition held by a worker process): answered with [`Cut::captured_held`].
+    CaptureHeld {
+        /// The chunk.
         chunk: ChunkId,
     },
     /// The capture asked of `worker` is no longer wanted.
@@ -132,6 +141,8 @@ struct Open<H, P, O, R> {
     kept: Vec<(ChunkId, P)>,
     /// Chunks running at the marker, and the worker each ran on.
     waiting: BTreeMap<ChunkId, WorkerId>,
+    /// Pending (`false`) or kept (`true`) chunks whose part is asked of their holder.
+    held: BTreeMap<ChunkId, bool>,
     suspend: bool,
     replies: Vec<R>,
 }
@@ -227,13 +238,14 @@ impl<H, P, O, R> Cut<H, P, O, R> {
 
     /// Starts a cut if one is due and none is open or being written (protocol step 1): the
     /// suspend's once the core is quiet, else one for queued requests. `header` records what
-    /// the executor needs of the ledger; `part_of` gives a suspended chunk's part. An error of
-    /// either fails the requests (and un-halts a suspend).
+    /// the executor needs of the ledger; `part_of` gives a suspended or kept chunk's part, or
+    /// `None` when only the chunk's holder has it (then [`CutCommand::CaptureHeld`] asks for
+    /// it). An error of either fails the requests (and un-halts a suspend).
     pub fn poll<Rd: Reducer, S, E>(
         &mut self,
         core: &Core<Rd, S>,
         header: impl FnOnce(&Core<Rd, S>) -> Result<H, E>,
-        mut part_of: impl FnMut(ChunkId, &S) -> Result<P, E>,
+        mut part_of: impl FnMut(ChunkId, &S) -> Result<Option<P>, E>,
         out: &mut Vec<CutCommand<H, P, O, R, E>>,
     ) {
         if self.open.is_some() || self.writing.is_some() {
@@ -257,14 +269,25 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         } else {
             replies
         };
+        let mut held = BTreeMap::new();
         let recorded = header(core).and_then(|header| {
             let mut parts = Vec::new();
             for (c, state) in core.suspended() {
-                parts.push((c, part_of(c, state)?));
+                match part_of(c, state)? {
+                    Some(p) => parts.push((c, p)),
+                    None => {
+                        held.insert(c, false);
+                    }
+                }
             }
             let mut kept = Vec::new();
             for (c, state) in core.kept() {
-                kept.push((c, part_of(c, state)?));
+                match part_of(c, state)? {
+                    Some(p) => kept.push((c, p)),
+                    None => {
+                        held.insert(c, true);
+                    }
+                }
             }
             Ok((header, parts, kept))
         });
@@ -281,6 +304,10 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         parts.sort_unstable_by_key(|p| p.0);
         // Kept partitions do not change until the next phase starts, which counts as a run.
         self.suspended_at_marker = parts.iter().chain(&kept).map(|p| p.0).collect();
+        self.suspended_at_marker.extend(held.keys().copied());
+        for &chunk in held.keys() {
+            out.push(CutCommand::CaptureHeld { chunk });
+        }
         self.ran.clear();
         let mut waiting = BTreeMap::new();
         for (worker, chunk) in core.running() {
@@ -293,6 +320,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             done: Vec::new(),
             kept,
             waiting,
+            held,
             suspend,
             replies,
         });
@@ -320,10 +348,42 @@ impl<H, P, O, R> Cut<H, P, O, R> {
                 open.done.push((chunk, o));
                 open.kept.push((chunk, p));
             }
+            Ok(Captured::KeptHeld(o)) => {
+                open.done.push((chunk, o));
+                open.held.insert(chunk, true);
+                out.push(CutCommand::CaptureHeld { chunk });
+            }
             Ok(Captured::Scratch) => {}
             Err(error) => return self.abandon(error, out),
         }
         self.try_complete(out);
+    }
+
+    /// The part of a chunk asked for with [`CutCommand::CaptureHeld`] (or why it could not be
+    /// had). Ignored unless the open cut waits for it. An error abandons the cut.
+    pub fn captured_held<E>(
+        &mut self,
+        chunk: ChunkId,
+        part: Result<P, E>,
+        out: &mut Vec<CutCommand<H, P, O, R, E>>,
+    ) {
+        let Some(open) = &mut self.open else { return };
+        let Some(kept) = open.held.remove(&chunk) else {
+            return;
+        };
+        match part {
+            Ok(p) if kept => open.kept.push((chunk, p)),
+            Ok(p) => open.parts.push((chunk, p)),
+            Err(error) => return self.abandon(error, out),
+        }
+        self.try_complete(out);
+    }
+
+    /// Whether the open cut waits for the part of `chunk` from its holder.
+    pub fn waits_for_held(&self, chunk: ChunkId) -> bool {
+        self.open
+            .as_ref()
+            .is_some_and(|o| o.held.contains_key(&chunk))
     }
 
     /// A chunk was handed to a worker: its state will change (see "Incremental parts").
@@ -384,7 +444,11 @@ impl<H, P, O, R> Cut<H, P, O, R> {
     }
 
     fn try_complete<E>(&mut self, out: &mut Vec<CutCommand<H, P, O, R, E>>) {
-        if !self.open.as_ref().is_some_and(|o| o.waiting.is_empty()) {
+        if !self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.waiting.is_empty() && o.held.is_empty())
+        {
             return;
         }
         let Some(open) = self.open.take() else { return };

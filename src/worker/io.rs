@@ -8,7 +8,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::codec::Framed;
 
-use super::thread::{Run, SlotMsg, Thread};
+use super::thread::{HeldParts, Run, SlotMsg, Thread, lock};
 use crate::codec;
 use crate::job::Job;
 use crate::run::{MAIL, SuspendToken};
@@ -148,6 +148,7 @@ impl Io {
         &self,
         framed: Framed<crate::wire::transport::Stream, tokio_util::codec::LengthDelimitedCodec>,
         threads: &mut [Thread<J>],
+        held: &HeldParts<J::Chunk>,
         mut out_rx: UnboundedReceiver<ToCoordinator>,
     ) -> Result<bool, Error> {
         let peer = &self.peer;
@@ -197,7 +198,12 @@ impl Io {
                             if let ToWorker::Capture { slot, chunk, folder } = msg {
                                 parts.folders.insert((slot, chunk), folder);
                             }
-                            dispatch(peer, msg, threads, &mut job)?;
+                            if let Some(reply) = dispatch(peer, msg, threads, &mut job, held)? {
+                                for f in frame::Frames::new(&reply, self.max_frame) {
+                                    sink.feed(f).await.map_err(io_error)?;
+                                }
+                                sink.flush().await.map_err(io_error)?;
+                            }
                         }
                     }
                     false
@@ -266,7 +272,8 @@ fn dispatch<J: Job>(
     msg: ToWorker,
     threads: &mut [Thread<J>],
     job: &mut Option<(u64, Arc<J>)>,
-) -> Result<(), Error> {
+    held: &HeldParts<J::Chunk>,
+) -> Result<Option<ToCoordinator>, Error> {
     let bad = |reason: String| Error::Malformed {
         peer: peer.to_owned(),
         what: "a message to a worker",
@@ -302,6 +309,7 @@ fn dispatch<J: Job>(
             start,
             end,
             state,
+            held: is_held,
         } => {
             let Some((phase, j)) = job.as_ref() else {
                 return Err(bad("a run before the job value".into()));
@@ -319,6 +327,7 @@ fn dispatch<J: Job>(
                     chunk,
                     range: start..end,
                     state,
+                    held: is_held,
                     job: Arc::clone(j),
                     phase: *phase,
                 }));
@@ -346,7 +355,71 @@ fn dispatch<J: Job>(
                 th.tx = None;
             }
         }
+        ToWorker::Begin {
+            chunk,
+            before,
+            after,
+        } => {
+            let (Some((phase, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
+                return Err(bad(
+                    "a partition's halos for a job without partitions".into()
+                ));
+            };
+            let halo = |b: Option<bytes::Bytes>| {
+                b.map(|b| (hooks.decode_halo)(&b))
+                    .transpose()
+                    .map_err(|e| Error::Malformed {
+                        peer: peer.to_owned(),
+                        what: "a halo",
+                        reason: "it does not decode".to_owned(),
+                        source: Some(e.source),
+                    })
+            };
+            let (before, after) = (halo(before)?, halo(after)?);
+            let mut parts = lock(held);
+            let Some(part) = parts.get_mut(&chunk) else {
+                return Ok(Some(ToCoordinator::Missing { chunk }));
+            };
+            let site = crate::Site::Chunk {
+                phase: *phase,
+                chunk,
+            };
+            if let Err(e) =
+                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, before, after))
+            {
+                return Ok(Some(ToCoordinator::FailedHeld {
+                    chunk,
+                    failure: super::thread::failure_of(e),
+                }));
+            }
+        }
+        ToWorker::Surrender { chunk } | ToWorker::CaptureHeld { chunk } => {
+            let surrender = matches!(msg, ToWorker::Surrender { .. });
+            let mut parts = lock(held);
+            let encoded = if surrender {
+                parts
+                    .remove(&chunk)
+                    .map(|p| codec::encode("a chunk state", &p))
+            } else {
+                parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
+            };
+            return Ok(Some(match encoded {
+                None => ToCoordinator::Missing { chunk },
+                Some(Err(e)) => ToCoordinator::FailedHeld {
+                    chunk,
+                    failure: super::thread::failure_of(e.into()),
+                },
+                Some(Ok(b)) if surrender => ToCoordinator::Surrendered {
+                    chunk,
+                    state: b.into(),
+                },
+                Some(Ok(b)) => ToCoordinator::CapturedHeld {
+                    chunk,
+                    state: b.into(),
+                },
+            }));
+        }
         ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
     }
-    Ok(())
+    Ok(None)
 }

@@ -305,21 +305,25 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
     } = session;
     let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
     let inputs: Arc<Inputs<J>> = Arc::default();
+    let held: thread::HeldParts<J::Chunk> = Arc::default();
     let mut threads: Vec<Thread<J>> = Vec::with_capacity(options.threads);
     for index in 0..options.threads {
         let (tx, rx) = crossbeam_channel::unbounded();
         let cell: Arc<Cell> = Arc::default();
         let (cell2, out, inputs) = (Arc::clone(&cell), out_tx.clone(), Arc::clone(&inputs));
+        let held = Arc::clone(&held);
         let thread = std::thread::Builder::new()
             .name(format!("malleable-remote-{index}"))
-            .spawn(move || thread::main::<J>(&rx, &cell2, &out, &inputs))
+            .spawn(move || thread::main::<J>(&rx, &cell2, &out, &inputs, &held))
             .map_err(|source| Error::Io {
                 peer: peer.clone(),
                 source,
             })?;
         threads.push(Thread::new(tx, cell, thread));
     }
-    drop(out_tx);
+    // Kept until the I/O loop ends: a process whose slots were all released may still hold
+    // owned partitions, so it leaves on the coordinator's `End`, not when its threads stop.
+    let _held_open = out_tx;
     let io = Io {
         peer: peer.clone(),
         heartbeat,
@@ -332,7 +336,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         first_run: std::cell::Cell::new(None),
         parts_written: std::cell::Cell::new(0),
     };
-    let ended = rt.block_on(io.run(framed, &mut threads, out_rx));
+    let ended = rt.block_on(io.run(framed, &mut threads, &held, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
     let mut done = (0, 0);
     for s in &mut threads {

@@ -28,8 +28,23 @@ pub(super) struct Run<J: Job> {
     pub(super) chunk: u64,
     pub(super) range: std::ops::Range<u64>,
     pub(super) state: Option<Bytes>,
+    /// Run the owned partition this process holds for `chunk` (in [`HeldParts`]).
+    pub(super) held: bool,
     pub(super) job: Arc<J>,
     pub(super) phase: u64,
+}
+
+/// Owned partitions this process holds between their runs, by chunk: a partition stays here
+/// after its chunk's `Done`, gets its halos (`Begin`), and runs here again in the next phase
+/// unless the coordinator asks for it (`Surrender`).
+pub(super) type HeldParts<C> = Arc<std::sync::Mutex<std::collections::HashMap<u64, C>>>;
+
+/// The held partitions, locked (a poisoned lock still holds consistent partitions: no user
+/// code runs under it but `begin_phase`, whose panic is caught).
+pub(super) fn lock<C>(
+    held: &HeldParts<C>,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, C>> {
+    held.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What the I/O task queues for a thread.
@@ -79,6 +94,7 @@ impl<J: Job> Thread<J> {
 struct Queue<'a, J: Job> {
     rx: &'a Receiver<SlotMsg<J>>,
     out: &'a UnboundedSender<ToCoordinator>,
+    held: &'a HeldParts<J::Chunk>,
     waiting: VecDeque<Run<J>>,
     /// The queue closed: the job ended for this process.
     gone: bool,
@@ -128,10 +144,21 @@ impl<J: Job> Queue<'_, J> {
             else {
                 continue;
             };
-            let state = match self.waiting[at].state.clone() {
-                Some(bytes) => Ok(bytes),
-                None => {
-                    let r = &self.waiting[at];
+            let r = &self.waiting[at];
+            let state = match (&r.state, r.held) {
+                (Some(bytes), _) => Ok(bytes.clone()),
+                // A held partition that waits to run: its state is the one held here.
+                (None, true) => {
+                    let held = lock(self.held);
+                    match held.get(&chunk) {
+                        Some(part) => codec::encode("a chunk state", part).map(Bytes::from),
+                        None => {
+                            let _ = self.out.send(ToCoordinator::Missing { chunk });
+                            continue;
+                        }
+                    }
+                }
+                (None, false) => {
                     codec::encode("a chunk state", &r.job.chunk(r.range.clone())).map(Bytes::from)
                 }
             };
@@ -143,7 +170,12 @@ impl<J: Job> Queue<'_, J> {
                 },
                 Ok(state) if capture => ToCoordinator::Captured { slot, chunk, state },
                 Ok(state) => {
-                    self.waiting.remove(at);
+                    if let Some(r) = self.waiting.remove(at) {
+                        if r.held {
+                            // Handed back: the coordinator holds it now.
+                            lock(self.held).remove(&chunk);
+                        }
+                    }
                     self.yielded += 1;
                     ToCoordinator::Yielded {
                         slot,
@@ -203,11 +235,13 @@ pub(super) fn main<J: Job>(
     cell: &Cell,
     out: &UnboundedSender<ToCoordinator>,
     inputs: &Inputs<J>,
+    held: &HeldParts<J::Chunk>,
 ) -> (u64, u64) {
     let mut stats = StepStats::new(J::NAME);
     let mut queue = Queue {
         rx,
         out,
+        held,
         waiting: VecDeque::new(),
         gone: false,
         done: 0,
@@ -234,14 +268,26 @@ pub(super) fn main<J: Job>(
             chunk,
             range,
             state,
+            held: is_held,
             job,
             phase,
         } = next;
+        let state = if is_held {
+            match lock(held).remove(&chunk) {
+                Some(part) => Some(Held::Live(part)),
+                None => {
+                    let _ = out.send(ToCoordinator::Missing { chunk });
+                    continue;
+                }
+            }
+        } else {
+            state.map(Held::Bytes)
+        };
         let assignment = Assignment {
             chunk,
             phase,
             range,
-            state: state.map(Held::Bytes),
+            state,
         };
         cell.publish(0);
         let mut host = Slot {
@@ -255,12 +301,27 @@ pub(super) fn main<J: Job>(
             // The job ended for this process: nobody waits for this chunk.
             return (queue.done, queue.yielded);
         }
+        let mut halos = None;
         let encoded = match ran {
-            // Owned partitions are not given to worker processes yet (the coordinator refuses
-            // them for such jobs), so `kept` is always `None` here.
-            Ran::Done { output, work, .. } => codec::encode("a chunk output", &output)
-                .map(|b| (true, b, work))
-                .map_err(Error::from),
+            Ran::Done { output, work, kept } => {
+                // An owned partition stays here; its halos go to the coordinator.
+                let exported = match (kept, J::OWNERSHIP.hooks) {
+                    (Some(k), Some(hooks)) => {
+                        let bytes = (hooks.encode_halo)(&k.halos.0)
+                            .and_then(|a| (hooks.encode_halo)(&k.halos.1).map(|b| (a, b)));
+                        lock(held).insert(chunk, k.state);
+                        bytes
+                            .map(|(a, b)| halos = Some((Bytes::from(a), Bytes::from(b))))
+                            .map_err(Error::from)
+                    }
+                    _ => Ok(()),
+                };
+                exported.and_then(|()| {
+                    codec::encode("a chunk output", &output)
+                        .map(|b| (true, b, work))
+                        .map_err(Error::from)
+                })
+            }
             Ran::Yielded { state, work } => codec::encode("a chunk state", &state)
                 .map(|b| (false, b, work))
                 .map_err(Error::from),
@@ -275,6 +336,7 @@ pub(super) fn main<J: Job>(
                         slot,
                         chunk,
                         output: bytes.into(),
+                        halos: halos.take(),
                         iterations,
                         busy_ns,
                     }
@@ -301,7 +363,7 @@ pub(super) fn main<J: Job>(
 
 /// The wire's form of an error that lost a chunk here; the coordinator turns it back into
 /// the same [`Error`] variant (see `executor/remote.rs`).
-fn failure_of(e: Error) -> Failure {
+pub(super) fn failure_of(e: Error) -> Failure {
     match e {
         Error::Panicked { site, message, .. } => Failure::Panicked {
             input: site == Site::Input,

@@ -435,7 +435,7 @@ impl Exec {
             assert_eq!(m.running.get(&chunk), Some(&w), "waits as the marker saw");
             let r = match &what {
                 Ok(Captured::State(p)) => Some(Resolved::Part(p.clone())),
-                Ok(Captured::Output(o)) | Ok(Captured::Kept(o, _)) => {
+                Ok(Captured::Output(o)) | Ok(Captured::Kept(o, _)) | Ok(Captured::KeptHeld(o)) => {
                     Some(Resolved::Output(o.clone()))
                 }
                 Ok(Captured::Scratch) => Some(Resolved::Scratch),
@@ -506,14 +506,14 @@ impl Exec {
                 })
             },
             |c, st| {
-                Ok(match cache.get(&c) {
+                Ok(Some(match cache.get(&c) {
                     // Incremental parts: reuse the stored part, which must still be this state.
                     Some(&key) => {
                         assert_eq!(decode(&store[&key]), *st, "a reused part is stale");
                         Part::Stored(key)
                     }
                     None => Part::New(encode(st)),
-                })
+                }))
             },
             &mut out,
         );
@@ -614,6 +614,9 @@ impl Exec {
                     assert_eq!(self.core.running_on(worker), Some(chunk));
                     self.workers.get_mut(&worker).expect("running").capture = Some(chunk);
                     self.did.push(Did::Capture(worker, chunk));
+                }
+                CutCommand::CaptureHeld { chunk } => {
+                    unreachable!("every state of the simulation is in the ledger: {chunk}")
                 }
                 CutCommand::Withdraw { worker } => {
                     if let Some(w) = self.workers.get_mut(&worker) {

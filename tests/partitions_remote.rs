@@ -1,0 +1,279 @@
+//! Owned partitions held by worker processes (real processes, real sockets on loopback):
+//! partitions stay where they ran and only halos cross per phase; processes join, are
+//! retired (their partitions come back), are killed (a typed error: the partitions were
+//! lost), and a job suspended with partitions held remotely resumes with local workers only.
+//! Every grid is bit for bit the sequential one.
+//!
+//! Worker processes are this test binary, re-executed to run [`worker_process`].
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+use malleable::reduce::CollectInOrder;
+use malleable::rows::{Rows, Window};
+use malleable::{At, Banded, Error, Executor, JobHandle, Next, Outcome};
+use serde::{Deserialize, Serialize};
+
+const ADDR_ENV: &str = "MALLEABLE_TEST_PARTITIONS_ADDR";
+
+fn hash(row: &[f64]) -> u64 {
+    row.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn init(i: u64, j: usize) -> f64 {
+    ((i * 31 + j as u64 * 17) % 101) as f64 / 7.0
+}
+
+/// Jacobi relaxation whose phases sleep a little, so that processes come and go mid-run; the
+/// value of the last phase is the hash of every row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Grid {
+    n: u64,
+    w: usize,
+    phases: u64,
+    done: u64,
+    pace_us: u64,
+}
+
+impl Rows for Grid {
+    const NAME: &'static str = "partitions-remote-grid";
+    type Element = f64;
+    type Acc = Vec<u64>;
+    type Reducer = CollectInOrder<u64>;
+    type Input = ();
+
+    fn height(&self) -> u64 {
+        self.n
+    }
+    fn width(&self) -> usize {
+        self.w
+    }
+    fn bands(&self) -> u64 {
+        12
+    }
+    fn reducer(&self) -> CollectInOrder<u64> {
+        CollectInOrder::new()
+    }
+    fn init(&self, _: &(), i: u64, row: &mut [f64]) {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = init(i, j);
+        }
+    }
+    fn update(&self, _: &(), i: u64, win: Window<'_, f64>, acc: &mut Vec<u64>) {
+        match (win.above, win.below) {
+            (Some(a), Some(b)) => row_update(a, win.old, b, win.row),
+            _ => win.row.copy_from_slice(win.old),
+        }
+        if i % 16 == 0 {
+            std::thread::sleep(Duration::from_micros(self.pace_us));
+        }
+        acc.push(hash(win.row));
+    }
+    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
+        self.done += 1;
+        if self.done < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+    fn target_step(&self) -> Duration {
+        Duration::from_micros(200)
+    }
+}
+
+fn row_update(above: &[f64], old: &[f64], below: &[f64], new: &mut [f64]) {
+    let w = old.len();
+    new[0] = old[0];
+    new[w - 1] = old[w - 1];
+    for j in 1..w - 1 {
+        new[j] = 0.25 * (above[j] + below[j] + old[j - 1] + old[j + 1]);
+    }
+}
+
+fn sequential(g: &Grid) -> Vec<u64> {
+    let (n, w) = (g.n as usize, g.w);
+    let mut grid: Vec<Vec<f64>> = (0..n)
+        .map(|i| (0..w).map(|j| init(i as u64, j)).collect())
+        .collect();
+    let mut hashes = Vec::new();
+    for _ in 0..g.phases {
+        let mut next = grid.clone();
+        hashes.clear();
+        for i in 0..n {
+            if i > 0 && i + 1 < n {
+                row_update(&grid[i - 1], &grid[i], &grid[i + 1], &mut next[i]);
+            }
+            hashes.push(hash(&next[i]));
+        }
+        grid = next;
+    }
+    hashes
+}
+
+fn grid(phases: u64) -> Grid {
+    Grid {
+        n: 240,
+        w: 64,
+        phases,
+        done: 0,
+        pace_us: 100,
+    }
+}
+
+#[test]
+#[ignore = "the body of the worker processes the other tests start"]
+fn worker_process() {
+    let Ok(addr) = std::env::var(ADDR_ENV) else {
+        return;
+    };
+    let options = WorkerOptions::from_env().unwrap().threads(1);
+    match cluster::serve(&addr, &Registry::new().register::<Banded<Grid>>(), options) {
+        Ok(_) => std::process::exit(0),
+        Err(e) => {
+            println!("WORKER ERROR {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+fn start(addr: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, addr)
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn coordinator(local: usize) -> Executor {
+    Executor::builder()
+        .local_workers(local)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .build()
+        .unwrap()
+}
+
+fn phase_of(h: &JobHandle<Banded<Grid>>) -> u64 {
+    h.progress().phase
+}
+
+fn finished(h: JobHandle<Banded<Grid>>) -> Vec<u64> {
+    match h.wait().unwrap() {
+        Outcome::Finished(f) => f.into_value(),
+        other => panic!("not finished: {other:?}"),
+    }
+}
+
+fn assert_same(got: &[u64], want: &[u64]) {
+    assert_eq!(got.len(), want.len());
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!("row {i} differs");
+    }
+}
+
+/// Processes join mid-run and take partitions; one is retired and hands its partitions back;
+/// the grid is exact.
+#[test]
+fn worker_processes_hold_partitions_join_and_retire() {
+    let exec = coordinator(1);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(150);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    until("phase 5", || phase_of(&h) >= 5);
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 60", || phase_of(&h) >= 60);
+    h.retire_remote(1);
+    until("one process", || h.remote_workers() == 1);
+    let got = finished(h);
+    assert_same(&got, &sequential(&job));
+    assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
+    for w in [&mut a, &mut b] {
+        let _ = w.wait();
+    }
+}
+
+/// Only worker processes: every partition lives in one of them between phases.
+#[test]
+fn worker_processes_alone_hold_every_partition() {
+    let exec = coordinator(0);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(60);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    let got = finished(h);
+    assert_same(&got, &sequential(&job));
+    for w in [&mut a, &mut b] {
+        let _ = w.wait();
+    }
+}
+
+/// A process killed after the first phase took the only copy of its partitions: the job ends
+/// with `PartitionsLost` (no snapshot to roll back to), not with a wrong grid.
+#[test]
+fn a_killed_process_loses_its_partitions_with_a_typed_error() {
+    let exec = coordinator(1);
+    let addr = exec.local_addr().unwrap().to_string();
+    let h = exec.submit(Banded(grid(400))).unwrap();
+    let mut a = start(&addr);
+    until("one process", || h.remote_workers() == 1);
+    until("phase 10", || phase_of(&h) >= 10);
+    a.kill().unwrap();
+    let _ = a.wait();
+    match h.wait() {
+        Err(Error::PartitionsLost { chunks, .. }) => assert!(!chunks.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Suspended while processes hold partitions (they are captured from them), resumed with a
+/// local worker only: exact.
+#[test]
+fn a_job_suspended_with_partitions_in_processes_resumes_locally() {
+    let dir = std::env::temp_dir().join(format!(
+        "malleable-partitions-remote-{}",
+        std::process::id()
+    ));
+    let url = format!("file://{}", dir.display());
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(200);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    until("one process", || h.remote_workers() == 1);
+    until("phase 20", || phase_of(&h) >= 20);
+    h.snapshot().wait().unwrap();
+    until("phase 40", || phase_of(&h) >= 40);
+    h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    let _ = a.wait();
+    let local = Executor::builder().local_workers(2).build().unwrap();
+    let r = local.resume::<Banded<Grid>>(&url, At::Latest).unwrap();
+    assert_same(&finished(r), &sequential(&job));
+    let _ = std::fs::remove_dir_all(&dir);
+}
