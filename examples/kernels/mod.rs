@@ -5,8 +5,9 @@
 //! pure function of its iteration index (and read-only data), so an iteration gives the same
 //! result whoever runs it, and none allocates per iteration.
 //!
-//! [`jobs`] alone knows `malleable`: it wraps kernels in the malleable jobs that both the
-//! examples and the benchmark run.
+//! [`jobs`] knows `malleable`: it wraps kernels in the malleable jobs that both the examples
+//! and the benchmark run. [`stencil`] keeps its grids' sequential loops, rayon versions and
+//! [`Rows`](malleable::Rows) implementations together, since the three share one row update.
 //!
 //! Include it with `#[path = "kernels/mod.rs"] mod kernels;` (from `benches/`:
 //! `#[path = "../examples/kernels/mod.rs"]`). Cargo does not build this folder as an example
@@ -20,6 +21,7 @@ pub(crate) mod jobs;
 pub(crate) mod kmeans;
 pub(crate) mod montecarlo;
 pub(crate) mod raytrace;
+pub(crate) mod stencil;
 
 /// The splitmix64 finalizer: a good 64-bit mix, used as a counter-based random generator
 /// (`splitmix64(seed + i * GOLDEN)` is the `i`-th output of a splitmix64 stream).
