@@ -140,7 +140,10 @@ fn run(args: &Args) -> Result<bool, Error> {
     // The physics: the speed profile across the channel against the steady parabola
     // u(y) = F / (2ν) · (y + ½)(H − ½ − y): half-way bounce-back puts the walls half a cell
     // outside the first and last rows.
-    let grid = reference.grid.as_deref().expect("the sequential run keeps its grid");
+    let grid = reference
+        .grid
+        .as_deref()
+        .expect("the sequential run keeps its grid");
     let (hf, nu) = (h as f64, fluid.viscosity());
     let steady = fluid.poiseuille_max(h as u64);
     let deviation = (0..h)
@@ -168,7 +171,11 @@ fn run(args: &Args) -> Result<bool, Error> {
         let physics = deviation <= 0.03;
         println!(
             "check  physics: the speed profile is {} of the Poiseuille parabola{}",
-            if physics { "within 3 %" } else { "not within 3 %" },
+            if physics {
+                "within 3 %"
+            } else {
+                "not within 3 %"
+            },
             if physics { "" } else { "  FAILED" }
         );
         ok &= physics;

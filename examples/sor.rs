@@ -145,7 +145,10 @@ fn run(args: &Args) -> Result<bool, Error> {
     let t = Instant::now();
     let reference = sor::sequential(n, iterations);
     let t_seq = t.elapsed();
-    let grid = reference.grid.as_deref().expect("the sequential run keeps its grid");
+    let grid = reference
+        .grid
+        .as_deref()
+        .expect("the sequential run keeps its grid");
     let gtotal = sor::gtotal(grid, n);
 
     let pool = ThreadPoolBuilder::new().num_threads(2).build()?;
@@ -187,11 +190,14 @@ fn run(args: &Args) -> Result<bool, Error> {
         if rows_equal { "" } else { "  FAILED" }
     );
     ok &= rows_equal;
-    ok &= jgf_validate(
-        "malleable",
-        by_malleable.gtotal_by_rows,
-        args.reference,
+    ok &= jgf_validate("malleable", by_malleable.gtotal_by_rows, args.reference);
+    println!(
+        "\n{}",
+        if ok {
+            "Validation PASSED"
+        } else {
+            "Validation FAILED"
+        }
     );
-    println!("\n{}", if ok { "Validation PASSED" } else { "Validation FAILED" });
     Ok(ok)
 }

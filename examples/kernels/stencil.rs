@@ -199,7 +199,12 @@ pub(crate) mod heat {
             new.copy_from_slice(old);
             0.0
         } else {
-            row(&grid[(i - 1) * n..i * n], old, &grid[(i + 1) * n..(i + 2) * n], new)
+            row(
+                &grid[(i - 1) * n..i * n],
+                old,
+                &grid[(i + 1) * n..(i + 2) * n],
+                new,
+            )
         }
     }
 
@@ -413,7 +418,10 @@ pub(crate) mod sor {
 
         /// `next(bits)`, for `bits <= 31` (non-negative then).
         fn next(&mut self, bits: u32) -> u64 {
-            self.state = (self.state.wrapping_mul(Self::MULTIPLIER).wrapping_add(Self::ADDEND))
+            self.state = (self
+                .state
+                .wrapping_mul(Self::MULTIPLIER)
+                .wrapping_add(Self::ADDEND))
                 & Self::MASK;
             self.state >> (48 - bits)
         }
@@ -565,7 +573,11 @@ pub(crate) mod sor {
                         }
                         let (head, tail) = band.split_at_mut(k * n);
                         let (mid, rest) = tail.split_at_mut(n);
-                        let above = if k == 0 { &up[..] } else { &head[(k - 1) * n..] };
+                        let above = if k == 0 {
+                            &up[..]
+                        } else {
+                            &head[(k - 1) * n..]
+                        };
                         let below = if k + 1 == rows { &down[..] } else { &rest[..n] };
                         row(i as u64, colour(p), above, mid, below);
                     }
