@@ -1,4 +1,4 @@
-//! Kernels shared by the examples and the `loop_vs_rayon` benchmark.
+//! Kernels shared by the examples and the benchmarks (`loop_vs_rayon`, `stencil`, …).
 //!
 //! Plain, fast functions with no knowledge of `malleable`: one iteration of each loop, plus the
 //! sequential reference the examples check their parallel results against. Every kernel is a
@@ -6,8 +6,9 @@
 //! result whoever runs it, and none allocates per iteration.
 //!
 //! [`jobs`] knows `malleable`: it wraps kernels in the malleable jobs that both the examples
-//! and the benchmark run. [`stencil`] keeps its grids' sequential loops, rayon versions and
-//! [`Rows`](malleable::Rows) implementations together, since the three share one row update.
+//! and the benchmark run. So does [`stencil`], whose kernels are not per iteration but per row
+//! of a grid that lives across phases: it keeps each grid's sequential loop, rayon version and
+//! [`Rows`](malleable::Rows) implementation together, since the three share one row update.
 //!
 //! Include it with `#[path = "kernels/mod.rs"] mod kernels;` (from `benches/`:
 //! `#[path = "../examples/kernels/mod.rs"]`). Cargo does not build this folder as an example
