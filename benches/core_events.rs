@@ -92,6 +92,7 @@ fn drive(schedule: Schedule, workers: u64, chunks: u64) -> Run {
     while let Some((worker, chunk)) = running.pop_front() {
         core.handle(
             Event::Done {
+                kept: None,
                 worker,
                 chunk,
                 output: 1,

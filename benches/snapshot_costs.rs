@@ -269,6 +269,7 @@ fn commit_vs_raw_put(rt: &tokio::runtime::Runtime, parts: usize, part_bytes: usi
             reduced: vec![0],
             done: Vec::new(),
             parts: refs,
+            kept: Vec::new(),
         };
         let manifest_len = malleable::snapshot::encode_manifest(&manifest).len();
         rt.block_on(store.commit(&manifest)).unwrap();

@@ -118,6 +118,25 @@ pub enum Error {
     /// A worker thread could not be started.
     #[error("could not start a worker thread")]
     Spawn(#[source] std::io::Error),
+    /// A job with owned partitions asked for a phase cut into other chunks than its first:
+    /// its partitions would not fit. Its iterations and chunking must stay the same.
+    #[error(
+        "job {job} has owned partitions, but phase {phase} has {found} iterations in {found_chunks} chunks where the job has {expected} in {expected_chunks}"
+    )]
+    PartitionsChanged {
+        /// The job's name.
+        job: &'static str,
+        /// The phase that would not fit.
+        phase: u64,
+        /// Iterations of the job's phases.
+        expected: u64,
+        /// Chunks of the job's phases.
+        expected_chunks: u64,
+        /// Iterations the phase asked for.
+        found: u64,
+        /// Chunks the phase asked for.
+        found_chunks: u64,
+    },
 }
 
 impl From<crate::codec::Error> for Error {
@@ -349,7 +368,8 @@ mod tests {
             | Error::OutcomeTaken { .. }
             | Error::Suspended(_)
             | Error::Ended { .. }
-            | Error::Internal(_) => false,
+            | Error::Internal(_)
+            | Error::PartitionsChanged { .. } => false,
         };
         let mut all = vec![
             Error::Input {

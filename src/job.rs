@@ -204,7 +204,12 @@ pub trait Partition: Chunk {
     /// chunk: `before` from the chunk before (`None` for the first chunk), `after` from the
     /// chunk after (`None` for the last). It should only take the halos in and rewind the
     /// chunk's progress to the start of its range: it runs while the workers wait.
-    fn begin_phase(&mut self, job: &Self::Job, before: Option<Self::Halo>, after: Option<Self::Halo>);
+    fn begin_phase(
+        &mut self,
+        job: &Self::Job,
+        before: Option<Self::Halo>,
+        after: Option<Self::Halo>,
+    );
 }
 
 /// Whether a job's chunks are owned partitions: the value of [`Job::OWNERSHIP`].

@@ -471,10 +471,7 @@ impl<R: Rows> Chunk for Band<R> {
         if R::SWEEP == Sweep::Jacobi {
             std::mem::swap(&mut self.cur, &mut self.new);
         }
-        Step::Done(std::mem::replace(
-            &mut self.acc,
-            grid.reducer().identity(),
-        ))
+        Step::Done(std::mem::replace(&mut self.acc, grid.reducer().identity()))
     }
 
     fn iterations_done(&self) -> Option<u64> {

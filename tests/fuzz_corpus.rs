@@ -102,6 +102,15 @@ fn manifest(chunks: u64, done: u64, parts: u64, blob: usize) -> Manifest {
                 crc32c: 0x1234_5678 ^ i as u32,
             })
             .collect(),
+        // The owned partitions of the done chunks.
+        kept: (0..done)
+            .map(|i| PartRef {
+                chunk: 1 + i,
+                key: format!("run-2026-11-22/00000000000000000007/parts/2-{}-kept", 1 + i),
+                size: 1000 + i,
+                crc32c: 0x8765_4321 ^ i as u32,
+            })
+            .collect(),
     }
 }
 
@@ -322,8 +331,11 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     m("seed-truncated-header", typical[..16].to_vec());
     m("seed-truncated-body", typical[..typical.len() - 5].to_vec());
     let mut v = typical.clone();
-    v[8..12].copy_from_slice(&2u32.to_le_bytes());
-    m("seed-version-2", v);
+    v[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    m("seed-version-next", v);
+    let mut v = typical.clone();
+    v[8..12].copy_from_slice(&1u32.to_le_bytes());
+    m("seed-version-1", v);
     let mut v = typical.clone();
     let last = v.len() - 1;
     v[last] ^= 0x55;
@@ -351,6 +363,13 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     let mut bad = manifest(10, 2, 3, 16);
     bad.format_version = 9;
     m("seed-body-version", encode_manifest(&bad));
+    // A kept partition of a chunk that is not done, and one kept twice.
+    let mut bad = manifest(10, 2, 3, 16);
+    bad.kept[0].chunk = 9;
+    m("seed-kept-not-done", encode_manifest(&bad));
+    let mut bad = manifest(10, 2, 3, 16);
+    bad.kept[1].chunk = bad.kept[0].chunk;
+    m("seed-kept-twice", encode_manifest(&bad));
     // Bodies for the target to frame (a leading 0 byte).
     let body_of = |m: &Manifest| [&[0u8][..], &postcard::to_allocvec(m).unwrap()].concat();
     m("valid-body-typical", body_of(&manifest(10, 2, 3, 16)));

@@ -77,6 +77,7 @@ fn manifest(job_id: &str, epoch: u64, parts: Vec<PartRef>) -> Manifest {
         reduced: 42f64.to_le_bytes().to_vec(),
         done: vec![(1, vec![5; 8])],
         parts,
+        kept: Vec::new(),
     }
 }
 
@@ -322,17 +323,17 @@ async fn corruption(b: &Backend) {
         s.manifest(&id(2)).await,
         Err(Error::Truncated { .. })
     ));
-    let mut v2 = encoded.clone();
-    v2[8..12].copy_from_slice(&2u32.to_le_bytes());
-    b.put_raw(&manifest_key(2), v2).await;
+    let mut v3 = encoded.clone();
+    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+    b.put_raw(&manifest_key(2), v3).await;
     match s.manifest(&id(2)).await {
         Err(
             e @ Error::UnsupportedVersion {
-                found: 2,
-                supported: 1,
+                found: 3,
+                supported: 2,
             },
         ) => {
-            assert!(e.to_string().contains("version 2"), "{e}");
+            assert!(e.to_string().contains("version 3"), "{e}");
         }
         r => panic!("expected UnsupportedVersion, got {r:?}"),
     }

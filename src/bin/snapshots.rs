@@ -257,7 +257,21 @@ async fn show(store: &Store, id: &SnapshotId) -> Result<ExitCode, Error> {
         m.done.len(),
         m.parts.len()
     );
-    println!("parts      {}, {}", m.parts.len(), size(m.parts_size()));
+    if m.kept.is_empty() {
+        println!("parts      {}, {}", m.parts.len(), size(m.parts_size()));
+    } else {
+        // A job with owned partitions: every chunk's partition is a part, pending or kept.
+        let sum = |p: &[malleable::snapshot::PartRef]| p.iter().map(|p| p.size).sum::<u64>();
+        println!(
+            "parts      {}, {} ({} partitions of pending chunks, {}; {} kept by done chunks, {})",
+            m.parts.len() + m.kept.len(),
+            size(m.parts_size()),
+            m.parts.len(),
+            size(sum(&m.parts)),
+            m.kept.len(),
+            size(sum(&m.kept))
+        );
+    }
     println!("job value  {}", size(m.job.len() as u64));
     println!("manifest   {}", size(manifest_size));
     Ok(ExitCode::SUCCESS)
@@ -266,7 +280,7 @@ async fn show(store: &Store, id: &SnapshotId) -> Result<ExitCode, Error> {
 async fn verify(store: &Store, id: &SnapshotId) -> Result<ExitCode, Error> {
     let m = store.manifest(id).await?;
     let mut failed = 0usize;
-    for part in &m.parts {
+    for part in m.all_parts() {
         match store.get_part(part).await {
             Ok(_) => println!(
                 "ok      chunk {:>6}  {}  {}",
@@ -288,14 +302,14 @@ async fn verify(store: &Store, id: &SnapshotId) -> Result<ExitCode, Error> {
     if failed == 0 {
         println!(
             "{id}: manifest and {} parts ({}) verified",
-            m.parts.len(),
+            m.parts.len() + m.kept.len(),
             size(m.parts_size())
         );
         Ok(ExitCode::SUCCESS)
     } else {
         eprintln!(
             "snapshots: error: {id}: {failed} of {} parts failed verification",
-            m.parts.len()
+            m.parts.len() + m.kept.len()
         );
         Ok(ExitCode::FAILURE)
     }

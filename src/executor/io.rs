@@ -26,6 +26,7 @@ impl<J: Job> State<J> {
                 header,
                 parts,
                 done,
+                kept,
                 suspend,
                 replies,
             } = cut;
@@ -36,7 +37,7 @@ impl<J: Job> State<J> {
             manifest
                 .done
                 .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
-            let written = store(&shared2.config.snapshots, after, &mut manifest, parts).await;
+            let written = store(&shared2.config.snapshots, after, &mut manifest, parts, kept).await;
             let took = started.elapsed();
             let mut st = shared2.lock();
             let mut out = std::mem::take(&mut st.snap.out);
@@ -53,7 +54,7 @@ impl<J: Job> State<J> {
                     st.offer_store(&shared2, None);
                     st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
                     let by_chunk: HashMap<ChunkId, &PartRef> =
-                        manifest.parts.iter().map(|p| (p.chunk, p)).collect();
+                        manifest.all_parts().map(|p| (p.chunk, p)).collect();
                     for c in unchanged {
                         if let Some(p) = by_chunk.get(&c) {
                             st.snap.cache.insert(c, (*p).clone());
@@ -89,30 +90,41 @@ async fn store(
     after: Option<u64>,
     manifest: &mut Manifest,
     parts: Vec<(ChunkId, Part)>,
+    kept: Vec<(ChunkId, Part)>,
 ) -> Result<SnapshotId> {
     let store = &cfg.store()?;
     let latest = store.latest(&manifest.job_id).await?.map(|id| id.epoch);
     manifest.epoch = latest.max(after).map_or(0, |e| e + 1);
     let (job_id, epoch, phase) = (manifest.job_id.clone(), manifest.epoch, manifest.phase);
-    // Parts go up concurrently (each its own task); the manifest waits for all of them.
-    let mut refs = Vec::with_capacity(parts.len());
+    // Parts go up concurrently (each its own task); the manifest waits for all of them. A
+    // chunk is either pending (a state) or done (a kept partition), so its key is its own.
+    let mut refs = (
+        Vec::with_capacity(parts.len()),
+        Vec::with_capacity(kept.len()),
+    );
     let mut uploads = tokio::task::JoinSet::new();
-    for (chunk, part) in parts {
+    let roles = parts.into_iter().map(|p| (false, p));
+    for (is_kept, (chunk, part)) in roles.chain(kept.into_iter().map(|p| (true, p))) {
         match part {
-            Part::Reuse(p) => refs.push(p),
+            Part::Reuse(p) if is_kept => refs.1.push(p),
+            Part::Reuse(p) => refs.0.push(p),
             Part::New(bytes) => {
                 let (store, job_id) = (store.clone(), job_id.clone());
-                uploads.spawn(
-                    async move { store.put_part(&job_id, epoch, phase, chunk, bytes).await },
-                );
+                uploads.spawn(async move {
+                    let put = store.put_part(&job_id, epoch, phase, chunk, bytes).await;
+                    (is_kept, put)
+                });
             }
         }
     }
     while let Some(done) = uploads.join_next().await {
-        refs.push(done.map_err(|e| Error::Internal(format!("a part upload task failed: {e}")))??);
+        let (is_kept, put) =
+            done.map_err(|e| Error::Internal(format!("a part upload task failed: {e}")))?;
+        if is_kept { &mut refs.1 } else { &mut refs.0 }.push(put?);
     }
-    refs.sort_by_key(|p| p.chunk);
-    manifest.parts = refs;
+    refs.0.sort_by_key(|p| p.chunk);
+    refs.1.sort_by_key(|p| p.chunk);
+    (manifest.parts, manifest.kept) = refs;
     manifest.done.sort_by_key(|d| d.0);
     let id = store.commit(manifest).await?;
     // Retention is housekeeping: the snapshot is committed whether or not it succeeds.
@@ -166,7 +178,7 @@ impl super::Executor {
             let m = reader.manifest(&id).await?;
             m.check_job(J::NAME)?;
             let parts =
-                futures::future::try_join_all(m.parts.iter().map(|p| reader.get_part(p))).await?;
+                futures::future::try_join_all(m.all_parts().map(|p| reader.get_part(p))).await?;
             Ok((m, parts))
         })?;
         let job: J = decode("the job", &manifest.job)?;
@@ -178,12 +190,13 @@ impl super::Executor {
             .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
             .collect::<Result<Vec<_>>>()?;
         // States stay bytes until the worker that runs them decodes them (see `Held`).
-        let suspended = manifest
-            .parts
-            .iter()
+        let mut states: Vec<(ChunkId, super::Held<J::Chunk>)> = manifest
+            .all_parts()
             .zip(parts)
             .map(|(p, b)| (p.chunk, super::Held::Bytes(b)))
             .collect();
+        let kept = states.split_off(manifest.parts.len());
+        let suspended = states;
         let phase = manifest.phase;
         let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
             let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);
@@ -202,7 +215,15 @@ impl super::Executor {
                 reduced,
                 done,
                 suspended,
+                kept,
             )
+            .map(|core| {
+                if J::OWNERSHIP.is_partitioned() {
+                    core.with_partitions()
+                } else {
+                    core
+                }
+            })
         })?
         .map_err(|e| Error::Snapshot(crate::snapshot::Error::Inconsistent(e)))?;
         let same_store = self.config.snapshots.url.is_none()

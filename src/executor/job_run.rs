@@ -27,9 +27,9 @@ use super::remote::Remotes;
 use super::snapshot::{self, Captured, Snapshots};
 use super::{Config, Finished, IoRuntime, Outcome};
 use crate::error::{Error, Result, Site};
-use crate::job::{Job, Next, Value};
+use crate::job::{AnyHalo, Job, Next, Value};
 use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
-use crate::schedule::{Command, Core, Event, Plan, WorkerId};
+use crate::schedule::{ChunkId, Command, Core, Event, Plan, WorkerId};
 use crate::wire::listener::Listener;
 
 /// Everything one job run shares between its workers and its handle.
@@ -70,6 +70,11 @@ pub(crate) struct State<J: Job> {
     pub(crate) remote: Remotes,
     /// Snapshot bookkeeping (`snapshot.rs`).
     pub(crate) snap: Snapshots,
+    /// Owned partitions: the halos each done chunk of the phase exported, `(for the chunk
+    /// before, for the chunk after)`, handed to the neighbours at the barrier.
+    pub(crate) exports: Vec<Option<(AnyHalo, AnyHalo)>>,
+    /// Owned partitions: moves the core had counted at the last barrier (for the counter).
+    pub(crate) moved: u64,
 }
 
 impl<J: Job> State<J> {
@@ -94,6 +99,8 @@ impl<J: Job> State<J> {
             members: Members::new(target),
             remote: Remotes::default(),
             snap,
+            exports: Vec::new(),
+            moved: 0,
         }
     }
 }
@@ -170,6 +177,7 @@ impl<J: Job> State<J> {
                     worker,
                     chunk,
                     output,
+                    kept,
                     ..
                 } if self.snap.cut.waits_for(*worker, *chunk) => {
                     let bytes = match output_bytes {
@@ -178,7 +186,16 @@ impl<J: Job> State<J> {
                             .map(Into::into)
                             .map_err(Error::from),
                     };
-                    self.captured(shared, *worker, *chunk, bytes.map(Captured::Output));
+                    // An owned partition that ended before its capture is serialized here,
+                    // under the lock: rare (it ended between the marker and its next step).
+                    let captured = bytes.and_then(|o| match kept {
+                        Some(state) => {
+                            let p = state.to_bytes().map_err(Error::from)?;
+                            Ok(Captured::Kept(o, snapshot::Part::New(p)))
+                        }
+                        None => Ok(Captured::Output(o)),
+                    });
+                    self.captured(shared, *worker, *chunk, captured);
                 }
                 Event::Yielded {
                     worker,
@@ -322,18 +339,21 @@ impl<J: Job> State<J> {
             Next::Finish => self.complete(Ok(Outcome::Finished(Finished { job, value }))),
             Next::Continue => {
                 let (plan, reducer) = match catch(Site::Job { phase: phase + 1 }, J::NAME, || {
+                    let chunking = job.chunking().unwrap_or(shared.config.chunking);
                     (
-                        Plan::new(
-                            job.iterations(),
-                            shared.config.schedule,
-                            shared.config.chunking,
-                        ),
+                        Plan::new(job.iterations(), shared.config.schedule, chunking),
                         job.reducer(),
                     )
                 }) {
                     Ok(x) => x,
                     Err(e) => return self.fail(shared, e),
                 };
+                if self.core.is_partitioned() {
+                    if let Err(e) = self.begin_partitions(&job, &plan, phase + 1) {
+                        self.job = None;
+                        return self.fail(shared, e);
+                    }
+                }
                 self.iterations_before += self.core.progress().1;
                 self.phase += 1;
                 self.job = Some(Arc::new(job));
@@ -351,6 +371,87 @@ impl<J: Job> State<J> {
                 self.out = out;
             }
         }
+    }
+
+    /// Keeps the halos a done chunk exported until the barrier.
+    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: (AnyHalo, AnyHalo)) {
+        let c = chunk as usize;
+        if self.exports.len() <= c {
+            self.exports
+                .resize_with(self.core.plan().len().max(c as u64 + 1) as usize, || None);
+        }
+        self.exports[c] = Some(halos);
+    }
+
+    /// Owned partitions at the barrier: checks that the next phase is cut as the job's first,
+    /// then hands each kept partition its neighbours' halos ([`Partition::begin_phase`]).
+    /// A partition restored from a snapshot is decoded here, and one whose halos were not
+    /// exported in this run (it finished before the snapshot it was restored from) exports
+    /// them now.
+    ///
+    /// [`Partition::begin_phase`]: crate::Partition::begin_phase
+    fn begin_partitions(&mut self, job: &J, plan: &Plan, next: u64) -> Result<()> {
+        let now = self.core.plan();
+        if plan != now {
+            return Err(Error::PartitionsChanged {
+                job: J::NAME,
+                phase: next,
+                expected: now.iterations(),
+                expected_chunks: now.len(),
+                found: plan.iterations(),
+                found_chunks: plan.len(),
+            });
+        }
+        let Some(hooks) = J::OWNERSHIP.hooks else {
+            return Ok(());
+        };
+        let len = plan.len() as usize;
+        self.exports.resize_with(len, || None);
+        let phase = next - 1;
+        // Restored partitions: decoded, and their halos exported, here.
+        for (chunk, held) in self.core.kept_mut() {
+            if let Held::Bytes(_) = held {
+                let live = std::mem::replace(held, Held::Bytes(bytes::Bytes::new()))
+                    .into_live()
+                    .map_err(Error::from)?;
+                *held = Held::Live(live);
+            }
+            let slot = &mut self.exports[chunk as usize];
+            if slot.is_none() {
+                if let Held::Live(c) = held {
+                    *slot = Some(catch(Site::Chunk { phase, chunk }, J::NAME, || {
+                        (hooks.export)(c, job)
+                    })?);
+                }
+            }
+        }
+        // Every chunk's halos, split into what goes up and what goes down.
+        let mut up: Vec<Option<AnyHalo>> = Vec::with_capacity(len);
+        let mut down: Vec<Option<AnyHalo>> = Vec::with_capacity(len);
+        for e in self.exports.drain(..) {
+            let (u, d) = e.map_or((None, None), |(u, d)| (Some(u), Some(d)));
+            up.push(u);
+            down.push(d);
+        }
+        for (chunk, held) in self.core.kept_mut() {
+            let c = chunk as usize;
+            // The partition changes: no part of it in the store is current any more.
+            self.snap.on_run(chunk);
+            let before = if c > 0 { down[c - 1].take() } else { None };
+            let after = up.get_mut(c + 1).and_then(Option::take);
+            if let Held::Live(part) = held {
+                catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
+                    (hooks.begin)(part, job, before, after)
+                })?;
+            }
+        }
+        // Every partition changed: nothing of the last snapshot can be reused.
+        self.snap.cache.clear();
+        let moved = self.core.partitions_moved();
+        metrics::counter!(crate::metrics::PARTITIONS_MOVED, "job" => J::NAME)
+            .increment(moved - self.moved);
+        self.moved = moved;
+        Ok(())
     }
 
     /// Ends the run with an error: every worker is retired (running ones hand their chunk

@@ -116,10 +116,14 @@ fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) 
     cell.clear();
     let event = match ran {
         Ran::Failed(e) => return abandon(shared, &mut st, worker, e),
-        Ran::Done { output, work } => Event::Done {
+        Ran::Done { output, kept, work } => Event::Done {
             worker,
             chunk,
             output,
+            kept: kept.map(|k| {
+                st.keep_halos(chunk, k.halos);
+                Held::Live(k.state)
+            }),
             work,
         },
         Ran::Yielded { state, work } => Event::Yielded {

@@ -361,7 +361,7 @@ impl Executor {
     /// [`Error::Panicked`] if `iterations` or `reducer` panics on the first phase;
     /// [`Error::Spawn`] if a worker thread cannot be started.
     pub fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
-        let core = first_phase(&job, &self.config)?;
+        let (core, chunking) = first_phase(&job, &self.config)?;
         self.launch(
             job,
             core,
@@ -369,7 +369,7 @@ impl Executor {
             0,
             Snapshots::default(),
             self.config.schedule,
-            self.config.chunking,
+            chunking,
         )
     }
 
@@ -435,10 +435,27 @@ impl Executor {
     }
 }
 
-/// The plan and reducer of the first phase, with user panics caught.
-fn first_phase<J: Job>(job: &J, config: &Config) -> Result<Core<J::Reducer, Held<J::Chunk>>> {
-    catch(Site::Job { phase: 0 }, J::NAME, || {
-        let plan = Plan::new(job.iterations(), config.schedule, config.chunking);
-        Core::new(config.schedule, plan, job.reducer())
-    })
+/// The core of a job run: its ledger over chunk states held live or as bytes.
+type JobCore<J> = Core<<J as Job>::Reducer, Held<<J as Job>::Chunk>>;
+
+/// The core of the first phase and the job's chunking (its own, or the executor's), with
+/// user panics caught.
+fn first_phase<J: Job>(
+    job: &J,
+    config: &Config,
+) -> Result<(JobCore<J>, Chunking)> {
+    let (core, chunking) = catch(Site::Job { phase: 0 }, J::NAME, || {
+        let chunking = job.chunking().unwrap_or(config.chunking);
+        let plan = Plan::new(job.iterations(), config.schedule, chunking);
+        (Core::new(config.schedule, plan, job.reducer()), chunking)
+    })?;
+    chunking
+        .validate()
+        .map_err(|e: crate::schedule::Invalid| Error::InvalidConfig(e.to_string()))?;
+    let core = if J::OWNERSHIP.is_partitioned() {
+        core.with_partitions()
+    } else {
+        core
+    };
+    Ok((core, chunking))
 }

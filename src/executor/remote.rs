@@ -124,6 +124,17 @@ impl<J: Job> Attach for Shared<J> {
             if st.ended {
                 let _ = tx.send(ToWorker::End);
                 None
+            } else if J::OWNERSHIP.is_partitioned() {
+                // Worker processes do not hold owned partitions yet: the job goes on with its
+                // local workers, and the refusal is logged and counted.
+                tracing::warn!(
+                    job = J::NAME,
+                    peer = %conn.peer,
+                    "a worker process cannot join a job with owned partitions yet; it is sent away"
+                );
+                metrics::counter!(crate::metrics::REMOTE_REFUSED, "job" => J::NAME).increment(1);
+                let _ = tx.send(ToWorker::End);
+                None
             } else {
                 Some(st.join_remote(&self, tx, conn.peer.clone(), conn.threads))
             }
@@ -576,6 +587,7 @@ impl<J: Job> State<J> {
                     worker: w,
                     chunk,
                     output: decoded,
+                    kept: None,
                     work: work(iterations, busy_ns),
                 };
                 (event, Some(output))

@@ -168,11 +168,7 @@ impl Snapshots {
     /// Starts with the parts of a restored snapshot: all of them are pending and unchanged.
     pub(crate) fn restored(manifest: &Manifest) -> Snapshots {
         Snapshots {
-            cache: manifest
-                .parts
-                .iter()
-                .map(|p| (p.chunk, p.clone()))
-                .collect(),
+            cache: manifest.all_parts().map(|p| (p.chunk, p.clone())).collect(),
             last_epoch: Some(manifest.epoch),
             witness: Some((manifest.epoch, manifest.created_unix_ms)),
             ..Snapshots::default()
@@ -357,6 +353,7 @@ fn header<J: Job>(
         reduced,
         done,
         parts: Vec::new(),
+        kept: Vec::new(),
     };
     Ok(Header {
         manifest,

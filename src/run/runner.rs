@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::{Cell, Held, Inputs, catch};
 use crate::codec;
 use crate::error::{Error, Site};
-use crate::job::{Chunk, Job, Step};
+use crate::job::{AnyHalo, Chunk, Job, Step};
 use crate::metrics::StepStats;
 use crate::schedule::{ChunkId, Work};
 
@@ -61,10 +61,22 @@ pub(crate) struct Assignment<C> {
     pub(crate) state: Option<Held<C>>,
 }
 
+/// An owned partition after its chunk's last step of a phase, and the halos it exported.
+pub(crate) struct Kept<C> {
+    pub(crate) state: C,
+    /// `(for the chunk before, for the chunk after)`.
+    pub(crate) halos: (AnyHalo, AnyHalo),
+}
+
 /// How a run ended.
 pub(crate) enum Ran<C: Chunk> {
-    /// The chunk is finished.
-    Done { output: C::Output, work: Work },
+    /// The chunk is finished; for owned partitions (`Job::OWNERSHIP`) the partition stays,
+    /// with its halos.
+    Done {
+        output: C::Output,
+        kept: Option<Kept<C>>,
+        work: Work,
+    },
     /// The host asked for the chunk back; this is its state.
     Yielded { state: C, work: Work },
     /// The chunk's state is lost: the job cannot go on.
@@ -120,14 +132,35 @@ pub(crate) fn run<J: Job>(
         Ok(r) => r,
         Err(e) => return Ran::Failed(e),
     };
+    // An owned partition exports its halos on the worker, right after its last step.
+    let kept = match (&output, J::OWNERSHIP.hooks) {
+        (Some(_), Some(hooks)) => {
+            match catch(Site::Chunk { phase, chunk }, J::NAME, || {
+                (hooks.export)(&c, job)
+            }) {
+                Ok(halos) => Some(halos),
+                Err(e) => return Ran::Failed(e),
+            }
+        }
+        _ => None,
+    };
     let work = Work {
         iterations,
         busy: stats.busy(),
     };
     stats.flush(output.is_some());
-    match output {
-        Some(output) => Ran::Done { output, work },
-        None => Ran::Yielded { state: c, work },
+    match (output, kept) {
+        (Some(output), Some(halos)) => Ran::Done {
+            output,
+            kept: Some(Kept { state: c, halos }),
+            work,
+        },
+        (Some(output), None) => Ran::Done {
+            output,
+            kept: None,
+            work,
+        },
+        (None, _) => Ran::Yielded { state: c, work },
     }
 }
 

@@ -45,6 +45,7 @@ use std::time::Duration;
 
 use super::dynamic::Pile;
 use super::idhash::IdMap;
+use super::owned::Owners;
 use super::static_::Deal;
 use super::{Plan, Schedule};
 use crate::reduce::{OrderedMerge, Reducer};
@@ -70,11 +71,13 @@ pub struct Work {
 pub enum Event<S, O> {
     /// A worker is ready for work.
     Joined { worker: WorkerId },
-    /// `worker` finished `chunk` with `output`.
+    /// `worker` finished `chunk` with `output`; for a job with owned partitions, `kept` is
+    /// the partition as the chunk left it, which the next phase runs from.
     Done {
         worker: WorkerId,
         chunk: ChunkId,
         output: O,
+        kept: Option<S>,
         work: Work,
     },
     /// `worker` handed `chunk` back at an adjustment point, with its live state.
@@ -148,6 +151,8 @@ struct Slot {
 enum Pending {
     Pile(Pile),
     Deal(Deal),
+    /// Owned partitions (`owned.rs`): queued on their holders.
+    Owned(Owners),
 }
 
 /// The core for one job run: current phase's ledger and the worker table.
@@ -160,6 +165,9 @@ pub struct Core<R: Reducer, S> {
     suspended: IdMap<ChunkId, S>,
     /// Last reported states of running chunks, for when their worker is lost.
     known: IdMap<ChunkId, S>,
+    /// Owned partitions: the partitions of the phase's done chunks, which the next phase
+    /// runs from.
+    kept: IdMap<ChunkId, S>,
     merge: OrderedMerge<R::Value>,
     done_chunks: u64,
     done_iterations: u64,
@@ -193,6 +201,7 @@ impl<R: Reducer, S> Core<R, S> {
             pending,
             suspended: IdMap::default(),
             known: IdMap::default(),
+            kept: IdMap::default(),
             merge,
             done_chunks: 0,
             done_iterations: 0,
@@ -206,15 +215,39 @@ impl<R: Reducer, S> Core<R, S> {
 
     fn reset(&mut self, plan: Plan) {
         let len = plan.len();
-        self.pending = match self.schedule {
-            Schedule::Static => Pending::Deal(Deal::new(len, &self.member_speeds(), &plan)),
-            Schedule::Dynamic | Schedule::Guided(_) => Pending::Pile(Pile::new(len)),
-        };
+        if matches!(self.pending, Pending::Owned(_)) {
+            // Every chunk is pending with the partition its last phase left, on its holder.
+            self.suspended = std::mem::take(&mut self.kept);
+            let speeds = self.member_speeds();
+            if let Pending::Owned(o) = &mut self.pending {
+                o.start_phase(&speeds, &plan);
+            }
+        } else {
+            self.pending = match self.schedule {
+                Schedule::Static => Pending::Deal(Deal::new(len, &self.member_speeds(), &plan)),
+                Schedule::Dynamic | Schedule::Guided(_) => Pending::Pile(Pile::new(len)),
+            };
+            self.suspended.clear();
+        }
         self.plan = plan;
-        self.suspended.clear();
         self.known.clear();
         self.done_chunks = 0;
         self.done_iterations = 0;
+    }
+
+    /// Makes a fresh core (no worker, nothing run) one of owned partitions: chunk `c` runs
+    /// from the partition chunk `c` of the previous phase left (`Event::Done::kept`), on the
+    /// worker that holds it (`owned.rs`); the schedule is not used. Every phase must have the
+    /// plan of the first.
+    pub fn with_partitions(mut self) -> Self {
+        let len = self.plan.len();
+        let pending: Vec<ChunkId> = match &self.pending {
+            Pending::Owned(_) => return self,
+            Pending::Pile(p) => p.pending().collect(),
+            Pending::Deal(d) => d.pending().collect(),
+        };
+        self.pending = Pending::Owned(Owners::with_pending(len, pending));
+        self
     }
 
     /// A core for a phase restored from a snapshot: chunks `0..merged` are folded into
@@ -224,6 +257,7 @@ impl<R: Reducer, S> Core<R, S> {
     /// # Errors
     ///
     /// A chunk index out of range or listed twice (a snapshot that does not fit the plan).
+    #[allow(clippy::too_many_arguments)]
     pub fn restore(
         schedule: Schedule,
         plan: Plan,
@@ -232,6 +266,7 @@ impl<R: Reducer, S> Core<R, S> {
         reduced: R::Value,
         done: Vec<(ChunkId, R::Value)>,
         suspended: Vec<(ChunkId, S)>,
+        kept: Vec<(ChunkId, S)>,
     ) -> Result<Self, String> {
         let len = plan.len();
         if merged > len {
@@ -272,8 +307,17 @@ impl<R: Reducer, S> Core<R, S> {
                 Pending::Pile(Pile::with_pending(len, &pending, last_done))
             }
         };
+        let mut kept_seen = std::collections::BTreeSet::new();
+        for &(c, _) in &kept {
+            if c >= len || !kept_seen.insert(c) || !(c < merged || done_set.contains(&c)) {
+                return Err(format!(
+                    "the partition of chunk {c} is kept, but the chunk is not done"
+                ));
+            }
+        }
         core.merge = OrderedMerge::restore(&core.reducer, merged, reduced, done);
         core.suspended = suspended.into_iter().collect();
+        core.kept = kept.into_iter().collect();
         core.plan = plan;
         Ok(core)
     }
@@ -351,8 +395,17 @@ impl<R: Reducer, S> Core<R, S> {
                 worker,
                 chunk,
                 output,
+                kept,
                 work,
             } => {
+                let owned = matches!(self.pending, Pending::Owned(_));
+                if owned && kept.is_none() {
+                    self.check_running(worker, chunk)?;
+                    return Err(Rejected {
+                        worker,
+                        reason: "a done chunk without its partition",
+                    });
+                }
                 self.finish_run(worker, chunk, work)?;
                 if !self.merge.add(&self.reducer, chunk, output) {
                     // Unreachable through `finish_run`, which admits one report per run.
@@ -362,6 +415,9 @@ impl<R: Reducer, S> Core<R, S> {
                     });
                 }
                 self.known.remove(&chunk);
+                if let (true, Some(state)) = (owned, kept) {
+                    self.kept.insert(chunk, state);
+                }
                 let r = self.plan.range(chunk);
                 self.done_chunks += 1;
                 self.done_iterations += r.end - r.start;
@@ -475,6 +531,13 @@ impl<R: Reducer, S> Core<R, S> {
         let chunk = match &mut self.pending {
             Pending::Pile(p) => p.take(),
             Pending::Deal(d) => d.take(worker),
+            Pending::Owned(o) => {
+                let c = o.take(worker);
+                if let Some(c) = c {
+                    o.ran(c, worker);
+                }
+                c
+            }
         };
         let Some(chunk) = chunk else { return false };
         let state = if self.suspended.is_empty() {
@@ -512,7 +575,16 @@ impl<R: Reducer, S> Core<R, S> {
     }
 
     fn put_back(&mut self, chunk: ChunkId) {
+        if matches!(self.pending, Pending::Owned(_)) {
+            let speeds = self.member_speeds();
+            if let Pending::Owned(o) = &mut self.pending {
+                o.put_back(chunk, &speeds);
+                o.reassign(&speeds, &self.plan, 0.0);
+            }
+            return;
+        }
         match &mut self.pending {
+            Pending::Owned(_) => {}
             Pending::Pile(p) => p.put_back(chunk),
             Pending::Deal(d) => {
                 d.put_back(chunk);
@@ -553,6 +625,13 @@ impl<R: Reducer, S> Core<R, S> {
     }
 
     fn membership_changed(&mut self) {
+        if matches!(self.pending, Pending::Owned(_)) {
+            let speeds = self.member_speeds();
+            if let Pending::Owned(o) = &mut self.pending {
+                o.reassign(&speeds, &self.plan, 0.0);
+            }
+            return;
+        }
         if let Pending::Deal(d) = &mut self.pending {
             if d.membership_changed() {
                 self.redeal();
@@ -586,6 +665,30 @@ impl<R: Reducer, S> Core<R, S> {
     /// outputs of later done chunks.
     pub fn merge_state(&self) -> (u64, &R::Value, impl Iterator<Item = (ChunkId, &R::Value)>) {
         (self.merge.merged(), self.merge.value(), self.merge.held())
+    }
+
+    /// Owned partitions of the phase's done chunks, which the next phase runs from.
+    pub fn kept(&self) -> impl Iterator<Item = (ChunkId, &S)> {
+        self.kept.iter().map(|(&c, s)| (c, s))
+    }
+
+    /// The same, to change them at a phase barrier (halos in).
+    pub(crate) fn kept_mut(&mut self) -> impl Iterator<Item = (ChunkId, &mut S)> {
+        self.kept.iter_mut().map(|(&c, s)| (c, s))
+    }
+
+    /// Whether chunks are owned partitions ([`Core::with_partitions`]).
+    pub fn is_partitioned(&self) -> bool {
+        matches!(self.pending, Pending::Owned(_))
+    }
+
+    /// Owned partitions handed to a worker other than the one that held them, since the job
+    /// run started (0 without owned partitions).
+    pub fn partitions_moved(&self) -> u64 {
+        match &self.pending {
+            Pending::Owned(o) => o.moved(),
+            _ => 0,
+        }
     }
 
     /// Pending chunks that were started, with their states.
@@ -622,6 +725,7 @@ impl<R: Reducer, S> Core<R, S> {
         match &self.pending {
             Pending::Pile(p) => p.is_empty(),
             Pending::Deal(d) => d.is_empty(),
+            Pending::Owned(o) => o.is_empty(),
         }
     }
 }

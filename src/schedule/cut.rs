@@ -60,6 +60,8 @@ pub enum Captured<P, O> {
     State(P),
     /// Its output: it ended before its capture.
     Output(O),
+    /// Its output and its owned partition as it ended (a job with owned partitions).
+    Kept(O, P),
     /// Nothing: its worker was lost and the ledger holds no state for it; it restarts from
     /// scratch.
     Scratch,
@@ -74,6 +76,8 @@ pub struct Write<H, P, O, R> {
     pub parts: Vec<(ChunkId, P)>,
     /// Outputs of chunks that ended before their capture, in chunk order.
     pub done: Vec<(ChunkId, O)>,
+    /// Owned partitions of done chunks, in chunk order.
+    pub kept: Vec<(ChunkId, P)>,
     /// Whether this is a suspend's cut.
     pub suspend: bool,
     /// Who waits for this snapshot.
@@ -125,6 +129,7 @@ struct Open<H, P, O, R> {
     header: H,
     parts: Vec<(ChunkId, P)>,
     done: Vec<(ChunkId, O)>,
+    kept: Vec<(ChunkId, P)>,
     /// Chunks running at the marker, and the worker each ran on.
     waiting: BTreeMap<ChunkId, WorkerId>,
     suspend: bool,
@@ -245,9 +250,13 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             for (c, state) in core.suspended() {
                 parts.push((c, part_of(c, state)?));
             }
-            Ok((header, parts))
+            let mut kept = Vec::new();
+            for (c, state) in core.kept() {
+                kept.push((c, part_of(c, state)?));
+            }
+            Ok((header, parts, kept))
         });
-        let (header, mut parts) = match recorded {
+        let (header, mut parts, kept) = match recorded {
             Ok(r) => r,
             Err(error) => {
                 out.push(CutCommand::Fail { replies, error });
@@ -258,7 +267,8 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             }
         };
         parts.sort_unstable_by_key(|p| p.0);
-        self.suspended_at_marker = parts.iter().map(|p| p.0).collect();
+        // Kept partitions do not change until the next phase starts, which counts as a run.
+        self.suspended_at_marker = parts.iter().chain(&kept).map(|p| p.0).collect();
         self.ran.clear();
         let mut waiting = BTreeMap::new();
         for (worker, chunk) in core.running() {
@@ -269,6 +279,7 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             header,
             parts,
             done: Vec::new(),
+            kept,
             waiting,
             suspend,
             replies,
@@ -293,6 +304,10 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         match what {
             Ok(Captured::State(p)) => open.parts.push((chunk, p)),
             Ok(Captured::Output(o)) => open.done.push((chunk, o)),
+            Ok(Captured::Kept(o, p)) => {
+                open.done.push((chunk, o));
+                open.kept.push((chunk, p));
+            }
             Ok(Captured::Scratch) => {}
             Err(error) => return self.abandon(error, out),
         }
@@ -365,17 +380,20 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             header,
             mut parts,
             mut done,
+            mut kept,
             suspend,
             replies,
             ..
         } = open;
         parts.sort_unstable_by_key(|p| p.0);
         done.sort_unstable_by_key(|d| d.0);
+        kept.sort_unstable_by_key(|k| k.0);
         self.writing = Some(suspend);
         out.push(CutCommand::Write(Write {
             header,
             parts,
             done,
+            kept,
             suspend,
             replies,
         }));

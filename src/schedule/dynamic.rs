@@ -67,7 +67,6 @@ impl Pile {
     }
 
     /// Every pending chunk, in index order.
-    #[cfg(test)]
     pub(super) fn pending(&self) -> impl Iterator<Item = ChunkId> + '_ {
         self.returned.iter().copied().chain(self.cursor..self.len)
     }

@@ -27,6 +27,7 @@ mod cut;
 mod dynamic;
 mod guided;
 mod idhash;
+mod owned;
 mod plan;
 mod static_;
 

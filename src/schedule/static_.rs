@@ -153,7 +153,6 @@ impl Deal {
     }
 
     /// Every pending chunk.
-    #[cfg(test)]
     pub(super) fn pending(&self) -> impl Iterator<Item = ChunkId> + '_ {
         self.queues
             .values()

@@ -39,7 +39,9 @@ use serde::{Deserialize, Serialize};
 use super::error::{Error, Result};
 
 /// The version of the manifest format that this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// Version 2 added [`Manifest::kept`] (the owned partitions of done chunks).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The first 8 bytes of every manifest file.
 pub const MAGIC: [u8; 8] = *b"MLBLSNAP";
@@ -92,6 +94,9 @@ pub struct Manifest {
     /// Suspended chunk states, stored as parts. Every chunk in `merged..chunks` listed neither
     /// here nor in `done` is pending from scratch.
     pub parts: Vec<PartRef>,
+    /// For a job with owned partitions: the partitions of done chunks (folded below
+    /// `merged` or in `done`), which the next phase runs from, stored as parts.
+    pub kept: Vec<PartRef>,
 }
 
 /// A reference from a manifest to one part: a suspended chunk's state stored as its own
@@ -173,8 +178,21 @@ impl Manifest {
                 return inconsistent(format!("chunk {chunk} is listed twice in done and parts"));
             }
         }
-        let mut keys = HashSet::with_capacity(self.parts.len());
-        for part in &self.parts {
+        let mut kept = HashSet::with_capacity(self.kept.len());
+        for part in &self.kept {
+            let chunk = part.chunk;
+            let done = chunk < self.merged || self.done.iter().any(|(c, _)| *c == chunk);
+            if chunk >= self.chunks || !done {
+                return inconsistent(format!(
+                    "the partition of chunk {chunk} is kept, but the chunk is not done"
+                ));
+            }
+            if !kept.insert(chunk) {
+                return inconsistent(format!("the partition of chunk {chunk} is kept twice"));
+            }
+        }
+        let mut keys = HashSet::with_capacity(self.parts.len() + self.kept.len());
+        for part in self.all_parts() {
             if !keys.insert(part.key.as_str()) {
                 return inconsistent(format!("part key {:?} is listed twice", part.key));
             }
@@ -184,9 +202,13 @@ impl Manifest {
 
     /// Total size in bytes of the parts this manifest references.
     pub fn parts_size(&self) -> u64 {
-        self.parts
-            .iter()
+        self.all_parts()
             .fold(0u64, |sum, part| sum.saturating_add(part.size))
+    }
+
+    /// Every part this manifest references: chunk states, then kept partitions.
+    pub fn all_parts(&self) -> impl Iterator<Item = &PartRef> {
+        self.parts.iter().chain(&self.kept)
     }
 }
 
@@ -371,6 +393,12 @@ mod tests {
                 size: 4,
                 crc32c: crc32c::crc32c(b"abcd"),
             }],
+            kept: vec![PartRef {
+                chunk: 2,
+                key: "run-1/00000000000000000003/parts/1-2-00ff".to_owned(),
+                size: 2,
+                crc32c: crc32c::crc32c(b"ef"),
+            }],
         }
     }
 
@@ -385,7 +413,7 @@ mod tests {
     #[test]
     fn header_is_little_endian() {
         let bytes = encode_manifest(&sample());
-        assert_eq!(bytes[8..12], 1u32.to_le_bytes());
+        assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
         let len = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
         assert_eq!(len as usize, bytes.len() - HEADER_LEN);
     }
@@ -427,12 +455,12 @@ mod tests {
             Err(Error::BadMagic { .. })
         ));
         let mut b = bytes.clone();
-        b[8..12].copy_from_slice(&2u32.to_le_bytes());
+        b[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert!(matches!(
             decode_manifest(&b),
             Err(Error::UnsupportedVersion {
-                found: 2,
-                supported: 1
+                found: 3,
+                supported: 2
             })
         ));
         let mut b = bytes.clone();

@@ -388,7 +388,7 @@ impl Store {
             });
         }
         manifest.check_consistent()?;
-        for part in &manifest.parts {
+        for part in manifest.all_parts() {
             check_part_key(&part.key)?;
         }
         let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
@@ -439,7 +439,7 @@ impl Store {
                 manifest.job_id, manifest.epoch
             )));
         }
-        for part in &manifest.parts {
+        for part in manifest.all_parts() {
             check_part_key(&part.key)?;
         }
         Ok(manifest)
@@ -573,7 +573,7 @@ impl Store {
         let sizes = scan.sizes();
         let parts = own
             .iter()
-            .flat_map(|m| &m.parts)
+            .flat_map(|m| m.all_parts())
             .filter(|p| !referenced.contains(p.key.as_str()))
             .filter_map(|p| sizes.get(p.key.as_str()).map(|&size| (p.key.clone(), size)))
             .collect();
@@ -689,7 +689,7 @@ impl Store {
             .await?;
         Ok(manifests
             .into_iter()
-            .flat_map(|m| m.parts)
+            .flat_map(|m| m.parts.into_iter().chain(m.kept))
             .map(|p| p.key)
             .collect())
     }

@@ -256,7 +256,9 @@ pub(super) fn main<J: Job>(
             return (queue.done, queue.yielded);
         }
         let encoded = match ran {
-            Ran::Done { output, work } => codec::encode("a chunk output", &output)
+            // Owned partitions are not given to worker processes yet (the coordinator refuses
+            // them for such jobs), so `kept` is always `None` here.
+            Ran::Done { output, work, .. } => codec::encode("a chunk output", &output)
                 .map(|b| (true, b, work))
                 .map_err(Error::from),
             Ran::Yielded { state, work } => codec::encode("a chunk state", &state)

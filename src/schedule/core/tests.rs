@@ -130,6 +130,7 @@ impl Sim {
             let pending_for_w = match &self.core.pending {
                 Pending::Pile(p) => !p.is_empty(),
                 Pending::Deal(d) => !d.queue(w).is_empty(),
+                Pending::Owned(o) => !o.queue(w).is_empty(),
             };
             assert!(
                 !pending_for_w,
@@ -179,6 +180,7 @@ impl Sim {
                         busy: Duration::from_micros(k),
                     };
                     self.event(Event::Done {
+                        kept: None,
                         worker: w,
                         chunk: c,
                         output: st.seen,
@@ -280,6 +282,7 @@ fn f64_sum_is_the_chunked_sequential_fold() {
     for &(w, c) in runs.iter().rev() {
         core.handle(
             Event::Done {
+                kept: None,
                 worker: w,
                 chunk: c,
                 output: chunk_sum(c),
@@ -304,6 +307,7 @@ fn hostile_events_are_rejected_without_change() {
     assert!(
         core.handle(
             Event::Done {
+                kept: None,
                 worker: 1,
                 chunk: 1,
                 output: 5,
@@ -316,6 +320,7 @@ fn hostile_events_are_rejected_without_change() {
     assert!(
         core.handle(
             Event::Done {
+                kept: None,
                 worker: 9,
                 chunk: 0,
                 output: 5,
@@ -327,6 +332,7 @@ fn hostile_events_are_rejected_without_change() {
     );
     core.handle(
         Event::Done {
+            kept: None,
             worker: 1,
             chunk: 0,
             output: 5,
@@ -338,6 +344,7 @@ fn hostile_events_are_rejected_without_change() {
     assert!(
         core.handle(
             Event::Done {
+                kept: None,
                 worker: 1,
                 chunk: 0,
                 output: 5,
@@ -406,6 +413,7 @@ fn retire_hands_back_then_releases() {
     out.clear();
     core.handle(
         Event::Done {
+            kept: None,
             worker: 2,
             chunk: 1,
             output: 1,
@@ -444,6 +452,7 @@ fn snapshot_and_restore(sim: &mut Sim, schedule: Schedule) -> Core<CollectInOrde
         value,
         held,
         suspended,
+        Vec::new(),
     )
     .unwrap()
 }
@@ -498,6 +507,7 @@ fn restore_refuses_a_ledger_that_does_not_fit() {
             0,
             done,
             susp,
+            Vec::new(),
         )
         .err()
     };
@@ -519,6 +529,7 @@ fn static_retire_wakes_an_idle_worker_that_inherits_chunks() {
     core.handle(Event::Joined { worker: 0 }, &mut out).unwrap();
     core.handle(Event::Joined { worker: 1 }, &mut out).unwrap();
     let done = |c| Event::Done {
+        kept: None,
         worker: 1,
         chunk: c,
         output: 1,

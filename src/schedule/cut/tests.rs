@@ -325,6 +325,7 @@ impl Exec {
             self.captured(w, r.chunk, Ok(Captured::Output(encode_output(output))));
         }
         self.event(Event::Done {
+            kept: None,
             worker: w,
             chunk: r.chunk,
             output,
@@ -434,7 +435,9 @@ impl Exec {
             assert_eq!(m.running.get(&chunk), Some(&w), "waits as the marker saw");
             let r = match &what {
                 Ok(Captured::State(p)) => Some(Resolved::Part(p.clone())),
-                Ok(Captured::Output(o)) => Some(Resolved::Output(o.clone())),
+                Ok(Captured::Output(o)) | Ok(Captured::Kept(o, _)) => {
+                    Some(Resolved::Output(o.clone()))
+                }
                 Ok(Captured::Scratch) => Some(Resolved::Scratch),
                 Err(_) => None,
             };
@@ -732,6 +735,7 @@ impl Exec {
             w.header.value,
             done,
             suspended,
+            Vec::new(),
         )
         .expect("a complete cut fits the plan");
         run_alone(&mut core)
@@ -759,6 +763,7 @@ fn run_alone(core: &mut Core<Sum<f64>, Toy>) -> f64 {
         );
         advance(&range, &mut st, u64::MAX);
         let done = Event::Done {
+            kept: None,
             worker,
             chunk,
             output: st.acc,

@@ -1,0 +1,371 @@
+//! Owned partitions: pending chunks queued on the worker that holds their partition, and the
+//! reassignment that moves the fewest partitions when workers join or leave or their speeds
+//! diverge.
+//!
+//! A job with owned partitions ([`Job::OWNERSHIP`](crate::Job::OWNERSHIP)) runs the same
+//! chunks in every phase, and chunk `c`'s partition stays with its *holder*, the worker that
+//! last ran it. At a phase start every chunk is queued on its holder (owner computes). The
+//! reassignment is the seed's two steps over partitions:
+//!
+//! 1. *Orphans.* Chunks with no holder (the first phase, or a holder that left) are placed:
+//!    on the first phase in contiguous blocks in worker order (so neighbours, whose halos are
+//!    exchanged, share a worker); later each goes to the worker with the lowest load that
+//!    holds one of its neighbours, or to the lowest load.
+//! 2. *Balance.* While moving one pending chunk from the most to the least loaded worker lowers
+//!    the larger of the two loads (by more than `slack` of it), move it. A worker's load is its
+//!    queued iterations divided by its measured throughput (the core's moving average), so a
+//!    slower worker holds fewer rows. The chunk moved is one whose neighbour the receiver
+//!    holds, if any, else the giver's chunk nearest to the receiver's: blocks stay contiguous.
+//!
+//! Within a phase a worker runs only its own queue: a partition never moves to be stolen. The
+//! slack keeps measurement noise from moving a partition back and forth every phase.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use super::idhash::IdMap;
+use super::{ChunkId, Plan, WorkerId};
+
+/// The part of a load a move must save at a phase start (5%): below it, noise.
+pub(super) const PHASE_SLACK: f64 = 0.05;
+
+/// Per-worker queues of pending chunks, each in index order, and who holds which partition.
+#[derive(Debug, Default)]
+pub(super) struct Owners {
+    queues: IdMap<WorkerId, VecDeque<ChunkId>>,
+    /// Pending chunks while no worker is present.
+    orphans: BTreeSet<ChunkId>,
+    /// The holder of each chunk's partition (the worker that last ran it).
+    holder: Vec<Option<WorkerId>>,
+    /// Pending chunks in all queues and orphans.
+    len: usize,
+    /// Partitions moved to a worker other than their holder, since the job started.
+    moved: u64,
+}
+
+impl Owners {
+    /// No holder yet for `len` chunks.
+    pub(super) fn new(len: ChunkId) -> Owners {
+        Owners {
+            holder: vec![None; len as usize],
+            ..Owners::default()
+        }
+    }
+
+    /// Records that `worker` ran `chunk`: it holds its partition now.
+    pub(super) fn ran(&mut self, chunk: ChunkId, worker: WorkerId) {
+        if let Some(h) = self.holder.get_mut(chunk as usize) {
+            *h = Some(worker);
+        }
+    }
+
+    /// The holder of `chunk`'s partition.
+    pub(super) fn holder(&self, chunk: ChunkId) -> Option<WorkerId> {
+        self.holder.get(chunk as usize).copied().flatten()
+    }
+
+    /// Partitions moved between workers so far.
+    pub(super) fn moved(&self) -> u64 {
+        self.moved
+    }
+
+    /// Starts a phase: every chunk pending, queued on its holder, then reassigned over
+    /// `workers` (sorted by id, with their throughputs).
+    pub(super) fn start_phase(&mut self, workers: &[(WorkerId, f64)], plan: &Plan) {
+        self.queues.clear();
+        self.orphans = (0..plan.len()).collect();
+        self.len = plan.len() as usize;
+        self.reassign(workers, plan, PHASE_SLACK);
+    }
+
+    /// `pending` (a restore's) pending, queued on nobody yet.
+    pub(super) fn with_pending(len: ChunkId, pending: impl IntoIterator<Item = ChunkId>) -> Owners {
+        let mut o = Owners::new(len);
+        o.orphans = pending.into_iter().collect();
+        o.len = o.orphans.len();
+        o
+    }
+
+    /// The next chunk of `w`'s queue.
+    pub(super) fn take(&mut self, w: WorkerId) -> Option<ChunkId> {
+        let c = self.queues.get_mut(&w)?.pop_front()?;
+        self.len -= 1;
+        if self.holder(c).is_some_and(|h| h != w) {
+            self.moved += 1;
+        }
+        Some(c)
+    }
+
+    /// Queues a handed-back chunk on its holder if it is among `workers`, else as an orphan
+    /// (placed by the next [`Owners::reassign`]).
+    pub(super) fn put_back(&mut self, c: ChunkId, workers: &[(WorkerId, f64)]) {
+        self.len += 1;
+        match self.holder(c) {
+            Some(h) if workers.iter().any(|&(w, _)| w == h) => {
+                let q = self.queues.entry(h).or_default();
+                let at = q.partition_point(|&x| x < c);
+                q.insert(at, c);
+            }
+            _ => {
+                self.orphans.insert(c);
+            }
+        }
+    }
+
+    /// Steps 1 and 2 over `workers` (sorted by id, with their throughputs): queues of workers
+    /// that left become orphans, orphans are placed, then loads are balanced. A move must
+    /// save more than `slack` of the larger load.
+    pub(super) fn reassign(&mut self, workers: &[(WorkerId, f64)], plan: &Plan, slack: f64) {
+        let k = workers.len();
+        let ids: Vec<WorkerId> = workers.iter().map(|&(w, _)| w).collect();
+        // Queues of workers that left.
+        let gone: Vec<WorkerId> = self
+            .queues
+            .keys()
+            .copied()
+            .filter(|w| !ids.contains(w))
+            .collect();
+        for w in gone {
+            if let Some(q) = self.queues.remove(&w) {
+                self.orphans.extend(q);
+            }
+        }
+        if k == 0 {
+            return;
+        }
+        // Orphans whose holder is present go home.
+        let orphans = std::mem::take(&mut self.orphans);
+        let mut homeless = Vec::new();
+        for c in orphans {
+            match self.holder(c) {
+                Some(h) if ids.contains(&h) => push_sorted(self.queues.entry(h).or_default(), c),
+                _ => homeless.push(c),
+            }
+        }
+        let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
+        let index = |w: WorkerId| ids.iter().position(|&x| x == w);
+        let mut load: Vec<f64> = (0..k)
+            .map(|i| {
+                self.queues
+                    .get(&ids[i])
+                    .map_or(0.0, |q| q.iter().map(|&c| len_of(plan, c)).sum::<f64>())
+                    / speed(i)
+            })
+            .collect();
+        // Step 1.
+        let never_held = homeless.iter().all(|&c| self.holder(c).is_none());
+        if never_held {
+            // The first phase (or a restore): contiguous blocks in worker order, sized by
+            // speed.
+            let total: f64 = homeless.iter().map(|&c| len_of(plan, c)).sum();
+            let speeds: f64 = (0..k).map(speed).sum();
+            let mut i = 0;
+            let mut filled = 0.0;
+            for c in homeless {
+                let share = total * speed(i) / speeds;
+                if filled >= share && i + 1 < k {
+                    i += 1;
+                    filled = 0.0;
+                }
+                filled += len_of(plan, c);
+                load[i] += len_of(plan, c) / speed(i);
+                push_sorted(self.queues.entry(ids[i]).or_default(), c);
+            }
+        } else {
+            for c in homeless {
+                let near = |i: usize| {
+                    let q = self.queues.get(&ids[i]);
+                    let holds = |x: ChunkId| {
+                        q.is_some_and(|q| q.contains(&x)) || self.holder(x) == Some(ids[i])
+                    };
+                    (c > 0 && holds(c - 1)) || holds(c + 1)
+                };
+                let best = (0..k)
+                    .min_by(|&a, &b| {
+                        let key = |i: usize| (!near(i), load[i] + len_of(plan, c) / speed(i));
+                        key(a)
+                            .partial_cmp(&key(b))
+                            .unwrap_or(std::cmp::Ordering::Equal)
+                    })
+                    .expect("k > 0");
+                load[best] += len_of(plan, c) / speed(best);
+                push_sorted(self.queues.entry(ids[best]).or_default(), c);
+            }
+        }
+        // Step 2.
+        loop {
+            let (hi, lo) = extremes(&load);
+            if hi == lo {
+                break;
+            }
+            let Some(q_hi) = self.queues.get(&ids[hi]) else {
+                break;
+            };
+            let lo_holds = |x: ChunkId| {
+                self.queues.get(&ids[lo]).is_some_and(|q| q.contains(&x))
+                    || self.holder(x).and_then(index) == Some(lo)
+            };
+            let adjacent = q_hi
+                .iter()
+                .copied()
+                .find(|&c| (c > 0 && lo_holds(c - 1)) || lo_holds(c + 1));
+            let nearest = || {
+                let lo_chunks: Vec<ChunkId> = self
+                    .queues
+                    .get(&ids[lo])
+                    .map(|q| q.iter().copied().collect())
+                    .unwrap_or_default();
+                match (lo_chunks.first(), q_hi.front(), q_hi.back()) {
+                    (Some(&l), Some(&f), Some(_)) if l < f => Some(f),
+                    (Some(_), _, Some(&b)) => Some(b),
+                    (None, _, Some(&b)) => Some(b),
+                    _ => None,
+                }
+            };
+            let Some(c) = adjacent.or_else(nearest) else {
+                break;
+            };
+            let len = len_of(plan, c);
+            let (new_hi, new_lo) = (load[hi] - len / speed(hi), load[lo] + len / speed(lo));
+            if new_hi.max(new_lo) >= load[hi] * (1.0 - slack) {
+                break;
+            }
+            if let Some(q) = self.queues.get_mut(&ids[hi]) {
+                q.retain(|&x| x != c);
+            }
+            push_sorted(self.queues.entry(ids[lo]).or_default(), c);
+            load[hi] = new_hi;
+            load[lo] = new_lo;
+        }
+    }
+
+    /// Every pending chunk.
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> impl Iterator<Item = ChunkId> + '_ {
+        self.queues
+            .values()
+            .flatten()
+            .copied()
+            .chain(self.orphans.iter().copied())
+    }
+
+    /// Whether no chunk is pending.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The queue of `w`.
+    #[cfg(test)]
+    pub(super) fn queue(&self, w: WorkerId) -> Vec<ChunkId> {
+        self.queues
+            .get(&w)
+            .map(|q| q.iter().copied().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn push_sorted(q: &mut VecDeque<ChunkId>, c: ChunkId) {
+    let at = q.partition_point(|&x| x < c);
+    q.insert(at, c);
+}
+
+fn len_of(plan: &Plan, c: ChunkId) -> f64 {
+    let r = plan.range(c);
+    (r.end - r.start) as f64
+}
+
+/// Indices of the largest and the smallest load.
+fn extremes(load: &[f64]) -> (usize, usize) {
+    let (mut hi, mut lo) = (0, 0);
+    for (i, &l) in load.iter().enumerate() {
+        if l > load[hi] {
+            hi = i;
+        }
+        if l < load[lo] {
+            lo = i;
+        }
+    }
+    (hi, lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(n: u64) -> Plan {
+        Plan::Uniform { n, size: 1 }
+    }
+
+    #[test]
+    fn first_phase_deals_contiguous_blocks() {
+        let mut o = Owners::new(8);
+        o.start_phase(&[(3, 1.0), (7, 1.0)], &plan(8));
+        assert_eq!(o.queue(3), vec![0, 1, 2, 3]);
+        assert_eq!(o.queue(7), vec![4, 5, 6, 7]);
+    }
+
+    #[test]
+    fn partitions_stay_with_their_holder() {
+        let mut o = Owners::new(8);
+        let two = [(0, 1.0), (1, 1.0)];
+        o.start_phase(&two, &plan(8));
+        for w in [0, 1] {
+            while let Some(c) = o.take(w) {
+                o.ran(c, w);
+            }
+        }
+        o.start_phase(&two, &plan(8));
+        assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
+        assert_eq!(o.queue(1), vec![4, 5, 6, 7]);
+        assert_eq!(o.moved(), 0);
+    }
+
+    /// From one worker to two: half the partitions move, the back half of the block.
+    #[test]
+    fn a_joining_worker_takes_a_contiguous_half() {
+        let mut o = Owners::new(8);
+        o.start_phase(&[(0, 1.0)], &plan(8));
+        while let Some(c) = o.take(0) {
+            o.ran(c, 0);
+        }
+        o.start_phase(&[(0, 1.0), (1, 1.0)], &plan(8));
+        assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
+        assert_eq!(o.queue(1), vec![4, 5, 6, 7]);
+    }
+
+    /// A worker three times as fast ends up with three quarters of the rows; a worker that
+    /// leaves hands its partitions to the one next to them.
+    #[test]
+    fn speed_decides_and_leavers_hand_over() {
+        let mut o = Owners::new(16);
+        o.start_phase(&[(0, 1.0), (1, 1.0)], &plan(16));
+        for w in [0, 1] {
+            while let Some(c) = o.take(w) {
+                o.ran(c, w);
+            }
+        }
+        o.start_phase(&[(0, 3.0), (1, 1.0)], &plan(16));
+        assert_eq!(o.queue(0).len(), 12, "{:?}", o.queue(0));
+        assert_eq!(o.queue(1).len(), 4);
+        let mut all: Vec<ChunkId> = o.pending().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..16).collect::<Vec<_>>());
+        // Worker 1 leaves before running anything: its chunks go to worker 0.
+        o.reassign(&[(0, 3.0)], &plan(16), 0.0);
+        assert_eq!(o.queue(0).len(), 16);
+    }
+
+    /// Noise below the slack moves nothing.
+    #[test]
+    fn small_differences_move_nothing() {
+        let mut o = Owners::new(8);
+        o.start_phase(&[(0, 1.0), (1, 1.0)], &plan(8));
+        for w in [0, 1] {
+            while let Some(c) = o.take(w) {
+                o.ran(c, w);
+            }
+        }
+        o.start_phase(&[(0, 1.0), (1, 1.04)], &plan(8));
+        assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
+    }
+}
