@@ -13,7 +13,10 @@
 //! 2. The malleable run starts with 1 worker and prints the time of every phase, measured
 //!    between the phase ends its `end_phase` reports at the barrier.
 //! 3. At half the phases it grows to 2 workers; at 60 % it takes a snapshot; at 70 % it is
-//!    suspended (the snapshot of the suspend is committed, the job ends).
+//!    suspended (the snapshot of the suspend is committed, the job ends). The phase ends are
+//!    printed as this thread reads them, so while it waits for the snapshot the job runs
+//!    ahead of the printout, and the suspend lands a few phases later than 70 %: the
+//!    requests say in which phase the job really was.
 //! 4. A new executor resumes the latest snapshot with `--resume-workers` workers (3) and
 //!    finishes; another resumes the 60 % snapshot with 1 worker and finishes too.
 //! 5. Both must give the reference's bits: every row of the final grid (a hash of its
@@ -188,8 +191,8 @@ fn run(args: &Args) -> Result<bool, Error> {
     };
     let (grow_at, snapshot_at, suspend_at) = (phases / 2, phases * 6 / 10, phases * 7 / 10);
     println!(
-        "\nmalleable: 1 worker; 2 from phase {grow_at}; a snapshot after phase {snapshot_at}; \
-         suspended after phase {suspend_at} (store {url})"
+        "\nmalleable: 1 worker; 2 from phase {grow_at}; a snapshot from phase {snapshot_at}; a \
+         suspend from phase {suspend_at} (store {url})"
     );
     let log = watch_phases();
     let exec = Executor::builder()
@@ -206,19 +209,26 @@ fn run(args: &Args) -> Result<bool, Error> {
             handle.set_local_workers(2);
             println!("  -> 2 local workers");
         }
+        // Phase ends are printed as they are read, so while this thread waits for a snapshot
+        // the job runs ahead of the printout: the phase it is really in is the progress's.
         if done >= snapshot_at && snapshot.is_none() {
-            let t = Instant::now();
+            let (t, during) = (Instant::now(), handle.progress().phase);
             let id = handle.snapshot().wait()?;
             println!(
-                "  -> snapshot {id} committed ({:.1} ms; phases went on meanwhile)",
+                "  -> snapshot {id}, requested in phase {during}, committed {:.1} ms later \
+                 (the job went on meanwhile)",
                 ms(t.elapsed())
             );
             snapshot = Some(id);
         }
         if done >= suspend_at && !suspended {
-            let t = Instant::now();
+            let (t, during) = (Instant::now(), handle.progress().phase);
             let id = handle.suspend().wait()?;
-            println!("  -> suspended to {id} ({:.1} ms)", ms(t.elapsed()));
+            println!(
+                "  -> suspend requested in phase {during}: snapshot {id} committed {:.1} ms \
+                 later, the job has ended",
+                ms(t.elapsed())
+            );
             suspended = true;
         }
         Ok(())
@@ -248,6 +258,7 @@ fn run(args: &Args) -> Result<bool, Error> {
         .local_workers(args.resume_workers)
         .build()?
         .resume::<Banded<Heat>>(&url, At::Latest)?;
+    println!("resumed in phase {}", handle.progress().phase);
     follow(&handle, &log, resumed_at, |_| Ok(()))?;
     let second_part = resumed_at.elapsed();
     let done = handle
@@ -277,6 +288,7 @@ fn run(args: &Args) -> Result<bool, Error> {
         .local_workers(1)
         .build()?
         .resume::<Banded<Heat>>(&url, At::Epoch(snapshot.epoch))?;
+    println!("resumed in phase {}", handle.progress().phase);
     follow(&handle, &log, resumed_at, |_| Ok(()))?;
     let done = handle
         .wait()?
