@@ -22,7 +22,8 @@
 //! then over the rows in row order, in every version, so they do not depend on where the
 //! bands start.
 //!
-//! This module knows `malleable` (the [`Rows`] impls), unlike the kernels next to it.
+//! Unlike the plain kernels next to it, this module knows `malleable`: it holds the [`Rows`]
+//! impls, next to the loops they must agree with.
 
 use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, Sender};
