@@ -5,6 +5,10 @@
 //!
 //! - `montecarlo`: π by Monte Carlo, 50 M samples (a counter-based RNG per sample); a sum.
 //! - `crypt`: IDEA encryption of 8 MiB, one 8-byte block per iteration; a new buffer.
+//! - `crypt2`: the round trip of 8 MiB in two phases, encrypt into a new buffer, then decrypt
+//!   it in place; malleable keeps each chunk's ciphertext in its owned partition
+//!   (`CryptRoundTrip`), nothing is copied at the barrier. The result is the digest of each
+//!   phase.
 //! - `raytrace`: a 640×480 image, 4 rays per pixel, one row per iteration; a new buffer.
 //!
 //! Each kernel runs five ways: `sequential` (a plain loop), `rayon/1` and `rayon/2` (a
@@ -50,7 +54,7 @@ use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 use kernels::crypt::{self, Subkeys};
-use kernels::jobs::{self, Crypt, Direction, Pi, Render};
+use kernels::jobs::{self, Crypt, CryptRoundTrip, Digest, Direction, Pi, Render};
 use kernels::montecarlo;
 use kernels::raytrace::{self, Scene};
 
@@ -190,6 +194,65 @@ fn rt_malleable(exec: &Executor) -> Vec<u8> {
 }
 
 // ---------------------------------------------------------------------------------------
+// IDEA round trip
+
+/// The digests of the ciphertext and of the round trip's result.
+type Digests = (Digest, Digest);
+
+/// The digest of `buf` against the plaintext, in parallel per 64 KiB, combined.
+fn digest_rayon(buf: &[u8], plain: &[u8]) -> Digest {
+    buf.par_chunks(64 << 10)
+        .zip(plain.par_chunks(64 << 10))
+        .enumerate()
+        .map(|(k, (b, p))| Digest::of((k * (8 << 10)) as u64, b, p))
+        .reduce(Digest::default, |mut a, b| {
+            a.hash ^= b.hash;
+            a.differ += b.differ;
+            a
+        })
+}
+
+fn decrypt_in_place(block: &mut [u8], dk: &Subkeys) {
+    let c: [u8; 8] = (&*block).try_into().expect("8 bytes");
+    block.copy_from_slice(&crypt::cipher_block(&c, dk));
+}
+
+fn crypt2_sequential() -> Digests {
+    let (plain, ek) = (plaintext(), subkeys());
+    let dk = crypt::decrypt_key(&ek);
+    let mut buf = crypt::sequential(plain, &ek);
+    let first = Digest::of(0, &buf, plain);
+    buf.chunks_exact_mut(8)
+        .for_each(|b| decrypt_in_place(b, &dk));
+    (first, Digest::of(0, &buf, plain))
+}
+
+fn crypt2_rayon(pool: &ThreadPool) -> Digests {
+    let plain = plaintext();
+    let dk = crypt::decrypt_key(&subkeys());
+    let mut buf = crypt_rayon(pool);
+    pool.install(|| {
+        let first = digest_rayon(&buf, plain);
+        buf.par_chunks_exact_mut(8)
+            .for_each(|b| decrypt_in_place(b, &dk));
+        (first, digest_rayon(&buf, plain))
+    })
+}
+
+fn crypt2_malleable(exec: &Executor) -> Digests {
+    let done = exec
+        .run(CryptRoundTrip {
+            buffer: PLAINTEXT.into(),
+            blocks: (plaintext().len() / 8) as u64,
+            key: crypt::user_key(CRYPT_KEY_SEED),
+            phase: 0,
+            encrypted: None,
+        })
+        .expect("crypt round trip");
+    (done.job.encrypted.expect("phase 0 ran"), done.value)
+}
+
+// ---------------------------------------------------------------------------------------
 // The harness
 
 /// The thread pools and executors, at 1 and 2 threads.
@@ -263,6 +326,14 @@ fn crypt_kernel() -> Kernel<Vec<u8>> {
         name: "crypt",
         throughput: Throughput::Bytes(sizes().crypt_bytes as u64),
         run: |r, v| dispatch(r, v, crypt_sequential, crypt_rayon, crypt_malleable),
+    }
+}
+
+fn crypt2_kernel() -> Kernel<Digests> {
+    Kernel {
+        name: "crypt2",
+        throughput: Throughput::Bytes(2 * sizes().crypt_bytes as u64),
+        run: |r, v| dispatch(r, v, crypt2_sequential, crypt2_rayon, crypt2_malleable),
     }
 }
 
@@ -355,6 +426,7 @@ fn ratio_table(r: &Runners) {
     );
     ratio_row(r, &montecarlo_kernel(), runs);
     ratio_row(r, &crypt_kernel(), runs);
+    ratio_row(r, &crypt2_kernel(), runs);
     ratio_row(r, &raytrace_kernel(), runs);
 }
 
@@ -374,6 +446,7 @@ fn main() {
 
     check(&runners, &montecarlo_kernel());
     check(&runners, &crypt_kernel());
+    check(&runners, &crypt2_kernel());
     check(&runners, &raytrace_kernel());
 
     if has("--ratios") {
@@ -384,6 +457,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     criterion_group(&mut c, &runners, &montecarlo_kernel());
     criterion_group(&mut c, &runners, &crypt_kernel());
+    criterion_group(&mut c, &runners, &crypt2_kernel());
     criterion_group(&mut c, &runners, &raytrace_kernel());
     c.final_summary();
 

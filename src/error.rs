@@ -118,6 +118,15 @@ pub enum Error {
     /// A worker thread could not be started.
     #[error("could not start a worker thread")]
     Spawn(#[source] std::io::Error),
+    /// Owned partitions were lost with the worker that held them (a worker process that
+    /// died after the first phase): the job cannot go on from this run's state.
+    #[error("job {job} lost the owned partitions of chunks {chunks:?} with their worker")]
+    PartitionsLost {
+        /// The job's name.
+        job: &'static str,
+        /// The chunks whose partitions were lost.
+        chunks: Vec<u64>,
+    },
     /// A job with owned partitions asked for a phase cut into other chunks than its first:
     /// its partitions would not fit. Its iterations and chunking must stay the same.
     #[error(
@@ -287,6 +296,7 @@ mod tests {
             | ClusterError::Auth { .. }
             | ClusterError::UnknownJob { .. }
             | ClusterError::FrameTooLarge { .. }
+            | ClusterError::MessageTooLarge { .. }
             | ClusterError::Malformed { .. }
             | ClusterError::Refused { .. }
             | ClusterError::NoToken { .. }
@@ -369,7 +379,8 @@ mod tests {
             | Error::Suspended(_)
             | Error::Ended { .. }
             | Error::Internal(_)
-            | Error::PartitionsChanged { .. } => false,
+            | Error::PartitionsChanged { .. }
+            | Error::PartitionsLost { .. } => false,
         };
         let mut all = vec![
             Error::Input {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::BytesMut;
 use malleable::reduce::{CollectBytes, CollectInOrder, Count};
-use malleable::{BoxError, Chunk, Fold, Input, Job, Step};
+use malleable::{BoxError, Chunk, Fold, Input, Job, Next, Ownership, Partition, Step};
 use serde::{Deserialize, Serialize};
 
 use super::crypt::{self, Subkeys};
@@ -213,5 +213,181 @@ impl Fold for Render {
         let at = rows.len();
         rows.resize(at + scene.row_bytes(), 0);
         scene.render_row(y as u32, &mut rows[at..]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// IDEA round trip with owned partitions
+
+/// Encrypt the buffer published as `buffer` in phase 0, then decrypt the ciphertext in phase
+/// 1, with owned partitions ([`Partition`]): each chunk writes its ciphertext into its own
+/// partition and decrypts it there in the next phase, so the ciphertext is never copied into
+/// the job or through the barrier. The value of a phase is a [`Digest`] of the bytes it
+/// wrote, which does not depend on the chunking.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CryptRoundTrip {
+    pub(crate) buffer: String,
+    pub(crate) blocks: u64,
+    pub(crate) key: [u16; 8],
+    pub(crate) phase: u64,
+    /// The digest of the ciphertext, as phase 0 ended.
+    pub(crate) encrypted: Option<Digest>,
+}
+
+/// XOR of a hash of every block with its index, and how many blocks differ from the
+/// plaintext: the same for any chunking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Digest {
+    pub(crate) hash: u64,
+    pub(crate) differ: u64,
+}
+
+impl Digest {
+    /// The digest of `bytes`, starting at block `first`, against `plain` (the same blocks).
+    pub(crate) fn of(first: u64, bytes: &[u8], plain: &[u8]) -> Digest {
+        let mut d = Digest::default();
+        for (k, (b, p)) in bytes.chunks_exact(8).zip(plain.chunks_exact(8)).enumerate() {
+            let word = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            let i = first + k as u64;
+            d.hash ^=
+                (word ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            d.differ += u64::from(b != p);
+        }
+        d
+    }
+
+    fn combine(acc: &mut Digest, next: Digest) {
+        acc.hash ^= next.hash;
+        acc.differ += next.differ;
+    }
+}
+
+/// The buffer and the subkeys of both directions.
+pub(crate) struct RoundTripInput {
+    data: Arc<Vec<u8>>,
+    encrypt: Subkeys,
+    decrypt: Subkeys,
+}
+
+impl Input<CryptRoundTrip> for RoundTripInput {
+    fn load(job: &CryptRoundTrip) -> Result<Self, BoxError> {
+        let data = buffers()
+            .lock()
+            .map_err(|_| "buffer registry poisoned")?
+            .get(&job.buffer)
+            .cloned()
+            .ok_or_else(|| format!("no buffer named {:?}", job.buffer))?;
+        if data.len() as u64 != job.blocks * 8 {
+            return Err(format!("buffer {:?} is not {} blocks", job.buffer, job.blocks).into());
+        }
+        let encrypt = crypt::encrypt_key(job.key);
+        let decrypt = crypt::decrypt_key(&encrypt);
+        Ok(RoundTripInput {
+            data,
+            encrypt,
+            decrypt,
+        })
+    }
+}
+
+/// A range of blocks: in phase 0 the ciphertext written so far, in phase 1 the ciphertext
+/// being decrypted in place.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct CryptPart {
+    start: u64,
+    next: u64,
+    end: u64,
+    #[serde(with = "serde_bytes")]
+    bytes: Vec<u8>,
+    digest: Digest,
+}
+
+type DigestReducer = malleable::reduce::FnReducer<Digest, fn() -> Digest, fn(&mut Digest, Digest)>;
+
+impl Job for CryptRoundTrip {
+    const NAME: &'static str = "crypt-round-trip";
+    const OWNERSHIP: Ownership<Self> = Ownership::PARTITIONS;
+    type Chunk = CryptPart;
+    type Reducer = DigestReducer;
+    type Input = RoundTripInput;
+
+    fn iterations(&self) -> u64 {
+        self.blocks
+    }
+
+    fn chunk(&self, range: Range<u64>) -> CryptPart {
+        CryptPart {
+            start: range.start,
+            next: range.start,
+            end: range.end,
+            bytes: Vec::with_capacity(8 * (range.end - range.start) as usize),
+            digest: Digest::default(),
+        }
+    }
+
+    fn reducer(&self) -> DigestReducer {
+        malleable::reduce::FnReducer::new(Digest::default, Digest::combine)
+    }
+
+    fn end_phase(&mut self, digest: &Digest) -> Next {
+        if self.phase == 0 {
+            self.encrypted = Some(*digest);
+        }
+        self.phase += 1;
+        if self.phase < 2 {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+}
+
+impl Chunk for CryptPart {
+    type Job = CryptRoundTrip;
+    type Output = Digest;
+
+    fn step(&mut self, job: &CryptRoundTrip, input: &RoundTripInput) -> Step<Digest> {
+        let stop = self.end.min(self.next + BLOCKS_PER_STEP);
+        let (a, b) = (8 * self.next as usize, 8 * stop as usize);
+        let plain = &input.data[a..b];
+        let (from, to) = (
+            8 * (self.next - self.start) as usize,
+            8 * (stop - self.start) as usize,
+        );
+        if job.phase == 0 {
+            crypt::cipher_append(plain, &mut self.bytes, &input.encrypt);
+        } else {
+            for block in self.bytes[from..to].chunks_exact_mut(8) {
+                let c: [u8; 8] = (&*block).try_into().expect("8 bytes");
+                block.copy_from_slice(&crypt::cipher_block(&c, &input.decrypt));
+            }
+        }
+        Digest::combine(
+            &mut self.digest,
+            Digest::of(self.next, &self.bytes[from..to], plain),
+        );
+        self.next = stop;
+        if self.next == self.end {
+            Step::Done(std::mem::take(&mut self.digest))
+        } else {
+            Step::Yield
+        }
+    }
+
+    fn iterations_done(&self) -> Option<u64> {
+        Some(self.next - self.start)
+    }
+}
+
+impl Partition for CryptPart {
+    /// Blocks are independent: nothing crosses to a neighbour.
+    type Halo = ();
+
+    fn export(&self, _job: &CryptRoundTrip) -> ((), ()) {
+        ((), ())
+    }
+
+    fn begin_phase(&mut self, _job: &CryptRoundTrip, _: Option<()>, _: Option<()>) {
+        self.next = self.start;
     }
 }

@@ -85,6 +85,14 @@ pub enum Error {
         /// The maximum frame length.
         limit: usize,
     },
+    /// A message sent in pieces is longer than the limit.
+    #[error("{peer} sent a message over the limit of {limit} bytes")]
+    MessageTooLarge {
+        /// The other side's address.
+        peer: String,
+        /// The maximum message length.
+        limit: usize,
+    },
     /// A frame that does not decode as the message expected at that point, or a message
     /// that breaks the protocol there.
     #[error("{peer} sent bytes that are not {what}: {reason}")]
@@ -161,6 +169,7 @@ impl Error {
             Error::Auth { .. } => "auth",
             Error::UnknownJob { .. } => "unknown_job",
             Error::FrameTooLarge { .. } => "frame_too_large",
+            Error::MessageTooLarge { .. } => "message_too_large",
             Error::Malformed { .. } => "malformed",
             Error::Refused { .. } => "refused",
             Error::NoToken { .. } => "no_token",

@@ -2,7 +2,11 @@
 //!
 //! Every message is one frame: a 4-byte big-endian length, then the body (tokio-util's
 //! `LengthDelimitedCodec`, with a maximum length; a longer frame ends the connection with
-//! [`Error::FrameTooLarge`] before its body is read). Bodies are postcard, except the first
+//! [`Error::FrameTooLarge`] before its body is read). A message whose body is longer than the
+//! sender's frame limit (a large job value, state or output) goes as consecutive `Piece`
+//! frames ([`Frames`]), and the receiver puts it together ([`Assembler`]) up to its message
+//! limit ([`DEFAULT_MAX_MESSAGE`]), growing its buffer only as pieces arrive, so memory stays
+//! bounded whatever a peer claims; pieces are accepted only after the handshake. Bodies are postcard, except the first
 //! frame of each side, which starts with the protocol's magic and version in fixed bytes so that
 //! a peer of another version is told so instead of failing to decode (see `handshake.rs`).
 //!
@@ -19,8 +23,9 @@ use super::Error;
 pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// The version of the protocol (handshake and messages). Version 2: slots are lanes, several
 /// per thread ([`SLOTS_PER_THREAD`]). Version 3: `Failed` says what failed ([`Failure`]), so
-/// the coordinator reports the error a local worker would.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// the coordinator reports the error a local worker would. Version 4: messages longer than a
+/// frame travel in pieces (`Piece`).
+pub const PROTOCOL_VERSION: u32 = 4;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
 /// ends, the next is already there, and the round trip of its `Done` and the following `Run`
@@ -28,8 +33,15 @@ pub const PROTOCOL_VERSION: u32 = 3;
 /// at a time in the order they came; one still waiting is handed back or captured at once
 /// when asked (its state is the one it came with).
 pub const SLOTS_PER_THREAD: u32 = 2;
-/// The default maximum frame length: 64 MiB (a chunk state, output or job value must fit).
+/// The default maximum frame length: 64 MiB. A longer message is sent in pieces.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
+/// The default maximum length of a message sent in pieces: 4 GiB (a job value, chunk state,
+/// owned partition or output must fit).
+pub const DEFAULT_MAX_MESSAGE: usize = 4 << 30;
+/// The longest piece: 8 MiB, or less under a smaller frame limit.
+const PIECE: usize = 8 << 20;
+/// What a piece's frame adds to its bytes: the variant, the flag and the length.
+const PIECE_OVERHEAD: usize = 16;
 
 /// The framing codec with a maximum frame length.
 pub(crate) fn codec(max_frame: usize) -> LengthDelimitedCodec {
@@ -112,6 +124,14 @@ pub enum ToWorker {
     /// The job ended (finished, suspended, failed or cancelled) or this process was retired:
     /// stop and disconnect.
     End,
+    /// A piece of a message too long for one frame; `more` is false on the last one.
+    Piece {
+        /// Whether more pieces follow.
+        more: bool,
+        /// The piece.
+        #[serde(deserialize_with = "in_frame")]
+        bytes: Bytes,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -183,6 +203,167 @@ pub enum ToCoordinator {
     /// The worker process is asked to stop: retire all its slots (their chunks come back
     /// as `Yielded`), then send `End`.
     Leave,
+    /// A piece of a message too long for one frame; `more` is false on the last one.
+    Piece {
+        /// Whether more pieces follow.
+        more: bool,
+        /// The piece.
+        #[serde(deserialize_with = "in_frame")]
+        bytes: Bytes,
+    },
+}
+
+/// A message of the protocol, which may travel in pieces.
+pub trait Message: Serialize + Sized {
+    /// What the receiver expects, for errors.
+    const WHAT: &'static str;
+    /// A piece of a longer message.
+    fn piece(more: bool, bytes: Bytes) -> Self;
+    /// The piece this message is, or the message itself.
+    fn into_piece(self) -> Result<(bool, Bytes), Self>;
+    /// Decodes a message held in `frame` (its byte fields share the frame's memory).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Malformed`] for bytes that are not one.
+    fn decode_frame(peer: &str, frame: Bytes) -> Result<Self, Error>;
+}
+
+impl Message for ToWorker {
+    const WHAT: &'static str = "a message to a worker";
+    fn piece(more: bool, bytes: Bytes) -> Self {
+        ToWorker::Piece { more, bytes }
+    }
+    fn into_piece(self) -> Result<(bool, Bytes), Self> {
+        match self {
+            ToWorker::Piece { more, bytes } => Ok((more, bytes)),
+            m => Err(m),
+        }
+    }
+    fn decode_frame(peer: &str, frame: Bytes) -> Result<Self, Error> {
+        decode_frame_to_worker(peer, frame)
+    }
+}
+
+impl Message for ToCoordinator {
+    const WHAT: &'static str = "a message to the coordinator";
+    fn piece(more: bool, bytes: Bytes) -> Self {
+        ToCoordinator::Piece { more, bytes }
+    }
+    fn into_piece(self) -> Result<(bool, Bytes), Self> {
+        match self {
+            ToCoordinator::Piece { more, bytes } => Ok((more, bytes)),
+            m => Err(m),
+        }
+    }
+    fn decode_frame(peer: &str, frame: Bytes) -> Result<Self, Error> {
+        decode_frame_to_coordinator(peer, frame)
+    }
+}
+
+/// The frames of one message: the message itself when it fits in `max_frame`, else its
+/// pieces, in order.
+#[derive(Debug)]
+pub struct Frames<T> {
+    whole: Bytes,
+    at: usize,
+    piece: usize,
+    single: bool,
+    kind: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Message> Frames<T> {
+    /// The frames of `message` under a frame limit of `max_frame` bytes.
+    pub fn new(message: &T, max_frame: usize) -> Frames<T> {
+        let whole = encode(message);
+        let single = whole.len() <= max_frame;
+        Frames {
+            whole,
+            at: 0,
+            piece: PIECE.min(max_frame.saturating_sub(PIECE_OVERHEAD)).max(1),
+            single,
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Message> Iterator for Frames<T> {
+    type Item = Bytes;
+    fn next(&mut self) -> Option<Bytes> {
+        if self.single {
+            return (self.at == 0).then(|| {
+                self.at = self.whole.len().max(1);
+                self.whole.clone()
+            });
+        }
+        if self.at >= self.whole.len() {
+            return None;
+        }
+        let end = (self.at + self.piece).min(self.whole.len());
+        let piece = T::piece(end < self.whole.len(), self.whole.slice(self.at..end));
+        self.at = end;
+        Some(encode(&piece))
+    }
+}
+
+/// Puts messages sent in pieces together again, up to a limit.
+#[derive(Debug)]
+pub struct Assembler {
+    buf: bytes::BytesMut,
+    limit: usize,
+    assembling: bool,
+}
+
+impl Assembler {
+    /// An assembler of messages of at most `limit` bytes.
+    pub fn new(limit: usize) -> Assembler {
+        Assembler {
+            buf: bytes::BytesMut::new(),
+            limit,
+            assembling: false,
+        }
+    }
+
+    /// Decodes one frame: a whole message, or a piece (`None` until the last one, which
+    /// gives the message the pieces make).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Malformed`] for a frame that does not decode, a whole message in the middle
+    /// of a pieced one, or pieces that do not make a message; [`Error::MessageTooLarge`] for
+    /// pieces over the limit (the buffer never grows past it).
+    pub fn frame<T: Message>(&mut self, peer: &str, frame: Bytes) -> Result<Option<T>, Error> {
+        let malformed = |reason: &str| Error::Malformed {
+            peer: peer.to_owned(),
+            what: T::WHAT,
+            reason: reason.to_owned(),
+            source: None,
+        };
+        let (more, bytes) = match T::decode_frame(peer, frame)?.into_piece() {
+            Ok(piece) => piece,
+            Err(_) if self.assembling => {
+                return Err(malformed("a whole message in the middle of a pieced one"));
+            }
+            Err(message) => return Ok(Some(message)),
+        };
+        if self.buf.len() + bytes.len() > self.limit {
+            self.buf = bytes::BytesMut::new();
+            return Err(Error::MessageTooLarge {
+                peer: peer.to_owned(),
+                limit: self.limit,
+            });
+        }
+        self.assembling = more;
+        self.buf.extend_from_slice(&bytes);
+        if more {
+            return Ok(None);
+        }
+        let whole = std::mem::take(&mut self.buf).freeze();
+        match T::decode_frame(peer, whole)?.into_piece() {
+            Ok(_) => Err(malformed("a piece inside a pieced message")),
+            Err(message) => Ok(Some(message)),
+        }
+    }
 }
 
 /// What failed on a worker process, in the terms the coordinator reports it to the user with:
@@ -328,6 +509,98 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn big_done(len: usize) -> ToCoordinator {
+        ToCoordinator::Done {
+            slot: 3,
+            chunk: 7,
+            output: (0..len).map(|i| i as u8).collect::<Vec<u8>>().into(),
+            iterations: 1,
+            busy_ns: 2,
+        }
+    }
+
+    /// Both sides: what `Frames` sends, `Assembler` gives back, whatever the frame limit.
+    #[test]
+    fn long_messages_cross_in_pieces() {
+        for (len, max_frame) in [(10, 1024), (5000, 1024), (5000, 17), (1 << 20, 64 << 10)] {
+            let msg = big_done(len);
+            let frames: Vec<Bytes> = Frames::new(&msg, max_frame).collect();
+            assert!(
+                frames.iter().all(|f| f.len() <= max_frame),
+                "{len}/{max_frame}"
+            );
+            assert_eq!(frames.len() > 1, encode(&msg).len() > max_frame);
+            let mut a = Assembler::new(usize::MAX);
+            let mut got = None;
+            for (i, f) in frames.iter().enumerate() {
+                let r = a.frame::<ToCoordinator>("peer", f.clone()).unwrap();
+                assert_eq!(r.is_some(), i + 1 == frames.len());
+                got = r;
+            }
+            assert_eq!(got.unwrap(), msg);
+        }
+    }
+
+    /// The receiver's buffer never passes its limit, whatever the pieces claim.
+    #[test]
+    fn pieces_over_the_limit_are_refused_before_they_are_kept() {
+        let frames: Vec<Bytes> = Frames::new(&big_done(10_000), 1024).collect();
+        let mut a = Assembler::new(4096);
+        let mut refused = None;
+        for f in frames {
+            match a.frame::<ToCoordinator>("peer", f) {
+                Ok(_) => assert!(a.buf.len() <= 4096),
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(matches!(
+            refused,
+            Some(Error::MessageTooLarge { limit: 4096, .. })
+        ));
+        assert!(a.buf.capacity() <= 8192, "{}", a.buf.capacity());
+    }
+
+    /// A peer that breaks the piece protocol gets `Malformed`: a whole message in the middle
+    /// of a pieced one, pieces that make another piece, pieces that make nothing.
+    #[test]
+    fn broken_pieces_are_malformed() {
+        let malformed = |r: Result<Option<ToWorker>, Error>| matches!(r, Err(Error::Malformed { what, .. }) if what == ToWorker::WHAT);
+        let mut a = Assembler::new(1 << 20);
+        let piece = |more, b: &[u8]| {
+            encode(&ToWorker::Piece {
+                more,
+                bytes: Bytes::copy_from_slice(b),
+            })
+        };
+        assert!(
+            a.frame::<ToWorker>("p", piece(true, b"ab"))
+                .unwrap()
+                .is_none()
+        );
+        assert!(malformed(a.frame("p", encode(&ToWorker::Heartbeat))));
+        let mut a = Assembler::new(1 << 20);
+        let inner = piece(false, b"x");
+        assert!(malformed(a.frame("p", piece(false, &inner))));
+        let mut a = Assembler::new(1 << 20);
+        assert!(malformed(a.frame("p", piece(false, &[0xff, 0xff]))));
+        // After a message, an assembler starts afresh.
+        let mut a = Assembler::new(1 << 20);
+        let end = encode(&ToWorker::End);
+        assert!(
+            a.frame::<ToWorker>("p", piece(true, &end[..0]))
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            a.frame::<ToWorker>("p", piece(false, &end)).unwrap(),
+            Some(ToWorker::End)
+        );
+        assert_eq!(a.frame::<ToWorker>("p", end).unwrap(), Some(ToWorker::End));
+    }
 
     #[test]
     fn byte_fields_share_the_frame_they_came_in() {

@@ -20,6 +20,7 @@ pub(crate) struct ClusterConfig {
     pub(crate) lease: Duration,
     pub(crate) handshake_timeout: Duration,
     pub(crate) max_frame: usize,
+    pub(crate) max_message: usize,
     pub(crate) launcher: Option<Arc<dyn Launcher>>,
 }
 
@@ -32,6 +33,7 @@ impl Default for ClusterConfig {
             lease: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             max_frame: super::frame::DEFAULT_MAX_FRAME,
+            max_message: super::frame::DEFAULT_MAX_MESSAGE,
             launcher: None,
         }
     }

@@ -219,7 +219,7 @@ impl super::Executor {
             )
             .map(|core| {
                 if J::OWNERSHIP.is_partitioned() {
-                    core.with_partitions()
+                    core.with_partitions(phase)
                 } else {
                     core
                 }

@@ -300,6 +300,16 @@ impl<J: Job> State<J> {
 
     /// After any change: end finished phases, then bring the workers to the target.
     pub(crate) fn settle(&mut self, shared: &Arc<Shared<J>>) {
+        if !self.ended && !self.core.lost_partitions().is_empty() {
+            let chunks = self.core.lost_partitions().to_vec();
+            self.fail(
+                shared,
+                Error::PartitionsLost {
+                    job: J::NAME,
+                    chunks,
+                },
+            );
+        }
         while !self.ended && self.core.phase_complete() {
             self.end_phase(shared);
         }

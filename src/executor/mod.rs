@@ -285,9 +285,17 @@ impl Builder {
         self
     }
 
-    /// The maximum frame length on worker connections (default 64 MiB).
+    /// The maximum frame length on worker connections (default 64 MiB). A longer message
+    /// (a job value, a chunk state, an output) is sent in pieces.
     pub fn max_frame(mut self, bytes: usize) -> Self {
         self.config.cluster.max_frame = bytes;
+        self
+    }
+
+    /// The maximum length of a message a worker process may send in pieces (default 4 GiB):
+    /// the most memory one connection's incoming message can take.
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.config.cluster.max_message = bytes;
         self
     }
 
@@ -440,10 +448,7 @@ type JobCore<J> = Core<<J as Job>::Reducer, Held<<J as Job>::Chunk>>;
 
 /// The core of the first phase and the job's chunking (its own, or the executor's), with
 /// user panics caught.
-fn first_phase<J: Job>(
-    job: &J,
-    config: &Config,
-) -> Result<(JobCore<J>, Chunking)> {
+fn first_phase<J: Job>(job: &J, config: &Config) -> Result<(JobCore<J>, Chunking)> {
     let (core, chunking) = catch(Site::Job { phase: 0 }, J::NAME, || {
         let chunking = job.chunking().unwrap_or(config.chunking);
         let plan = Plan::new(job.iterations(), config.schedule, chunking);
@@ -453,7 +458,7 @@ fn first_phase<J: Job>(
         .validate()
         .map_err(|e: crate::schedule::Invalid| Error::InvalidConfig(e.to_string()))?;
     let core = if J::OWNERSHIP.is_partitioned() {
-        core.with_partitions()
+        core.with_partitions(0)
     } else {
         core
     };

@@ -155,6 +155,7 @@ async fn connection<J: Job>(
     let Connection { framed, peer, .. } = conn;
     let cfg = &shared.config.cluster;
     let (heartbeat, lease, limit) = (cfg.heartbeat, cfg.lease, cfg.max_frame);
+    let mut pieces = frame::Assembler::new(cfg.max_message);
     let (mut sink, mut stream) = framed.split();
     let io_error = |source| PeerError::Io {
         peer: peer.clone(),
@@ -167,11 +168,15 @@ async fn connection<J: Job>(
                 msg = rx.recv() => {
                     let Some(msg) = msg else { return Ok(()) };
                     let mut end = msg == ToWorker::End;
-                    sink.feed(frame::encode(&msg)).await.map_err(io_error)?;
+                    for f in frame::Frames::new(&msg, limit) {
+                        sink.feed(f).await.map_err(io_error)?;
+                    }
                     while !end {
                         let Ok(m) = rx.try_recv() else { break };
                         end = m == ToWorker::End;
-                        sink.feed(frame::encode(&m)).await.map_err(io_error)?;
+                        for f in frame::Frames::new(&m, limit) {
+                            sink.feed(f).await.map_err(io_error)?;
+                        }
                     }
                     sink.flush().await.map_err(io_error)?;
                     if end {
@@ -199,7 +204,9 @@ async fn connection<J: Job>(
                 Ok(Some(Err(e))) => return Err(PeerError::io(&peer, e, limit)),
                 Ok(Some(Ok(b))) => b,
             };
-            let msg = frame::decode_frame_to_coordinator(&peer, bytes.freeze())?;
+            let Some(msg) = pieces.frame::<ToCoordinator>(&peer, bytes.freeze())? else {
+                continue;
+            };
             shared.lock().on_remote(&shared, id, msg)?;
         }
     };
@@ -521,6 +528,9 @@ impl<J: Job> State<J> {
                 .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
         };
         let event = match msg {
+            ToCoordinator::Piece { .. } => {
+                return Err(bad("a piece outside a pieced message".to_owned()));
+            }
             ToCoordinator::Heartbeat { progress } => {
                 for (p, v) in conn.progress.iter_mut().zip(progress) {
                     *p = v;

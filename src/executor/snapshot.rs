@@ -63,6 +63,10 @@ pub(crate) struct Header {
 
 type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
 
+/// A state serialized on a helper thread: its chunk, whether it is a kept partition, the state
+/// (to put back) and its bytes.
+type Encoded<C> = (ChunkId, bool, C, Result<bytes::Bytes>);
+
 /// Snapshot bookkeeping of one job run: the pure cut (`schedule/cut.rs`), and what only the
 /// executor knows (parts in the store, epochs, timings).
 #[derive(Default)]
@@ -230,6 +234,11 @@ impl<J: Job> State<J> {
         if self.ended || self.snap.cut.is_open() || self.snap.cut.is_writing() {
             return;
         }
+        let mut encoded = if self.snap.cut.is_due(&self.core) {
+            self.encode_pending()
+        } else {
+            HashMap::new()
+        };
         let mut out = std::mem::take(&mut self.snap.out);
         let (cfg, schedule, chunking) = (
             &shared.config.snapshots,
@@ -251,11 +260,100 @@ impl<J: Job> State<J> {
         };
         let part_of = |c: ChunkId, state: &Held<J::Chunk>| match cache.get(&c) {
             Some(p) => Ok(Part::Reuse(p.clone())),
-            None => Ok(Part::New(state.to_bytes()?)),
+            None => match encoded.remove(&c) {
+                Some(bytes) => Ok(Part::New(bytes?)),
+                None => Ok(Part::New(state.to_bytes()?)),
+            },
         };
         cut.poll(core, header, part_of, &mut out);
         self.cut_commands(shared, &mut out);
         self.snap.out = out;
+    }
+
+    /// Serializes the live states of pending chunks and kept partitions that the store does
+    /// not already have, on as many threads as the machine has (for a grid of owned
+    /// partitions, nearly the whole grid waits in the ledger at a barrier). Each state is
+    /// taken out of the ledger, serialized on a scoped thread and put back, all under the
+    /// job's lock: the workers waiting for the lock lend their cores. Few states are left to
+    /// the marker itself.
+    fn encode_pending(&mut self) -> HashMap<ChunkId, Result<bytes::Bytes>> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let cache = &self.snap.cache;
+        let live = |c: &ChunkId, h: &&mut Held<J::Chunk>| {
+            !cache.contains_key(c) && matches!(h, Held::Live(_))
+        };
+        let unwritten = |(c, h): &(ChunkId, &Held<J::Chunk>)| {
+            !cache.contains_key(c) && matches!(h, Held::Live(_))
+        };
+        let count = self.core.suspended().filter(unwritten).count()
+            + self.core.kept().filter(unwritten).count();
+        if threads < 2 || count < 2 {
+            return HashMap::new();
+        }
+        let phase = self.phase;
+        let placeholder = || Held::Bytes(bytes::Bytes::new());
+        let mut taken: Vec<(ChunkId, bool, J::Chunk)> = Vec::with_capacity(count);
+        for (c, h) in self.core.suspended_mut().filter(|(c, h)| live(c, h)) {
+            if let Held::Live(state) = std::mem::replace(h, placeholder()) {
+                taken.push((c, false, state));
+            }
+        }
+        for (c, h) in self.core.kept_mut().filter(|(c, h)| live(c, h)) {
+            if let Held::Live(state) = std::mem::replace(h, placeholder()) {
+                taken.push((c, true, state));
+            }
+        }
+        let mut groups: Vec<Vec<(ChunkId, bool, J::Chunk)>> =
+            (0..threads.min(taken.len())).map(|_| Vec::new()).collect();
+        let n = groups.len();
+        for (i, t) in taken.into_iter().enumerate() {
+            groups[i % n].push(t);
+        }
+        let done: Vec<Vec<Encoded<J::Chunk>>> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = groups
+                    .into_iter()
+                    .map(|group| {
+                        scope.spawn(move || {
+                            group
+                                .into_iter()
+                                .map(|(chunk, kept, state)| {
+                                    // A panicking `Serialize` fails the snapshot, and the
+                                    // state still goes back.
+                                    let site = crate::Site::Chunk { phase, chunk };
+                                    let bytes = crate::run::catch(site, J::NAME, || {
+                                        encode("a chunk state", &state)
+                                    })
+                                    .and_then(|r| r.map_err(Error::from))
+                                    .map(bytes::Bytes::from);
+                                    (chunk, kept, state, bytes)
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_default())
+                    .collect()
+            });
+        let mut encoded = HashMap::with_capacity(count);
+        let mut back: HashMap<(bool, ChunkId), J::Chunk> = HashMap::with_capacity(count);
+        for (c, kept, state, bytes) in done.into_iter().flatten() {
+            back.insert((kept, c), state);
+            encoded.insert(c, bytes);
+        }
+        for (c, h) in self.core.suspended_mut() {
+            if let Some(state) = back.remove(&(false, c)) {
+                *h = Held::Live(state);
+            }
+        }
+        for (c, h) in self.core.kept_mut() {
+            if let Some(state) = back.remove(&(true, c)) {
+                *h = Held::Live(state);
+            }
+        }
+        encoded
     }
 
     /// Protocol step 2: what `worker` left of `chunk` for the cut (ignored unless the cut

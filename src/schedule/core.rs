@@ -168,6 +168,11 @@ pub struct Core<R: Reducer, S> {
     /// Owned partitions: the partitions of the phase's done chunks, which the next phase
     /// runs from.
     kept: IdMap<ChunkId, S>,
+    /// Owned partitions: the phase is not the job's first, so every partition has a state
+    /// that only its holder had: one lost with its worker cannot be made again.
+    later_phase: bool,
+    /// Owned partitions lost with their worker (see `later_phase`); they do not run again.
+    lost: Vec<ChunkId>,
     merge: OrderedMerge<R::Value>,
     done_chunks: u64,
     done_iterations: u64,
@@ -202,6 +207,8 @@ impl<R: Reducer, S> Core<R, S> {
             suspended: IdMap::default(),
             known: IdMap::default(),
             kept: IdMap::default(),
+            later_phase: false,
+            lost: Vec::new(),
             merge,
             done_chunks: 0,
             done_iterations: 0,
@@ -218,7 +225,8 @@ impl<R: Reducer, S> Core<R, S> {
         if matches!(self.pending, Pending::Owned(_)) {
             // Every chunk is pending with the partition its last phase left, on its holder.
             self.suspended = std::mem::take(&mut self.kept);
-            let speeds = self.member_speeds();
+            self.later_phase = true;
+            let speeds = self.owner_view();
             if let Pending::Owned(o) = &mut self.pending {
                 o.start_phase(&speeds, &plan);
             }
@@ -238,8 +246,11 @@ impl<R: Reducer, S> Core<R, S> {
     /// Makes a fresh core (no worker, nothing run) one of owned partitions: chunk `c` runs
     /// from the partition chunk `c` of the previous phase left (`Event::Done::kept`), on the
     /// worker that holds it (`owned.rs`); the schedule is not used. Every phase must have the
-    /// plan of the first.
-    pub fn with_partitions(mut self) -> Self {
+    /// plan of the first. `phase` is the job's phase number (a restore's may be later than
+    /// 0): after the first, a partition lost with its worker cannot be made again
+    /// ([`Core::lost_partitions`]).
+    pub fn with_partitions(mut self, phase: u64) -> Self {
+        self.later_phase = phase > 0;
         let len = self.plan.len();
         let pending: Vec<ChunkId> = match &self.pending {
             Pending::Owned(_) => return self,
@@ -469,8 +480,19 @@ impl<R: Reducer, S> Core<R, S> {
                     reason: "unknown worker",
                 })?;
                 if let Some(c) = slot.running {
-                    if let Some(state) = self.known.remove(&c) {
-                        self.suspended.insert(c, state);
+                    match self.known.remove(&c) {
+                        Some(state) => {
+                            self.suspended.insert(c, state);
+                        }
+                        // A partition's state after the first phase existed only on the
+                        // lost worker: running it from scratch would give a wrong value.
+                        None if self.later_phase && self.is_partitioned() => {
+                            self.lost.push(c);
+                            self.membership_changed();
+                            self.dispatch(out);
+                            return Ok(());
+                        }
+                        None => {}
                     }
                     self.put_back(c);
                 }
@@ -576,7 +598,7 @@ impl<R: Reducer, S> Core<R, S> {
 
     fn put_back(&mut self, chunk: ChunkId) {
         if matches!(self.pending, Pending::Owned(_)) {
-            let speeds = self.member_speeds();
+            let speeds = self.owner_view();
             if let Pending::Owned(o) = &mut self.pending {
                 o.put_back(chunk, &speeds);
                 o.reassign(&speeds, &self.plan, 0.0);
@@ -624,9 +646,24 @@ impl<R: Reducer, S> Core<R, S> {
         v
     }
 
+    /// The members for owned partitions: as [`Core::member_speeds`], with the iterations of
+    /// the chunk each runs.
+    fn owner_view(&self) -> Vec<(WorkerId, f64, u64)> {
+        self.member_speeds()
+            .into_iter()
+            .map(|(w, speed)| {
+                let busy = self.workers[&w].running.map_or(0, |c| {
+                    let r = self.plan.range(c);
+                    r.end - r.start
+                });
+                (w, speed, busy)
+            })
+            .collect()
+    }
+
     fn membership_changed(&mut self) {
         if matches!(self.pending, Pending::Owned(_)) {
-            let speeds = self.member_speeds();
+            let speeds = self.owner_view();
             if let Pending::Owned(o) = &mut self.pending {
                 o.reassign(&speeds, &self.plan, 0.0);
             }
@@ -675,6 +712,18 @@ impl<R: Reducer, S> Core<R, S> {
     /// The same, to change them at a phase barrier (halos in).
     pub(crate) fn kept_mut(&mut self) -> impl Iterator<Item = (ChunkId, &mut S)> {
         self.kept.iter_mut().map(|(&c, s)| (c, s))
+    }
+
+    /// The states of pending chunks, to change them in place (the snapshot writer takes them
+    /// out to serialize them on several threads, and puts them back).
+    pub(crate) fn suspended_mut(&mut self) -> impl Iterator<Item = (ChunkId, &mut S)> {
+        self.suspended.iter_mut().map(|(&c, s)| (c, s))
+    }
+
+    /// Owned partitions lost with their worker after the first phase: the phase cannot
+    /// complete (the job must roll back to a snapshot or end).
+    pub fn lost_partitions(&self) -> &[ChunkId] {
+        &self.lost
     }
 
     /// Whether chunks are owned partitions ([`Core::with_partitions`]).

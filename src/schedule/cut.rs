@@ -213,6 +213,18 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             .is_some_and(|o| o.waiting.get(&chunk) == Some(&worker))
     }
 
+    /// Whether [`Cut::poll`] would start a cut now (so the executor can prepare the parts
+    /// of pending chunks beforehand, off the path of the marker).
+    pub fn is_due<Rd: Reducer, S>(&self, core: &Core<Rd, S>) -> bool {
+        if self.open.is_some() || self.writing.is_some() {
+            return false;
+        }
+        match self.suspend {
+            Some(_) => core.running().next().is_none(),
+            None => !self.queued.is_empty(),
+        }
+    }
+
     /// Starts a cut if one is due and none is open or being written (protocol step 1): the
     /// suspend's once the core is quiet, else one for queued requests. `header` records what
     /// the executor needs of the ledger; `part_of` gives a suspended chunk's part. An error of

@@ -70,7 +70,7 @@ impl Owners {
 
     /// Starts a phase: every chunk pending, queued on its holder, then reassigned over
     /// `workers` (sorted by id, with their throughputs).
-    pub(super) fn start_phase(&mut self, workers: &[(WorkerId, f64)], plan: &Plan) {
+    pub(super) fn start_phase(&mut self, workers: &[(WorkerId, f64, u64)], plan: &Plan) {
         self.queues.clear();
         self.orphans = (0..plan.len()).collect();
         self.len = plan.len() as usize;
@@ -97,10 +97,10 @@ impl Owners {
 
     /// Queues a handed-back chunk on its holder if it is among `workers`, else as an orphan
     /// (placed by the next [`Owners::reassign`]).
-    pub(super) fn put_back(&mut self, c: ChunkId, workers: &[(WorkerId, f64)]) {
+    pub(super) fn put_back(&mut self, c: ChunkId, workers: &[(WorkerId, f64, u64)]) {
         self.len += 1;
         match self.holder(c) {
-            Some(h) if workers.iter().any(|&(w, _)| w == h) => {
+            Some(h) if workers.iter().any(|&(w, _, _)| w == h) => {
                 let q = self.queues.entry(h).or_default();
                 let at = q.partition_point(|&x| x < c);
                 q.insert(at, c);
@@ -111,12 +111,13 @@ impl Owners {
         }
     }
 
-    /// Steps 1 and 2 over `workers` (sorted by id, with their throughputs): queues of workers
+    /// Steps 1 and 2 over `workers` (sorted by id, with their throughputs and the iterations
+    /// of the chunk each runs): queues of workers
     /// that left become orphans, orphans are placed, then loads are balanced. A move must
     /// save more than `slack` of the larger load.
-    pub(super) fn reassign(&mut self, workers: &[(WorkerId, f64)], plan: &Plan, slack: f64) {
+    pub(super) fn reassign(&mut self, workers: &[(WorkerId, f64, u64)], plan: &Plan, slack: f64) {
         let k = workers.len();
-        let ids: Vec<WorkerId> = workers.iter().map(|&(w, _)| w).collect();
+        let ids: Vec<WorkerId> = workers.iter().map(|&(w, _, _)| w).collect();
         // Queues of workers that left.
         let gone: Vec<WorkerId> = self
             .queues
@@ -142,13 +143,14 @@ impl Owners {
             }
         }
         let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
-        let index = |w: WorkerId| ids.iter().position(|&x| x == w);
+        // A worker's load counts the chunk it runs (`workers[i].2` iterations).
         let mut load: Vec<f64> = (0..k)
             .map(|i| {
-                self.queues
+                let queued = self
+                    .queues
                     .get(&ids[i])
-                    .map_or(0.0, |q| q.iter().map(|&c| len_of(plan, c)).sum::<f64>())
-                    / speed(i)
+                    .map_or(0.0, |q| q.iter().map(|&c| len_of(plan, c)).sum::<f64>());
+                (queued + workers[i].2 as f64) / speed(i)
             })
             .collect();
         // Step 1.
@@ -173,10 +175,7 @@ impl Owners {
         } else {
             for c in homeless {
                 let near = |i: usize| {
-                    let q = self.queues.get(&ids[i]);
-                    let holds = |x: ChunkId| {
-                        q.is_some_and(|q| q.contains(&x)) || self.holder(x) == Some(ids[i])
-                    };
+                    let holds = |x: ChunkId| self.holds(ids[i], x);
                     (c > 0 && holds(c - 1)) || holds(c + 1)
                 };
                 let best = (0..k)
@@ -191,38 +190,30 @@ impl Owners {
                 push_sorted(self.queues.entry(ids[best]).or_default(), c);
             }
         }
-        // Step 2.
+        // Step 2: each move takes an end of the giver's queue (sorted), the one next to the
+        // receiver's chunks if any, else the one nearer to them: O(log n) per move.
         loop {
             let (hi, lo) = extremes(&load);
             if hi == lo {
                 break;
             }
-            let Some(q_hi) = self.queues.get(&ids[hi]) else {
+            let (Some(&first), Some(&last)) = (
+                self.queues.get(&ids[hi]).and_then(|q| q.front()),
+                self.queues.get(&ids[hi]).and_then(|q| q.back()),
+            ) else {
                 break;
             };
-            let lo_holds = |x: ChunkId| {
-                self.queues.get(&ids[lo]).is_some_and(|q| q.contains(&x))
-                    || self.holder(x).and_then(index) == Some(lo)
-            };
-            let adjacent = q_hi
-                .iter()
-                .copied()
-                .find(|&c| (c > 0 && lo_holds(c - 1)) || lo_holds(c + 1));
-            let nearest = || {
-                let lo_chunks: Vec<ChunkId> = self
-                    .queues
-                    .get(&ids[lo])
-                    .map(|q| q.iter().copied().collect())
-                    .unwrap_or_default();
-                match (lo_chunks.first(), q_hi.front(), q_hi.back()) {
-                    (Some(&l), Some(&f), Some(_)) if l < f => Some(f),
-                    (Some(_), _, Some(&b)) => Some(b),
-                    (None, _, Some(&b)) => Some(b),
-                    _ => None,
+            let lo_holds = |x: ChunkId| self.holds(ids[lo], x);
+            let lo_first = self.queues.get(&ids[lo]).and_then(|q| q.front().copied());
+            let c = if last + 1 < plan.len() && lo_holds(last + 1) {
+                last
+            } else if first > 0 && lo_holds(first - 1) {
+                first
+            } else {
+                match lo_first {
+                    Some(l) if l < first => first,
+                    _ => last,
                 }
-            };
-            let Some(c) = adjacent.or_else(nearest) else {
-                break;
             };
             let len = len_of(plan, c);
             let (new_hi, new_lo) = (load[hi] - len / speed(hi), load[lo] + len / speed(lo));
@@ -230,12 +221,25 @@ impl Owners {
                 break;
             }
             if let Some(q) = self.queues.get_mut(&ids[hi]) {
-                q.retain(|&x| x != c);
+                if c == first {
+                    q.pop_front();
+                } else {
+                    q.pop_back();
+                }
             }
             push_sorted(self.queues.entry(ids[lo]).or_default(), c);
             load[hi] = new_hi;
             load[lo] = new_lo;
         }
+    }
+
+    /// Whether `w` has `x` queued, or holds its partition.
+    fn holds(&self, w: WorkerId, x: ChunkId) -> bool {
+        self.holder(x) == Some(w)
+            || self
+                .queues
+                .get(&w)
+                .is_some_and(|q| q.binary_search(&x).is_ok())
     }
 
     /// Every pending chunk.
@@ -299,7 +303,7 @@ mod tests {
     #[test]
     fn first_phase_deals_contiguous_blocks() {
         let mut o = Owners::new(8);
-        o.start_phase(&[(3, 1.0), (7, 1.0)], &plan(8));
+        o.start_phase(&[(3, 1.0, 0), (7, 1.0, 0)], &plan(8));
         assert_eq!(o.queue(3), vec![0, 1, 2, 3]);
         assert_eq!(o.queue(7), vec![4, 5, 6, 7]);
     }
@@ -307,7 +311,7 @@ mod tests {
     #[test]
     fn partitions_stay_with_their_holder() {
         let mut o = Owners::new(8);
-        let two = [(0, 1.0), (1, 1.0)];
+        let two = [(0, 1.0, 0), (1, 1.0, 0)];
         o.start_phase(&two, &plan(8));
         for w in [0, 1] {
             while let Some(c) = o.take(w) {
@@ -324,11 +328,11 @@ mod tests {
     #[test]
     fn a_joining_worker_takes_a_contiguous_half() {
         let mut o = Owners::new(8);
-        o.start_phase(&[(0, 1.0)], &plan(8));
+        o.start_phase(&[(0, 1.0, 0)], &plan(8));
         while let Some(c) = o.take(0) {
             o.ran(c, 0);
         }
-        o.start_phase(&[(0, 1.0), (1, 1.0)], &plan(8));
+        o.start_phase(&[(0, 1.0, 0), (1, 1.0, 0)], &plan(8));
         assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
         assert_eq!(o.queue(1), vec![4, 5, 6, 7]);
     }
@@ -338,20 +342,20 @@ mod tests {
     #[test]
     fn speed_decides_and_leavers_hand_over() {
         let mut o = Owners::new(16);
-        o.start_phase(&[(0, 1.0), (1, 1.0)], &plan(16));
+        o.start_phase(&[(0, 1.0, 0), (1, 1.0, 0)], &plan(16));
         for w in [0, 1] {
             while let Some(c) = o.take(w) {
                 o.ran(c, w);
             }
         }
-        o.start_phase(&[(0, 3.0), (1, 1.0)], &plan(16));
+        o.start_phase(&[(0, 3.0, 0), (1, 1.0, 0)], &plan(16));
         assert_eq!(o.queue(0).len(), 12, "{:?}", o.queue(0));
         assert_eq!(o.queue(1).len(), 4);
         let mut all: Vec<ChunkId> = o.pending().collect();
         all.sort_unstable();
         assert_eq!(all, (0..16).collect::<Vec<_>>());
         // Worker 1 leaves before running anything: its chunks go to worker 0.
-        o.reassign(&[(0, 3.0)], &plan(16), 0.0);
+        o.reassign(&[(0, 3.0, 0)], &plan(16), 0.0);
         assert_eq!(o.queue(0).len(), 16);
     }
 
@@ -359,13 +363,13 @@ mod tests {
     #[test]
     fn small_differences_move_nothing() {
         let mut o = Owners::new(8);
-        o.start_phase(&[(0, 1.0), (1, 1.0)], &plan(8));
+        o.start_phase(&[(0, 1.0, 0), (1, 1.0, 0)], &plan(8));
         for w in [0, 1] {
             while let Some(c) = o.take(w) {
                 o.ran(c, w);
             }
         }
-        o.start_phase(&[(0, 1.0), (1, 1.04)], &plan(8));
+        o.start_phase(&[(0, 1.0, 0), (1, 1.04, 0)], &plan(8));
         assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
     }
 }

@@ -20,6 +20,7 @@ pub(super) struct Io {
     pub(super) heartbeat: Duration,
     pub(super) lease: Duration,
     pub(super) max_frame: usize,
+    pub(super) max_message: usize,
     pub(super) stop: Option<SuspendToken>,
     pub(super) signals: bool,
     pub(super) dialled: std::time::Instant,
@@ -168,6 +169,7 @@ impl Io {
             .flatten();
         let stop = self.stop.clone();
         let mut parts = Parts::default();
+        let mut pieces = frame::Assembler::new(self.max_message);
         let (bg_tx, mut bg_rx) = unbounded_channel();
         loop {
             let phase = job.as_ref().map(|(p, _)| *p);
@@ -179,7 +181,10 @@ impl Io {
                         Ok(Some(Err(e))) => return Err(Error::io(peer, e, self.max_frame)),
                         Ok(Some(Ok(b))) => b,
                     };
-                    match frame::decode_frame_to_worker(peer, bytes.freeze())? {
+                    let Some(msg) = pieces.frame::<ToWorker>(peer, bytes.freeze())? else {
+                        continue;
+                    };
+                    match msg {
                         ToWorker::End => {
                             let _ = sink.close().await;
                             return Ok(left);
@@ -202,7 +207,9 @@ impl Io {
                     let mut next = Some(msg);
                     while let Some(msg) = next {
                         if let Some(m) = parts.route(msg, phase, &bg_tx) {
-                            sink.feed(frame::encode(&m)).await.map_err(io_error)?;
+                            for f in frame::Frames::new(&m, self.max_frame) {
+                                sink.feed(f).await.map_err(io_error)?;
+                            }
                         }
                         next = out_rx.try_recv().ok();
                     }
@@ -226,7 +233,10 @@ impl Io {
                             } else {
                                 parts.store = None;
                             }
-                            sink.send(frame::encode(&msg)).await.map_err(io_error)?;
+                            for f in frame::Frames::new(&msg, self.max_frame) {
+                                sink.feed(f).await.map_err(io_error)?;
+                            }
+                            sink.flush().await.map_err(io_error)?;
                         }
                     }
                     false
@@ -276,6 +286,7 @@ fn dispatch<J: Job>(
             .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
     };
     match msg {
+        ToWorker::Piece { .. } => return Err(bad("a piece outside a pieced message".to_owned())),
         ToWorker::Phase { phase, job: bytes } => {
             let value: J = codec::decode("the job", &bytes).map_err(|e| Error::Malformed {
                 peer: peer.to_owned(),

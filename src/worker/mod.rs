@@ -116,6 +116,7 @@ pub struct WorkerOptions {
     threads: usize,
     token: Option<Token>,
     max_frame: usize,
+    max_message: usize,
     timeout: Duration,
     stop: Option<SuspendToken>,
     signals: bool,
@@ -127,6 +128,7 @@ impl Default for WorkerOptions {
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             token: None,
             max_frame: frame::DEFAULT_MAX_FRAME,
+            max_message: frame::DEFAULT_MAX_MESSAGE,
             timeout: Duration::from_secs(10),
             stop: None,
             signals: false,
@@ -160,9 +162,17 @@ impl WorkerOptions {
         self
     }
 
-    /// The maximum frame length (default 64 MiB).
+    /// The maximum frame length (default 64 MiB). A longer message (a chunk state, an
+    /// output) is sent in pieces.
     pub fn max_frame(mut self, bytes: usize) -> Self {
         self.max_frame = bytes;
+        self
+    }
+
+    /// The maximum length of a message the coordinator may send in pieces (default 4 GiB):
+    /// the most memory the connection's incoming message can take.
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = bytes;
         self
     }
 
@@ -315,6 +325,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         heartbeat,
         lease,
         max_frame: options.max_frame,
+        max_message: options.max_message,
         stop: options.stop.clone(),
         signals: options.signals,
         dialled,

@@ -561,3 +561,227 @@ fn static_retire_wakes_an_idle_worker_that_inherits_chunks() {
         "{out:?}"
     );
 }
+
+/// An owned partition in the simulation: its range, its progress in the phase, the indices
+/// of this phase it covered, and how many phases it finished.
+#[derive(Debug, Clone, PartialEq)]
+struct SimPart {
+    start: u64,
+    next: u64,
+    end: u64,
+    seen: Vec<u64>,
+    phases: u64,
+}
+
+/// Owned partitions over several phases: workers join, retire, hand chunks back and report
+/// states; every phase covers every index once, and every chunk runs in phase `p` from the
+/// partition it ended phase `p - 1` with, never from scratch. A worker lost with a partition
+/// it alone had after the first phase is reported as lost (never restarted from scratch).
+fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Result<(), String> {
+    let plan = Plan::new(n, Schedule::Static, Chunking::Count(chunks));
+    let mut core: Core<CollectInOrder<u64>, SimPart> =
+        Core::new(Schedule::Static, plan.clone(), CollectInOrder::new()).with_partitions(0);
+    let mut running: HashMap<WorkerId, (ChunkId, SimPart)> = HashMap::new();
+    let mut workers: Vec<WorkerId> = Vec::new();
+    let mut next_id = 0;
+    let mut out = Vec::new();
+    let mut actions = actions.iter().copied();
+    for phase in 0..phases {
+        let mut guard = 0;
+        loop {
+            // Carry out commands.
+            while !out.is_empty() {
+                for cmd in std::mem::take(&mut out) {
+                    match cmd {
+                        Command::Run {
+                            worker,
+                            chunk,
+                            range,
+                            state,
+                        } => {
+                            let part = match state {
+                                Some(p) => p,
+                                None if phase == 0 => SimPart {
+                                    start: range.start,
+                                    next: range.start,
+                                    end: range.end,
+                                    seen: Vec::new(),
+                                    phases: 0,
+                                },
+                                None => {
+                                    return Err(format!(
+                                        "chunk {chunk} from scratch in phase {phase}"
+                                    ));
+                                }
+                            };
+                            if part.phases != phase || part.start != range.start {
+                                return Err(format!(
+                                    "chunk {chunk} ran from {part:?} in phase {phase}"
+                                ));
+                            }
+                            assert!(running.insert(worker, (chunk, part)).is_none());
+                        }
+                        Command::Interrupt { worker } => {
+                            if let Some((c, p)) = running.remove(&worker) {
+                                let e = Event::Yielded {
+                                    worker,
+                                    chunk: c,
+                                    state: p,
+                                    work: Work::default(),
+                                };
+                                core.handle(e, &mut out).unwrap();
+                            }
+                        }
+                        Command::Release { worker } => {
+                            assert!(!running.contains_key(&worker));
+                            workers.retain(|&w| w != worker);
+                        }
+                    }
+                }
+            }
+            if !core.lost_partitions().is_empty() {
+                // Reported, and nothing ran from scratch: the executor ends or rolls back.
+                return Ok(());
+            }
+            if core.phase_complete() {
+                break;
+            }
+            let pick = |i: usize, workers: &Vec<WorkerId>| {
+                (!workers.is_empty()).then(|| workers[i % workers.len()])
+            };
+            match actions.next() {
+                Some(Action::Join) | None if workers.is_empty() => {
+                    workers.push(next_id);
+                    core.handle(Event::Joined { worker: next_id }, &mut out)
+                        .unwrap();
+                    next_id += 1;
+                }
+                Some(Action::Join) => {
+                    workers.push(next_id);
+                    core.handle(Event::Joined { worker: next_id }, &mut out)
+                        .unwrap();
+                    next_id += 1;
+                }
+                Some(Action::Retire(i)) if workers.len() > 1 => {
+                    let w = pick(i, &workers).unwrap();
+                    core.handle(Event::Retire { worker: w }, &mut out).unwrap();
+                }
+                Some(Action::Lose(i)) if workers.len() > 1 => {
+                    let w = pick(i, &workers).unwrap();
+                    workers.retain(|&x| x != w);
+                    running.remove(&w);
+                    core.handle(Event::Lost { worker: w }, &mut out).unwrap();
+                }
+                Some(Action::Report(i)) => {
+                    let report = pick(i, &workers)
+                        .and_then(|w| running.get(&w).map(|(c, p)| (w, *c, p.clone())));
+                    if let Some((w, c, p)) = report {
+                        let e = Event::StateReport {
+                            worker: w,
+                            chunk: c,
+                            state: p,
+                        };
+                        core.handle(e, &mut out).unwrap();
+                    }
+                }
+                Some(Action::Interrupt(i)) => {
+                    if let Some(w) = pick(i, &workers) {
+                        if let Some((c, p)) = running.remove(&w) {
+                            let e = Event::Yielded {
+                                worker: w,
+                                chunk: c,
+                                state: p,
+                                work: Work::default(),
+                            };
+                            core.handle(e, &mut out).unwrap();
+                        }
+                    }
+                }
+                other => {
+                    // Steps: every worker, or the one picked, moves on.
+                    let (which, k) = match other {
+                        Some(Action::Step(i, k)) => (pick(i, &workers), k),
+                        _ => (None, 1000),
+                    };
+                    let ws: Vec<WorkerId> = match which {
+                        Some(w) => vec![w],
+                        None => workers.clone(),
+                    };
+                    for w in ws {
+                        let Some((c, p)) = running.get_mut(&w) else {
+                            continue;
+                        };
+                        let stop = p.end.min(p.next + k);
+                        p.seen.extend(p.next..stop);
+                        p.next = stop;
+                        if p.next == p.end {
+                            let (c, mut p) = (*c, running.remove(&w).unwrap().1);
+                            let output = std::mem::take(&mut p.seen);
+                            p.phases += 1;
+                            let work = Work {
+                                iterations: k,
+                                busy: Duration::from_micros(k),
+                            };
+                            let e = Event::Done {
+                                worker: w,
+                                chunk: c,
+                                output,
+                                kept: Some(p),
+                                work,
+                            };
+                            core.handle(e, &mut out).unwrap();
+                        }
+                    }
+                }
+            }
+            guard += 1;
+            assert!(guard < 100_000, "no progress: {core:?}");
+        }
+        let value = core.finish_phase();
+        if value != (0..n).collect::<Vec<_>>() {
+            return Err(format!("phase {phase} covered {value:?}"));
+        }
+        // The barrier: every partition is kept, and begins the next phase.
+        let kept: Vec<ChunkId> = {
+            let mut k: Vec<ChunkId> = core.kept().map(|(c, _)| c).collect();
+            k.sort_unstable();
+            k
+        };
+        if kept != (0..plan.len()).collect::<Vec<_>>() {
+            return Err(format!("phase {phase} kept {kept:?}"));
+        }
+        for (_, p) in core.kept_mut() {
+            p.next = p.start;
+        }
+        core.start_phase(plan.clone(), CollectInOrder::new(), &mut out);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn owned_partitions_run_from_their_last_phase(n in 0..600u64, chunks in 1..40u64, phases in 1..5u64, actions in prop::collection::vec(action(), 0..300)) {
+        let r = simulate_owned(n, chunks, phases, &actions);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+/// A worker lost after the first phase with the only state of its partition: the core says
+/// so instead of running the chunk from scratch.
+#[test]
+fn a_partition_lost_after_the_first_phase_is_reported() {
+    let plan = Plan::new(10, Schedule::Static, Chunking::Count(2));
+    let mut core: Core<CollectInOrder<u64>, u64> =
+        Core::new(Schedule::Static, plan.clone(), CollectInOrder::new()).with_partitions(1);
+    let mut out = Vec::new();
+    core.handle(Event::Joined { worker: 0 }, &mut out).unwrap();
+    core.handle(Event::Joined { worker: 1 }, &mut out).unwrap();
+    assert_eq!(core.running().count(), 2);
+    core.handle(Event::Lost { worker: 1 }, &mut out).unwrap();
+    assert_eq!(core.lost_partitions().len(), 1);
+    // Without its state the chunk is not handed out again.
+    let running: Vec<_> = core.running().collect();
+    assert_eq!(running.len(), 1);
+}
