@@ -1,12 +1,14 @@
-//! Kernels shared by the examples and the `loop_vs_rayon` benchmark.
+//! Kernels shared by the examples and the benchmarks (`loop_vs_rayon`, `stencil`, …).
 //!
 //! Plain, fast functions with no knowledge of `malleable`: one iteration of each loop, plus the
 //! sequential reference the examples check their parallel results against. Every kernel is a
 //! pure function of its iteration index (and read-only data), so an iteration gives the same
 //! result whoever runs it, and none allocates per iteration.
 //!
-//! [`jobs`] alone knows `malleable`: it wraps kernels in the malleable jobs that both the
-//! examples and the benchmark run.
+//! [`jobs`] knows `malleable`: it wraps kernels in the malleable jobs that both the examples
+//! and the benchmark run. So does [`stencil`], whose kernels are not per iteration but per row
+//! of a grid that lives across phases: it keeps each grid's sequential loop, rayon version and
+//! [`Rows`](malleable::Rows) implementation together, since the three share one row update.
 //!
 //! Include it with `#[path = "kernels/mod.rs"] mod kernels;` (from `benches/`:
 //! `#[path = "../examples/kernels/mod.rs"]`). Cargo does not build this folder as an example
@@ -20,6 +22,7 @@ pub(crate) mod jobs;
 pub(crate) mod kmeans;
 pub(crate) mod montecarlo;
 pub(crate) mod raytrace;
+pub(crate) mod stencil;
 
 /// The splitmix64 finalizer: a good 64-bit mix, used as a counter-based random generator
 /// (`splitmix64(seed + i * GOLDEN)` is the `i`-th output of a splitmix64 stream).

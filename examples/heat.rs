@@ -1,0 +1,321 @@
+//! Heat diffusion on a plate (a Jacobi five-point stencil) as a malleable job whose grid
+//! stays on the workers: it grows from one worker to two halfway through, takes a snapshot,
+//! is suspended, and is resumed in a new executor with another worker count. The result is
+//! checked bit for bit against the sequential loop (and a rayon run) after all of that.
+//!
+//! The plate is `N × N` cells of `f64`, its top edge held at 1.0 and its other edges at 0.0;
+//! each phase is one sweep, double-buffered; its scalar is the largest change of a cell.
+//! Submitted as `Banded(Heat)` (see `kernels/stencil.rs`), the grid is cut into 32 bands of
+//! rows, each made once and updated in place on the worker that holds it; only the first and
+//! last rows of a band cross the barrier.
+//!
+//! 1. The sequential loop and a rayon run (2 threads) give the reference.
+//! 2. The malleable run starts with 1 worker and prints the time of every phase, measured
+//!    between the phase ends its `end_phase` reports at the barrier.
+//! 3. At half the phases it grows to 2 workers; at 60 % it takes a snapshot; at 70 % it is
+//!    suspended (the snapshot of the suspend is committed, the job ends). The phase ends are
+//!    printed as this thread reads them, so while it waits for the snapshot the job runs
+//!    ahead of the printout, and the suspend lands a few phases later than 70 %: the
+//!    requests say in which phase the job really was.
+//! 4. A new executor resumes the latest snapshot with `--resume-workers` workers (3) and
+//!    finishes; another resumes the 60 % snapshot with 1 worker and finishes too.
+//! 5. Both must give the reference's bits: every row of the final grid (a hash of its
+//!    cells' bits) and the largest change of every phase. The program exits non-zero if not.
+//!
+//! ```text
+//! cargo run --release --example heat
+//! cargo run --release --example heat -- --n 4000 --phases 400 --resume-workers 1
+//! ```
+//!
+//! Options: `--n N` (1000), `--phases K` (200), `--resume-workers W` (3), `--store URL`
+//! (default: a fresh folder under the system's temporary directory).
+
+#[path = "kernels/mod.rs"]
+mod kernels;
+
+use std::process::ExitCode;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use malleable::{At, Banded, Executor, JobHandle, Outcome};
+use rayon::ThreadPoolBuilder;
+
+use kernels::stencil::heat::{self, Heat, Solution};
+use kernels::stencil::{PhaseEnd, watch_phases};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+struct Args {
+    n: u64,
+    phases: u64,
+    resume_workers: usize,
+    store: Option<String>,
+}
+
+fn parse_args() -> Result<Args, Error> {
+    let mut args = Args {
+        n: 1000,
+        phases: 200,
+        resume_workers: 3,
+        store: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--n" => args.n = value()?.replace('_', "").parse()?,
+            "--phases" => args.phases = value()?.replace('_', "").parse()?,
+            "--resume-workers" => args.resume_workers = value()?.parse()?,
+            "--store" => args.store = Some(value()?.trim_end_matches('/').to_owned()),
+            other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
+        }
+    }
+    if args.n < 3 || args.phases < 10 {
+        return Err("need --n of at least 3 and --phases of at least 10".into());
+    }
+    Ok(args)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Prints each phase end of the job behind `handle` as it arrives (the time since the
+/// previous one, or since `since` for the first), and calls `at_phase` with each; returns
+/// when the job has ended and every phase end it reported has been printed.
+fn follow<J: malleable::Job>(
+    handle: &JobHandle<J>,
+    phases: &Receiver<PhaseEnd>,
+    since: Instant,
+    mut at_phase: impl FnMut(&PhaseEnd) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let mut last = since;
+    loop {
+        match phases.recv_timeout(Duration::from_millis(5)) {
+            Ok(e) => {
+                // The workers now (none once the job has ended).
+                let workers = match handle.progress().local_workers {
+                    0 => String::new(),
+                    1 => "  (1 local worker)".to_owned(),
+                    k => format!("  ({k} local workers)"),
+                };
+                println!(
+                    "  phase {:>5}  {:>8.3} ms  max change {:.3e}{workers}",
+                    e.phase,
+                    ms(e.at.duration_since(last)),
+                    e.value,
+                );
+                last = e.at;
+                at_phase(&e)?;
+            }
+            Err(RecvTimeoutError::Timeout) if handle.is_finished() => return Ok(()),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Err("the phase log closed".into()),
+        }
+    }
+}
+
+/// Compares a run with the reference; prints the verdict and returns whether it holds.
+fn check(what: &str, got: &Solution, reference: &Solution) -> bool {
+    let same_change = got.change.to_bits() == reference.change.to_bits();
+    match got.digest.first_difference(&reference.digest) {
+        None if got.digest == reference.digest && same_change => {
+            println!("check  {what}: ok, bit-identical to the sequential loop");
+            true
+        }
+        None => {
+            println!(
+                "check  {what}: FAILED: the grid is the same but the phases' largest changes \
+                 differ (trace {:016x}, expected {:016x})",
+                got.digest.trace, reference.digest.trace
+            );
+            false
+        }
+        Some(row) => {
+            println!(
+                "check  {what}: FAILED: row {row} of the final grid differs from the \
+                 sequential loop's ({} rows compared)",
+                reference.digest.hashes.len()
+            );
+            false
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match parse_args().and_then(|args| run(&args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<bool, Error> {
+    let (n, phases) = (args.n, args.phases);
+    println!(
+        "heat: a {n} × {n} plate, {phases} Jacobi sweeps ({:.1} MB per grid, two grids)",
+        (n * n * 8) as f64 / 1e6
+    );
+
+    let t = Instant::now();
+    let reference = heat::sequential(n as usize, phases);
+    let t_seq = t.elapsed();
+    println!(
+        "sequential  {:>8.3} s  ({:.3} ms per phase, last max change {:.3e})",
+        t_seq.as_secs_f64(),
+        ms(t_seq) / phases as f64,
+        reference.change
+    );
+
+    let pool = ThreadPoolBuilder::new().num_threads(2).build()?;
+    let t = Instant::now();
+    let by_rayon = pool.install(|| heat::rayon(n as usize, phases));
+    let t_rayon = t.elapsed();
+    println!(
+        "rayon (2)   {:>8.3} s  ({:.3} ms per phase)",
+        t_rayon.as_secs_f64(),
+        ms(t_rayon) / phases as f64
+    );
+    let mut ok = check("rayon", &by_rayon, &reference);
+
+    // The malleable run: 1 worker, then 2, a snapshot, a suspend.
+    let url = match &args.store {
+        Some(url) => url.clone(),
+        None => {
+            let dir = std::env::temp_dir().join(format!("malleable-heat-{}", std::process::id()));
+            format!("file://{}", dir.display())
+        }
+    };
+    let (grow_at, snapshot_at, suspend_at) = (phases / 2, phases * 6 / 10, phases * 7 / 10);
+    println!(
+        "\nmalleable: 1 worker; 2 from phase {grow_at}; a snapshot from phase {snapshot_at}; a \
+         suspend from phase {suspend_at} (store {url})"
+    );
+    let log = watch_phases();
+    let exec = Executor::builder()
+        .local_workers(1)
+        .snapshots(url.clone())
+        .build()?;
+    let started = Instant::now();
+    let handle = exec.submit(Banded(Heat::new(n, phases)))?;
+    let mut snapshot = None;
+    let mut suspended = false;
+    follow(&handle, &log, started, |e| {
+        let done = e.phase + 1;
+        if done == grow_at {
+            handle.set_local_workers(2);
+            println!("  -> 2 local workers");
+        }
+        // Phase ends are printed as they are read, so while this thread waits for a snapshot
+        // the job runs ahead of the printout: the phase it is really in is the progress's.
+        if done >= snapshot_at && snapshot.is_none() {
+            let (t, during) = (Instant::now(), handle.progress().phase);
+            let id = handle.snapshot().wait()?;
+            println!(
+                "  -> snapshot {id}, requested in phase {during}, committed {:.1} ms later \
+                 (the job went on meanwhile)",
+                ms(t.elapsed())
+            );
+            snapshot = Some(id);
+        }
+        if done >= suspend_at && !suspended {
+            let (t, during) = (Instant::now(), handle.progress().phase);
+            let id = handle.suspend().wait()?;
+            println!(
+                "  -> suspend requested in phase {during}: snapshot {id} committed {:.1} ms \
+                 later, the job has ended",
+                ms(t.elapsed())
+            );
+            suspended = true;
+        }
+        Ok(())
+    })?;
+    let first_part = started.elapsed();
+    let latest = match handle.wait()? {
+        Outcome::Suspended(id) => id,
+        Outcome::Finished(_) => {
+            return Err(format!(
+                "the job finished before it was suspended (its {phases} phases are too quick: \
+                 more --phases?)"
+            )
+            .into());
+        }
+        _ => return Err("an unknown outcome".into()),
+    };
+    let snapshot = snapshot.ok_or("no snapshot was taken")?;
+
+    // Resume the suspend's snapshot with another worker count.
+    println!(
+        "\nresume {latest} with {} local worker{}",
+        args.resume_workers,
+        if args.resume_workers == 1 { "" } else { "s" }
+    );
+    let resumed_at = Instant::now();
+    let handle = Executor::builder()
+        .local_workers(args.resume_workers)
+        .build()?
+        .resume::<Banded<Heat>>(&url, At::Latest)?;
+    println!("resumed in phase {}", handle.progress().phase);
+    follow(&handle, &log, resumed_at, |_| Ok(()))?;
+    let second_part = resumed_at.elapsed();
+    let done = handle
+        .wait()?
+        .finished()
+        .ok_or("the resumed job did not finish")?;
+    if done.job.0.phase != phases {
+        return Err(format!("the resumed job ended after {} phases", done.job.0.phase).into());
+    }
+    println!(
+        "malleable   {:>8.3} s  (1 → 2 workers, snapshot, suspend: {:.3} s; resumed with {}: {:.3} s)",
+        (first_part + second_part).as_secs_f64(),
+        first_part.as_secs_f64(),
+        args.resume_workers,
+        second_part.as_secs_f64()
+    );
+    ok &= check(
+        "malleable, suspended and resumed",
+        &Heat::solution(&done),
+        &reference,
+    );
+
+    // And the earlier snapshot, taken while the job ran, with a single worker.
+    println!("\nresume {snapshot} with 1 local worker");
+    let resumed_at = Instant::now();
+    let handle = Executor::builder()
+        .local_workers(1)
+        .build()?
+        .resume::<Banded<Heat>>(&url, At::Epoch(snapshot.epoch))?;
+    println!("resumed in phase {}", handle.progress().phase);
+    follow(&handle, &log, resumed_at, |_| Ok(()))?;
+    let done = handle
+        .wait()?
+        .finished()
+        .ok_or("the job resumed from the snapshot did not finish")?;
+    println!(
+        "malleable   {:>8.3} s  (from the snapshot, 1 worker)",
+        resumed_at.elapsed().as_secs_f64()
+    );
+    ok &= check(
+        "malleable, resumed from the snapshot",
+        &Heat::solution(&done),
+        &reference,
+    );
+
+    if args.store.is_none() {
+        if let Some(dir) = url.strip_prefix("file://") {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    println!(
+        "\n{}",
+        if ok {
+            "all runs give the sequential loop's bits"
+        } else {
+            "FAILED"
+        }
+    );
+    Ok(ok)
+}
