@@ -97,7 +97,7 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
 
     /// Whether chunks are made fresh every phase ([`Ownership::NONE`], the default) or are
     /// owned partitions that live across phases ([`Ownership::PARTITIONS`], for a job whose
-    /// chunk implements [`Partition`]; see the [module docs](crate::job)).
+    /// chunk implements [`Partition`], which says how they work).
     const OWNERSHIP: Ownership<Self> = Ownership::NONE;
 
     /// Size of the current phase's iteration space, `0..iterations()`.
@@ -184,7 +184,19 @@ impl<J> Input<J> for () {
     }
 }
 
-/// A chunk that owns its range's data for the whole job (see the [module docs](crate::job)).
+/// A chunk that owns its range's data for the whole job: an *owned partition*.
+///
+/// A job whose chunks keep large data from phase to phase (a simulation's grid) declares it
+/// with [`Job::OWNERSHIP`] = [`Ownership::PARTITIONS`] and implements this trait for its
+/// chunk. A chunk is then made once, for phase 0, and lives for the whole job, mutated in
+/// place by its steps in every phase. After its last step of a phase it exports a
+/// [`Partition::Halo`] for each neighbour; before its first step of the next phase it
+/// receives theirs ([`Partition::begin_phase`]). Only halos cross the barrier; partitions
+/// stay with the worker that holds them (a thread or a worker process) and move, as few as
+/// possible, only when workers join or leave or their measured speeds diverge. Chunk
+/// boundaries are fixed for the job (every phase has the iterations of the first), so the
+/// value stays deterministic. The [`Rows`](crate::Rows) shortcut does all of this for a grid
+/// partitioned by rows.
 ///
 /// The chunk's steps work through its range in every phase, and its state (the partition and
 /// the progress within the phase) is what a snapshot stores and a retired worker hands over.

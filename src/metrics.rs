@@ -16,7 +16,6 @@
 //! | `malleable_snapshot_pause_seconds` | histogram | seconds | a worker's pause to capture its chunk for a snapshot (serialize + hand over) |
 //! | `malleable_remote_workers` | gauge | connections | worker processes connected to a job (label `job`) |
 //! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
-//! | `malleable_remote_refused_total` | counter | connections | worker processes sent away because the job cannot use them (owned partitions) |
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
 
 use std::time::Duration;
@@ -41,8 +40,6 @@ pub const SNAPSHOT_PAUSE: &str = "malleable_snapshot_pause_seconds";
 pub const REMOTE_WORKERS: &str = "malleable_remote_workers";
 /// Refused handshakes and lost worker connections, by kind of error.
 pub const PEER_ERRORS: &str = "malleable_peer_errors_total";
-/// Worker processes sent away because the job cannot use them (owned partitions).
-pub const REMOTE_REFUSED: &str = "malleable_remote_refused_total";
 /// Owned partitions handed to a worker other than the one that held them.
 pub const PARTITIONS_MOVED: &str = "malleable_partitions_moved_total";
 

@@ -44,6 +44,24 @@
 //! needs those states anyway, to hand the chunks out again if the write fails), the cut is
 //! written, and every connection gets `End`.
 //!
+//! # Owned partitions
+//!
+//! A partition that ran in a worker process stays there (`Done` carries only its halos, and
+//! the ledger records it as `Held::Elsewhere`). At the barrier the process gets the next
+//! phase's job value and, per partition, `Begin` with its neighbours' halos; the core then
+//! queues the partition on a slot of that process again and `Run { held }` names it. When
+//! the core gives it to another worker, or its process is retired, the coordinator asks for
+//! it (`Surrender`) and sends it on (or keeps it, `Fetch`); a snapshot asks for the parts of
+//! held partitions (`CaptureHeld`). A process lost with partitions only it had ends the job
+//! with `Error::PartitionsLost`.
+//!
+//! Halos go through the coordinator, not worker to worker: every process already has one
+//! authenticated connection to it, halos are small (two rows per boundary; today they
+//! cross for every boundary, also between two partitions of one process, which could keep
+//! them), and the coordinator needs them anyway when the neighbour is a local worker or the partition
+//! moves at the barrier. A direct mesh would add a connection and a handshake per pair of
+//! processes; it has not been measured against the relay here.
+//!
 //! Why the value stays exact: the core sees a remote slot exactly as a local worker, with the
 //! same events in the same per-worker order (one connection, one task, messages in order), so
 //! its invariants (every chunk done once, merged in chunk order) hold whatever joins, leaves or
