@@ -64,6 +64,20 @@ fn buffers() -> &'static Mutex<HashMap<String, Arc<Vec<u8>>>> {
     BUFFERS.get_or_init(Mutex::default)
 }
 
+/// The buffer published as `name`, which must be `blocks` 8-byte blocks long.
+fn buffer(name: &str, blocks: u64) -> Result<Arc<Vec<u8>>, BoxError> {
+    let data = buffers()
+        .lock()
+        .map_err(|_| "buffer registry poisoned")?
+        .get(name)
+        .cloned()
+        .ok_or_else(|| format!("no buffer named {name:?}"))?;
+    if data.len() as u64 != blocks * 8 {
+        return Err(format!("buffer {name:?} is not {blocks} blocks").into());
+    }
+    Ok(data)
+}
+
 /// Makes `data` available to jobs as `name` (replacing any buffer of that name).
 pub(crate) fn publish(name: &str, data: Vec<u8>) -> Arc<Vec<u8>> {
     let data = Arc::new(data);
@@ -100,15 +114,7 @@ pub(crate) struct CryptInput {
 
 impl Input<Crypt> for CryptInput {
     fn load(job: &Crypt) -> Result<Self, BoxError> {
-        let data = buffers()
-            .lock()
-            .map_err(|_| "buffer registry poisoned")?
-            .get(&job.buffer)
-            .cloned()
-            .ok_or_else(|| format!("no buffer named {:?}", job.buffer))?;
-        if data.len() as u64 != job.blocks * 8 {
-            return Err(format!("buffer {:?} is not {} blocks", job.buffer, job.blocks).into());
-        }
+        let data = buffer(&job.buffer, job.blocks)?;
         let ek = crypt::encrypt_key(job.key);
         let subkeys = match job.direction {
             Direction::Encrypt => ek,
@@ -271,15 +277,7 @@ pub(crate) struct RoundTripInput {
 
 impl Input<CryptRoundTrip> for RoundTripInput {
     fn load(job: &CryptRoundTrip) -> Result<Self, BoxError> {
-        let data = buffers()
-            .lock()
-            .map_err(|_| "buffer registry poisoned")?
-            .get(&job.buffer)
-            .cloned()
-            .ok_or_else(|| format!("no buffer named {:?}", job.buffer))?;
-        if data.len() as u64 != job.blocks * 8 {
-            return Err(format!("buffer {:?} is not {} blocks", job.buffer, job.blocks).into());
-        }
+        let data = buffer(&job.buffer, job.blocks)?;
         let encrypt = crypt::encrypt_key(job.key);
         let decrypt = crypt::decrypt_key(&encrypt);
         Ok(RoundTripInput {

@@ -23,6 +23,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use super::idhash::IdMap;
+use super::static_::{extremes, len_of};
 use super::{ChunkId, Plan, WorkerId};
 
 /// The part of a load a move must save at a phase start (5%): below it, noise.
@@ -271,25 +272,6 @@ impl Owners {
 fn push_sorted(q: &mut VecDeque<ChunkId>, c: ChunkId) {
     let at = q.partition_point(|&x| x < c);
     q.insert(at, c);
-}
-
-fn len_of(plan: &Plan, c: ChunkId) -> f64 {
-    let r = plan.range(c);
-    (r.end - r.start) as f64
-}
-
-/// Indices of the largest and the smallest load.
-fn extremes(load: &[f64]) -> (usize, usize) {
-    let (mut hi, mut lo) = (0, 0);
-    for (i, &l) in load.iter().enumerate() {
-        if l > load[hi] {
-            hi = i;
-        }
-        if l < load[lo] {
-            lo = i;
-        }
-    }
-    (hi, lo)
 }
 
 #[cfg(test)]

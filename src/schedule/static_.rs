@@ -177,13 +177,13 @@ impl Deal {
     }
 }
 
-fn len_of(plan: &Plan, c: ChunkId) -> f64 {
+pub(super) fn len_of(plan: &Plan, c: ChunkId) -> f64 {
     let r = plan.range(c);
     (r.end - r.start) as f64
 }
 
 /// Indices of the largest and the smallest load.
-fn extremes(load: &[f64]) -> (usize, usize) {
+pub(super) fn extremes(load: &[f64]) -> (usize, usize) {
     let (mut hi, mut lo) = (0, 0);
     for (i, &l) in load.iter().enumerate() {
         if l > load[hi] {
