@@ -28,7 +28,7 @@
 //!
 //! Options: `--store URL` (default: a fresh folder under the system's temporary directory;
 //! `s3://` stores read the usual `AWS_*` variables), `--deadline SECS` (3), `--steps N`
-//! (800), `--bodies N` (1024), `--site-b-workers K` (3).
+//! (2400), `--bodies N` (1024), `--site-b-workers K` (3).
 //!
 //! Before any snapshot has been timed, the executor keeps a margin of 10 s before a deadline
 //! (afterwards twice the longest snapshot plus 1 s), so with a deadline closer than that it
@@ -251,7 +251,7 @@ fn parse_args() -> Result<Args, Error> {
         workers: 3,
         store: None,
         deadline: 3.0,
-        steps: 800,
+        steps: 2400,
         bodies: 1024,
     };
     let mut it = std::env::args().skip(1);
