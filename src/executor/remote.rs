@@ -530,6 +530,20 @@ impl<J: Job> State<J> {
         v
     }
 
+    /// Whether worker process `id` was given, or asked about, the partition of `chunk` (so
+    /// that its `Missing` or `FailedHeld` about it may end the job).
+    fn asked_of(&self, id: ConnId, chunk: ChunkId) -> bool {
+        let runs_it = self.remote.conns.get(&id).is_some_and(|c| {
+            c.slots
+                .iter()
+                .flatten()
+                .any(|&w| self.core.running_on(w) == Some(chunk))
+        });
+        runs_it
+            || self.snap.held_asked.get(&chunk) == Some(&id)
+            || self.held_by(id).contains(&chunk)
+    }
+
     fn holds_partitions(&self, id: ConnId) -> bool {
         self.core.is_partitioned() && !self.held_by(id).is_empty()
     }
@@ -655,6 +669,9 @@ impl<J: Job> State<J> {
         for (_, c) in self.remote.conns.drain() {
             let _ = c.tx.send(ToWorker::End);
         }
+        // A local runner waiting for a partition on its way is let go (it reports to an ended
+        // job); nothing holds its answer any more.
+        self.remote.fetches.clear();
         self.members.drop_slots();
         self.remote_gauge();
     }
@@ -798,6 +815,14 @@ impl<J: Job> State<J> {
         id: ConnId,
         msg: ToCoordinator,
     ) -> Result<(), PeerError> {
+        // A worker process may end the job about a partition only if it was given or asked
+        // about it.
+        let foreign = match &msg {
+            ToCoordinator::Missing { chunk } | ToCoordinator::FailedHeld { chunk, .. } => {
+                !self.asked_of(id, *chunk)
+            }
+            _ => false,
+        };
         let Some(conn) = self.remote.conns.get_mut(&id) else {
             // Released or the job ended: late messages are dropped.
             return Ok(());
@@ -884,6 +909,10 @@ impl<J: Job> State<J> {
                 return Ok(());
             }
             ToCoordinator::CapturedHeld { chunk, state } => {
+                if self.snap.held_asked.get(&chunk) != Some(&id) {
+                    return Err(bad(format!("chunk {chunk} was not asked of this process")));
+                }
+                self.snap.held_asked.remove(&chunk);
                 if self.snap.cut.waits_for_held(chunk) {
                     let mut out = std::mem::take(&mut self.snap.out);
                     self.snap
@@ -894,6 +923,11 @@ impl<J: Job> State<J> {
                 }
                 self.settle(shared);
                 return Ok(());
+            }
+            ToCoordinator::Missing { chunk } | ToCoordinator::FailedHeld { chunk, .. }
+                if foreign =>
+            {
+                return Err(bad(format!("chunk {chunk} is not this process's")));
             }
             ToCoordinator::Missing { chunk } => {
                 let error = Error::PartitionsLost {

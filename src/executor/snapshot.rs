@@ -87,6 +87,9 @@ pub(crate) struct Snapshots {
     /// Worker processes that keep the partitions of chunks whose `Done` reached a cut before
     /// the ledger (their part is asked of them).
     pub(crate) kept_by: HashMap<ChunkId, u64>,
+    /// The worker process each held partition's part was asked of (`CaptureHeld`): only
+    /// that process's answer is taken.
+    pub(crate) held_asked: HashMap<ChunkId, u64>,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -385,7 +388,12 @@ impl<J: Job> State<J> {
             .find(|(c, _)| *c == chunk)
             .and_then(|(_, h)| h.elsewhere())
             .or_else(|| self.snap.kept_by.remove(&chunk));
-        match holder.and_then(|id| self.remote.send_to(id, ToWorker::CaptureHeld { chunk })) {
+        let sent = holder.and_then(|id| {
+            self.remote.send_to(id, ToWorker::CaptureHeld { chunk })?;
+            self.snap.held_asked.insert(chunk, id);
+            Some(())
+        });
+        match sent {
             Some(()) => {}
             None => {
                 let mut out = Vec::new();
