@@ -115,17 +115,56 @@ pub enum Error {
     /// risk a wrong value. Please report it.
     #[error("internal error: {0}")]
     Internal(String),
+    /// [`Executor::shutdown`](crate::Executor::shutdown) gave up waiting: worker processes
+    /// of ended jobs not yet sent their `End`, or snapshot writes still in flight, were
+    /// abandoned.
+    #[error(
+        "the executor's shutdown gave up after {after:?}: {connections} worker connections had \
+         not delivered their last frames, {writes} snapshot write tasks were still running"
+    )]
+    ShutdownTimedOut {
+        /// Connections to worker processes of ended jobs that had not delivered `End`.
+        connections: usize,
+        /// Tasks of snapshot writes still running: a snapshot's write and each of its parts'
+        /// uploads count one.
+        writes: usize,
+        /// The time limit.
+        after: std::time::Duration,
+    },
     /// A worker thread could not be started.
     #[error("could not start a worker thread")]
     Spawn(#[source] std::io::Error),
     /// Owned partitions were lost with the worker that held them (a worker process that
-    /// died after the first phase): the job cannot go on from this run's state.
-    #[error("job {job} lost the owned partitions of chunks {chunks:?} with their worker")]
+    /// died after the first phase) and the run had committed no snapshot to roll back to:
+    /// the job cannot go on from this run's state. With snapshots (a period, a deadline or
+    /// an explicit one) the job rolls back instead ([`JobHandle::rollbacks`]).
+    ///
+    /// [`JobHandle::rollbacks`]: crate::JobHandle::rollbacks
+    #[error(
+        "job {job} lost the owned partitions of chunks {chunks:?} with their worker, and no snapshot was committed to roll back to"
+    )]
     PartitionsLost {
         /// The job's name.
         job: &'static str,
         /// The chunks whose partitions were lost.
         chunks: Vec<u64>,
+    },
+    /// Owned partitions were lost with their worker and the snapshot to roll back to could
+    /// not be read back (the source says why: the store, a damaged part, a job that does not
+    /// decode). The snapshot stays in the store.
+    #[error(
+        "job {job} lost the owned partitions of chunks {lost:?} and could not roll back to snapshot {epoch}"
+    )]
+    RollbackFailed {
+        /// The job's name.
+        job: &'static str,
+        /// The chunks whose partitions were lost.
+        lost: Vec<u64>,
+        /// The epoch of the snapshot it tried to roll back to.
+        epoch: u64,
+        /// Why the snapshot could not be read or restored.
+        #[source]
+        source: Box<Error>,
     },
     /// A job with owned partitions asked for a phase cut into other chunks than its first:
     /// its partitions would not fit. Its iterations and chunking must stay the same.
@@ -296,6 +335,7 @@ mod tests {
             | ClusterError::Auth { .. }
             | ClusterError::UnknownJob { .. }
             | ClusterError::FrameTooLarge { .. }
+            | ClusterError::HandshakeTooLarge { .. }
             | ClusterError::MessageTooLarge { .. }
             | ClusterError::Malformed { .. }
             | ClusterError::Refused { .. }
@@ -371,6 +411,7 @@ mod tests {
             | Error::Cluster(_)
             | Error::SnapshotFailed(_)
             | Error::Codec { .. }
+            | Error::RollbackFailed { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -380,7 +421,8 @@ mod tests {
             | Error::Ended { .. }
             | Error::Internal(_)
             | Error::PartitionsChanged { .. }
-            | Error::PartitionsLost { .. } => false,
+            | Error::PartitionsLost { .. }
+            | Error::ShutdownTimedOut { .. } => false,
         };
         let mut all = vec![
             Error::Input {
@@ -399,6 +441,15 @@ mod tests {
                 what: "a chunk state",
                 source: codec_error(),
             })),
+            Error::RollbackFailed {
+                job: "heat",
+                lost: vec![3],
+                epoch: 7,
+                source: Box::new(Error::Codec {
+                    what: "the job",
+                    source: codec_error(),
+                }),
+            },
         ];
         all.extend(cluster_errors().into_iter().map(Error::Cluster));
         all.extend(snapshot_errors().into_iter().map(Error::Snapshot));

@@ -17,6 +17,9 @@
 //! | `malleable_remote_workers` | gauge | connections | worker processes connected to a job (label `job`) |
 //! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
+//! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
+//! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
+//! | `malleable_autoscale_decisions_total` | counter | decisions | decisions of the autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) carried out (label `reason`: [`Reason::name`](crate::schedule::Reason::name)) |
 
 use std::time::Duration;
 
@@ -42,6 +45,13 @@ pub const REMOTE_WORKERS: &str = "malleable_remote_workers";
 pub const PEER_ERRORS: &str = "malleable_peer_errors_total";
 /// Owned partitions handed to a worker other than the one that held them.
 pub const PARTITIONS_MOVED: &str = "malleable_partitions_moved_total";
+/// Rollbacks to the latest committed snapshot after owned partitions were lost.
+pub const ROLLBACKS: &str = "malleable_rollbacks_total";
+/// What a graceful shutdown gave up waiting for, by kind (`connection`: a worker process not
+/// yet sent its `End`; `snapshot_write`: a write in flight).
+pub const SHUTDOWN_ABANDONED: &str = "malleable_shutdown_abandoned_total";
+/// Decisions of the autoscaler carried out, by reason.
+pub const AUTOSCALE_DECISIONS: &str = "malleable_autoscale_decisions_total";
 
 /// A worker's batch of step measurements: a log₂ histogram of step nanoseconds and counts,
 /// flushed to the recorder when a chunk ends.

@@ -89,6 +89,37 @@ fn hello_frame(version: u32) -> Vec<u8> {
     f
 }
 
+/// A connection that completed the handshake with `token` as a worker of the job `walk`
+/// (one thread), by hand: the worker's proof is `HMAC-SHA256(token, "malleable worker v1" ‖
+/// nc ‖ nw)`.
+fn authenticated(addr: &str, token: &str) -> TcpStream {
+    use hmac::{KeyInit, Mac};
+    let mut s = TcpStream::connect(addr).unwrap();
+    let nw = [7; 32];
+    send_frame(&mut s, &hello_frame(frame::PROTOCOL_VERSION));
+    let challenge = read_frame(&mut s).expect("a challenge");
+    let handshake::Reply::Challenge { nonce: nc, .. } =
+        handshake::decode_reply("coordinator", &challenge).unwrap()
+    else {
+        panic!("not a challenge");
+    };
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(token.as_bytes()).unwrap();
+    mac.update(b"malleable worker v1");
+    mac.update(&nc);
+    mac.update(&nw);
+    let proof: [u8; 32] = mac.finalize().into_bytes().into();
+    send_frame(&mut s, &frame::encode(&handshake::ProofMsg { proof }));
+    let welcome = read_frame(&mut s).expect("a welcome");
+    assert!(
+        matches!(
+            handshake::decode_welcome("coordinator", &welcome).unwrap(),
+            handshake::Reply::Welcome { .. }
+        ),
+        "not welcomed"
+    );
+    s
+}
+
 fn finished_exactly(h: JobHandle<Walk>, job: &Walk) {
     let fin = match h.wait().unwrap() {
         Outcome::Finished(f) => f,
@@ -176,13 +207,38 @@ fn hostile_peers_are_refused_while_the_job_goes_on() {
         matches!(e, cluster::Error::NotAPeer { .. })
     });
 
-    // Garbage that is not even framing (an HTTP request): its "length" is over the limit.
+    // Garbage that is not even framing (an HTTP request): its "length" is over the
+    // handshake's frame limit. Not one of ours either.
+    let not_a_peer = |exec: &Executor| {
+        exec.peer_errors()
+            .iter()
+            .filter(|e| matches!(***e, cluster::Error::NotAPeer { .. }))
+            .count()
+    };
+    let before = not_a_peer(&exec);
     let mut s = TcpStream::connect(&addr).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     assert!(closed_by_coordinator(&mut s));
 
-    // A frame over the limit, announced by its length prefix.
+    // A frame over the limit, announced by its length prefix before the handshake: the
+    // same (a stranger's claim is checked against the handshake's limit).
     let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(&((LIMIT as u32) + 1).to_be_bytes()).unwrap();
+    assert!(closed_by_coordinator(&mut s));
+    until_error(&exec, "two more NotAPeer", |_| {
+        not_a_peer(&exec) >= before + 2
+    });
+    assert!(
+        !exec
+            .peer_errors()
+            .iter()
+            .any(|e| matches!(**e, cluster::Error::FrameTooLarge { .. })),
+        "{:?}",
+        exec.peer_errors()
+    );
+
+    // A frame over the limit from a peer that proved the token: `FrameTooLarge`.
+    let mut s = authenticated(&addr, "the right token");
     s.write_all(&((LIMIT as u32) + 1).to_be_bytes()).unwrap();
     assert!(closed_by_coordinator(&mut s));
     until_error(&exec, "FrameTooLarge", |e| {

@@ -1,8 +1,9 @@
 //! Owned partitions held by worker processes (real processes, real sockets on loopback):
 //! partitions stay where they ran and only halos cross per phase; processes join, are
-//! retired (their partitions come back), are killed (a typed error: the partitions were
-//! lost), and a job suspended with partitions held remotely resumes with local workers only.
-//! Every grid is bit for bit the sequential one.
+//! retired (their partitions come back), are killed (the job rolls back to its latest
+//! committed snapshot and goes on with the workers left; with no snapshot, or a damaged one,
+//! a typed error), and a job suspended with partitions held remotely resumes with local
+//! workers only. Every grid is bit for bit the sequential one.
 //!
 //! Worker processes are this test binary, re-executed to run [`worker_process`].
 
@@ -275,5 +276,133 @@ fn a_job_suspended_with_partitions_in_processes_resumes_locally() {
     let local = Executor::builder().local_workers(2).build().unwrap();
     let r = local.resume::<Banded<Grid>>(&url, At::Latest).unwrap();
     assert_same(&finished(r), &sequential(&job));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A snapshot folder of its own for one test.
+fn folder(name: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "malleable-partitions-remote-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("file://{}", dir.display());
+    (dir, url)
+}
+
+fn coordinator_with_snapshots(local: usize, url: &str) -> Executor {
+    Executor::builder()
+        .local_workers(local)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshots(url)
+        .build()
+        .unwrap()
+}
+
+/// One of two processes is killed after a snapshot: the job rolls back to it, the process
+/// left forgets its partitions and goes on with the local worker, and the grid is exact.
+#[test]
+fn a_killed_process_rolls_the_job_back_to_its_latest_snapshot() {
+    let (dir, url) = folder("rollback");
+    let exec = coordinator_with_snapshots(1, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(300);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 20", || phase_of(&h) >= 20);
+    let id = h.snapshot().wait().unwrap();
+    until("phase 40", || phase_of(&h) >= 40);
+    let before = phase_of(&h);
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("the rollback", || !h.rollbacks().is_empty());
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let rollbacks = h.rollbacks();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    let r = &rollbacks[0];
+    assert_eq!(r.epoch, id.epoch);
+    assert!(r.to_phase >= 20 && r.to_phase < before, "{r:?}");
+    assert!(r.from_phase >= before, "{r:?}");
+    assert!(!r.lost.is_empty());
+    assert!(r.recovered.is_some(), "{r:?}");
+    // The process left stayed a worker of the job to its end and left cleanly.
+    assert!(b.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With worker processes only (the coordinator computes inline): the process left takes
+/// every partition after the rollback.
+#[test]
+fn a_rollback_with_worker_processes_only_is_exact() {
+    let (dir, url) = folder("rollback-remote-only");
+    let exec = coordinator_with_snapshots(0, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(200);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    let h2 = h.clone();
+    let waiter = std::thread::spawn(move || finished(h2));
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 10", || phase_of(&h) >= 10);
+    h.snapshot().wait().unwrap();
+    until("phase 30", || phase_of(&h) >= 30);
+    b.kill().unwrap();
+    let _ = b.wait();
+    assert_same(&waiter.join().unwrap(), &sequential(&job));
+    assert_eq!(h.rollbacks().len(), 1);
+    assert!(a.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The snapshot to roll back to is damaged (a part's bytes changed): the job ends with
+/// `RollbackFailed`, whose source says which check failed, not with a wrong grid.
+#[test]
+fn a_damaged_snapshot_fails_the_rollback_with_its_cause() {
+    let (dir, url) = folder("rollback-damaged");
+    let exec = coordinator_with_snapshots(1, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let h = exec.submit(Banded(grid(400))).unwrap();
+    let mut a = start(&addr);
+    until("one process", || h.remote_workers() == 1);
+    until("phase 10", || phase_of(&h) >= 10);
+    let id = h.snapshot().wait().unwrap();
+    // Every part of that snapshot gets one byte flipped.
+    let mut damaged = 0;
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().contains("/part") {
+                let mut bytes = std::fs::read(&p).unwrap();
+                let last = bytes.len() - 1;
+                bytes[last] ^= 0x5a;
+                std::fs::write(&p, bytes).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged > 0, "no part found under {}", dir.display());
+    a.kill().unwrap();
+    let _ = a.wait();
+    match h.wait() {
+        Err(Error::RollbackFailed {
+            epoch,
+            lost,
+            source,
+            ..
+        }) => {
+            assert_eq!(epoch, id.epoch);
+            assert!(!lost.is_empty());
+            assert!(matches!(*source, Error::Snapshot(_)), "{source:?}");
+        }
+        other => panic!("{other:?}"),
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -35,15 +35,18 @@ pub enum Error {
         after: Duration,
     },
     /// Nothing arrived from an established peer for a whole lease (no heartbeat, or a frame
-    /// that stalls half-way).
-    #[error("nothing from {peer} for {after:?}: its lease expired")]
+    /// that stalls half-way): the peer fell silent (stopped, hung, or cut off without the
+    /// connection closing) and is given up. Only frames received count; a side's own
+    /// heartbeats never extend the other's lease.
+    #[error("{peer} fell silent: nothing from it for {after:?}, its lease expired")]
     LeaseExpired {
         /// The other side's address.
         peer: String,
         /// The lease.
         after: Duration,
     },
-    /// The first bytes were not this protocol's magic: not a malleable peer.
+    /// The first bytes were not this protocol's magic, or claimed a frame over the
+    /// handshake's limit (an HTTP request, a port scanner): not a malleable peer.
     #[error("{peer} does not speak the malleable protocol")]
     NotAPeer {
         /// The other side's address.
@@ -77,12 +80,25 @@ pub enum Error {
         /// The job names the coordinator runs and accepts workers for.
         running: Vec<String>,
     },
-    /// A frame's length exceeds the limit.
+    /// A frame's length exceeds the limit (from an authenticated peer: before that, a frame
+    /// over the handshake's limit makes the peer [`Error::NotAPeer`]).
     #[error("{peer} sent a frame over the limit of {limit} bytes")]
     FrameTooLarge {
         /// The other side's address.
         peer: String,
         /// The maximum frame length.
+        limit: usize,
+    },
+    /// This side's own handshake message is over the handshake's frame limit
+    /// ([`HANDSHAKE_MAX_FRAME`](super::handshake::HANDSHAKE_MAX_FRAME)); the other side
+    /// would take it for a stranger's. A worker process that registers too many job names.
+    #[error("this side's {what} is {len} bytes, over the handshake's frame limit of {limit}")]
+    HandshakeTooLarge {
+        /// The message.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The handshake's frame limit.
         limit: usize,
     },
     /// A message sent in pieces is longer than the limit.
@@ -169,6 +185,7 @@ impl Error {
             Error::Auth { .. } => "auth",
             Error::UnknownJob { .. } => "unknown_job",
             Error::FrameTooLarge { .. } => "frame_too_large",
+            Error::HandshakeTooLarge { .. } => "handshake_too_large",
             Error::MessageTooLarge { .. } => "message_too_large",
             Error::Malformed { .. } => "malformed",
             Error::Refused { .. } => "refused",

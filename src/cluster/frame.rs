@@ -25,8 +25,9 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// per thread ([`SLOTS_PER_THREAD`]). Version 3: `Failed` says what failed ([`Failure`]), so
 /// the coordinator reports the error a local worker would. Version 4: messages longer than a
 /// frame travel in pieces (`Piece`); worker processes hold owned partitions (`Run::held`,
-/// `Done::halos`, `Begin`, `Surrender`, `CaptureHeld` and their answers).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// `Done::halos`, `Begin`, `Surrender`, `CaptureHeld` and their answers). Version 5: a job
+/// that lost partitions rolls back, and the processes left `Forget` theirs.
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
 /// ends, the next is already there, and the round trip of its `Done` and the following `Run`
@@ -161,6 +162,9 @@ pub enum ToWorker {
         #[serde(deserialize_with = "in_frame")]
         bytes: Bytes,
     },
+    /// Owned partitions: the job rolled back to a snapshot; drop every partition this process
+    /// holds (the next phase's job value and the restored states come with later messages).
+    Forget,
 }
 
 /// A message from a worker process to the coordinator.

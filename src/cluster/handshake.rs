@@ -19,8 +19,19 @@
 //!    names it, with the heartbeat period and lease.
 //!
 //! The whole handshake has a time limit on the coordinator's side (a peer that says nothing or
-//! stalls in the middle of a frame is dropped with [`Error::HandshakeTimeout`]), and every frame
-//! has the maximum length.
+//! stalls in the middle of a frame is dropped with [`Error::HandshakeTimeout`]).
+//!
+//! # Frame limits
+//!
+//! Until a side has checked the other's proof, the connection's frame limit is
+//! [`HANDSHAKE_MAX_FRAME`] (a few KiB: the handshake's messages are small), not the
+//! configured `max_frame` (64 MiB by default): the framing reserves room for a frame as soon
+//! as it reads its 4-byte length, so an unauthenticated peer that claims a large frame would
+//! otherwise make this side reserve that much memory per connection. A peer that claims a
+//! frame over the handshake's limit is not one of ours ([`Error::NotAPeer`]: an HTTP request,
+//! whose `GET ` reads as a length of about 1.2 GB, is reported so) and is dropped before
+//! anything is reserved. The coordinator raises the limit to `max_frame` once the worker's
+//! proof checks (step 4), the worker once the coordinator's does (step 3).
 //!
 //! # Why it is correct
 //!
@@ -60,6 +71,10 @@ pub const TOKEN_ENV: &str = "MALLEABLE_TOKEN";
 pub type Nonce = [u8; 32];
 /// A MAC.
 pub type Proof = [u8; 32];
+
+/// The frame limit of a connection until the other side is authenticated: 8 KiB, room for a
+/// hello naming a hundred jobs. See "Frame limits" above.
+pub const HANDSHAKE_MAX_FRAME: usize = 8 << 10;
 
 /// The secret shared by a coordinator and its workers. Never printed, never sent.
 #[derive(Clone)]
@@ -272,19 +287,36 @@ fn nonce() -> Result<Nonce, Error> {
     Ok(n)
 }
 
-/// The next frame, or the error that ended the connection.
-pub(crate) async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
+/// The next frame of the handshake, from a peer not yet authenticated, or the error that
+/// ended the connection: a frame over [`HANDSHAKE_MAX_FRAME`] means [`Error::NotAPeer`].
+async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
     framed: &mut Framed<S, LengthDelimitedCodec>,
     peer: &str,
-    limit: usize,
 ) -> Result<bytes::BytesMut, Error> {
     match framed.next().await {
         Some(Ok(frame)) => Ok(frame),
-        Some(Err(e)) => Err(Error::io(peer, e, limit)),
+        Some(Err(e)) => match Error::io(peer, e, HANDSHAKE_MAX_FRAME) {
+            Error::FrameTooLarge { .. } => {
+                tracing::debug!(
+                    peer,
+                    limit = HANDSHAKE_MAX_FRAME,
+                    "an unauthenticated peer claimed a frame over the handshake's limit"
+                );
+                Err(Error::NotAPeer {
+                    peer: peer.to_owned(),
+                })
+            }
+            other => Err(other),
+        },
         None => Err(Error::Closed {
             peer: peer.to_owned(),
         }),
     }
+}
+
+/// Sets the connection's frame limit (both ways: the codec checks what it writes too).
+fn set_limit<S>(framed: &mut Framed<S, LengthDelimitedCodec>, limit: usize) {
+    framed.codec_mut().set_max_frame_length(limit);
 }
 
 pub(crate) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
@@ -313,7 +345,8 @@ pub(crate) struct Timing {
 }
 
 /// The coordinator's side of steps 1–4. `choose` picks a job among the worker's names, or
-/// returns the names of the jobs that accept workers.
+/// returns the names of the jobs that accept workers. The connection's frame limit is
+/// [`HANDSHAKE_MAX_FRAME`] until the worker's proof checks, then `limit`.
 pub(crate) async fn coordinator<S, T>(
     framed: &mut Framed<S, LengthDelimitedCodec>,
     peer: &str,
@@ -326,7 +359,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let token = token.cloned().unwrap_or_else(no_token);
-    let first = next_frame(framed, peer, limit).await?;
+    set_limit(framed, HANDSHAKE_MAX_FRAME);
+    let first = next_frame(framed, peer).await?;
     let hello = match decode_hello(peer, &first) {
         Ok(h) => h,
         Err(e @ Error::Version { .. }) => {
@@ -343,13 +377,15 @@ where
         versioned(&Reply::Challenge { nonce: nc, proof }),
     )
     .await?;
-    let theirs = decode_proof(peer, &next_frame(framed, peer, limit).await?)?;
+    let theirs = decode_proof(peer, &next_frame(framed, peer).await?)?;
     if !token.check(WORKER, &nc, &hello.nonce, &theirs.proof) {
         let _ = send(framed, peer, encode(&Reply::Refused(Refusal::Auth))).await;
         return Err(Error::Auth {
             peer: peer.to_owned(),
         });
     }
+    // The worker is authenticated: its frames may be as long as the configuration allows.
+    set_limit(framed, limit);
     match choose(&hello.jobs) {
         Ok((name, job)) => {
             let welcome = Reply::Welcome {
@@ -385,7 +421,14 @@ pub(crate) struct Welcomed {
     pub(crate) lease_ms: u64,
 }
 
-/// The worker's side of steps 1–4.
+/// The worker's side of steps 1–4. The connection's frame limit is [`HANDSHAKE_MAX_FRAME`]
+/// until the coordinator's proof checks, then `limit`.
+///
+/// # Errors
+///
+/// Those of the protocol's steps, and [`Error::HandshakeTooLarge`] if the hello (with the
+/// job names in `jobs`) is over [`HANDSHAKE_MAX_FRAME`], which a coordinator would take for
+/// a stranger's.
 pub(crate) async fn worker<S>(
     framed: &mut Framed<S, LengthDelimitedCodec>,
     peer: &str,
@@ -398,18 +441,22 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let token = token.cloned().unwrap_or_else(no_token);
+    set_limit(framed, HANDSHAKE_MAX_FRAME);
     let nw = nonce()?;
     let known = jobs.clone();
-    send(
-        framed,
-        peer,
-        versioned(&Hello {
-            jobs,
-            threads,
-            nonce: nw,
-        }),
-    )
-    .await?;
+    let hello = versioned(&Hello {
+        jobs,
+        threads,
+        nonce: nw,
+    });
+    if hello.len() > HANDSHAKE_MAX_FRAME {
+        return Err(Error::HandshakeTooLarge {
+            what: "hello (the registered job names)",
+            len: hello.len(),
+            limit: HANDSHAKE_MAX_FRAME,
+        });
+    }
+    send(framed, peer, hello).await?;
     let refused = |r: Refusal, known: Vec<String>| match r {
         Refusal::Auth => Error::Auth {
             peer: peer.to_owned(),
@@ -424,7 +471,7 @@ where
             reason: "protocol version mismatch".into(),
         },
     };
-    let (nc, proof) = match decode_reply(peer, &next_frame(framed, peer, limit).await?)? {
+    let (nc, proof) = match decode_reply(peer, &next_frame(framed, peer).await?)? {
         Reply::Challenge { nonce, proof } => (nonce, proof),
         Reply::Refused(r) => return Err(refused(r, known)),
         Reply::Welcome { .. } => {
@@ -444,9 +491,21 @@ where
             peer: peer.to_owned(),
         });
     }
+    // The coordinator is authenticated: its frames may be as long as the configuration
+    // allows (its refusal of an unknown job lists every running job's name).
+    set_limit(framed, limit);
     let proof = token.prove(WORKER, &nc, &nw);
     send(framed, peer, encode(&ProofMsg { proof })).await?;
-    match decode_welcome(peer, &next_frame(framed, peer, limit).await?)? {
+    let welcome = match framed.next().await {
+        Some(Ok(frame)) => frame,
+        Some(Err(e)) => return Err(Error::io(peer, e, limit)),
+        None => {
+            return Err(Error::Closed {
+                peer: peer.to_owned(),
+            });
+        }
+    };
+    match decode_welcome(peer, &welcome)? {
         Reply::Welcome {
             job,
             heartbeat_ms,
@@ -463,5 +522,61 @@ where
             reason: "a second challenge".into(),
             source: None,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// After the handshake both sides take frames up to the configured limit; during it,
+    /// only up to the handshake's.
+    #[test]
+    fn the_frame_limit_is_raised_once_the_other_side_is_authenticated() {
+        runtime().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let limit = 1 << 20;
+            let mut coordinator = Framed::new(a, super::super::frame::codec(limit));
+            let mut worker = Framed::new(b, super::super::frame::codec(limit));
+            let timing = Timing {
+                heartbeat_ms: 1,
+                lease_ms: 2,
+            };
+            let (c, w) = tokio::join!(
+                super::coordinator(&mut coordinator, "w", None, limit, timing, |names| {
+                    Ok::<_, Vec<String>>((names[0].clone(), ()))
+                }),
+                super::worker(&mut worker, "c", None, limit, vec!["job".into()], 1),
+            );
+            c.unwrap();
+            assert_eq!(w.unwrap().job, "job");
+            assert_eq!(coordinator.codec().max_frame_length(), limit);
+            assert_eq!(worker.codec().max_frame_length(), limit);
+        });
+    }
+
+    /// A worker whose hello would be over the handshake's limit says so before it sends
+    /// anything (a coordinator would drop it as a stranger).
+    #[test]
+    fn a_hello_over_the_handshake_limit_is_an_error_of_its_own() {
+        runtime().block_on(async {
+            let (a, _b) = tokio::io::duplex(1 << 16);
+            let mut worker = Framed::new(a, super::super::frame::codec(1 << 20));
+            let jobs = (0..200).map(|i| format!("job-{i:0>60}")).collect();
+            let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, 1)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::HandshakeTooLarge { len, limit: HANDSHAKE_MAX_FRAME, .. } if len > HANDSHAKE_MAX_FRAME),
+                "{err:?}"
+            );
+        });
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use super::job_run::State;
 use super::{Shared, local};
 use crate::error::{Error, Result};
 use crate::job::{Job, Value};
@@ -141,6 +142,11 @@ impl<J: Job> JobHandle<J> {
     /// A progress report. Takes the job's lock briefly; fine to call every few milliseconds.
     pub fn progress(&self) -> Progress {
         let st = self.shared.lock();
+        Self::progress_of(&st, &self.shared)
+    }
+
+    /// The progress report, from the locked state.
+    pub(super) fn progress_of(st: &State<J>, shared: &Shared<J>) -> Progress {
         let (done_chunks, total) = st.core.progress();
         let running: u64 = st
             .members
@@ -151,7 +157,7 @@ impl<J: Job> JobHandle<J> {
             + st.remote_progress();
         let done = (done_chunks + running).min(total);
         let done_all_phases = st.iterations_before + done;
-        let secs = self.shared.started.elapsed().as_secs_f64();
+        let secs = shared.started.elapsed().as_secs_f64();
         let rate = if secs > 0.0 {
             done_all_phases as f64 / secs
         } else {
@@ -168,6 +174,13 @@ impl<J: Job> JobHandle<J> {
             local_workers: st.members.local_count(),
             remote_workers: st.remote_count(),
         }
+    }
+
+    /// The rollbacks the job went through (owned partitions lost with a worker process, the
+    /// job back at its latest committed snapshot), oldest first: what was lost, where it went
+    /// back to, and how long each step took.
+    pub fn rollbacks(&self) -> Vec<super::Rollback> {
+        self.shared.lock().rollbacks.clone()
     }
 
     /// Worker processes connected to the job, retiring ones excluded.
@@ -226,7 +239,9 @@ impl<J: Job> JobHandle<J> {
     }
 
     /// Blocks until the job ends. With zero local workers, the calling thread runs the job.
-    /// Wait from one thread at a time.
+    /// Wait from one thread at a time. Before it returns, the job's worker processes have
+    /// been sent their `End` (up to [`Builder::shutdown_timeout`](crate::Builder::shutdown_timeout)),
+    /// so a program may exit right after without cutting them off.
     ///
     /// # Errors
     ///
@@ -240,11 +255,20 @@ impl<J: Job> JobHandle<J> {
             st.settle(&self.shared);
         }
         local::serve_inline(&self.shared, &rx);
-        let mut st = self.shared.lock();
-        st.members.waiter = None;
-        st.result
-            .take()
-            .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME }))
+        let result = {
+            let mut st = self.shared.lock();
+            st.members.waiter = None;
+            st.result
+                .take()
+                .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME }))
+        };
+        // The job's worker processes were sent `End`: it reaches them before this returns,
+        // so a program that exits right after does not cut them off.
+        let timeout = self.shared.config.shutdown_timeout;
+        let key = super::shutdown::job_key(&self.shared);
+        let left = self.shared.io.drain(Some(key), timeout);
+        super::shutdown::report(&format!("the end of job {}", J::NAME), left, timeout);
+        result
     }
 }
 
@@ -253,7 +277,9 @@ impl<J: Job> IntoFuture for JobHandle<J> {
     type IntoFuture = JobFuture<J>;
 
     /// Awaiting never blocks the runtime's threads; with zero local workers the job runs
-    /// inline on one helper thread.
+    /// inline on one helper thread. Unlike [`JobHandle::wait`], it does not wait for the
+    /// job's worker processes to be sent their `End`: before a program returns, call
+    /// [`Executor::shutdown`](crate::Executor::shutdown) (in `spawn_blocking`), which does.
     fn into_future(self) -> JobFuture<J> {
         JobFuture {
             shared: self.shared,

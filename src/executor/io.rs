@@ -175,57 +175,15 @@ impl super::Executor {
                 })?,
                 At::Epoch(e) => SnapshotId::new(job_id, e),
             };
-            let m = reader.manifest(&id).await?;
-            m.check_job(J::NAME)?;
-            let parts =
-                futures::future::try_join_all(m.all_parts().map(|p| reader.get_part(p))).await?;
-            Ok((m, parts))
+            read_snapshot::<J>(&reader, &id).await
         })?;
-        let job: J = decode("the job", &manifest.job)?;
-        let run: RunConfig = decode("the run configuration", &manifest.config)?;
-        let reduced = decode("the reduced value", &manifest.reduced)?;
-        let done = manifest
-            .done
-            .iter()
-            .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
-            .collect::<Result<Vec<_>>>()?;
-        // States stay bytes until the worker that runs them decodes them (see `Held`).
-        let mut states: Vec<(ChunkId, super::Held<J::Chunk>)> = manifest
-            .all_parts()
-            .zip(parts)
-            .map(|(p, b)| (p.chunk, super::Held::Bytes(b)))
-            .collect();
-        let kept = states.split_off(manifest.parts.len());
-        let suspended = states;
+        let Restored {
+            job,
+            core,
+            run,
+            manifest,
+        } = restore::<J>(manifest, parts)?;
         let phase = manifest.phase;
-        let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
-            let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);
-            if plan.len() != manifest.chunks {
-                return Err(format!(
-                    "the job's phase {phase} has {} chunks, the snapshot {}",
-                    plan.len(),
-                    manifest.chunks
-                ));
-            }
-            crate::schedule::Core::restore(
-                run.schedule,
-                plan,
-                job.reducer(),
-                manifest.merged,
-                reduced,
-                done,
-                suspended,
-                kept,
-            )
-            .map(|core| {
-                if J::OWNERSHIP.is_partitioned() {
-                    core.with_partitions(phase)
-                } else {
-                    core
-                }
-            })
-        })?
-        .map_err(|e| Error::Snapshot(crate::snapshot::Error::Inconsistent(e)))?;
         let same_store = self.config.snapshots.url.is_none()
             || self.config.snapshots.url.as_deref() == Some(url);
         let snap = if same_store {
@@ -250,4 +208,79 @@ impl super::Executor {
             run.chunking,
         )
     }
+}
+
+/// Reads committed snapshot `id` of job `J`: its manifest and the bytes of its parts (the
+/// states of pending chunks, then the kept partitions), each checked against its checksum.
+pub(crate) async fn read_snapshot<J: Job>(
+    store: &Store,
+    id: &SnapshotId,
+) -> Result<(Manifest, Vec<bytes::Bytes>)> {
+    let m = store.manifest(id).await?;
+    m.check_job(J::NAME)?;
+    let parts = futures::future::try_join_all(m.all_parts().map(|p| store.get_part(p))).await?;
+    Ok((m, parts))
+}
+
+/// A job run restored from a snapshot: the job value, its ledger, how it was cut.
+pub(crate) struct Restored<J: Job> {
+    pub(crate) job: J,
+    pub(crate) core: super::JobCore<J>,
+    pub(crate) run: RunConfig,
+    pub(crate) manifest: Manifest,
+}
+
+/// Decodes a snapshot read by [`read_snapshot`] into a job run's starting point. Chunk states
+/// stay bytes until the worker that runs them decodes them (see `Held`).
+pub(crate) fn restore<J: Job>(manifest: Manifest, parts: Vec<bytes::Bytes>) -> Result<Restored<J>> {
+    let job: J = decode("the job", &manifest.job)?;
+    let run: RunConfig = decode("the run configuration", &manifest.config)?;
+    let reduced = decode("the reduced value", &manifest.reduced)?;
+    let done = manifest
+        .done
+        .iter()
+        .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut states: Vec<(ChunkId, super::Held<J::Chunk>)> = manifest
+        .all_parts()
+        .zip(parts)
+        .map(|(p, b)| (p.chunk, super::Held::Bytes(b)))
+        .collect();
+    let kept = states.split_off(manifest.parts.len());
+    let suspended = states;
+    let phase = manifest.phase;
+    let core = super::catch(crate::Site::Job { phase }, J::NAME, || {
+        let plan = crate::schedule::Plan::new(job.iterations(), run.schedule, run.chunking);
+        if plan.len() != manifest.chunks {
+            return Err(format!(
+                "the job's phase {phase} has {} chunks, the snapshot {}",
+                plan.len(),
+                manifest.chunks
+            ));
+        }
+        crate::schedule::Core::restore(
+            run.schedule,
+            plan,
+            job.reducer(),
+            manifest.merged,
+            reduced,
+            done,
+            suspended,
+            kept,
+        )
+        .map(|core| {
+            if J::OWNERSHIP.is_partitioned() {
+                core.with_partitions(phase)
+            } else {
+                core
+            }
+        })
+    })?
+    .map_err(|e| Error::Snapshot(crate::snapshot::Error::Inconsistent(e)))?;
+    Ok(Restored {
+        job,
+        core,
+        run,
+        manifest,
+    })
 }

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use super::members::{Member, Members, Msg};
 use super::remote::{Fetch, Remotes};
+use super::rollback::{Rollback, RollingBack};
 use super::snapshot::{self, Captured, Snapshots};
 use super::{Config, Finished, IoRuntime, Outcome};
 use crate::error::{Error, Result, Site};
@@ -82,6 +83,12 @@ pub(crate) struct State<J: Job> {
     pub(crate) exports: Vec<Option<(Halo, Halo)>>,
     /// Owned partitions: moves the core had counted at the last barrier (for the counter).
     pub(crate) moved: u64,
+    /// Owned partitions lost: the rollback under way (`rollback.rs`).
+    pub(crate) rollback: Option<RollingBack>,
+    /// The rollbacks done, for the handle.
+    pub(crate) rollbacks: Vec<Rollback>,
+    /// Since when the run recovers from its last rollback (until a phase is done again).
+    pub(crate) recovering: Option<Instant>,
 }
 
 impl<J: Job> State<J> {
@@ -108,6 +115,9 @@ impl<J: Job> State<J> {
             snap,
             exports: Vec::new(),
             moved: 0,
+            rollback: None,
+            rollbacks: Vec::new(),
+            recovering: None,
         }
     }
 }
@@ -327,15 +337,14 @@ impl<J: Job> State<J> {
 
     /// After any change: end finished phases, then bring the workers to the target.
     pub(crate) fn settle(&mut self, shared: &Arc<Shared<J>>) {
-        if !self.ended && !self.core.lost_partitions().is_empty() {
-            let chunks = self.core.lost_partitions().to_vec();
-            self.fail(
-                shared,
-                Error::PartitionsLost {
-                    job: J::NAME,
-                    chunks,
-                },
-            );
+        if !self.ended && !self.rolling_back() && !self.core.lost_partitions().is_empty() {
+            self.partitions_lost(shared, &[]);
+        }
+        if self.rolling_back() {
+            self.reconcile(shared);
+            self.poll_rollback(shared);
+            self.members.update_gauge();
+            return;
         }
         while !self.ended && self.core.phase_complete() {
             self.end_phase(shared);
@@ -368,6 +377,7 @@ impl<J: Job> State<J> {
             }
         };
         metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
+        self.phase_done_after_rollback();
         let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
             Ok(next) => next,
             Err(e) => return self.fail(shared, e),

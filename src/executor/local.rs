@@ -222,7 +222,12 @@ fn abandon<J: Job>(
     worker: WorkerId,
     error: Error,
 ) -> Option<Msg<J>> {
-    st.fail(shared, error);
+    // A partition on its way from a process that was lost: the rollback under way replaces
+    // it (and this worker).
+    let replaced = st.rolling_back() && matches!(error, Error::PartitionsLost { .. });
+    if !replaced {
+        st.fail(shared, error);
+    }
     st.report(shared, Event::Lost { worker }, Some(worker));
     st.release(worker);
     Some(Msg::Release)

@@ -118,6 +118,13 @@ impl<J: Job> Members<J> {
         self.table.remove(&w)
     }
 
+    /// Every worker, local or remote, in the order they joined.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = WorkerId> + use<J> {
+        let mut ids: Vec<WorkerId> = self.table.keys().copied().collect();
+        ids.sort_unstable();
+        ids.into_iter()
+    }
+
     /// The local workers.
     pub(crate) fn locals(&self) -> impl Iterator<Item = (WorkerId, &Local<J>)> {
         self.table.iter().filter_map(|(&w, m)| match m {

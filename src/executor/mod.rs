@@ -10,7 +10,12 @@
 //! - `snapshot.rs`: the executor's side of the snapshot cut: its commands, the marker's
 //!   manifest, the snapshot configuration.
 //! - `io.rs`: the background writer of complete cuts, and resume.
-//! - `triggers.rs`: the job's timer task (snapshot period, deadline, signals, token).
+//! - `rollback.rs`: owned partitions lost with a worker process: back to the latest snapshot.
+//! - `shutdown.rs`: the graceful, bounded end of the executor's I/O (frames queued for worker
+//!   processes are delivered, snapshot writes in flight finish).
+//! - `triggers.rs`: the job's timer task (snapshot period, deadline, signals, token, and the
+//!   autoscaler's period).
+//! - `autoscale.rs`: measures the job for its autoscaling decider and carries out decisions.
 //!
 //! This layer imports every leaf layer (`schedule`, `run`, `snapshot`, the wire) and never
 //! the worker process (`crate::worker`), which never imports it either.
@@ -24,16 +29,20 @@
 //! awaited (async) with zero workers runs inline on one helper thread, never on a runtime
 //! thread.
 
+mod autoscale;
 mod handle;
 mod io;
 mod job_run;
 mod local;
 mod members;
 mod remote;
+mod rollback;
+mod shutdown;
 mod snapshot;
 mod triggers;
 
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
+pub use rollback::Rollback;
 pub use snapshot::At;
 
 use std::sync::{Arc, Mutex};
@@ -50,20 +59,72 @@ use snapshot::{SnapshotConfig, Snapshots};
 /// Runs jobs on local worker threads.
 ///
 /// Cheap to clone; holds only configuration. Each submitted job gets its own threads.
+///
+/// # Shutdown
+///
+/// Dropping the last clone of an executor (or calling [`Executor::shutdown`]) waits, up to
+/// [`Builder::shutdown_timeout`], until every worker process whose job ended has been sent
+/// its `End` (so it exits normally instead of reporting a lost connection) and every
+/// snapshot write in flight has finished. Jobs still running are not waited for: they run on
+/// while their handles live. What is still pending at the time limit is abandoned, logged
+/// and counted ([`SHUTDOWN_ABANDONED`](crate::metrics::SHUTDOWN_ABANDONED)); an abandoned
+/// snapshot is never torn, only not committed.
 #[derive(Debug, Clone)]
 pub struct Executor {
     config: Config,
     io: Arc<IoRuntime>,
     listener: Option<Arc<Listener>>,
+    /// Shared by the clones; drains the I/O when the last one is dropped.
+    last: Arc<LastClone>,
+}
+
+/// Drains the executor's I/O when the last clone of an [`Executor`] is dropped.
+#[derive(Debug)]
+struct LastClone {
+    io: Arc<IoRuntime>,
+    timeout: Duration,
+    /// Set by [`Executor::shutdown`], which drained already.
+    drained: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for LastClone {
+    fn drop(&mut self) {
+        if self.drained.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let (io, timeout) = (Arc::clone(&self.io), self.timeout);
+        let drain = move || {
+            let left = io.drain(None, timeout);
+            shutdown::report("the executor's shutdown", left, timeout);
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Inside an async context: blocking here would stall a runtime thread, so the
+            // drain goes on in the background (the runtimes live until it is done). A program
+            // that returns at once should call `Executor::shutdown` from `spawn_blocking`.
+            let spawned = std::thread::Builder::new()
+                .name("malleable-shutdown".into())
+                .spawn(drain);
+            if let Err(e) = spawned {
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "no thread to drain the executor's I/O"
+                );
+            }
+        } else {
+            drain();
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 struct Config {
+    shutdown_timeout: Duration,
     local_workers: usize,
     schedule: Schedule,
     chunking: Chunking,
     snapshots: SnapshotConfig,
     cluster: ClusterConfig,
+    autoscale: Option<crate::schedule::Autoscale>,
 }
 
 /// The executor's runtimes, never a runtime of the caller's, and never running compute:
@@ -80,6 +141,8 @@ struct Config {
 pub(crate) struct IoRuntime {
     io: Option<tokio::runtime::Runtime>,
     writer: Option<tokio::runtime::Runtime>,
+    /// The connection tasks of worker processes (see `shutdown.rs`).
+    connections: Arc<shutdown::Connections>,
 }
 
 impl IoRuntime {
@@ -100,6 +163,33 @@ impl IoRuntime {
         Ok(IoRuntime {
             io: Some(io),
             writer: Some(writer),
+            connections: Arc::default(),
+        })
+    }
+
+    /// Tracks the task of a connection of job run `job` (see `shutdown.rs`, step 1).
+    pub(crate) fn track(
+        &self,
+        job: shutdown::JobKey,
+        tx: &tokio::sync::mpsc::UnboundedSender<crate::wire::frame::ToWorker>,
+    ) -> shutdown::Tracked {
+        self.connections.track(job, tx)
+    }
+
+    /// Waits, up to `timeout`, until the connections that were told to end (of `job`, or of
+    /// every job) have delivered their last frames and, without a `job`, until no snapshot
+    /// write is in flight (`shutdown.rs`, step 5). Blocks the calling thread; what is left.
+    pub(crate) fn drain(
+        &self,
+        job: Option<shutdown::JobKey>,
+        timeout: Duration,
+    ) -> shutdown::Pending {
+        shutdown::wait(timeout, || shutdown::Pending {
+            connections: self.connections.ending(job),
+            writes: match (job, &self.writer) {
+                (None, Some(w)) => w.metrics().num_alive_tasks(),
+                _ => 0,
+            },
         })
     }
 
@@ -156,11 +246,13 @@ impl Default for Builder {
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         Builder {
             config: Config {
+                shutdown_timeout: Duration::from_secs(10),
                 local_workers: threads,
                 schedule: Schedule::default(),
                 chunking: Chunking::default(),
                 snapshots: SnapshotConfig::default(),
                 cluster: ClusterConfig::default(),
+                autoscale: None,
             },
         }
     }
@@ -299,9 +391,29 @@ impl Builder {
         self
     }
 
+    /// How long dropping the executor, [`Executor::shutdown`] and [`JobHandle::wait`] wait
+    /// for what is under way to complete (default 10 s): `End` frames to worker processes of
+    /// ended jobs, and (the executor only) snapshot writes in flight. See
+    /// [`Executor`]'s "Shutdown".
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.config.shutdown_timeout = d;
+        self
+    }
+
     /// Starts worker processes for [`JobHandle::scale_remote`].
     pub fn launcher(mut self, launcher: impl crate::wire::Launcher + 'static) -> Self {
         self.config.cluster.launcher = Some(Arc::new(launcher));
+        self
+    }
+
+    /// Scales each job's workers by itself with this policy: once per period its throughput
+    /// is measured and a [`Decider`](crate::schedule::Decider) decides, within the policy's
+    /// bounds, through the same paths as [`JobHandle::set_local_workers`] and
+    /// [`JobHandle::scale_remote`]; each decision is logged (`tracing`, level info) with its
+    /// reason and counted ([`AUTOSCALE_DECISIONS`](crate::metrics::AUTOSCALE_DECISIONS)).
+    /// Scaling by hand still works: the decider adopts the new count and waits a cool-down.
+    pub fn autoscale(mut self, policy: crate::schedule::Autoscale) -> Self {
+        self.config.autoscale = Some(policy);
         self
     }
 
@@ -309,8 +421,10 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a chunk count or size of zero, or a guided schedule with
-    /// zero workers or a zero minimum chunk; [`Error::Snapshot`] for a snapshot URL that
+    /// [`Error::InvalidConfig`] for a chunk count or size of zero, a guided schedule with
+    /// zero workers or a zero minimum chunk, or an autoscaling policy out of bounds
+    /// ([`Autoscale::validate`](crate::schedule::Autoscale::validate), or worker processes
+    /// without a listener and a launcher); [`Error::Snapshot`] for a snapshot URL that
     /// cannot be opened; [`Error::Spawn`] if the I/O thread cannot start;
     /// [`Error::Cluster`] for an address that cannot be listened on, or one other than
     /// loopback without a token.
@@ -329,6 +443,16 @@ impl Builder {
                 ));
             }
         }
+        if let Some(a) = &self.config.autoscale {
+            a.validate().map_err(Error::InvalidConfig)?;
+            let cluster = &self.config.cluster;
+            if a.bounds.max_remote > 0 && (cluster.listen.is_none() || cluster.launcher.is_none()) {
+                return Err(Error::InvalidConfig(
+                    "autoscaling worker processes needs Builder::listen and Builder::launcher"
+                        .into(),
+                ));
+            }
+        }
         if self.config.cluster.token.is_none() {
             self.config.cluster.token = crate::wire::Token::from_env()?;
         }
@@ -337,10 +461,16 @@ impl Builder {
             Some(_) => Some(Listener::start(io.handle(), self.config.cluster.clone())?),
             None => None,
         };
+        let last = Arc::new(LastClone {
+            io: Arc::clone(&io),
+            timeout: self.config.shutdown_timeout,
+            drained: std::sync::atomic::AtomicBool::new(false),
+        });
         Ok(Executor {
             config: self.config,
             io,
             listener,
+            last,
         })
     }
 }
@@ -355,6 +485,35 @@ impl Executor {
     /// ([`Builder::listen`]; with port 0 this is the port chosen).
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         self.listener.as_ref().map(|l| l.addr())
+    }
+
+    /// Waits, up to [`Builder::shutdown_timeout`], until every worker process of an ended job
+    /// has been sent its `End` and every snapshot write in flight has finished, then drops
+    /// this handle on the executor (see "Shutdown" above). Dropping the last clone does the
+    /// same; call this to learn whether it all completed, or from an async context (inside
+    /// `spawn_blocking`: it blocks). Dropping clones afterwards does not wait again. Jobs still
+    /// running are not waited for and go on while their handles live.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutdownTimedOut`] with what was still under way at the time limit (it is
+    /// abandoned; it is also logged and counted).
+    pub fn shutdown(self) -> Result<()> {
+        let timeout = self.config.shutdown_timeout;
+        let left = self.io.drain(None, timeout);
+        self.last
+            .drained
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        shutdown::report("the executor's shutdown", left, timeout);
+        if left.connections == 0 && left.writes == 0 {
+            Ok(())
+        } else {
+            Err(Error::ShutdownTimedOut {
+                connections: left.connections,
+                writes: left.writes,
+                after: timeout,
+            })
+        }
     }
 
     /// The most recent refused peers and lost worker connections (at most 256), oldest first.
@@ -444,7 +603,7 @@ impl Executor {
 }
 
 /// The core of a job run: its ledger over chunk states held live or as bytes.
-type JobCore<J> = Core<<J as Job>::Reducer, Held<<J as Job>::Chunk>>;
+pub(crate) type JobCore<J> = Core<<J as Job>::Reducer, Held<<J as Job>::Chunk>>;
 
 /// The core of the first phase and the job's chunking (its own, or the executor's), with
 /// user panics caught.

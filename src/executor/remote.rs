@@ -52,8 +52,9 @@
 //! queues the partition on a slot of that process again and `Run { held }` names it. When
 //! the core gives it to another worker, or its process is retired, the coordinator asks for
 //! it (`Surrender`) and sends it on (or keeps it, `Fetch`); a snapshot asks for the parts of
-//! held partitions (`CaptureHeld`). A process lost with partitions only it had ends the job
-//! with `Error::PartitionsLost`.
+//! held partitions (`CaptureHeld`). A process lost with partitions only it had rolls the job
+//! back to its latest committed snapshot (`rollback.rs`: the other processes `Forget` theirs),
+//! or ends it with `Error::PartitionsLost` if none was committed.
 //!
 //! Halos go through the coordinator, not worker to worker: every process already has one
 //! authenticated connection to it, halos are small (two rows per boundary; today they
@@ -127,6 +128,9 @@ pub(crate) struct Remotes {
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
     /// the connection asked and where the bytes go.
     fetches: HashMap<ChunkId, (ConnId, Fetch)>,
+    /// Halos of partitions on their way whose phase began meanwhile and that were then
+    /// handed to a worker (their fetch's destination changed): applied when they arrive.
+    begins: HashMap<ChunkId, (Option<Halo>, Option<Halo>)>,
 }
 
 impl Remotes {
@@ -154,6 +158,27 @@ impl Remotes {
                     after,
                 });
             }
+        }
+    }
+
+    /// Whether no partition is on its way from a worker process.
+    pub(crate) fn fetches_empty(&self) -> bool {
+        self.fetches.is_empty()
+    }
+
+    /// The connections, by id.
+    pub(crate) fn conn_ids(&self) -> Vec<ConnId> {
+        self.conns.keys().copied().collect()
+    }
+
+    /// No connection has a phase's job value any more (the job rolled back): each gets it
+    /// again before its next chunk.
+    pub(crate) fn clear_phases(&mut self) {
+        self.job_bytes = None;
+        self.begins.clear();
+        for c in self.conns.values_mut() {
+            c.phase_sent = None;
+            c.progress.iter_mut().for_each(|p| *p = 0);
         }
     }
 
@@ -199,6 +224,8 @@ impl<J: Job> Attach for Shared<J> {
 
     fn attach(self: Arc<Self>, conn: Connection) {
         let (tx, rx) = unbounded_channel();
+        // Until the task ends: a shutdown waits for it once the job lets go of `tx`.
+        let tracked = self.io.track(super::shutdown::job_key(&self), &tx);
         let id = {
             let mut st = self.lock();
             if st.ended {
@@ -209,7 +236,10 @@ impl<J: Job> Attach for Shared<J> {
             }
         };
         let io = self.io.handle().clone();
-        io.spawn(connection(self, id, conn, rx));
+        io.spawn(async move {
+            connection(self, id, conn, rx).await;
+            drop(tracked);
+        });
     }
 }
 
@@ -511,6 +541,21 @@ impl<J: Job> State<J> {
         self.remote_gauge();
     }
 
+    /// Ends the retiring connections that hold nothing any more (after a rollback, the
+    /// partitions they held are no longer the job's).
+    pub(crate) fn end_drained_remotes(&mut self) {
+        let retiring: Vec<ConnId> = self
+            .remote
+            .conns
+            .iter()
+            .filter(|(_, c)| c.retiring)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in retiring {
+            self.end_if_drained(id);
+        }
+    }
+
     /// Chunks whose partition only worker process `id` has (in the ledger, or asked for).
     fn held_by(&self, id: ConnId) -> Vec<ChunkId> {
         let mut v: Vec<ChunkId> = self
@@ -550,11 +595,22 @@ impl<J: Job> State<J> {
 
     /// Asks worker process `from` for the partition of `chunk` (`Surrender`), to go where
     /// `to` says. A fetch already under way keeps its request and takes the new destination.
+    ///
+    /// A partition whose phase began while it was on its way (`Fetch::Begin`) and that is
+    /// then handed to a worker keeps its halos: it begins its phase when it arrives, before
+    /// it goes on (`begins`).
     pub(crate) fn fetch(&mut self, chunk: ChunkId, from: ConnId, to: Fetch) {
-        let asked = self.remote.fetches.insert(chunk, (from, to)).is_some();
-        if !asked {
-            if let Some(c) = self.remote.conns.get(&from) {
-                let _ = c.tx.send(ToWorker::Surrender { chunk });
+        match self.remote.fetches.get_mut(&chunk) {
+            Some((_, prev)) => {
+                if let Fetch::Begin(before, after) = std::mem::replace(prev, to) {
+                    self.remote.begins.insert(chunk, (before, after));
+                }
+            }
+            None => {
+                self.remote.fetches.insert(chunk, (from, to));
+                if let Some(c) = self.remote.conns.get(&from) {
+                    let _ = c.tx.send(ToWorker::Surrender { chunk });
+                }
             }
         }
     }
@@ -572,6 +628,17 @@ impl<J: Job> State<J> {
         let Some((_, to)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
+        let mut state = state;
+        if let Some((before, after)) = self.remote.begins.remove(&chunk) {
+            // Its phase began while it was on its way: it takes its halos before it goes on.
+            let begun = self
+                .begin_here(chunk, state, before, after)
+                .and_then(|part| Ok(Bytes::from(codec::encode("a chunk state", &part)?)));
+            match begun {
+                Ok(b) => state = b,
+                Err(e) => return self.fail(shared, e),
+            }
+        }
         match to {
             Fetch::Local(tx) => {
                 let _ = tx.send(Ok(state));
@@ -672,6 +739,7 @@ impl<J: Job> State<J> {
         // A local runner waiting for a partition on its way is let go (it reports to an ended
         // job); nothing holds its answer any more.
         self.remote.fetches.clear();
+        self.remote.begins.clear();
         self.members.drop_slots();
         self.remote_gauge();
     }
@@ -755,12 +823,21 @@ impl<J: Job> State<J> {
                 .filter(|(_, (from, _))| *from == id)
                 .map(|(&c, _)| c)
                 .collect();
+            // Slots of other processes that were to run a partition still on its way: they
+            // never got the `Run`, so they leave the ledger as lost (their chunk with them)
+            // and join again after the rollback.
+            let mut stranded = Vec::new();
             for chunk in fetched {
-                if let Some((_, Fetch::Local(tx))) = self.remote.fetches.remove(&chunk) {
-                    let _ = tx.send(Err(Error::PartitionsLost {
-                        job: J::NAME,
-                        chunks: vec![chunk],
-                    }));
+                self.remote.begins.remove(&chunk);
+                match self.remote.fetches.remove(&chunk) {
+                    Some((_, Fetch::Local(tx))) => {
+                        let _ = tx.send(Err(Error::PartitionsLost {
+                            job: J::NAME,
+                            chunks: vec![chunk],
+                        }));
+                    }
+                    Some((_, Fetch::Forward { worker, .. })) => stranded.push(worker),
+                    _ => {}
                 }
                 lost.push(chunk);
             }
@@ -768,6 +845,11 @@ impl<J: Job> State<J> {
                 lost.sort_unstable();
                 tracing::warn!(job = J::NAME, peer = %c.peer, ?lost, "a worker process was lost with the only copy of owned partitions");
                 self.core.lose(&lost);
+                // Halted before its slots leave, so that no chunk goes to a worker meanwhile.
+                self.partitions_lost(shared, &[]);
+            }
+            for worker in stranded {
+                let _ = self.feed(shared, Event::Lost { worker }, None);
             }
         }
         for w in c.slots.into_iter().flatten() {

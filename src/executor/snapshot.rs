@@ -238,7 +238,11 @@ impl<J: Job> State<J> {
     /// Starts a cut if one is due (protocol step 1 of `schedule/cut.rs`): queued requests,
     /// or a suspend once no chunk runs. Called after every change (`settle`).
     pub(crate) fn poll_cut(&mut self, shared: &Arc<Shared<J>>) {
-        if self.ended || self.snap.cut.is_open() || self.snap.cut.is_writing() {
+        if self.ended
+            || self.snap.cut.is_open()
+            || self.snap.cut.is_writing()
+            || self.rolling_back()
+        {
             return;
         }
         let mut encoded = if self.snap.cut.is_due(&self.core) {
@@ -423,6 +427,8 @@ impl<J: Job> State<J> {
                     }
                 }
                 CutCommand::Halt => self.drive_core(Core::halt),
+                // A rollback keeps the core halted until the restored one replaces it.
+                CutCommand::Unhalt if self.rolling_back() => {}
                 CutCommand::Unhalt => self.drive_core(Core::unhalt),
                 CutCommand::Fail { replies, error } => {
                     tracing::warn!(job = J::NAME, %error, "a snapshot failed before its write");
@@ -438,7 +444,7 @@ impl<J: Job> State<J> {
 
     /// Runs `f` on the core (halt, unhalt) and carries out its commands; none is for the
     /// caller.
-    fn drive_core(
+    pub(crate) fn drive_core(
         &mut self,
         f: impl FnOnce(
             &mut Core<J::Reducer, Held<J::Chunk>>,

@@ -1,19 +1,27 @@
-//! The job's timer task: the snapshot period, the deadline, and the signals or token that
-//! ask for a suspend. One task per job on the executor's I/O runtime, holding the job weakly.
+//! The job's timer task: the snapshot period, the deadline, the signals or token that ask
+//! for a suspend, and the autoscaler's period (`autoscale.rs`). One task per job on the
+//! executor's I/O runtime, holding the job weakly.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::oneshot;
 
+use super::autoscale::Scaler;
 use super::job_run::Shared;
 use crate::job::Job;
 
-/// Starts the job's snapshot and suspend triggers (period, deadline, signals, token) on the
-/// I/O runtime. The task holds the job weakly and ends with it.
+/// Starts the job's snapshot and suspend triggers (period, deadline, signals, token) and its
+/// autoscaler on the I/O runtime. The task holds the job weakly and ends with it.
 pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
     let cfg = &shared.config.snapshots;
-    if cfg.every.is_none() && cfg.deadline.is_none() && !cfg.signals && cfg.token.is_none() {
+    let autoscale = shared.config.autoscale;
+    if cfg.every.is_none()
+        && cfg.deadline.is_none()
+        && !cfg.signals
+        && cfg.token.is_none()
+        && autoscale.is_none()
+    {
         return;
     }
     let weak: Weak<Shared<J>> = Arc::downgrade(shared);
@@ -32,6 +40,12 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
     io.spawn(async move {
         let start = tokio::time::Instant::now();
         let mut tick = every.map(|d| tokio::time::interval_at(start + d, d));
+        let mut scaler = autoscale.map(Scaler::new);
+        let mut scale_tick = autoscale.map(|a| {
+            let mut i = tokio::time::interval_at(start + a.period, a.period);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
         // Once a suspend is wanted (deadline, signal, token), it is asked for again every
         // second until the job has ended: a suspend whose snapshot failed is retried.
         let mut want_suspend = false;
@@ -68,6 +82,13 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
             let until_deadline = deadline.map(|d| d.duration_since(SystemTime::now() + margin).unwrap_or(Duration::ZERO));
             let suspend = tokio::select! {
                 _ = async { tick.as_mut().expect("guarded").tick().await }, if tick.is_some() => false,
+                _ = async { scale_tick.as_mut().expect("guarded").tick().await }, if scale_tick.is_some() => {
+                    let Some(shared) = weak.upgrade() else { return };
+                    if !scaler.as_mut().expect("with its tick").tick(&shared) {
+                        return;
+                    }
+                    continue;
+                }
                 _ = tokio::time::sleep(until_deadline.unwrap_or(Duration::MAX)), if until_deadline.is_some() => true,
                 _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() => true,
                 _ = async { sigusr1.as_mut().expect("guarded").recv().await }, if sigusr1.is_some() => true,

@@ -693,6 +693,15 @@ impl<R: Reducer, S> Core<R, S> {
         (self.done_iterations, self.plan.iterations())
     }
 
+    /// Each worker's measured throughput (iterations per second while it runs steps, a
+    /// moving average over its runs; 0 until its first run ended), retiring ones excluded.
+    pub fn throughputs(&self) -> impl Iterator<Item = (WorkerId, f64)> + '_ {
+        self.workers
+            .iter()
+            .filter(|(_, s)| !s.retiring)
+            .map(|(&w, s)| (w, s.throughput))
+    }
+
     /// The chunk `worker` runs, if any.
     pub(crate) fn running_on(&self, worker: WorkerId) -> Option<ChunkId> {
         self.workers.get(&worker).and_then(|s| s.running)

@@ -429,6 +429,26 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         replies
     }
 
+    /// The job rolls back to a snapshot: every requester not yet answered is taken out, to
+    /// ask again of the restored run's cut: `(snapshot requesters, a suspend's requesters if
+    /// one was asked for)`. An open cut is dropped (what it waited for is discarded with the
+    /// run). Call it only when no write is in flight.
+    pub fn take_requests(&mut self) -> (Vec<R>, Option<Vec<R>>) {
+        debug_assert!(self.writing.is_none());
+        let mut snapshots = std::mem::take(&mut self.queued);
+        let mut suspend = self.suspend.take();
+        if let Some(open) = self.open.take() {
+            if open.suspend {
+                suspend.get_or_insert_with(Vec::new).extend(open.replies);
+            } else {
+                snapshots.extend(open.replies);
+            }
+        }
+        self.suspended_at_marker.clear();
+        self.ran.clear();
+        (snapshots, suspend)
+    }
+
     fn abandon<E>(&mut self, error: E, out: &mut Vec<CutCommand<H, P, O, R, E>>) {
         let Some(open) = self.open.take() else { return };
         for (_, &worker) in open.waiting.iter() {

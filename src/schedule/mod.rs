@@ -11,6 +11,8 @@
 //! - `cut.rs`: the snapshot cut, also a state machine (marker, captures, the output that
 //!   wins over a state, quiescence for a suspend, one write at a time), driven next to the
 //!   core by the executor and by the tests.
+//! - `decide.rs`: the autoscaling decider ([`Decider`]): measured throughputs, work left and
+//!   the time in, worker counts out, each decision with its [`Reason`]; also a state machine.
 //!
 //! This layer is pure: no tokio, no crossbeam, no atomics, no clock, and no `crate::Error`
 //! (its refusals are its own small types: [`Rejected`], and `Invalid` for a chunking policy).
@@ -24,6 +26,7 @@
 
 mod core;
 mod cut;
+mod decide;
 mod dynamic;
 mod guided;
 mod idhash;
@@ -37,6 +40,10 @@ mod static_;
 pub use self::core::{ChunkId, Command, Core, Event, Rejected, Work, WorkerId};
 #[doc(hidden)]
 pub use cut::{Captured, Cut, CutCommand, Write, Written};
+pub use decide::{
+    Autoscale, Bounds, Costs, Decider, Decision, Direction, Goal, Hysteresis, Kind, Measurement,
+    Reason,
+};
 pub use guided::Guided;
 pub use plan::Chunking;
 pub(crate) use plan::Invalid;

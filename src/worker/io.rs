@@ -143,6 +143,38 @@ impl Parts {
 }
 
 impl Io {
+    /// The coordinator sent nothing for a whole lease: it is given up.
+    fn silent(&self) -> Error {
+        tracing::warn!(
+            peer = %self.peer,
+            lease = ?self.lease,
+            "the coordinator fell silent: nothing from it for a whole lease; giving it up"
+        );
+        Error::LeaseExpired {
+            peer: self.peer.clone(),
+            after: self.lease,
+        }
+    }
+
+    /// Writes to the coordinator (one frame, or a flush), within a lease: a coordinator that
+    /// stopped reading (its socket full) is as silent as one that stopped writing, and a
+    /// write that waits for it must not keep this process from giving it up. The limit is
+    /// per frame, as on the coordinator's side (a frame that stalls for a lease), so a long
+    /// message in pieces may take as long as it needs while it moves.
+    async fn write(
+        &self,
+        op: impl std::future::Future<Output = std::io::Result<()>>,
+    ) -> Result<(), Error> {
+        match tokio::time::timeout(self.lease, op).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(Error::Io {
+                peer: self.peer.clone(),
+                source,
+            }),
+            Err(_) => Err(self.silent()),
+        }
+    }
+
     /// The I/O loop; returns whether the process left on a stop request.
     pub(super) async fn run<J: Job>(
         &self,
@@ -152,10 +184,6 @@ impl Io {
         mut out_rx: UnboundedReceiver<ToCoordinator>,
     ) -> Result<bool, Error> {
         let peer = &self.peer;
-        let io_error = |source| Error::Io {
-            peer: peer.clone(),
-            source,
-        };
         let (mut sink, mut stream) = framed.split();
         let mut beat = tokio::time::interval(self.heartbeat);
         let mut job: Option<(u64, Arc<J>)> = None;
@@ -172,16 +200,26 @@ impl Io {
         let mut parts = Parts::default();
         let mut pieces = frame::Assembler::new(self.max_message);
         let (bg_tx, mut bg_rx) = unbounded_channel();
+        // The lease runs from the last frame received from the coordinator, and only frames
+        // received re-arm it: this process's own heartbeats, threads' messages and background
+        // work wake the loop but prove nothing about the coordinator. (It was re-armed at
+        // every turn of the loop, so a coordinator that fell silent was never given up: the
+        // heartbeat tick alone kept it alive.) A write that does not move for a lease gives
+        // it up too (`write`).
+        let mut lease_ends = tokio::time::Instant::now() + self.lease;
         loop {
             let phase = job.as_ref().map(|(p, _)| *p);
             let stop_now = tokio::select! {
-                next = tokio::time::timeout(self.lease, stream.next()) => {
+                () = tokio::time::sleep_until(lease_ends) => {
+                    return Err(self.silent());
+                }
+                next = stream.next() => {
                     let bytes = match next {
-                        Err(_) => return Err(Error::LeaseExpired { peer: peer.clone(), after: self.lease }),
-                        Ok(None) => return Err(Error::Closed { peer: peer.clone() }),
-                        Ok(Some(Err(e))) => return Err(Error::io(peer, e, self.max_frame)),
-                        Ok(Some(Ok(b))) => b,
+                        None => return Err(Error::Closed { peer: peer.clone() }),
+                        Some(Err(e)) => return Err(Error::io(peer, e, self.max_frame)),
+                        Some(Ok(b)) => b,
                     };
+                    lease_ends = tokio::time::Instant::now() + self.lease;
                     let Some(msg) = pieces.frame::<ToWorker>(peer, bytes.freeze())? else {
                         continue;
                     };
@@ -200,9 +238,9 @@ impl Io {
                             }
                             if let Some(reply) = dispatch(peer, msg, threads, &mut job, held)? {
                                 for f in frame::Frames::new(&reply, self.max_frame) {
-                                    sink.feed(f).await.map_err(io_error)?;
+                                    self.write(sink.feed(f)).await?;
                                 }
-                                sink.flush().await.map_err(io_error)?;
+                                self.write(sink.flush()).await?;
                             }
                         }
                     }
@@ -214,12 +252,12 @@ impl Io {
                     while let Some(msg) = next {
                         if let Some(m) = parts.route(msg, phase, &bg_tx) {
                             for f in frame::Frames::new(&m, self.max_frame) {
-                                sink.feed(f).await.map_err(io_error)?;
+                                self.write(sink.feed(f)).await?;
                             }
                         }
                         next = out_rx.try_recv().ok();
                     }
-                    sink.flush().await.map_err(io_error)?;
+                    self.write(sink.flush()).await?;
                     false
                 }
                 Some(done) = bg_rx.recv() => {
@@ -240,16 +278,16 @@ impl Io {
                                 parts.store = None;
                             }
                             for f in frame::Frames::new(&msg, self.max_frame) {
-                                sink.feed(f).await.map_err(io_error)?;
+                                self.write(sink.feed(f)).await?;
                             }
-                            sink.flush().await.map_err(io_error)?;
+                            self.write(sink.flush()).await?;
                         }
                     }
                     false
                 }
                 _ = beat.tick() => {
                     let progress = threads.iter().map(|s| s.cell.progress()).collect();
-                    sink.send(frame::encode(&ToCoordinator::Heartbeat { progress })).await.map_err(io_error)?;
+                    self.write(sink.send(frame::encode(&ToCoordinator::Heartbeat { progress }))).await?;
                     false
                 }
                 _ = async { stop.as_ref().expect("guarded").fired().await }, if stop.is_some() && !left => true,
@@ -258,9 +296,8 @@ impl Io {
             };
             if stop_now {
                 left = true;
-                sink.send(frame::encode(&ToCoordinator::Leave))
-                    .await
-                    .map_err(io_error)?;
+                self.write(sink.send(frame::encode(&ToCoordinator::Leave)))
+                    .await?;
             }
         }
     }
@@ -418,6 +455,15 @@ fn dispatch<J: Job>(
                     state: b.into(),
                 },
             }));
+        }
+        ToWorker::Forget => {
+            // No thread runs one of them: the coordinator waited for every chunk to come
+            // back before it rolled the job back.
+            let dropped = std::mem::take(&mut *lock(held));
+            tracing::info!(
+                partitions = dropped.len(),
+                "the job rolled back: held partitions dropped"
+            );
         }
         ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
     }

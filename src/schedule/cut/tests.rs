@@ -1715,3 +1715,33 @@ mod proptests {
         }
     }
 }
+
+// ----- rollback -----
+
+#[test]
+fn a_rollback_takes_every_unanswered_request_out_of_the_cut() {
+    // Queued requests and a suspend's requesters.
+    let mut x = Exec::dynamic(2, 10);
+    let r1 = x.request();
+    let s = x.suspend(true).unwrap();
+    let (snapshots, suspend) = x.cut.take_requests();
+    assert_eq!(snapshots, vec![r1]);
+    assert_eq!(suspend, Some(vec![s]));
+    assert!(!x.cut.suspending());
+    assert_eq!(x.cut.take_requests(), (Vec::new(), None));
+
+    // An open cut's requesters: it is dropped, and they are asked again.
+    let mut x = Exec::dynamic(1, 10);
+    let a = x.join();
+    x.step(a, 4);
+    let r = x.request();
+    x.poll();
+    assert_eq!(x.take(), vec![Did::Capture(a, 0)]);
+    assert!(x.cut.is_open());
+    let late = x.request();
+    let (snapshots, suspend) = x.cut.take_requests();
+    assert_eq!(snapshots, vec![r, late]);
+    assert_eq!(suspend, None);
+    assert!(!x.cut.is_open());
+    assert!(!x.cut.waits_for(a, 0));
+}

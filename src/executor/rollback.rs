@@ -1,0 +1,277 @@
+//! Owned partitions lost with a worker process: the job rolls back to its latest committed
+//! snapshot, automatically, and goes on with the workers it has left.
+//!
+//! A partition lives only where it ran (`Held::Elsewhere`); after the first phase it cannot
+//! be made again from nothing, so a worker process that dies with partitions takes state
+//! the job needs. Every other worker's state is newer than any snapshot, and a phase mixes
+//! neighbours' halos, so the only consistent state to go back to is a whole committed cut.
+//!
+//! 1. *Halt.* The loss is noticed (`drop_conn`, or the core when a running partition had no
+//!    copy): the core stops handing out chunks and every running chunk is interrupted.
+//!    Snapshot requests stay queued; no new cut starts.
+//! 2. *Quiesce.* The run waits until no chunk runs, no partition is on its way between
+//!    workers (`Surrender`) and no snapshot is being written (a write in flight that commits
+//!    is a newer restore point, and it is the one taken). Local workers whose partition was on
+//!    its way from the lost process leave and are replaced.
+//! 3. *Read.* The snapshot the run last committed (or resumed from) is read on the I/O
+//!    runtime, outside the lock, with every part's checksum checked.
+//! 4. *Reset.* Under the lock the ledger, the job value, the phase and the snapshot
+//!    bookkeeping are replaced by the snapshot's; every worker process is told to forget the
+//!    partitions it holds (`Forget`) and gets the job value again before its next chunk;
+//!    every worker joins the restored ledger, which hands out chunks at once. Requests
+//!    waiting for a snapshot (or a suspend) are asked again of the restored run.
+//!
+//! The value stays exact: the restored run is the run a `resume` of that snapshot would be,
+//! with the same workers (see `io.rs`). A run that committed no snapshot yet (none taken,
+//! or none written since it started) has nothing to go back to: it ends with
+//! [`Error::PartitionsLost`]; a snapshot that cannot be read back ends it with
+//! [`Error::RollbackFailed`] naming why.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::io::{Restored, read_snapshot, restore};
+use super::job_run::{Shared, State};
+use super::snapshot::Snapshots;
+use crate::error::Error;
+use crate::job::Job;
+use crate::schedule::{ChunkId, Event, WorkerId};
+use crate::snapshot::SnapshotId;
+use crate::wire::frame::ToWorker;
+
+/// A rollback the job went through, from [`JobHandle::rollbacks`](crate::JobHandle::rollbacks).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Rollback {
+    /// The chunks whose partitions were lost.
+    pub lost: Vec<ChunkId>,
+    /// The phase the job was in when they were lost.
+    pub from_phase: u64,
+    /// The epoch of the snapshot it went back to.
+    pub epoch: u64,
+    /// The phase of that snapshot.
+    pub to_phase: u64,
+    /// From the loss until no chunk of the lost run was running any more.
+    pub quiesce: Duration,
+    /// Reading the snapshot back from the store (manifest and parts, checksums checked).
+    pub read: Duration,
+    /// From the loss until the restored run handed out its first chunks.
+    pub restart: Duration,
+    /// From the loss until the restored run finished a phase again; `None` until then.
+    pub recovered: Option<Duration>,
+}
+
+/// A rollback under way.
+pub(crate) struct RollingBack {
+    lost: Vec<ChunkId>,
+    from_phase: u64,
+    epoch: u64,
+    since: Instant,
+    /// When the run was quiet and the read started.
+    reading: Option<Instant>,
+}
+
+impl<J: Job> State<J> {
+    /// Whether a rollback is under way (the core is halted and must stay so).
+    pub(crate) fn rolling_back(&self) -> bool {
+        self.rollback.is_some()
+    }
+
+    /// Owned partitions were lost: roll back to the latest committed snapshot, or end the job
+    /// with [`Error::PartitionsLost`] if there is none. `lost` adds chunks the core does not
+    /// know as lost yet (a process's held partitions, noticed before its slots leave).
+    pub(crate) fn partitions_lost(&mut self, shared: &Arc<Shared<J>>, lost: &[ChunkId]) {
+        if self.ended {
+            return;
+        }
+        let mut chunks: Vec<ChunkId> = self.core.lost_partitions().to_vec();
+        chunks.extend_from_slice(lost);
+        chunks.sort_unstable();
+        chunks.dedup();
+        if let Some(rb) = &mut self.rollback {
+            rb.lost.extend(chunks);
+            rb.lost.sort_unstable();
+            rb.lost.dedup();
+            return;
+        }
+        let Some(epoch) = self.snap.last_epoch else {
+            tracing::warn!(job = J::NAME, lost = ?chunks, "owned partitions were lost and no snapshot was committed: the job ends");
+            return self.fail(
+                shared,
+                Error::PartitionsLost {
+                    job: J::NAME,
+                    chunks,
+                },
+            );
+        };
+        tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, epoch, "owned partitions were lost: rolling back to the latest committed snapshot");
+        metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
+        self.rollback = Some(RollingBack {
+            lost: chunks,
+            from_phase: self.phase,
+            epoch,
+            since: Instant::now(),
+            reading: None,
+        });
+        self.drive_core(crate::schedule::Core::halt);
+    }
+
+    /// Step 2: once the run is quiet, reads the snapshot back (step 3) on the I/O runtime.
+    pub(crate) fn poll_rollback(&mut self, shared: &Arc<Shared<J>>) {
+        let quiet = self.core.running().next().is_none()
+            && self.remote.fetches_empty()
+            && !self.snap.cut.is_writing();
+        let Some(rb) = &mut self.rollback else { return };
+        if self.ended || rb.reading.is_some() || !quiet {
+            return;
+        }
+        // A write that committed meanwhile is the newest restore point.
+        let epoch = self.snap.last_epoch.unwrap_or(rb.epoch).max(rb.epoch);
+        rb.epoch = epoch;
+        rb.reading = Some(Instant::now());
+        let cfg = shared.config.snapshots.clone();
+        let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
+        let shared2 = Arc::clone(shared);
+        shared.io.handle().spawn(async move {
+            let read = match cfg.store() {
+                Ok(store) => read_snapshot::<J>(&store, &id).await,
+                Err(e) => Err(e),
+            };
+            let read_took = shared2
+                .lock()
+                .rollback
+                .as_ref()
+                .and_then(|rb| rb.reading)
+                .map(|t| t.elapsed())
+                .unwrap_or_default();
+            // Decoding runs user code (`iterations`, `reducer`): off the I/O thread.
+            let restored = tokio::task::spawn_blocking(move || {
+                read.and_then(|(m, parts)| restore::<J>(m, parts))
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(Error::Internal(format!(
+                    "reading a snapshot back stopped: {e}"
+                )))
+            });
+            let mut st = shared2.lock();
+            st.rolled_back(&shared2, restored, read_took);
+        });
+    }
+
+    /// Step 4: the snapshot is read (or could not be); the run restarts from it.
+    fn rolled_back(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        restored: crate::Result<Restored<J>>,
+        read: Duration,
+    ) {
+        let Some(rb) = self.rollback.take() else {
+            return;
+        };
+        if self.ended {
+            return;
+        }
+        let quiesce = rb
+            .reading
+            .map_or(Duration::ZERO, |r| r.duration_since(rb.since));
+        let Restored {
+            job,
+            core,
+            manifest,
+            ..
+        } = match restored {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(job = J::NAME, epoch = rb.epoch, error = %e, "the snapshot to roll back to could not be read: the job ends");
+                return self.fail(
+                    shared,
+                    Error::RollbackFailed {
+                        job: J::NAME,
+                        lost: rb.lost,
+                        epoch: rb.epoch,
+                        source: Box::new(e),
+                    },
+                );
+            }
+        };
+        // Requests waiting for a snapshot are asked again of the restored run.
+        let (requests, suspend) = self.snap.cut.take_requests();
+        let old = std::mem::replace(&mut self.snap, Snapshots::restored(&manifest));
+        self.snap.longest = old.longest;
+        // A part asked of a process before the rollback may still come back: it is taken
+        // (and dropped) rather than counted as a broken peer.
+        self.snap.held_asked = old.held_asked;
+        self.core = core;
+        self.job = Some(Arc::new(job));
+        self.phase = manifest.phase;
+        self.iterations_before = manifest.iterations_before;
+        self.exports.clear();
+        self.moved = 0;
+        self.remote.forget_partitions();
+        self.end_drained_remotes();
+        let restart = rb.since.elapsed();
+        tracing::info!(
+            job = J::NAME,
+            epoch = rb.epoch,
+            phase = self.phase,
+            lost = ?rb.lost,
+            quiesce_ms = quiesce.as_millis() as u64,
+            read_ms = read.as_millis() as u64,
+            "rolled back to a committed snapshot"
+        );
+        self.rollbacks.push(Rollback {
+            lost: rb.lost,
+            from_phase: rb.from_phase,
+            epoch: rb.epoch,
+            to_phase: manifest.phase,
+            quiesce,
+            read,
+            restart,
+            recovered: None,
+        });
+        self.recovering = Some(rb.since);
+        // A suspend asked for halts the restored ledger before anyone joins it.
+        if let Some(replies) = suspend {
+            let mut out = std::mem::take(&mut self.snap.out);
+            self.snap.cut.suspend(None, &mut out);
+            for r in replies {
+                self.snap.cut.suspend(Some(r), &mut out);
+            }
+            self.cut_commands(shared, &mut out);
+            self.snap.out = out;
+        }
+        for r in requests {
+            self.snap.cut.request(r);
+        }
+        let members: Vec<WorkerId> = self.members.ids().collect();
+        for worker in members {
+            let _ = self.feed(shared, Event::Joined { worker }, None);
+            // A thread retired during the rollback leaves the restored ledger too.
+            if self.members.local(worker).is_some_and(|l| l.retiring) {
+                let _ = self.feed(shared, Event::Retire { worker }, None);
+            }
+        }
+        self.settle(shared);
+    }
+
+    /// A phase ended: the first one after a rollback says how long recovery took.
+    pub(crate) fn phase_done_after_rollback(&mut self) {
+        if let Some(since) = self.recovering.take() {
+            if let Some(last) = self.rollbacks.last_mut() {
+                last.recovered = Some(since.elapsed());
+            }
+        }
+    }
+}
+
+impl super::remote::Remotes {
+    /// Every worker process forgets the partitions it holds and will get the job value
+    /// again before its next chunk.
+    pub(crate) fn forget_partitions(&mut self) {
+        self.clear_phases();
+        for id in self.conn_ids() {
+            let _ = self.send_to(id, ToWorker::Forget);
+        }
+    }
+}
