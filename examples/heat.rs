@@ -19,7 +19,12 @@
 //!    requests say in which phase the job really was.
 //! 4. A new executor resumes the latest snapshot with `--resume-workers` workers (3) and
 //!    finishes; another resumes the 60 % snapshot with 1 worker and finishes too.
-//! 5. Both must give the reference's bits: every row of the final grid (a hash of its
+//! 5. With worker processes: a new run with 1 local worker and 2 worker processes (this
+//!    program re-executed with `--worker ADDR`) takes a snapshot at 30 % of the phases; at
+//!    50 % one process is killed with SIGKILL, taking the only copy of its partitions. The
+//!    job rolls back to the snapshot by itself and finishes with the local worker and the
+//!    process left; the rollback's report says how long it took.
+//! 6. Every run must give the reference's bits: every row of the final grid (a hash of its
 //!    cells' bits) and the largest change of every phase. The program exits non-zero if not.
 //!
 //! ```text
@@ -33,10 +38,11 @@
 #[path = "kernels/mod.rs"]
 mod kernels;
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use malleable::cluster::{self, Registry, WorkerOptions};
 use malleable::{At, Banded, Executor, JobHandle, Outcome};
 use rayon::ThreadPoolBuilder;
 
@@ -50,6 +56,8 @@ struct Args {
     phases: u64,
     resume_workers: usize,
     store: Option<String>,
+    /// Worker mode: serve the coordinator at this address.
+    worker: Option<String>,
 }
 
 fn parse_args() -> Result<Args, Error> {
@@ -58,6 +66,7 @@ fn parse_args() -> Result<Args, Error> {
         phases: 200,
         resume_workers: 3,
         store: None,
+        worker: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,6 +76,7 @@ fn parse_args() -> Result<Args, Error> {
             "--phases" => args.phases = value()?.replace('_', "").parse()?,
             "--resume-workers" => args.resume_workers = value()?.parse()?,
             "--store" => args.store = Some(value()?.trim_end_matches('/').to_owned()),
+            "--worker" => args.worker = Some(value()?),
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
     }
@@ -94,10 +104,16 @@ fn follow<J: malleable::Job>(
         match phases.recv_timeout(Duration::from_millis(5)) {
             Ok(e) => {
                 // The workers now (none once the job has ended).
-                let workers = match handle.progress().local_workers {
-                    0 => String::new(),
-                    1 => "  (1 local worker)".to_owned(),
-                    k => format!("  ({k} local workers)"),
+                let p = handle.progress();
+                let plural = |k: usize| if k == 1 { "" } else { "s" };
+                let workers = match (p.local_workers, handle.remote_workers()) {
+                    (0, 0) => String::new(),
+                    (l, 0) => format!("  ({l} local worker{})", plural(l)),
+                    (l, r) => format!(
+                        "  ({l} local worker{}, {r} process{})",
+                        plural(l),
+                        if r == 1 { "" } else { "es" }
+                    ),
                 };
                 println!(
                     "  phase {:>5}  {:>8.3} ms  max change {:.3e}{workers}",
@@ -143,7 +159,11 @@ fn check(what: &str, got: &Solution, reference: &Solution) -> bool {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(|args| run(&args)) {
+    let start = |args: Args| match &args.worker {
+        Some(addr) => worker(addr),
+        None => run(&args),
+    };
+    match parse_args().and_then(start) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -304,6 +324,8 @@ fn run(args: &Args) -> Result<bool, Error> {
         &reference,
     );
 
+    ok &= with_processes(args, &url, &log, &reference)?;
+
     if args.store.is_none() {
         if let Some(dir) = url.strip_prefix("file://") {
             let _ = std::fs::remove_dir_all(dir);
@@ -317,5 +339,115 @@ fn run(args: &Args) -> Result<bool, Error> {
             "FAILED"
         }
     );
+    Ok(ok)
+}
+
+/// Worker mode: serve the coordinator at `addr` with one thread until the job ends.
+fn worker(addr: &str) -> Result<bool, Error> {
+    let options = WorkerOptions::from_env()?.threads(1);
+    let registry = Registry::new().register::<Banded<Heat>>();
+    cluster::serve(addr, &registry, options)?;
+    Ok(true)
+}
+
+/// Step 5: 1 local worker and 2 worker processes; a snapshot at 30 %, one process killed at
+/// 50 %; the job rolls back by itself and must still give the reference's bits.
+fn with_processes(
+    args: &Args,
+    url: &str,
+    log: &Receiver<PhaseEnd>,
+    reference: &Solution,
+) -> Result<bool, Error> {
+    let phases = args.phases;
+    let (snapshot_at, kill_at) = (phases * 3 / 10, phases / 2);
+    println!(
+        "\nwith worker processes: 1 local worker and 2 processes; a snapshot from phase \
+         {snapshot_at}; one process killed at phase {kill_at}"
+    );
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .snapshots(url)
+        .job_id("heat-with-processes")
+        .build()?;
+    let addr = exec.local_addr().ok_or("no listening address")?.to_string();
+    let exe = std::env::current_exe()?;
+    let spawn = || Command::new(&exe).args(["--worker", &addr]).spawn();
+    let started = Instant::now();
+    let handle = exec.submit(Banded(Heat::new(args.n, phases)))?;
+    let mut workers = vec![spawn()?, spawn()?];
+    let (mut snapshot, mut killed) = (None, false);
+    follow(&handle, log, started, |e| {
+        let done = e.phase + 1;
+        if done >= snapshot_at && snapshot.is_none() {
+            // Both processes hold partitions before the snapshot (they join within a few
+            // phases; the job runs on meanwhile).
+            let t = Instant::now();
+            while handle.remote_workers() < 2 && t.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let id = handle.snapshot().wait()?;
+            println!(
+                "  -> snapshot {id} ({} worker processes)",
+                handle.remote_workers()
+            );
+            snapshot = Some(id);
+        }
+        if done >= kill_at && !killed && snapshot.is_some() {
+            let victim = &mut workers[0];
+            victim.kill()?;
+            victim.wait()?;
+            println!("  -> worker process {} killed (SIGKILL)", victim.id());
+            killed = true;
+        }
+        Ok(())
+    })?;
+    let done = handle
+        .clone()
+        .wait()?
+        .finished()
+        .ok_or("the job with worker processes did not finish")?;
+    for w in &mut workers[1..] {
+        w.wait()?;
+    }
+    println!(
+        "malleable   {:>8.3} s  (1 local worker, 2 processes, one killed)",
+        started.elapsed().as_secs_f64()
+    );
+    let rollbacks = handle.rollbacks();
+    for r in &rollbacks {
+        println!(
+            "rollback   partitions of chunks {:?} lost in phase {}; back to snapshot {} (phase \
+             {}): quiet after {:.1} ms, snapshot read in {:.1} ms, running again after {:.1} ms, \
+             a phase done again after {}",
+            r.lost,
+            r.from_phase,
+            r.epoch,
+            r.to_phase,
+            ms(r.quiesce),
+            ms(r.read),
+            ms(r.restart),
+            r.recovered
+                .map_or("(none)".to_owned(), |d| format!("{:.1} ms", ms(d))),
+        );
+        if let Some(rec) = r.recovered {
+            println!(
+                "rollback   recovery / snapshot read: {:.2}x",
+                rec.as_secs_f64() / r.read.as_secs_f64().max(1e-9)
+            );
+        }
+    }
+    let mut ok = check(
+        "malleable with worker processes, one killed",
+        &Heat::solution(&done),
+        reference,
+    );
+    if killed && rollbacks.len() != 1 {
+        println!(
+            "check  FAILED: {} rollbacks after one killed process",
+            rollbacks.len()
+        );
+        ok = false;
+    }
     Ok(ok)
 }
