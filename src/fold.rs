@@ -75,6 +75,10 @@ pub trait Fold: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
         let _ = value;
         Next::Finish
     }
+    /// As [`Job::phases`]: how many phases the job runs in all, when it knows.
+    fn phases(&self) -> Option<u64> {
+        None
+    }
     /// The step length the iteration batch adapts to (default [`DEFAULT_STEP`]).
     fn target_step(&self) -> Duration {
         DEFAULT_STEP
@@ -122,6 +126,10 @@ impl<F: Fold> Job for Folded<F> {
 
     fn end_phase(&mut self, value: &F::Acc) -> Next {
         self.0.end_phase(value)
+    }
+
+    fn phases(&self) -> Option<u64> {
+        self.0.phases()
     }
 }
 

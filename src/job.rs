@@ -113,6 +113,12 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     fn chunking(&self) -> Option<crate::Chunking> {
         None
     }
+    /// How many phases the job runs in all, when it knows: a hint for the job-level ETA of
+    /// [`Progress`](crate::Progress) and for the autoscaler's deadline. Asked at the start
+    /// and after every phase (it may change its answer). The default says nothing.
+    fn phases(&self) -> Option<u64> {
+        None
+    }
     /// Called at the barrier after a phase with the phase's reduced value. May update the job
     /// (the small, broadcast part of its state) and ask for another phase.
     ///

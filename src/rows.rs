@@ -134,6 +134,10 @@ pub trait Rows: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
         let _ = value;
         Next::Finish
     }
+    /// As [`Job::phases`]: how many phases (sweeps) the job runs in all, when it knows.
+    fn phases(&self) -> Option<u64> {
+        None
+    }
     /// The step length the batch of rows adapts to (default [`DEFAULT_STEP`]).
     fn target_step(&self) -> Duration {
         DEFAULT_STEP
@@ -272,6 +276,10 @@ impl<R: Rows> Job for Banded<R> {
 
     fn end_phase(&mut self, value: &R::Acc) -> Next {
         self.0.end_phase(value)
+    }
+
+    fn phases(&self) -> Option<u64> {
+        self.0.phases()
     }
 }
 

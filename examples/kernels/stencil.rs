@@ -364,6 +364,9 @@ pub(crate) mod heat {
                 Next::Finish
             }
         }
+        fn phases(&self) -> Option<u64> {
+            Some(self.phases)
+        }
     }
 }
 

@@ -26,7 +26,7 @@ impl Autoscale {
 
     /// Finish within `time` of the job's start (its submit or its resume) with the fewest
     /// worker-seconds; bounds as [`Autoscale::throughput`]. A job of several phases says how
-    /// many with [`Autoscale::phases`].
+    /// many with [`Job::phases`](crate::Job::phases) or [`Autoscale::phases`].
     pub fn finish_within(time: Duration) -> Autoscale {
         Autoscale::with_goal(Goal::FinishWithin(time), parallelism())
     }
@@ -60,7 +60,7 @@ impl Scaler {
     pub(crate) fn tick<J: Job>(&mut self, shared: &Arc<Shared<J>>) -> bool {
         let policy = *self.decider.policy();
         let (done, left, local, remote) = {
-            let st = shared.lock();
+            let mut st = shared.lock();
             if st.ended {
                 return false;
             }
@@ -83,9 +83,10 @@ impl Scaler {
                     .values()
                     .map(|r| r / f64::from(SLOTS_PER_THREAD)),
             );
-            let progress = super::JobHandle::progress_of(&st, shared);
+            let progress = st.progress();
             let later = policy
                 .phases
+                .or(progress.phases)
                 .map_or(0, |n| n.saturating_sub(progress.phase + 1));
             let left = (progress.total - progress.done) + later * progress.total;
             (

@@ -5,9 +5,8 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use super::job_run::State;
+use super::progress::{Progress, ProgressUpdates};
 use super::{Shared, local};
 use crate::error::{Error, Result};
 use crate::job::{Job, Value};
@@ -73,29 +72,6 @@ where
     }
 }
 
-/// Progress of a job, from [`JobHandle::progress`].
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct Progress {
-    /// The current phase (0-based).
-    pub phase: u64,
-    /// Iterations of the current phase done (whole chunks, plus the running chunks'
-    /// published progress when they report it).
-    pub done: u64,
-    /// Iterations of the current phase.
-    pub total: u64,
-    /// Iterations done since the job started, all phases.
-    pub done_all_phases: u64,
-    /// Iterations per second since the job started.
-    pub rate: f64,
-    /// Time left in the current phase at `rate`; `None` before anything was measured.
-    pub eta: Option<Duration>,
-    /// Local workers (threads, or 1 for the inline worker), retiring ones included.
-    pub local_workers: usize,
-    /// Connected worker processes, retiring ones excluded.
-    pub remote_workers: usize,
-}
-
 /// A running job: scale it, watch it, cancel it, wait for it or await it.
 ///
 /// Clones control the same job, so one thread can wait (and compute, in inline mode) while
@@ -141,39 +117,14 @@ impl<J: Job> JobHandle<J> {
 
     /// A progress report. Takes the job's lock briefly; fine to call every few milliseconds.
     pub fn progress(&self) -> Progress {
-        let st = self.shared.lock();
-        Self::progress_of(&st, &self.shared)
+        self.shared.lock().progress()
     }
 
-    /// The progress report, from the locked state.
-    pub(super) fn progress_of(st: &State<J>, shared: &Shared<J>) -> Progress {
-        let (done_chunks, total) = st.core.progress();
-        let running: u64 = st
-            .members
-            .locals()
-            .filter(|(w, _)| st.core.running_on(*w).is_some())
-            .map(|(_, l)| l.cell.progress())
-            .sum::<u64>()
-            + st.remote_progress();
-        let done = (done_chunks + running).min(total);
-        let done_all_phases = st.iterations_before + done;
-        let secs = shared.started.elapsed().as_secs_f64();
-        let rate = if secs > 0.0 {
-            done_all_phases as f64 / secs
-        } else {
-            0.0
-        };
-        let eta = (rate > 0.0).then(|| Duration::from_secs_f64((total - done) as f64 / rate));
-        Progress {
-            phase: st.phase,
-            done,
-            total,
-            done_all_phases,
-            rate,
-            eta,
-            local_workers: st.members.local_count(),
-            remote_workers: st.remote_count(),
-        }
+    /// Progress as it is published (at most every 100 ms while the job runs, at every phase
+    /// end, and once when it ends), to wait for instead of polling: a blocking iterator, or
+    /// [`ProgressUpdates::changed`] in async code.
+    pub fn progress_updates(&self) -> ProgressUpdates {
+        ProgressUpdates::new(self.shared.lock().subscribe_progress())
     }
 
     /// The rollbacks the job went through (owned partitions lost with a worker process, the

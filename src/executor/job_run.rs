@@ -23,6 +23,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use super::members::{Member, Members, Msg};
+use super::progress::Publisher;
 use super::remote::{Fetch, Remotes};
 use super::rollback::{Rollback, RollingBack};
 use super::snapshot::{self, Captured, Snapshots};
@@ -89,6 +90,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) rollbacks: Vec<Rollback>,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Instant>,
+    /// Progress: the rate meter and the updates (`progress.rs`).
+    pub(crate) published: Publisher,
 }
 
 impl<J: Job> State<J> {
@@ -101,6 +104,12 @@ impl<J: Job> State<J> {
         snap: Snapshots,
         target: usize,
     ) -> State<J> {
+        let phases = catch(Site::Job { phase }, J::NAME, || job.phases()).unwrap_or(None);
+        let published = Publisher::new(
+            Instant::now(),
+            iterations_before + core.progress().0,
+            phases,
+        );
         State {
             core,
             job: Some(Arc::new(job)),
@@ -118,6 +127,7 @@ impl<J: Job> State<J> {
             rollback: None,
             rollbacks: Vec::new(),
             recovering: None,
+            published,
         }
     }
 }
@@ -352,6 +362,7 @@ impl<J: Job> State<J> {
         self.reconcile(shared);
         self.poll_cut(shared);
         self.members.update_gauge();
+        self.publish_progress(false);
     }
 
     /// The barrier between phases: every chunk is done and no worker holds the job.
@@ -385,16 +396,18 @@ impl<J: Job> State<J> {
         match next {
             Next::Finish => self.complete(Ok(Outcome::Finished(Finished { job, value }))),
             Next::Continue => {
-                let (plan, reducer) = match catch(Site::Job { phase: phase + 1 }, J::NAME, || {
-                    let chunking = job.chunking().unwrap_or(shared.config.chunking);
-                    (
-                        Plan::new(job.iterations(), shared.config.schedule, chunking),
-                        job.reducer(),
-                    )
-                }) {
-                    Ok(x) => x,
-                    Err(e) => return self.fail(shared, e),
-                };
+                let (plan, reducer, phases) =
+                    match catch(Site::Job { phase: phase + 1 }, J::NAME, || {
+                        let chunking = job.chunking().unwrap_or(shared.config.chunking);
+                        (
+                            Plan::new(job.iterations(), shared.config.schedule, chunking),
+                            job.reducer(),
+                            job.phases(),
+                        )
+                    }) {
+                        Ok(x) => x,
+                        Err(e) => return self.fail(shared, e),
+                    };
                 if self.core.is_partitioned() {
                     if let Err(e) = self.begin_partitions(&job, &plan, phase + 1) {
                         self.job = None;
@@ -416,6 +429,8 @@ impl<J: Job> State<J> {
                 let mine = self.execute(&mut out, None);
                 debug_assert!(mine.is_none());
                 self.out = out;
+                self.published.phases = phases;
+                self.publish_progress(true);
             }
         }
     }
@@ -558,6 +573,7 @@ impl<J: Job> State<J> {
         debug_assert!(mine.is_none());
         self.out = out;
         self.end_remotes();
+        self.publish_progress(true);
         if let Some(tx) = &self.members.waiter {
             let _ = tx.send(Msg::Wake);
         }

@@ -35,13 +35,15 @@ mod io;
 mod job_run;
 mod local;
 mod members;
+mod progress;
 mod remote;
 mod rollback;
 mod shutdown;
 mod snapshot;
 mod triggers;
 
-pub use handle::{Finished, JobFuture, JobHandle, Outcome, Progress, SnapshotRequest};
+pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
+pub use progress::{Progress, ProgressUpdates};
 pub use rollback::Rollback;
 pub use snapshot::At;
 

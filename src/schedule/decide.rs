@@ -256,7 +256,7 @@ impl Autoscale {
     }
 
     /// The job has `n` phases in all (for a deadline: the work left counts the phases after
-    /// the current one, each as large as it).
+    /// the current one, each as large as it). Overrides [`Job::phases`](crate::Job::phases).
     pub fn phases(mut self, n: u64) -> Autoscale {
         self.phases = Some(n);
         self
