@@ -25,6 +25,11 @@ use common::walk::{PACE_ENV, Total, Walk, pace};
 
 /// Set in the child only: the URL of the store it suspends to.
 const CHILD_ENV: &str = "MALLEABLE_SIGNAL_CHILD";
+/// In the child: the signals that suspend (`suspend_on`), as numbers separated by commas;
+/// unset, `suspend_on_signals`.
+const SET_ENV: &str = "MALLEABLE_SIGNAL_SET";
+/// In the child: `finish` runs a short job to its end, prints so, then idles for a minute.
+const MODE_ENV: &str = "MALLEABLE_SIGNAL_MODE";
 /// Fixed chunk boundaries: the value depends on them, never on the workers.
 const CHUNK: u64 = 2_000;
 const CHUNKING: Chunking = Chunking::Size(CHUNK);
@@ -134,14 +139,26 @@ fn child_suspendable() {
     let Ok(url) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let exec = Executor::builder()
+    let builder = Executor::builder()
         .local_workers(2)
         .chunking(CHUNKING)
         .snapshots(&url)
-        .job_id("signal-walk")
-        .suspend_on_signals()
-        .build()
-        .expect("child: build");
+        .job_id("signal-walk");
+    let builder = match std::env::var(SET_ENV) {
+        Ok(set) => builder.suspend_on(set.split(',').map(|s| s.parse::<i32>().unwrap())),
+        Err(_) => builder.suspend_on_signals(),
+    };
+    let exec = builder.build().expect("child: build");
+    if std::env::var(MODE_ENV).as_deref() == Ok("finish") {
+        let mut short = long_job(0);
+        short.phases = 1;
+        short.n = 1_000;
+        exec.run(short).expect("child: run");
+        println!("signal-child: finished pid {}", std::process::id());
+        std::thread::sleep(Duration::from_secs(60));
+        println!("signal-child: still alive a minute later");
+        return;
+    }
     let handle = exec.submit(long_job(0)).expect("child: submit");
     let t0 = Instant::now();
     println!("signal-child: started pid {}", std::process::id());
@@ -205,21 +222,39 @@ fn wait_timeout(child: &mut std::process::Child, timeout: Duration) -> Option<Ex
     }
 }
 
-fn signal_suspends_then_resumes(signal: &str, resume_workers: usize) {
-    let (url, dir) = folder(&signal.to_lowercase());
-    let mut child = Command::new(std::env::current_exe().unwrap())
+/// Starts the child with the store at `url` and `env` set.
+fn spawn_child(url: &str, env: &[(&str, String)]) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "child_suspendable",
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(CHILD_ENV, &url)
-        .env(PACE_ENV, "1")
+        .env(CHILD_ENV, url)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn the child");
+        .expect("spawn the child")
+}
+
+fn send(signal: &str, child: &std::process::Child) {
+    let kill = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(kill.success(), "kill -{signal} failed: {kill}");
+}
+
+fn signal_suspends_then_resumes(signal: &str, resume_workers: usize, set: Option<i32>) {
+    let (url, dir) = folder(&signal.to_lowercase());
+    let mut env = vec![(PACE_ENV, "1".to_owned())];
+    if let Some(s) = set {
+        env.push((SET_ENV, s.to_string()));
+    }
+    let mut child = spawn_child(&url, &env);
     let out = lines(child.stdout.take().unwrap());
     let err = lines(child.stderr.take().unwrap());
     let mut seen = Vec::new();
@@ -247,12 +282,7 @@ fn signal_suspends_then_resumes(signal: &str, resume_workers: usize) {
     // Let it work a little, so that the snapshot carries work over.
     std::thread::sleep(Duration::from_millis(300));
     let sent = Instant::now();
-    let kill = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(child.id().to_string())
-        .status()
-        .expect("run kill");
-    assert!(kill.success(), "kill -{signal} failed: {kill}");
+    send(signal, &child);
 
     let Some(status) = wait_timeout(&mut child, Duration::from_secs(30)) else {
         fail(
@@ -304,7 +334,80 @@ fn sigusr1_suspends_the_job_in_a_child_process() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    signal_suspends_then_resumes("USR1", 3);
+    signal_suspends_then_resumes("USR1", 3, None);
+}
+
+#[test]
+fn sigint_suspends_the_job_in_a_child_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    signal_suspends_then_resumes("INT", 1, None);
+}
+
+#[test]
+fn a_chosen_signal_suspends_the_job_in_a_child_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    signal_suspends_then_resumes("USR2", 2, Some(libc::SIGUSR2));
+}
+
+/// Runs the child with `env`, waits for `ready` on its output, sends SIGINT `times` times
+/// 300 ms apart, and checks that SIGINT ended it (not a normal exit).
+fn sigint_ends_the_child(name: &str, env: &[(&str, String)], ready: &str, times: usize) {
+    use std::os::unix::process::ExitStatusExt;
+    let (url, dir) = folder(name);
+    let mut child = spawn_child(&url, env);
+    let out = lines(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    let started = expect_line(&out, ready, Duration::from_secs(60), &mut seen);
+    if started.is_none() {
+        let _ = child.kill();
+        panic!("{name}: the child did not print {ready:?}: {seen:?}");
+    }
+    for _ in 0..times {
+        std::thread::sleep(Duration::from_millis(300));
+        send("INT", &child);
+    }
+    let Some(status) = wait_timeout(&mut child, Duration::from_secs(20)) else {
+        let _ = child.kill();
+        panic!("{name}: the child is still running 20 s after SIGINT");
+    };
+    seen.extend(out.try_iter());
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGINT),
+        "{name}: the child ended with {status}, not by SIGINT: {seen:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_second_sigint_during_a_suspend_ends_the_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    // Steps of 3 s: the suspend waits for the running steps, the second SIGINT does not.
+    sigint_ends_the_child(
+        "second-sigint",
+        &[(PACE_ENV, "3000".to_owned())],
+        "signal-child: started",
+        2,
+    );
+}
+
+#[test]
+fn sigint_ends_the_process_once_its_jobs_have_ended() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    sigint_ends_the_child(
+        "sigint-after-end",
+        &[(MODE_ENV, "finish".to_owned())],
+        "signal-child: finished",
+        1,
+    );
 }
 
 #[test]
@@ -312,7 +415,7 @@ fn sigterm_suspends_the_job_in_a_child_process() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    signal_suspends_then_resumes("TERM", 0);
+    signal_suspends_then_resumes("TERM", 0, None);
 }
 
 // ---------------------------------------------------------------------------------------

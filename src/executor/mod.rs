@@ -39,6 +39,7 @@ mod progress;
 mod remote;
 mod rollback;
 mod shutdown;
+mod signals;
 mod snapshot;
 mod triggers;
 
@@ -334,12 +335,27 @@ impl Builder {
         self
     }
 
-    /// Suspends jobs on SIGTERM and SIGUSR1, which batch schedulers send before a time limit.
-    /// No handler is installed unless this is called; once installed (at the first submit),
-    /// the handlers stay for the life of the process, so these signals no longer terminate it
-    /// by default.
-    pub fn suspend_on_signals(mut self) -> Self {
-        self.config.snapshots.signals = true;
+    /// Suspends jobs on SIGINT (Ctrl-C), SIGTERM and SIGUSR1: what a person, a service
+    /// manager and a batch scheduler send before they stop a program. The same as
+    /// [`suspend_on`](Self::suspend_on) with those three.
+    pub fn suspend_on_signals(self) -> Self {
+        self.suspend_on([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1])
+    }
+
+    /// Suspends jobs on these signals (numbers as in `libc`, say `libc::SIGUSR2`), replacing
+    /// any set given before; an empty set installs nothing. No handler is installed unless a
+    /// set is given; once installed (at the first submit), the handlers stay for the life of
+    /// the process, so these signals no longer terminate it by default, with one exception:
+    /// SIGINT. A second SIGINT while a suspend is under way ends the process as Ctrl-C
+    /// would have (the suspend's snapshot may then be lost, the previous ones are not), and
+    /// when the last job watching SIGINT has ended, SIGINT terminates the process again
+    /// (the default action is restored, also for any other handler of SIGINT the program
+    /// installed through tokio).
+    pub fn suspend_on(mut self, signals: impl IntoIterator<Item = i32>) -> Self {
+        let mut set: Vec<i32> = signals.into_iter().collect();
+        set.sort_unstable();
+        set.dedup();
+        self.config.snapshots.signals = set;
         self
     }
 
@@ -431,6 +447,7 @@ impl Builder {
     /// [`Error::Cluster`] for an address that cannot be listened on, or one other than
     /// loopback without a token.
     pub fn build(mut self) -> Result<Executor> {
+        signals::check(&self.config.snapshots.signals).map_err(Error::InvalidConfig)?;
         if self.config.snapshots.url.is_some() {
             self.config.snapshots.store()?;
         }

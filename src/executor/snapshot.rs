@@ -103,7 +103,8 @@ pub(crate) struct SnapshotConfig {
     pub(crate) keep: usize,
     pub(crate) every: Option<Duration>,
     pub(crate) deadline: Option<SystemTime>,
-    pub(crate) signals: bool,
+    /// Signal numbers that ask for a suspend (empty: none).
+    pub(crate) signals: Vec<i32>,
     pub(crate) token: Option<SuspendToken>,
 }
 
@@ -120,7 +121,7 @@ impl Default for SnapshotConfig {
             keep: 2,
             every: None,
             deadline: None,
-            signals: false,
+            signals: Vec::new(),
             token: None,
         }
     }

@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use super::autoscale::Scaler;
 use super::job_run::Shared;
+use super::signals::Signals;
 use crate::job::Job;
 
 /// Starts the job's snapshot and suspend triggers (period, deadline, signals, token) and its
@@ -18,24 +19,18 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
     let autoscale = shared.config.autoscale;
     if cfg.every.is_none()
         && cfg.deadline.is_none()
-        && !cfg.signals
+        && cfg.signals.is_empty()
         && cfg.token.is_none()
         && autoscale.is_none()
     {
         return;
     }
     let weak: Weak<Shared<J>> = Arc::downgrade(shared);
-    let (every, deadline, signals, token) =
-        (cfg.every, cfg.deadline, cfg.signals, cfg.token.clone());
+    let (every, deadline, token) = (cfg.every, cfg.deadline, cfg.token.clone());
     let io = shared.io.handle().clone();
     // Signal streams must be created inside the runtime.
     let _enter = io.enter();
-    let mut sigterm = signals
-        .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok())
-        .flatten();
-    let mut sigusr1 = signals
-        .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).ok())
-        .flatten();
+    let mut signals = Signals::new(&cfg.signals, J::NAME);
     let submitted = SystemTime::now();
     io.spawn(async move {
         let start = tokio::time::Instant::now();
@@ -90,8 +85,10 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
                     continue;
                 }
                 _ = tokio::time::sleep(until_deadline.unwrap_or(Duration::MAX)), if until_deadline.is_some() => true,
-                _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() => true,
-                _ = async { sigusr1.as_mut().expect("guarded").recv().await }, if sigusr1.is_some() => true,
+                signal = signals.recv(), if !signals.is_empty() => {
+                    tracing::info!(job = J::NAME, signal, "a signal asks the job to suspend");
+                    true
+                }
                 _ = async { token.as_ref().expect("guarded").fired().await }, if token.is_some() => true,
                 // Look again at the deadline's margin and whether the job ended.
                 _ = tokio::time::sleep(Duration::from_millis(200)) => continue,

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// Set in a child process: every walk step there sleeps [`PACE`].
 pub const PACE_ENV: &str = "MALLEABLE_TEST_PACE";
-/// A paced step sleeps this long.
+/// A paced step sleeps this long (unless [`PACE_ENV`] gives another number of milliseconds).
 pub const PACE: Duration = Duration::from_millis(1);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,7 +80,12 @@ impl Input<Walk> for Pace {
     fn load(job: &Walk) -> Result<Pace, BoxError> {
         let paced =
             std::env::var_os(PACE_ENV).is_some() || PACED.lock().unwrap().contains(&job.tag);
-        Ok(Pace(if paced { PACE } else { Duration::ZERO }))
+        // The variable's value, when a number, is the pace in milliseconds.
+        let pace = std::env::var(PACE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(PACE, Duration::from_millis);
+        Ok(Pace(if paced { pace } else { Duration::ZERO }))
     }
 }
 
