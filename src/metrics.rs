@@ -50,6 +50,10 @@ pub const ROLLBACKS: &str = "malleable_rollbacks_total";
 /// What a graceful shutdown gave up waiting for, by kind (`connection`: a worker process not
 /// yet sent its `End`; `snapshot_write`: a write in flight).
 pub const SHUTDOWN_ABANDONED: &str = "malleable_shutdown_abandoned_total";
+/// Removals of a finished job's snapshots
+/// ([`Builder::remove_snapshots_when_finished`](crate::Builder::remove_snapshots_when_finished))
+/// that failed or were given up.
+pub const SNAPSHOT_REMOVAL_FAILURES: &str = "malleable_snapshot_removal_failures_total";
 /// Decisions of the autoscaler carried out, by reason.
 pub const AUTOSCALE_DECISIONS: &str = "malleable_autoscale_decisions_total";
 

@@ -79,7 +79,7 @@ where
 /// sees it; later ones get [`Error::OutcomeTaken`]. Dropping every handle leaves the job
 /// running to its end in the background.
 pub struct JobHandle<J: Job> {
-    shared: Arc<Shared<J>>,
+    pub(super) shared: Arc<Shared<J>>,
 }
 
 impl<J: Job> Clone for JobHandle<J> {
@@ -219,6 +219,11 @@ impl<J: Job> JobHandle<J> {
         let key = super::shutdown::job_key(&self.shared);
         let left = self.shared.io.drain(Some(key), timeout);
         super::shutdown::report(&format!("the end of job {}", J::NAME), left, timeout);
+        if let Ok(Outcome::Finished(_)) = &result {
+            if self.shared.config.remove_when_finished {
+                super::lifecycle::remove_finished(&self.shared, timeout);
+            }
+        }
         result
     }
 }

@@ -134,7 +134,7 @@ async fn store(
 
 /// Runs `fut` on the I/O runtime and blocks the calling thread until it is done (without
 /// entering a runtime, so this works from any thread).
-fn block_on_io<T: Send + 'static>(
+pub(crate) fn block_on_io<T: Send + 'static>(
     io: &tokio::runtime::Handle,
     fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
@@ -198,7 +198,7 @@ impl super::Executor {
         if self.config.snapshots.url.is_none() {
             exec.config.snapshots.set_store(store);
         }
-        exec.launch(
+        let handle = exec.launch(
             job,
             core,
             phase,
@@ -206,7 +206,9 @@ impl super::Executor {
             snap,
             run.schedule,
             run.chunking,
-        )
+        )?;
+        handle.shared.lock().resumed_from = Some(SnapshotId::new(manifest.job_id, manifest.epoch));
+        Ok(handle)
     }
 }
 

@@ -92,6 +92,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) recovering: Option<Instant>,
     /// Progress: the rate meter and the updates (`progress.rs`).
     pub(crate) published: Publisher,
+    /// The snapshot this run was resumed from.
+    pub(crate) resumed_from: Option<crate::snapshot::SnapshotId>,
 }
 
 impl<J: Job> State<J> {
@@ -128,6 +130,7 @@ impl<J: Job> State<J> {
             rollbacks: Vec::new(),
             recovering: None,
             published,
+            resumed_from: None,
         }
     }
 }

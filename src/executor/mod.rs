@@ -33,6 +33,7 @@ mod autoscale;
 mod handle;
 mod io;
 mod job_run;
+mod lifecycle;
 mod local;
 mod members;
 mod progress;
@@ -122,6 +123,8 @@ impl Drop for LastClone {
 #[derive(Debug, Clone)]
 struct Config {
     shutdown_timeout: Duration,
+    /// Remove a job's snapshots once it has finished (`lifecycle.rs`).
+    remove_when_finished: bool,
     local_workers: usize,
     schedule: Schedule,
     chunking: Chunking,
@@ -250,6 +253,7 @@ impl Default for Builder {
         Builder {
             config: Config {
                 shutdown_timeout: Duration::from_secs(10),
+                remove_when_finished: false,
                 local_workers: threads,
                 schedule: Schedule::default(),
                 chunking: Chunking::default(),
@@ -415,6 +419,17 @@ impl Builder {
     /// [`Executor`]'s "Shutdown".
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
         self.config.shutdown_timeout = d;
+        self
+    }
+
+    /// Removes a job's snapshots from the store once it has finished (its value is in hand:
+    /// the snapshots could only resume a job that is done), in [`JobHandle::wait`] after any
+    /// snapshot write still in flight. A suspended, failed or cancelled job keeps them. A
+    /// removal that fails does not fail the job: it is logged, counted in
+    /// [`SNAPSHOT_REMOVAL_FAILURES`](crate::metrics::SNAPSHOT_REMOVAL_FAILURES), and
+    /// [`Executor::remove_snapshots`] can finish it.
+    pub fn remove_snapshots_when_finished(mut self) -> Self {
+        self.config.remove_when_finished = true;
         self
     }
 

@@ -22,11 +22,13 @@
 //! - **Bad bytes are errors.** Decoding a corrupt, truncated, foreign or hostile manifest or
 //!   part returns a typed [`Error`] and never panics.
 
+mod blocking;
 mod error;
 pub mod format;
 mod open;
 pub mod store;
 
+pub use blocking::BlockingStore;
 pub use error::{Error, Result};
 pub use format::{
     FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,

@@ -581,6 +581,46 @@ impl Store {
         Ok(cleanup)
     }
 
+    /// Deletes every snapshot of `job_id` and whatever else its epoch folders hold: the
+    /// manifests first (newest first, so that what is left at any moment is a set of older
+    /// committed snapshots or nothing committed), then every other object, then a `file://`
+    /// store's staged leftovers. For a job that will not be resumed and is not running.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`], or the store's failure to list or delete (what was deleted
+    /// stays deleted; calling it again finishes the work).
+    pub async fn remove_job(&self, job_id: &str) -> Result<Cleanup> {
+        let scan = self.scan(job_id).await?;
+        let mut cleanup = Cleanup::default();
+        let manifests = scan
+            .epochs
+            .iter()
+            .rev()
+            .filter_map(|(&epoch, f)| {
+                let meta = f.manifest.as_ref()?;
+                Some((
+                    epoch,
+                    manifest_key(&SnapshotId::new(job_id, epoch)),
+                    meta.size,
+                ))
+            })
+            .collect::<Vec<_>>();
+        for (epoch, key, size) in manifests {
+            self.delete(vec![(key, size)], &mut cleanup).await?;
+            cleanup.removed_epochs.push(epoch);
+        }
+        cleanup.removed_epochs.reverse();
+        let others = scan
+            .epochs
+            .values()
+            .flat_map(|f| f.others.iter().cloned())
+            .collect();
+        self.delete(others, &mut cleanup).await?;
+        self.sweep_staged(job_id, scan.epochs.keys().copied(), &mut cleanup)?;
+        Ok(cleanup)
+    }
+
     /// Retention (`Some(keep)`, `keep >= 1`) or garbage collection (`None`): see
     /// [`Store::retain`].
     async fn cleanup(&self, job_id: &str, keep: Option<usize>) -> Result<Cleanup> {

@@ -1,0 +1,228 @@
+//! The lifecycle around a job: resume-or-start in one call (never starting afresh past a
+//! damaged snapshot), resuming from the executor's own store, from async code, removing a
+//! finished job's snapshots, and a blocking store usable with or without a runtime (also on
+//! a real S3 server: SeaweedFS on loopback, provisioned by `tests/support/seaweed.rs`).
+
+mod common;
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Kernel, sequential};
+use malleable::snapshot::BlockingStore;
+use malleable::{Chunking, Executor, Outcome};
+
+const CHUNKING: Chunking = Chunking::Count(16);
+
+fn folder(name: &str) -> (String, PathBuf) {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("lifecycle-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    (format!("file://{}", dir.display()), dir)
+}
+
+fn exec(url: &str, workers: usize) -> malleable::Builder {
+    Executor::builder()
+        .local_workers(workers)
+        .chunking(CHUNKING)
+        .snapshots(url)
+        .job_id("lifecycle")
+}
+
+/// Two phases, long enough to be suspended in the first.
+fn job() -> Kernel {
+    let mut job = Kernel::new(300_000, 4);
+    job.spin = 300;
+    job.phases = 2;
+    job
+}
+
+fn expected() -> f64 {
+    let mut last = job();
+    last.phase = 1;
+    sequential(&last, CHUNKING).sum
+}
+
+/// Submits the job and suspends it a moment later; returns the suspend's snapshot.
+fn suspended(url: &str) -> malleable::snapshot::SnapshotId {
+    let e = exec(url, 2).build().unwrap();
+    let h = e.submit_or_resume(job()).unwrap();
+    assert_eq!(h.resumed_from(), None, "nothing to resume from yet");
+    std::thread::sleep(Duration::from_millis(50));
+    let id = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    id
+}
+
+#[test]
+fn submit_or_resume_starts_then_resumes_exactly() {
+    let (url, dir) = folder("start-resume");
+    let id = suspended(&url);
+    let e = exec(&url, 3).build().unwrap();
+    let h = e.submit_or_resume(job()).unwrap();
+    assert_eq!(h.resumed_from(), Some(id));
+    let fin = h.wait().unwrap().finished().unwrap();
+    assert_eq!(fin.value.sum.to_bits(), expected().to_bits());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn submit_or_resume_refuses_to_start_over_a_damaged_snapshot() {
+    let (url, dir) = folder("damaged");
+    let id = suspended(&url);
+    // Delete one part of the snapshot.
+    let parts = dir
+        .join("lifecycle")
+        .join(format!("{:020}", id.epoch))
+        .join("parts");
+    let victim = std::fs::read_dir(&parts)
+        .unwrap()
+        .flatten()
+        .next()
+        .expect("the suspend wrote parts")
+        .path();
+    std::fs::remove_file(&victim).unwrap();
+    let e = exec(&url, 2).build().unwrap();
+    let err = e
+        .submit_or_resume(job())
+        .expect_err("a damaged snapshot is no reason to start afresh");
+    let text = format!("{err}");
+    assert!(text.contains("lifecycle"), "{text}");
+    // Nothing was committed over it.
+    let store = BlockingStore::open(&url).unwrap();
+    assert_eq!(store.latest("lifecycle").unwrap(), Some(id));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn resume_at_reads_the_executors_own_store() {
+    let (url, dir) = folder("resume-at");
+    let id = suspended(&url);
+    let e = exec(&url, 1).build().unwrap();
+    let h = e
+        .resume_at::<Kernel>(malleable::At::Epoch(id.epoch))
+        .unwrap();
+    assert_eq!(h.resumed_from(), Some(id));
+    let fin = h.wait().unwrap().finished().unwrap();
+    assert_eq!(fin.value.sum.to_bits(), expected().to_bits());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn resume_from_async_code_does_not_block_the_runtime() {
+    let (url, dir) = folder("async");
+    let id = suspended(&url);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sum = rt.block_on(async {
+        let e = exec(&url, 2).build().unwrap();
+        // A timer on the same (single) thread keeps ticking while the snapshot is read.
+        let ticker = tokio::spawn(async {
+            let mut n = 0u32;
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                n += 1;
+                if n > 1_000_000 {
+                    return;
+                }
+            }
+        });
+        let h = e.submit_or_resume_async(job()).await.unwrap();
+        assert_eq!(h.resumed_from(), Some(id));
+        let fin = h.await.unwrap().finished().unwrap();
+        ticker.abort();
+        // A blocking store inside the runtime works, and is dropped here without a panic.
+        let store = BlockingStore::open(&url).unwrap();
+        assert!(store.latest("lifecycle").unwrap().is_some());
+        drop(store);
+        fin.value.sum
+    });
+    assert_eq!(sum.to_bits(), expected().to_bits());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Files under `dir`, recursively.
+fn files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_finished_jobs_snapshots_are_removed_when_asked() {
+    let (url, dir) = folder("remove");
+    let id = suspended(&url);
+    let e = exec(&url, 2)
+        .remove_snapshots_when_finished()
+        .build()
+        .unwrap();
+    let h = e.submit_or_resume(job()).unwrap();
+    assert_eq!(h.resumed_from(), Some(id.clone()));
+    // Another snapshot while it runs: it is removed too.
+    let more = h.snapshot().wait().unwrap();
+    assert!(more.epoch > id.epoch);
+    let fin = h.wait().unwrap().finished().unwrap();
+    assert_eq!(fin.value.sum.to_bits(), expected().to_bits());
+    let store = BlockingStore::open(&url).unwrap();
+    assert_eq!(store.latest("lifecycle").unwrap(), None);
+    assert_eq!(files(&dir.join("lifecycle")), Vec::<PathBuf>::new());
+
+    // Without the option they stay, and `remove_snapshots` removes them.
+    let _ = suspended(&url);
+    let e = exec(&url, 2).build().unwrap();
+    let h = e.submit_or_resume(job()).unwrap();
+    assert!(h.wait().unwrap().finished().is_some());
+    assert!(store.latest("lifecycle").unwrap().is_some());
+    let cleanup = e.remove_snapshots::<Kernel>().unwrap();
+    assert!(!cleanup.removed_epochs.is_empty());
+    assert_eq!(store.latest("lifecycle").unwrap(), None);
+    assert_eq!(files(&dir.join("lifecycle")), Vec::<PathBuf>::new());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(feature = "s3")]
+#[test]
+fn a_blocking_store_on_s3_needs_no_runtime() {
+    use support::seaweed;
+    let server = seaweed::server();
+    let url = format!(
+        "s3://{}/lifecycle-blocking-{}",
+        seaweed::BUCKET,
+        std::process::id()
+    );
+    let mut b = Executor::builder()
+        .local_workers(2)
+        .chunking(CHUNKING)
+        .snapshots(&url)
+        .job_id("lifecycle");
+    for (k, v) in server.options() {
+        b = b.snapshot_option(k, v);
+    }
+    let h = b.build().unwrap().submit(job()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let id = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    // No runtime on this thread.
+    assert!(tokio::runtime::Handle::try_current().is_err());
+    let store = BlockingStore::open_with(&url, server.options()).unwrap();
+    assert_eq!(store.latest("lifecycle").unwrap(), Some(id.clone()));
+    assert_eq!(store.jobs().unwrap(), vec!["lifecycle".to_owned()]);
+    let m = store.manifest(&id).unwrap();
+    assert_eq!(m.epoch, id.epoch);
+    let cleanup = store.remove_job("lifecycle").unwrap();
+    assert_eq!(cleanup.removed_epochs, vec![id.epoch]);
+    assert_eq!(store.latest("lifecycle").unwrap(), None);
+}
