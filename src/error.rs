@@ -84,6 +84,26 @@ pub enum Error {
     /// A snapshot store or snapshot error (opening, reading, a corrupt or foreign snapshot).
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::Error),
+    /// The snapshot store given to [`Builder::snapshots`](crate::Builder::snapshots) cannot be
+    /// written, checked at [`Builder::build`](crate::Builder::build): no source when it did
+    /// not answer in time.
+    #[error(
+        "the snapshot store {url} cannot be used: {}; checked when the executor was built \
+         (Builder::check_store(false) skips the check)",
+        match source {
+            Some(_) => "a test object could not be written, read back and deleted",
+            None => "it did not answer within the check's time limit",
+        }
+    )]
+    StoreUnusable {
+        /// The store's URL.
+        url: String,
+        /// The check's time limit.
+        within: std::time::Duration,
+        /// Why, when the store answered.
+        #[source]
+        source: Option<crate::snapshot::Error>,
+    },
     /// A cluster error: an address that cannot be listened on or dialled, a missing token,
     /// a refused handshake.
     #[error(transparent)]
@@ -412,6 +432,7 @@ mod tests {
             | Error::SnapshotFailed(_)
             | Error::Codec { .. }
             | Error::RollbackFailed { .. }
+            | Error::StoreUnusable { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -441,6 +462,14 @@ mod tests {
                 what: "a chunk state",
                 source: codec_error(),
             })),
+            Error::StoreUnusable {
+                url: "s3://bucket/prefix".into(),
+                within: std::time::Duration::from_secs(10),
+                source: Some(crate::snapshot::Error::Io {
+                    what: "cannot connect".into(),
+                    source: io::Error::new(io::ErrorKind::ConnectionRefused, "refused"),
+                }),
+            },
             Error::RollbackFailed {
                 job: "heat",
                 lost: vec![3],

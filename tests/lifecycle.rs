@@ -226,3 +226,22 @@ fn a_blocking_store_on_s3_needs_no_runtime() {
     assert_eq!(cleanup.removed_epochs, vec![id.epoch]);
     assert_eq!(store.latest("lifecycle").unwrap(), None);
 }
+
+#[test]
+fn build_refuses_an_invalid_job_id() {
+    let (url, _dir) = folder("job-id");
+    let err = Executor::builder()
+        .snapshots(&url)
+        .job_id("a/b")
+        .build()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(
+            &err,
+            malleable::Error::Snapshot(malleable::snapshot::Error::InvalidJobId { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(text.contains("\"a/b\""), "{text}");
+}

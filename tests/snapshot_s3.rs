@@ -76,9 +76,28 @@ fn wrong_credentials_fail_the_snapshot_not_the_job() {
     for (k, v) in server.options_with_keys(seaweed::ACCESS_KEY, "not-the-secret") {
         b = b.snapshot_option(k, v);
     }
+    // Refused at build, with the store's answer as the cause.
+    let refused = b.clone().build().unwrap_err();
+    match &refused {
+        Error::StoreUnusable {
+            source: Some(malleable::snapshot::Error::Denied { .. }),
+            ..
+        } => {}
+        other => panic!("expected a refused store at build, got {other:?}"),
+    }
+    assert!(
+        refused.to_string().contains("check_store(false)"),
+        "{refused}"
+    );
+    // Without the check: the snapshot fails, the job does not.
     let mut job = Kernel::new(20_000, 4);
     job.spin = 300;
-    let handle = b.build().unwrap().submit(job.clone()).unwrap();
+    let handle = b
+        .check_store(false)
+        .build()
+        .unwrap()
+        .submit(job.clone())
+        .unwrap();
     let err = handle.snapshot().wait().unwrap_err();
     assert!(
         matches!(&err, Error::SnapshotFailed(m) if m.contains("credentials")),
@@ -86,4 +105,29 @@ fn wrong_credentials_fail_the_snapshot_not_the_job() {
     );
     let fin = handle.wait().unwrap().finished().unwrap();
     assert_eq!(fin.value, sequential(&job, Chunking::Count(16)));
+}
+
+#[test]
+fn a_silent_endpoint_fails_the_build() {
+    // (A missing bucket cannot be shown here: this server creates buckets on first use.)
+    let server = seaweed::server();
+    // An endpoint where nothing listens: given up after the check's time limit.
+    let mut b = Executor::builder()
+        .snapshots(url_for_silent())
+        .store_check_timeout(Duration::from_secs(2));
+    for (k, v) in server.options() {
+        if k != "endpoint" {
+            b = b.snapshot_option(k, v);
+        }
+    }
+    let b = b.snapshot_option("endpoint", "http://127.0.0.1:1");
+    let err = b.build().unwrap_err();
+    assert!(
+        matches!(&err, Error::StoreUnusable { within, .. } if *within == Duration::from_secs(2)),
+        "{err:?}"
+    );
+}
+
+fn url_for_silent() -> String {
+    format!("s3://{}/silent", seaweed::BUCKET)
 }

@@ -123,6 +123,8 @@ impl Drop for LastClone {
 #[derive(Debug, Clone)]
 struct Config {
     shutdown_timeout: Duration,
+    /// How long `build` waits for the store's check (`None`: no check).
+    check_store: Option<Duration>,
     /// Remove a job's snapshots once it has finished (`lifecycle.rs`).
     remove_when_finished: bool,
     local_workers: usize,
@@ -253,6 +255,7 @@ impl Default for Builder {
         Builder {
             config: Config {
                 shutdown_timeout: Duration::from_secs(10),
+                check_store: Some(Duration::from_secs(10)),
                 remove_when_finished: false,
                 local_workers: threads,
                 schedule: Schedule::default(),
@@ -422,6 +425,27 @@ impl Builder {
         self
     }
 
+    /// Whether [`build`](Self::build) checks that the store given to
+    /// [`snapshots`](Self::snapshots) can be written (default: yes, within 10 s): it puts,
+    /// reads back and deletes a small object, so a missing bucket, refused credentials or an
+    /// endpoint that does not answer fail at once rather than at the first snapshot. Turn it
+    /// off for a store that is expected to come up later; a store given as an object
+    /// ([`snapshot_store`](Self::snapshot_store)) and the default folder are not checked.
+    pub fn check_store(mut self, check: bool) -> Self {
+        self.config.check_store =
+            check.then_some(self.config.check_store.unwrap_or(Duration::from_secs(10)));
+        self
+    }
+
+    /// How long [`build`](Self::build)'s store check may take (default 10 s): an endpoint
+    /// that does not answer within it fails the build with [`Error::StoreUnusable`].
+    pub fn store_check_timeout(mut self, d: Duration) -> Self {
+        if self.config.check_store.is_some() {
+            self.config.check_store = Some(d);
+        }
+        self
+    }
+
     /// Removes a job's snapshots from the store once it has finished (its value is in hand:
     /// the snapshots could only resume a job that is done), in [`JobHandle::wait`] after any
     /// snapshot write still in flight. A suspended, failed or cancelled job keeps them. A
@@ -490,7 +514,26 @@ impl Builder {
         if self.config.cluster.token.is_none() {
             self.config.cluster.token = crate::wire::Token::from_env()?;
         }
+        if let Some(id) = &self.config.snapshots.job_id {
+            crate::snapshot::check_job_id(id)?;
+        }
         let io = Arc::new(IoRuntime::new()?);
+        if let (Some(url), Some(within)) = (&self.config.snapshots.url, self.config.check_store) {
+            let store = self.config.snapshots.store()?;
+            let checked = io::block_on_io(io.handle(), async move {
+                Ok(tokio::time::timeout(within, store.check_writable()).await)
+            })?;
+            let unusable = |source| Error::StoreUnusable {
+                url: url.clone(),
+                within,
+                source,
+            };
+            match checked {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(unusable(Some(e))),
+                Err(_) => return Err(unusable(None)),
+            }
+        }
         let listener = match self.config.cluster.listen {
             Some(_) => Some(Listener::start(io.handle(), self.config.cluster.clone())?),
             None => None,

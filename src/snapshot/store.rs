@@ -581,6 +581,46 @@ impl Store {
         Ok(cleanup)
     }
 
+    /// Checks that the store can be written: puts a small object under the prefix (named
+    /// `.malleable-check-…`, never a job id), reads it back and deletes it.
+    ///
+    /// # Errors
+    ///
+    /// The store's failure to put, read or delete it ([`Error::Denied`] for refused
+    /// credentials, [`Error::Store`] for the rest); [`Error::Inconsistent`] if what is read
+    /// back differs.
+    pub async fn check_writable(&self) -> Result<()> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let key = format!(".malleable-check-{}-{nanos}", std::process::id());
+        let path = self.path(&key)?;
+        let body = Bytes::from(key.clone().into_bytes());
+        self.inner
+            .store
+            .put(&path, PutPayload::from(body.clone()))
+            .await
+            .map_err(|e| Error::store("put", &key, e))?;
+        let read = async {
+            let got = self.inner.store.get(&path).await?.bytes().await?;
+            Ok::<_, object_store::Error>(got)
+        }
+        .await
+        .map_err(|e| Error::store("get", &key, e));
+        let deleted = self
+            .inner
+            .store
+            .delete(&path)
+            .await
+            .map_err(|e| Error::store("delete", &key, e));
+        if read? != body {
+            return Err(Error::Inconsistent(format!(
+                "the store returned other bytes for {key:?} than were put"
+            )));
+        }
+        deleted
+    }
+
     /// Deletes every snapshot of `job_id` and whatever else its epoch folders hold: the
     /// manifests first (newest first, so that what is left at any moment is a set of older
     /// committed snapshots or nothing committed), then every other object, then a `file://`
