@@ -102,7 +102,7 @@ pub enum Error {
         within: std::time::Duration,
         /// Why, when the store answered.
         #[source]
-        source: Option<crate::snapshot::Error>,
+        source: Option<Box<crate::snapshot::Error>>,
     },
     /// A cluster error: an address that cannot be listened on or dialled, a missing token,
     /// a refused handshake.
@@ -465,10 +465,10 @@ mod tests {
             Error::StoreUnusable {
                 url: "s3://bucket/prefix".into(),
                 within: std::time::Duration::from_secs(10),
-                source: Some(crate::snapshot::Error::Io {
+                source: Some(Box::new(crate::snapshot::Error::Io {
                     what: "cannot connect".into(),
                     source: io::Error::new(io::ErrorKind::ConnectionRefused, "refused"),
-                }),
+                })),
             },
             Error::RollbackFailed {
                 job: "heat",

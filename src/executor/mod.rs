@@ -530,7 +530,7 @@ impl Builder {
             };
             match checked {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(unusable(Some(e))),
+                Ok(Err(e)) => return Err(unusable(Some(Box::new(e)))),
                 Err(_) => return Err(unusable(None)),
             }
         }
