@@ -54,6 +54,9 @@ pub const SHUTDOWN_ABANDONED: &str = "malleable_shutdown_abandoned_total";
 /// ([`Builder::remove_snapshots_when_finished`](crate::Builder::remove_snapshots_when_finished))
 /// that failed or were given up.
 pub const SNAPSHOT_REMOVAL_FAILURES: &str = "malleable_snapshot_removal_failures_total";
+/// Worker processes still connected at the end of their drain's grace period, let go
+/// ([`JobHandle::drain_remote`](crate::JobHandle::drain_remote)).
+pub const DRAINS_OVERRUN: &str = "malleable_drains_overrun_total";
 /// Decisions of the autoscaler carried out, by reason.
 pub const AUTOSCALE_DECISIONS: &str = "malleable_autoscale_decisions_total";
 

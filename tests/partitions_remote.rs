@@ -406,3 +406,77 @@ fn a_damaged_snapshot_fails_the_rollback_with_its_cause() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A wide grid: each of its 12 bands holds 2 × 20 rows of 8192 cells (2.6 MB).
+fn wide(phases: u64) -> Grid {
+    Grid {
+        w: 8192,
+        pace_us: 0,
+        ..grid(phases)
+    }
+}
+
+/// A drained process hands its partitions back within its grace period and leaves: no
+/// rollback, nothing let go, the grid is exact.
+#[test]
+fn a_drained_process_hands_its_partitions_back_within_its_grace_period() {
+    let (dir, url) = folder("drain");
+    let exec = coordinator_with_snapshots(1, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = wide(60);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    until("one process", || h.remote_workers() == 1);
+    until("phase 10", || phase_of(&h) >= 10);
+    assert_eq!(h.drain_remote(1, Duration::from_secs(5)), 1);
+    assert_eq!(h.remote_workers(), 0, "retired at once");
+    // The process ends by itself, told to by the coordinator once its partitions are back.
+    assert!(a.wait().unwrap().success());
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    assert!(h.rollbacks().is_empty(), "{:?}", h.rollbacks());
+    assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A drained process that cannot hand anything back (stopped) is let go when its grace
+/// period ends: its partitions are recovered from the latest snapshot, and the grid is exact.
+#[test]
+fn a_drained_process_that_outlives_its_grace_period_is_let_go() {
+    let (dir, url) = folder("drain-overrun");
+    let exec = coordinator_with_snapshots(1, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(200);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    until("one process", || h.remote_workers() == 1);
+    until("phase 10", || phase_of(&h) >= 10);
+    let id = h.snapshot().wait().unwrap();
+    until("phase 20", || phase_of(&h) >= 20);
+    let stop = |sig: &str| {
+        let s = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(a.id().to_string())
+            .status()
+            .unwrap();
+        assert!(s.success());
+    };
+    stop("STOP");
+    // Shorter than the lease (3 s): it is the drain that lets it go.
+    let t = Instant::now();
+    h.drain_remote(1, Duration::from_secs(1));
+    until("the rollback", || !h.rollbacks().is_empty());
+    let let_go_after = t.elapsed();
+    stop("CONT");
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let r = &h.rollbacks()[0];
+    assert!(r.epoch >= id.epoch, "{r:?}");
+    assert!(
+        let_go_after < Duration::from_secs(3),
+        "let go after {let_go_after:?}, not by the lease"
+    );
+    let _ = a.kill();
+    let _ = a.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

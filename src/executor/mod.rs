@@ -30,6 +30,7 @@
 //! thread.
 
 mod autoscale;
+mod drain;
 mod handle;
 mod io;
 mod job_run;

@@ -770,6 +770,13 @@ impl<J: Job> State<J> {
 
     /// Retires the `n` most recent connections that are not already retiring.
     pub(crate) fn retire_remote(&mut self, shared: &Arc<Shared<J>>, n: usize) {
+        for id in self.newest_conns(n) {
+            self.retire_conn(shared, id);
+        }
+    }
+
+    /// The `n` most recent connections that are not retiring, newest first.
+    pub(crate) fn newest_conns(&self, n: usize) -> Vec<ConnId> {
         let mut ids: Vec<ConnId> = self
             .remote
             .conns
@@ -778,9 +785,18 @@ impl<J: Job> State<J> {
             .map(|(&id, _)| id)
             .collect();
         ids.sort_unstable();
-        for id in ids.into_iter().rev().take(n) {
-            self.retire_conn(shared, id);
-        }
+        ids.into_iter().rev().take(n).collect()
+    }
+
+    /// Whether connection `id` is still there.
+    pub(crate) fn is_connected(&self, id: ConnId) -> bool {
+        self.remote.conns.contains_key(&id)
+    }
+
+    /// Lets connection `id` go as if it were lost (a drain's grace period is over).
+    pub(crate) fn let_go(&mut self, shared: &Arc<Shared<J>>, id: ConnId) {
+        self.drop_conn(shared, id);
+        self.settle(shared);
     }
 
     /// Iterations done in remote threads' running chunks (from heartbeats; a thread reports
