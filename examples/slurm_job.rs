@@ -278,6 +278,9 @@ fn run(args: &Args) -> Result<bool, Error> {
             exec.local_addr().map_or("?".to_owned(), |a| a.to_string()),
         );
     }
+    // From here on SIGUSR1 and SIGTERM suspend the job (the handlers are installed by the
+    // first submit or resume).
+    println!("slurm_job: running, pid {}", std::process::id());
     // The most worker processes seen at once, for the printout.
     let mut joined = 0;
     while !handle.is_finished() {
