@@ -29,8 +29,9 @@
 //! Options: `--store URL` (required), `--job-id ID` (`heat-slurm`), `--n N` (256: an
 //! `N × N` plate), `--phases K` (2000), `--workers W` (local worker threads, 1),
 //! `--processes K` (0), `--launch TEMPLATE` (the launcher's command, by default
-//! [`SRUN`]), `--no-deadline` (do not read the allocation's end time: only a signal
-//! suspends), `--check`.
+//! `malleable::slurm::SRUN_LAUNCH`: `srun --ntasks=1 --exact {bin} --worker {addr}`),
+//! `--no-deadline` (do not read the allocation's end time: only a signal suspends),
+//! `--check`.
 //!
 //! The environment variable [`PACE_ENV`] (milliseconds) slows down each process that has
 //! it: the worker that holds the plate's first row sleeps that long in every phase. Tests
@@ -55,12 +56,6 @@ use kernels::stencil::heat::{self, Heat, Solution};
 use kernels::stencil::{Checked, Digest, Report, trace};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// How worker processes are started inside the allocation: one job step of one task each.
-/// `--exact` gives the step only the CPUs it asks for (one); without it a step takes every
-/// CPU of the allocation and the next worker waits for the first to end ("step creation
-/// temporarily disabled ... Requested nodes are busy").
-const SRUN: &str = "srun --ntasks=1 --exact {bin} --worker {addr}";
 
 /// Milliseconds the worker holding row 0 sleeps per phase, in processes that have it.
 const PACE_ENV: &str = "HEAT_SLURM_PACE_MS";
@@ -87,7 +82,7 @@ fn parse_args() -> Result<Args, Error> {
         phases: 2000,
         workers: 1,
         processes: 0,
-        launch: SRUN.to_owned(),
+        launch: slurm::SRUN_LAUNCH.to_owned(),
         deadline: true,
         check: false,
         worker: None,

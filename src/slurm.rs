@@ -1,4 +1,5 @@
-//! Slurm: when the allocation this process runs in ends.
+//! Slurm: when the allocation this process runs in ends, and how to start worker processes
+//! in it ([`SRUN_LAUNCH`]).
 //!
 //! A batch job asks for a time limit; at that limit Slurm kills it. Give the end of the
 //! allocation to [`Builder::deadline`](crate::Builder::deadline) and the executor suspends
@@ -29,6 +30,22 @@
 //! 3. If `squeue` cannot be started (not installed on the compute nodes, say), the
 //!    variable `SLURM_JOB_END_TIME` is used if it is set (Slurm 23.02 and later set it to the
 //!    end time known when the job started); Slurm 22.05 does not set it.
+
+/// A [`CommandLauncher`](crate::cluster::CommandLauncher) template that starts each worker
+/// process as a job step of one task inside the current allocation:
+/// `srun --ntasks=1 --exact {bin} --worker {addr}` (the worker is this program, started with
+/// `--worker ADDR`; write your own template for other arguments).
+///
+/// - `--exact` gives the step only the CPUs it asks for (one per task; add
+///   `--cpus-per-task=N` for more). Without it a step takes every CPU of the allocation, so
+///   the second worker waits until the first ends (srun prints "step creation temporarily
+///   disabled, retrying (Requested nodes are busy)").
+/// - srun passes the environment to the task (`--export=ALL`), so the worker gets the
+///   token from [`TOKEN_ENV`](crate::cluster::TOKEN_ENV) without it appearing on a command
+///   line.
+/// - The workers dial `{addr}`, the address the executor listens on: listen on the node's
+///   name (`SLURMD_NODENAME`), not `0.0.0.0`, when the allocation spans several nodes.
+pub const SRUN_LAUNCH: &str = "srun --ntasks=1 --exact {bin} --worker {addr}";
 
 use std::ffi::OsString;
 use std::io;

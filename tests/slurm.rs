@@ -333,8 +333,10 @@ fn allocation_deadline_is_the_end_of_the_time_limit() {
 }
 
 /// The fast variant of a time limit: `scancel -b -s USR1` signals the batch script at once.
-/// The first part runs with 1 local worker and 1 worker process started by `srun` inside
-/// the allocation; the second resumes with 2 local workers and no process.
+/// The first part runs with 1 local worker and 2 worker processes, each a job step started
+/// by `srun` ([`slurm::SRUN_LAUNCH`]) in an allocation of 2 CPUs: both steps must run at
+/// once (without `--exact` the second waits for the first to end). The second part resumes
+/// with 2 local workers and no process.
 #[test]
 fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
     slurm();
@@ -346,18 +348,17 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
     ];
 
     let mut first_args = args.to_vec();
-    first_args.extend(["--processes", "1"]);
+    first_args.extend(["--processes", "2"]);
     let first = Batch::submit(
         &["--ntasks=2", "--time=10"],
         &[(PACE_ENV, "20")],
         &first_args,
         dir.join("first.out"),
     );
-    first.wait_for("slurm_job: worker process ", Duration::from_secs(60));
     first.wait_for("slurm_job: running", Duration::from_secs(60));
-    // Let the worker process join and hold bands, and the job do some phases.
+    first.wait_for(&format!("(job {}, step 1,", first.id), Duration::from_secs(60));
+    // Let the worker processes join and hold bands, and the job do some phases.
     std::thread::sleep(Duration::from_secs(3));
-    let signalled = Instant::now();
     run(Command::new("scancel").args(["--batch", "--signal=USR1", &first.id]));
     let took = first.wait_completed(Duration::from_secs(60));
     println!(
@@ -365,7 +366,6 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
         took.as_secs_f64(),
         first.output()
     );
-    let _ = signalled;
     // The allocation's end time was read: 10 minutes from the start, give or take.
     let left: u64 = first
         .line("deadline: the allocation ends in ")
@@ -374,13 +374,12 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
         .unwrap();
     assert!((570..=600).contains(&left), "{left} s left of a 10 minute job");
     assert!(first.line("suspended to ").contains("usr1"));
-    assert_eq!(first.line("worker processes joined: "), "1");
-    // The worker process was a step of this job.
-    let worker = first.line("worker process ");
-    assert!(
-        worker.contains(&format!("(job {}, step 0,", first.id)),
-        "{worker}"
-    );
+    assert_eq!(first.line("worker processes joined: "), "2");
+    // The worker processes were steps 0 and 1 of this job.
+    for step in 0..2 {
+        let step = format!("(job {}, step {step},", first.id);
+        assert!(first.output().contains(&step), "no {step}");
+    }
 
     let second = Batch::submit(
         &["--ntasks=1", "--cpus-per-task=2", "--time=10"],
@@ -404,4 +403,87 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
     assert!(phase > 0, "the first part did no phase: {resumed}");
     assert!(second.line("finished after ").starts_with("3000 phases"));
     assert_exact(&second);
+}
+
+/// The real time limit, in one test since Slurm's shortest useful limit is minutes: two
+/// batch jobs of 2 minutes each, at the same time, on one CPU each.
+///
+/// - One asks for `--signal=B:USR1@100` and does not read its deadline (`--no-deadline`):
+///   only Slurm's signal can suspend it before the limit.
+/// - One asks for no signal (submitted with `--wrap`, without the script's directive) and
+///   reads its deadline from the allocation: only the deadline can suspend it.
+///
+/// Each must end `COMPLETED` (a job that the limit ends is `TIMEOUT`) with a snapshot, and
+/// a second batch job must resume it with another worker count to the sequential bits.
+#[test]
+fn the_time_limit_suspends_by_signal_or_by_deadline_and_both_resume_exactly() {
+    slurm();
+    let _turn = serial();
+    let dir = folder("limit");
+    let store = store_url(&dir);
+    let job = ["--n", "128", "--phases", "3000"];
+    // 50 ms a phase: 150 s for 3000 phases, longer than the 2 minute limit.
+    let pace = [(PACE_ENV, "50")];
+
+    let by_signal = Batch::submit(
+        &["--ntasks=1", "--time=2", "--signal=B:USR1@100"],
+        &pace,
+        &[&job[..], &["--store", &store, "--job-id", "signal", "--no-deadline"]].concat(),
+        dir.join("signal.out"),
+    );
+    let wrap = format!(
+        "exec {} --store {store} --job-id deadline {}",
+        program().display(),
+        job.join(" ")
+    );
+    let by_deadline = Batch::from_sbatch(
+        Command::new("sbatch")
+            .current_dir(manifest_dir())
+            .arg("--parsable")
+            .arg(format!("--output={}", dir.join("deadline.out").display()))
+            .args(["--ntasks=1", "--time=2", "--wrap", &wrap])
+            .envs(pace),
+        dir.join("deadline.out"),
+    );
+    for (batch, what) in [(&by_signal, "signal"), (&by_deadline, "deadline")] {
+        let took = batch.wait_completed(Duration::from_secs(180));
+        println!(
+            "{what}: ended after {:.1} s:\n{}",
+            took.as_secs_f64(),
+            batch.output()
+        );
+        assert!(batch.line("suspended to ").contains(what));
+    }
+    // The one that was not to read its deadline did not; the other read about 2 minutes.
+    assert!(
+        !by_signal.output().contains("slurm_job: deadline:"),
+        "{}",
+        by_signal.output()
+    );
+    let left: u64 = by_deadline
+        .line("deadline: the allocation ends in ")
+        .trim_end_matches(" s")
+        .parse()
+        .unwrap();
+    assert!((100..=120).contains(&left), "{left} s left of a 2 minute job");
+
+    for (what, options, args) in [
+        ("signal", &["--ntasks=1", "--cpus-per-task=2"][..], &[][..]),
+        ("deadline", &["--ntasks=2"][..], &["--processes", "1"][..]),
+    ] {
+        let resume = Batch::submit(
+            &[options, &["--time=10"]].concat(),
+            &[],
+            &[&job[..], &["--store", &store, "--job-id", what, "--check"], args].concat(),
+            dir.join(format!("{what}-resume.out")),
+        );
+        let took = resume.wait_completed(Duration::from_secs(120));
+        println!(
+            "{what}, resumed: {:.1} s:\n{}",
+            took.as_secs_f64(),
+            resume.output()
+        );
+        assert!(resume.line("resuming ").contains(what));
+        assert_exact(&resume);
+    }
 }
