@@ -193,7 +193,9 @@ fn worker(addr: &str) -> Result<bool, Error> {
         env_or_none("SLURMD_NODENAME"),
         if threads == 1 { "" } else { "s" }
     );
-    let options = WorkerOptions::from_env()?.threads(threads).stop_on_signals();
+    let options = WorkerOptions::from_env()?
+        .threads(threads)
+        .stop_on_signals();
     let registry = Registry::new().register::<Banded<Plate>>();
     cluster::serve(addr, &registry, options)?;
     Ok(true)
@@ -345,9 +347,11 @@ fn latest_snapshot(
 /// A result as one line: the last phase's largest change, the trace of all of them, and a
 /// hash of the row hashes of the final grid.
 fn show(s: &Solution) -> String {
-    let rows = s.digest.hashes.iter().fold(Digest::EMPTY_TRACE, |h, &r| {
-        trace(h, f64::from_bits(r))
-    });
+    let rows = s
+        .digest
+        .hashes
+        .iter()
+        .fold(Digest::EMPTY_TRACE, |h, &r| trace(h, f64::from_bits(r)));
     format!(
         "change {:016x} trace {:016x} rows {:016x} ({} rows)",
         s.change.to_bits(),

@@ -48,7 +48,11 @@ fn slurm() {
         if out.status.success() {
             Ok(())
         } else {
-            Err(format!("{} failed ({}):\n{text}", script.display(), out.status))
+            Err(format!(
+                "{} failed ({}):\n{text}",
+                script.display(),
+                out.status
+            ))
         }
     });
     if let Err(e) = done {
@@ -85,7 +89,10 @@ fn program() -> &'static Path {
             cargo.arg("--release");
         }
         let status = cargo.status().expect("run cargo");
-        assert!(status.success(), "cargo build --example slurm_job: {status}");
+        assert!(
+            status.success(),
+            "cargo build --example slurm_job: {status}"
+        );
         // This test is target/<profile>/deps/slurm-<hash>; the example is next to deps/.
         let exe = std::env::current_exe().unwrap();
         let path = exe
@@ -287,7 +294,12 @@ fn deadline_child(launcher: &[&str], env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new(launcher[0]);
     cmd.args(&launcher[1..])
         .arg(&exe)
-        .args(["--exact", "child_deadline", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_deadline",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, "1")
         .env_remove("SLURM_JOB_ID");
     for (k, v) in env {
@@ -304,7 +316,12 @@ fn deadline_child(launcher: &[&str], env: &[(&str, &str)]) -> String {
 fn allocation_deadline_is_the_end_of_the_time_limit() {
     slurm();
     let _turn = serial();
-    let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let now = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
 
     // In an allocation of 3 minutes (srun makes one for its step).
     let before = now();
@@ -314,7 +331,10 @@ fn allocation_deadline_is_the_end_of_the_time_limit() {
         .strip_prefix("end ")
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("the child printed {printed:?}"));
-    println!("in srun --time=3: the allocation ends {} s after the call", end as i64 - before as i64);
+    println!(
+        "in srun --time=3: the allocation ends {} s after the call",
+        end as i64 - before as i64
+    );
     assert!(
         (before + 180 - 2..=after + 180 + 2).contains(&end),
         "end {end} is not 3 minutes after the start ({before}..{after})"
@@ -356,7 +376,10 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
         dir.join("first.out"),
     );
     first.wait_for("slurm_job: running", Duration::from_secs(60));
-    first.wait_for(&format!("(job {}, step 1,", first.id), Duration::from_secs(60));
+    first.wait_for(
+        &format!("(job {}, step 1,", first.id),
+        Duration::from_secs(60),
+    );
     // Let the worker processes join and hold bands, and the job do some phases.
     std::thread::sleep(Duration::from_secs(3));
     run(Command::new("scancel").args(["--batch", "--signal=USR1", &first.id]));
@@ -372,7 +395,10 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
         .trim_end_matches(" s")
         .parse()
         .unwrap();
-    assert!((570..=600).contains(&left), "{left} s left of a 10 minute job");
+    assert!(
+        (570..=600).contains(&left),
+        "{left} s left of a 10 minute job"
+    );
     assert!(first.line("suspended to ").contains("usr1"));
     assert_eq!(first.line("worker processes joined: "), "2");
     // The worker processes were steps 0 and 1 of this job.
@@ -428,7 +454,11 @@ fn the_time_limit_suspends_by_signal_or_by_deadline_and_both_resume_exactly() {
     let by_signal = Batch::submit(
         &["--ntasks=1", "--time=2", "--signal=B:USR1@100"],
         &pace,
-        &[&job[..], &["--store", &store, "--job-id", "signal", "--no-deadline"]].concat(),
+        &[
+            &job[..],
+            &["--store", &store, "--job-id", "signal", "--no-deadline"],
+        ]
+        .concat(),
         dir.join("signal.out"),
     );
     let wrap = format!(
@@ -465,7 +495,10 @@ fn the_time_limit_suspends_by_signal_or_by_deadline_and_both_resume_exactly() {
         .trim_end_matches(" s")
         .parse()
         .unwrap();
-    assert!((100..=120).contains(&left), "{left} s left of a 2 minute job");
+    assert!(
+        (100..=120).contains(&left),
+        "{left} s left of a 2 minute job"
+    );
 
     for (what, options, args) in [
         ("signal", &["--ntasks=1", "--cpus-per-task=2"][..], &[][..]),
@@ -474,7 +507,12 @@ fn the_time_limit_suspends_by_signal_or_by_deadline_and_both_resume_exactly() {
         let resume = Batch::submit(
             &[options, &["--time=10"]].concat(),
             &[],
-            &[&job[..], &["--store", &store, "--job-id", what, "--check"], args].concat(),
+            &[
+                &job[..],
+                &["--store", &store, "--job-id", what, "--check"],
+                args,
+            ]
+            .concat(),
             dir.join(format!("{what}-resume.out")),
         );
         let took = resume.wait_completed(Duration::from_secs(120));
