@@ -29,7 +29,12 @@ fn manifest_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Runs `tests/slurm/provision.sh` once per test process; panics with its output if it fails.
+/// The name of every batch job these tests submit.
+const JOB_NAME: &str = "malleable-test";
+
+/// Runs `tests/slurm/provision.sh` once per test process, then cancels the jobs an earlier
+/// run of these tests left behind (killed before it could cancel them); panics with the
+/// script's output if it fails.
 fn slurm() {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     let done = DONE.get_or_init(|| {
@@ -45,14 +50,22 @@ fn slurm() {
             String::from_utf8_lossy(&out.stderr)
         );
         print!("{text}");
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
+        if !out.status.success() {
+            return Err(format!(
                 "{} failed ({}):\n{text}",
                 script.display(),
                 out.status
-            ))
+            ));
+        }
+        let left = Command::new("scancel")
+            .args(["--name", JOB_NAME])
+            .stdin(Stdio::null())
+            .status()
+            .map_err(|e| format!("cannot run scancel: {e}"))?;
+        if left.success() {
+            Ok(())
+        } else {
+            Err(format!("scancel --name {JOB_NAME}: {left}"))
         }
     });
     if let Err(e) = done {
@@ -141,6 +154,7 @@ impl Batch {
         let mut cmd = Command::new("sbatch");
         cmd.current_dir(manifest_dir())
             .arg("--parsable")
+            .arg(format!("--job-name={JOB_NAME}"))
             .arg(format!("--output={}", output.display()))
             .args(options)
             .arg("examples/slurm/job.sbatch")
@@ -289,7 +303,7 @@ fn child_deadline() {
 }
 
 /// Runs [`child_deadline`] through `launcher` (say, `srun --time=3`) and returns what it printed.
-fn deadline_child(launcher: &[&str], env: &[(&str, &str)]) -> String {
+fn deadline_child(launcher: &[&str]) -> String {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(launcher[0]);
     cmd.args(&launcher[1..])
@@ -302,9 +316,6 @@ fn deadline_child(launcher: &[&str], env: &[(&str, &str)]) -> String {
         ])
         .env(CHILD_ENV, "1")
         .env_remove("SLURM_JOB_ID");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
     let out = run(&mut cmd);
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
@@ -325,7 +336,12 @@ fn allocation_deadline_is_the_end_of_the_time_limit() {
 
     // In an allocation of 3 minutes (srun makes one for its step).
     let before = now();
-    let printed = deadline_child(&["srun", "--ntasks=1", "--time=3"], &[]);
+    let printed = deadline_child(&[
+        "srun",
+        "--job-name=malleable-test",
+        "--ntasks=1",
+        "--time=3",
+    ]);
     let after = now();
     let end: u64 = printed
         .strip_prefix("end ")
@@ -341,13 +357,13 @@ fn allocation_deadline_is_the_end_of_the_time_limit() {
     );
 
     // Without a time limit (the partition has none): no end time.
-    let printed = deadline_child(&["srun", "--ntasks=1"], &[]);
+    let printed = deadline_child(&["srun", "--job-name=malleable-test", "--ntasks=1"]);
     assert!(printed.starts_with("error NoEndTime"), "{printed}");
 
     // Outside an allocation, and with a job id the controller does not know.
-    let printed = deadline_child(&["env"], &[]);
+    let printed = deadline_child(&["env"]);
     assert!(printed.starts_with("error NotInAllocation"), "{printed}");
-    let printed = deadline_child(&["env", "SLURM_JOB_ID=999999999"], &[]);
+    let printed = deadline_child(&["env", "SLURM_JOB_ID=999999999"]);
     assert!(printed.starts_with("error SqueueFailed"), "{printed}");
     assert!(printed.contains("999999999"), "{printed}");
 }
@@ -470,6 +486,7 @@ fn the_time_limit_suspends_by_signal_or_by_deadline_and_both_resume_exactly() {
         Command::new("sbatch")
             .current_dir(manifest_dir())
             .arg("--parsable")
+            .arg(format!("--job-name={JOB_NAME}"))
             .arg(format!("--output={}", dir.join("deadline.out").display()))
             .args(["--ntasks=1", "--time=2", "--wrap", &wrap])
             .envs(pace),

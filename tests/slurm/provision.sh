@@ -95,6 +95,11 @@ PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 )
 install -d -m 0755 /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
+# Never take over a cluster this script did not set up.
+if [ -f /etc/slurm/slurm.conf ] && ! head -n 1 /etc/slurm/slurm.conf | grep -q '^# Written by tests/slurm/provision.sh'; then
+  say "/etc/slurm/slurm.conf exists and was not written by this script: not touching this machine's Slurm"
+  exit 1
+fi
 changed=0
 if [ ! -f /etc/slurm/slurm.conf ] || [ "$(cat /etc/slurm/slurm.conf)" != "$conf" ]; then
   say "writing /etc/slurm/slurm.conf"
