@@ -366,6 +366,18 @@ fn allocation_deadline_is_the_end_of_the_time_limit() {
     let printed = deadline_child(&["env", "SLURM_JOB_ID=999999999"]);
     assert!(printed.starts_with("error SqueueFailed"), "{printed}");
     assert!(printed.contains("999999999"), "{printed}");
+
+    // Where squeue cannot be started: SLURM_JOB_END_TIME if it is set (newer Slurm sets it;
+    // 22.05 does not), else an error that says squeue could not run.
+    let printed = deadline_child(&[
+        "env",
+        "PATH=/nonexistent",
+        "SLURM_JOB_ID=7",
+        "SLURM_JOB_END_TIME=1795455836",
+    ]);
+    assert_eq!(printed, "end 1795455836");
+    let printed = deadline_child(&["env", "PATH=/nonexistent", "SLURM_JOB_ID=7"]);
+    assert!(printed.starts_with("error Squeue {"), "{printed}");
 }
 
 /// The fast variant of a time limit: `scancel -b -s USR1` signals the batch script at once.
