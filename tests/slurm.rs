@@ -462,8 +462,11 @@ fn usr1_suspends_a_batch_job_and_another_count_resumes_it_exactly() {
 /// The real time limit, in one test since Slurm's shortest useful limit is minutes: two
 /// batch jobs of 2 minutes each, at the same time, on one CPU each.
 ///
-/// - One asks for `--signal=B:USR1@100` and does not read its deadline (`--no-deadline`):
-///   only Slurm's signal can suspend it before the limit.
+/// - One asks for `--signal=B:USR1@45` and does not read its deadline (`--no-deadline`):
+///   only Slurm's signal can suspend it before the limit. Slurm looks at its jobs about once
+///   a minute, so the signal comes 45 to about 105 s before the limit: 15 to 75 s after the
+///   start, never before the program has installed its handler (a signal that early would
+///   kill it: SIGUSR1's default action).
 /// - One asks for no signal (submitted with `--wrap`, without the script's directive) and
 ///   reads its deadline from the allocation: only the deadline can suspend it.
 ///
@@ -480,7 +483,7 @@ fn the_time_limit_suspends_by_signal_or_by_deadline_and_both_resume_exactly() {
     let pace = [(PACE_ENV, "50")];
 
     let by_signal = Batch::submit(
-        &["--ntasks=1", "--time=2", "--signal=B:USR1@100"],
+        &["--ntasks=1", "--time=2", "--signal=B:USR1@45"],
         &pace,
         &[
             &job[..],
