@@ -10,11 +10,15 @@
 //! ```no_run
 //! use malleable::{Executor, slurm};
 //!
-//! let mut builder = Executor::builder().snapshots("file:///scratch/snapshots").suspend_on_signals();
+//! let mut builder = Executor::builder()
+//!     .snapshots("file:///scratch/snapshots")
+//!     .suspend_on_signals();
 //! match slurm::allocation_deadline() {
 //!     Ok(end) => builder = builder.deadline(end),
 //!     Err(e) => eprintln!("no deadline: {e}"),
 //! }
+//! let exec = builder.build()?;
+//! # drop(exec);
 //! # Ok::<(), malleable::Error>(())
 //! ```
 //!
