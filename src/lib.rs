@@ -66,6 +66,8 @@
 //! - [`cluster`]: remote worker processes over TCP ([`cluster::serve`], launchers, the
 //!   handshake and frames); the coordinator side is [`Builder::listen`].
 //! - [`metrics`]: the names of the metrics the executor reports.
+//! - [`slurm`]: the end of the Slurm allocation this process runs in, for
+//!   [`Builder::deadline`].
 //!
 //! Inside the crate the layers are (see each module's docs). A layer imports only layers above
 //! it in this table, plus the crate-wide `error` and `metrics`; the edges (runner, store,
@@ -81,6 +83,7 @@
 //! | `wire` | `src/cluster/` | the wire: frames, handshake, listener, launchers; no `Job` |
 //! | `worker` | `src/worker/` | the worker process: [`cluster::serve`] = wire + runner + store |
 //! | `executor` | `src/executor/` | the coordinator: core + cut + members, local threads, remote connections, I/O |
+//! | `slurm` | `src/slurm.rs` | a leaf on its own: reads the allocation's end time from Slurm; imports nothing of the crate |
 //!
 //! The public [`cluster`] module is the face of two of them: the wire and the worker process.
 
@@ -96,6 +99,7 @@ pub mod reduce;
 pub mod rows;
 mod run;
 pub mod schedule;
+pub mod slurm;
 pub mod snapshot;
 #[path = "cluster/mod.rs"]
 mod wire;

@@ -5,7 +5,7 @@
 //! It returns a [`Launched`] handle the job uses to log, watch and, if need be, kill it.
 //!
 //! - [`CommandLauncher`] runs a command built from a template such as
-//!   `ssh {host} {bin} --worker {addr}`, `srun --ntasks=1 {bin} --worker {addr}` or
+//!   `ssh {host} {bin} --worker {addr}`, `srun --ntasks=1 --exact {bin} --worker {addr}` or
 //!   `kubectl run ... -- {bin} --worker {addr}`. The template is split into words like a POSIX
 //!   shell would (quotes and backslashes, no expansion), then the placeholders `{addr}`,
 //!   `{host}`, `{bin}` and `{index}` are replaced inside each word.
@@ -28,6 +28,9 @@
 //! The environment reaches the process this side starts, not necessarily the worker behind it:
 //!
 //! - `srun` passes its whole environment to the task by default (`--export=ALL`).
+//!   Inside an allocation, give it `--exact`
+//!   ([`slurm::SRUN_LAUNCH`](crate::slurm::SRUN_LAUNCH)): without it each job step takes
+//!   every CPU of the allocation, and the second worker waits until the first one ends.
 //! - `ssh` passes it only when asked: `ssh -o SendEnv=MALLEABLE_TOKEN {host} ...`, with
 //!   `AcceptEnv MALLEABLE_TOKEN` in the remote `sshd_config`. Note that ssh joins the remote
 //!   words into one shell command line, so a `{bin}` path with spaces needs quoting there.
@@ -86,14 +89,14 @@ pub trait Launched: Send + fmt::Debug {
 }
 
 /// Starts each worker with a command built from a template, such as
-/// `ssh {host} {bin} --worker {addr}` or `srun --ntasks=1 {bin} --worker {addr}`.
+/// `ssh {host} {bin} --worker {addr}` or `srun --ntasks=1 --exact {bin} --worker {addr}`.
 ///
 /// The template is split into words once, by [`CommandLauncher::new`]; the first word is the
 /// program. At each launch these placeholders are replaced inside every word:
 ///
 /// | placeholder | value |
 /// |---|---|
-/// | `{addr}` | the coordinator's address, [`LaunchSpec::addr`] |
+/// | `{addr}` | the coordinator's address, [`LaunchSpec::addr`] (listening on `0.0.0.0`, this is `0.0.0.0:port`, which only a worker on the same host can dial: listen on an address the workers reach, such as the node's name) |
 /// | `{index}` | the worker's number, [`LaunchSpec::index`] |
 /// | `{host}` | host number `index % hosts` of [`CommandLauncher::hosts`] |
 /// | `{bin}` | [`CommandLauncher::bin`], by default this process's own executable |
@@ -554,9 +557,10 @@ mod tests {
 
     #[test]
     fn bin_defaults_to_this_executable() {
-        let launcher = CommandLauncher::new("srun --ntasks=1 {bin} --worker {addr}").unwrap();
+        let launcher =
+            CommandLauncher::new("srun --ntasks=1 --exact {bin} --worker {addr}").unwrap();
         let argv = launcher.argv(&spec(0)).unwrap();
-        assert_eq!(argv[2], std::env::current_exe().unwrap().into_os_string());
+        assert_eq!(argv[3], std::env::current_exe().unwrap().into_os_string());
     }
 
     #[test]

@@ -337,7 +337,8 @@ impl Builder {
     /// snapshot starts early enough to commit before it, by a margin of twice the longest
     /// snapshot measured so far plus one second (before any was measured: ten seconds, or
     /// half the time from submit to the deadline if that is less). A suspend whose snapshot
-    /// fails is retried every second.
+    /// fails is retried every second. In a Slurm job, [`crate::slurm::allocation_deadline`]
+    /// gives the end of the allocation.
     pub fn deadline(mut self, deadline: SystemTime) -> Self {
         self.config.snapshots.deadline = Some(deadline);
         self
