@@ -14,6 +14,11 @@
 //!
 //! # Membership, as a worker process sees it
 //!
+//! 0. *Dial.* The worker process dials the coordinator and shakes hands (`handshake.rs`:
+//!    the protocol version, the token, and a job whose name and [`Job::VERSION`] it has
+//!    registered). With [`WorkerOptions::wait_for_job`], a coordinator that does not listen
+//!    yet or runs none of its jobs yet is dialled again, with a growing pause, until it does
+//!    or the wait is over.
 //! 1. *Join.* After the handshake the coordinator counts each of the process's threads as
 //!    [`SLOTS_PER_THREAD`] workers of the job (*slots*). It sends the job value of the current
 //!    phase once (`Phase`), then `Run`s, each for a slot.
