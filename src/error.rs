@@ -361,6 +361,7 @@ mod tests {
                 job: "walk".to_owned(),
                 version: 1,
                 what: "a chunk output",
+                here: true,
                 source: codec_error(),
             },
         ];

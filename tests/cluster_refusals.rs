@@ -3,11 +3,13 @@
 //!
 //! - the coordinator, facing an HTTP request (`not_a_peer`, not `frame_too_large`), a
 //!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), and
-//!   a `Done` whose output does not decode although the job versions match (`undecodable`,
-//!   with the advice to bump `Job::VERSION`); the job goes on to its exact value;
+//!   a `Done` whose output does not decode although the job versions match, or a worker's
+//!   report that it could not decode the job value (`undecodable`, with the advice to bump
+//!   `Job::VERSION`); the job goes on to its exact value;
 //! - a worker process, facing a coordinator that sends a `Run` before the job value or for a
-//!   slot it does not have (`rejected`), a job value that does not decode (`undecodable`),
-//!   or a welcome to the job in another version (`job_version`).
+//!   slot it does not have (`rejected`), a job value that does not decode (`undecodable`,
+//!   and the coordinator is told), or a welcome to the job in another version
+//!   (`job_version`).
 //!
 //! The hostile peers are written by hand over plain sockets.
 
@@ -276,7 +278,7 @@ fn the_coordinator_names_what_it_refuses() {
     let errors = exec.peer_errors();
     let undecodable = errors
         .iter()
-        .find(|e| matches!(***e, cluster::Error::Undecodable { .. }))
+        .find(|e| matches!(***e, cluster::Error::Undecodable { here: true, .. }))
         .expect("an Undecodable record");
     let text = undecodable.to_string();
     assert!(
@@ -285,7 +287,7 @@ fn the_coordinator_names_what_it_refuses() {
     );
     assert!(
         text.contains(
-            "does not decode here although both sides have version 1 of the job: its \
+            "does not decode here, although both sides have version 1 of the job: its \
              serialized form differs between the two programs (bump Job::VERSION"
         ),
         "{text}"
@@ -293,16 +295,44 @@ fn the_coordinator_names_what_it_refuses() {
     assert!(std::error::Error::source(&**undecodable).is_some());
     assert_eq!(counted.get("malformed"), 0, "{:?}", counted.0);
 
+    // A worker process that reports that it could not decode the job value (and leaves).
+    let mut s = authenticated(&addr);
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::Undecodable {
+            what: "the job value".to_owned(),
+            error: postcard::Error::DeserializeUnexpectedEnd,
+        }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    counted.until("undecodable", 2);
+    let errors = exec.peer_errors();
+    let theirs = errors
+        .iter()
+        .find(|e| matches!(***e, cluster::Error::Undecodable { here: false, .. }))
+        .expect("a record of the worker's report");
+    let text = theirs.to_string();
+    assert!(
+        text.starts_with("the worker process at 127.0.0.1:")
+            && text.contains(
+                "could not decode the job value of job \"walk\" sent by this coordinator, \
+                 although both sides have version 1 of the job: its serialized form differs \
+                 between the coordinator and the worker (bump Job::VERSION"
+            ),
+        "{text}"
+    );
+
     // None of this disturbed the job.
     finished_exactly(h, &job);
 }
 
 /// A "coordinator" written by hand: shakes hands with one worker as the coordinator of job
-/// `walk` in `version`, then sends `then` and waits for the worker to hang up.
+/// `walk` in `version`, then sends `then` and waits for the worker to hang up; returns what
+/// the worker sent after the handshake.
 fn fake_coordinator(
     version: u32,
     then: Vec<frame::ToWorker>,
-) -> (String, std::thread::JoinHandle<()>) {
+) -> (String, std::thread::JoinHandle<Vec<frame::ToCoordinator>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let thread = std::thread::spawn(move || {
@@ -326,10 +356,12 @@ fn fake_coordinator(
         for msg in then {
             send_frame(&mut s, &frame::encode(&msg));
         }
-        assert!(
-            closed_by_other_side(&mut s),
-            "the worker kept the connection"
-        );
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut got = Vec::new();
+        while let Some(f) = read_frame(&mut s) {
+            got.push(frame::decode_to_coordinator("worker", &f).unwrap());
+        }
+        got
     });
     (addr, thread)
 }
@@ -394,9 +426,14 @@ fn a_worker_names_what_it_refuses() {
     };
     let (addr, fake) = fake_coordinator(1, vec![phase]);
     let err = serve_walk(&addr);
-    fake.join().unwrap();
+    // The coordinator was told why the worker left.
+    let told = fake.join().unwrap();
     assert!(
-        matches!(&err, cluster::Error::Undecodable { job, version: 1, what: "the job value", .. } if job == "walk"),
+        told.iter().any(|m| matches!(m, frame::ToCoordinator::Undecodable { what, .. } if what == "the job value")),
+        "{told:?}"
+    );
+    assert!(
+        matches!(&err, cluster::Error::Undecodable { job, version: 1, what: "the job value", here: true, .. } if job == "walk"),
         "{err:?}"
     );
     let text = err.to_string();

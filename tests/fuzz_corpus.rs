@@ -351,6 +351,13 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::Heartbeat { progress: vec![] },
         ),
         ("leave", ToCoordinator::Leave),
+        (
+            "undecodable",
+            ToCoordinator::Undecodable {
+                what: "the job value".to_owned(),
+                error: postcard::Error::DeserializeUnexpectedEnd,
+            },
+        ),
     ]
 }
 

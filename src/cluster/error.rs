@@ -103,16 +103,13 @@ pub enum Error {
         /// The worker process's version of the job.
         worker: u32,
     },
-    /// Bytes of the job's own types (the job value, a chunk output, a halo) from the other
-    /// side do not decode, although both sides have the same version of the job: the two
-    /// programs serialize the job differently, and its [`Job::VERSION`](crate::Job::VERSION)
-    /// was not bumped when that changed.
-    #[error(
-        "{what} of job {job:?} from {peer} does not decode here although both sides have \
-         version {version} of the job: its serialized form differs between the two programs \
-         (bump Job::VERSION whenever the serialized form of the job, its chunk, output or \
-         partition changes, so that such a worker is refused in the handshake)"
-    )]
+    /// Bytes of the job's own types (the job value, a chunk output, a halo) do not decode,
+    /// although both sides have the same version of the job: the two programs serialize the
+    /// job differently, and its [`Job::VERSION`](crate::Job::VERSION) was not bumped when
+    /// that changed. `here` says on which side: true when this side could not decode what
+    /// the other sent, false when the other side (a worker process) reported that it could
+    /// not decode what this side sent (and left).
+    #[error("{}", undecodable_text(.peer, .job, *.version, .what, *.here))]
     Undecodable {
         /// The other side's address.
         peer: String,
@@ -122,6 +119,8 @@ pub enum Error {
         version: u32,
         /// What did not decode.
         what: &'static str,
+        /// Whether it did not decode on this side (else on the other).
+        here: bool,
         /// The codec's error.
         #[source]
         source: postcard::Error,
@@ -339,4 +338,26 @@ fn unknown_job_text(peer: &str, known: &[String], running: &[String]) -> String 
              runs {running:?}; register the job with the worker's Registry"
         )
     }
+}
+
+fn undecodable_text(peer: &str, job: &str, version: u32, what: &str, here: bool) -> String {
+    let (did, whose) = if here {
+        (
+            format!("{what} of job {job:?} from {peer} does not decode here"),
+            "two programs",
+        )
+    } else {
+        (
+            format!(
+                "the worker process at {peer} could not decode {what} of job {job:?} sent by this coordinator"
+            ),
+            "coordinator and the worker",
+        )
+    };
+    format!(
+        "{did}, although both sides have version {version} of the job: its serialized form \
+         differs between the {whose} (bump Job::VERSION whenever the serialized form of the \
+         job, its chunk, output or partition changes, so that such a worker is refused in \
+         the handshake)"
+    )
 }

@@ -942,6 +942,21 @@ impl<J: Job> State<J> {
                     source: None,
                 });
             }
+            ToCoordinator::Undecodable { what, error } => {
+                // The process could not decode what this coordinator sent, and leaves.
+                return Err(PeerError::Undecodable {
+                    peer: peer.to_string(),
+                    job: J::NAME.to_owned(),
+                    version: J::VERSION,
+                    what: match what.as_str() {
+                        "the job value" => "the job value",
+                        "a halo" => "a halo",
+                        _ => "a value",
+                    },
+                    here: false,
+                    source: error,
+                });
+            }
             ToCoordinator::Heartbeat { progress } => {
                 for (p, v) in conn.progress.iter_mut().zip(progress) {
                     *p = v;
@@ -1069,6 +1084,7 @@ impl<J: Job> State<J> {
                         job: J::NAME.to_owned(),
                         version: J::VERSION,
                         what: "a chunk output",
+                        here: true,
                         source: e.source,
                     }
                 })?;

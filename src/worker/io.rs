@@ -236,7 +236,21 @@ impl Io {
                             if let ToWorker::Capture { slot, chunk, folder } = msg {
                                 parts.folders.insert((slot, chunk), folder);
                             }
-                            if let Some(reply) = dispatch(peer, msg, threads, &mut job, held)? {
+                            let reply = match dispatch(peer, msg, threads, &mut job, held) {
+                                Ok(reply) => reply,
+                                Err(e) => {
+                                    if let Error::Undecodable { what, source, .. } = &e {
+                                        // The coordinator learns why this process leaves.
+                                        let msg = ToCoordinator::Undecodable {
+                                            what: (*what).to_owned(),
+                                            error: source.clone(),
+                                        };
+                                        let _ = self.write(sink.send(frame::encode(&msg))).await;
+                                    }
+                                    return Err(e);
+                                }
+                            };
+                            if let Some(reply) = reply {
                                 for f in frame::Frames::new(&reply, self.max_frame) {
                                     self.write(sink.feed(f)).await?;
                                 }
@@ -324,6 +338,7 @@ fn dispatch<J: Job>(
         job: J::NAME.to_owned(),
         version: J::VERSION,
         what,
+        here: true,
         source: e.source,
     };
     // The thread of a live slot, and the slot's index in it.
