@@ -247,6 +247,13 @@ fn hostile_peers_are_refused_while_the_job_goes_on() {
         }
         other => panic!("{other:?}"),
     }
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "no job in common with {addr}: the worker process knows [\"test-kernel\"], the \
+             coordinator runs [\"walk\"]; register the job with the worker's Registry"
+        )
+    );
     until_error(&exec, "UnknownJob", |e| {
         matches!(e, cluster::Error::UnknownJob { .. })
     });
