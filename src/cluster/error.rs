@@ -154,8 +154,9 @@ pub enum Error {
         /// The maximum message length.
         limit: usize,
     },
-    /// A frame that does not decode as the message expected at that point, or a message
-    /// that breaks the protocol there.
+    /// A frame that does not decode as the message expected at that point, or frames that
+    /// do not make a message (pieces out of order). A message that decodes but is not
+    /// allowed there is [`Error::Rejected`].
     #[error("{peer} sent bytes that are not {what}: {reason}")]
     Malformed {
         /// The other side's address.

@@ -544,9 +544,9 @@ where
         Reply::Challenge { nonce, proof } => (nonce, proof),
         Reply::Refused(r) => return Err(refused(r, known)),
         Reply::Welcome { .. } => {
-            return Err(Error::Malformed {
+            return Err(Error::Rejected {
                 peer: peer.to_owned(),
-                what: "a challenge",
+                what: "a handshake reply",
                 reason: "a welcome before the proof".into(),
                 source: None,
             });
@@ -601,7 +601,7 @@ where
             }),
         },
         Reply::Refused(r) => Err(refused(r, known)),
-        Reply::Challenge { .. } => Err(Error::Malformed {
+        Reply::Challenge { .. } => Err(Error::Rejected {
             peer: peer.to_owned(),
             what: "a welcome",
             reason: "a second challenge".into(),
@@ -829,6 +829,39 @@ mod tests {
             assert!(text.contains("WorkerOptions::wait_for_job"), "{text}");
             assert!(text.contains("MALLEABLE_WAIT_FOR_JOB"), "{text}");
         }
+    }
+
+    /// A welcome before the proof decodes but breaks the protocol: `Rejected`, not
+    /// `Malformed`.
+    #[test]
+    fn a_welcome_before_the_proof_is_rejected() {
+        runtime().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let mut coordinator = Framed::new(a, super::super::frame::codec(1 << 20));
+            let mut worker = Framed::new(b, super::super::frame::codec(1 << 20));
+            let early = Reply::Welcome {
+                job: "walk".into(),
+                version: 1,
+                heartbeat_ms: 1,
+                lease_ms: 2,
+            };
+            let hostile = async {
+                let _hello = coordinator.next().await;
+                send(&mut coordinator, "w", versioned(&early))
+                    .await
+                    .unwrap();
+            };
+            let (_, w) = tokio::join!(
+                hostile,
+                super::worker(&mut worker, "c", None, 1 << 20, vec![job("walk", 1)], 1),
+            );
+            let e = w.unwrap_err();
+            assert_eq!(e.kind(), "rejected", "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                "c sent a handshake reply that is refused here: a welcome before the proof"
+            );
+        });
     }
 
     /// A worker whose hello would be over the handshake's limit says so before it sends
