@@ -319,6 +319,33 @@ fn a_wait_for_a_job_that_does_not_come_ends_with_the_typed_error() {
     assert!(err.to_string().contains("runs no job yet"), "{err}");
     // It tried more than once, and the coordinator saw each try.
     assert!(count(&exec, "unknown_job") >= 2, "{:?}", exec.peer_errors());
+    // A stop request ends the wait (with the last refusal), however long it was to be.
+    let stop = malleable::SuspendToken::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (addr, stop) = (addr.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let served = cluster::serve(
+                &addr,
+                &Registry::new().register::<Folded<SumV1>>(),
+                WorkerOptions::default()
+                    .threads(1)
+                    .wait_for_job(Duration::from_secs(3600))
+                    .stop_on(&stop),
+            );
+            let _ = tx.send(served);
+        });
+    }
+    let refused = count(&exec, "unknown_job");
+    until("a refusal of the waiting worker", || {
+        count(&exec, "unknown_job") > refused
+    });
+    stop.suspend();
+    let err = rx
+        .recv_timeout(PATIENCE)
+        .expect("the stop request did not end the wait")
+        .unwrap_err();
+    assert!(matches!(err, cluster::Error::UnknownJob { .. }), "{err:?}");
     // Without the option, it gives up at the first refusal.
     let err = cluster::serve(
         &addr,

@@ -218,7 +218,8 @@ impl WorkerOptions {
     /// tries again with a growing pause (from 50 ms, doubling, up to 1 s), and returns that
     /// error once `d` has passed since the first attempt. Each attempt is logged (`tracing`,
     /// debug; the first wait at info) and the coordinator records each refusal. Other errors
-    /// (a wrong token, another version) end `serve` at once. Also read from
+    /// (a wrong token, another version) end `serve` at once, and so does the stop token of
+    /// [`stop_on`](Self::stop_on) (with the last refusal). Also read from
     /// [`WAIT_FOR_JOB_ENV`] by [`from_env`](Self::from_env).
     pub fn wait_for_job(mut self, d: Duration) -> Self {
         self.wait_for_job = d;
@@ -256,8 +257,8 @@ pub struct Served {
     /// Snapshot parts this process wrote to the job's store itself (the others went to the
     /// coordinator).
     pub parts_written: u64,
-    /// Connections tried before the coordinator took this worker (1 when it did at once;
-    /// more while [`WorkerOptions::wait_for_job`] waited for the job).
+    /// Connections tried until the coordinator took this worker, that one included (1 when
+    /// it took it at once; more while [`WorkerOptions::wait_for_job`] waited for the job).
     pub attempts: u32,
 }
 
@@ -375,7 +376,14 @@ async fn connect_waiting(
         } else {
             tracing::debug!(addr, attempts, error = %e, "still waiting for the coordinator's job");
         }
-        tokio::time::sleep_until((now + pause).min(deadline)).await;
+        let stop = options.stop.clone();
+        tokio::select! {
+            () = tokio::time::sleep_until((now + pause).min(deadline)) => {}
+            () = async { stop.as_ref().expect("guarded").fired().await }, if stop.is_some() => {
+                tracing::info!(addr, attempts, "stopped while waiting for the coordinator's job");
+                return Err(e);
+            }
+        }
         pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
