@@ -346,7 +346,9 @@ mod tests {
         // Naming every variant: a new one must be sorted here, with a value if it has a
         // source.
         let sourced = |e: &ClusterError| match e {
-            ClusterError::Io { .. } | ClusterError::Address { .. } => true,
+            ClusterError::Io { .. }
+            | ClusterError::Address { .. }
+            | ClusterError::Undecodable { .. } => true,
             ClusterError::Closed { .. }
             | ClusterError::HandshakeTimeout { .. }
             | ClusterError::LeaseExpired { .. }
@@ -354,6 +356,9 @@ mod tests {
             | ClusterError::Version { .. }
             | ClusterError::Auth { .. }
             | ClusterError::UnknownJob { .. }
+            | ClusterError::JobVersion { .. }
+            | ClusterError::Rejected { .. }
+            | ClusterError::Environment { .. }
             | ClusterError::FrameTooLarge { .. }
             | ClusterError::HandshakeTooLarge { .. }
             | ClusterError::MessageTooLarge { .. }
@@ -370,6 +375,14 @@ mod tests {
             ClusterError::Address {
                 addr: "example.invalid:7070".to_owned(),
                 source: io::Error::new(io::ErrorKind::NotFound, "no such host"),
+            },
+            ClusterError::Undecodable {
+                peer: "127.0.0.1:7070".to_owned(),
+                job: "walk".to_owned(),
+                version: 1,
+                what: "a chunk output",
+                here: true,
+                source: codec_error(),
             },
         ];
         assert!(all.iter().all(sourced));
@@ -519,7 +532,7 @@ mod tests {
 
     #[test]
     fn the_context_stays_in_the_message() {
-        let [io, address] = <[ClusterError; 2]>::try_from(cluster_errors()).unwrap();
+        let [io, address, _] = <[ClusterError; 3]>::try_from(cluster_errors()).unwrap();
         assert_eq!(io.to_string(), "connection with 127.0.0.1:7070");
         assert_eq!(address.to_string(), "address example.invalid:7070");
         assert_eq!(

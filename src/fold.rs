@@ -56,6 +56,9 @@ pub const DEFAULT_STEP: Duration = Duration::from_millis(1);
 pub trait Fold: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     /// Stable name, as [`Job::NAME`].
     const NAME: &'static str;
+    /// The version of the serialized form of the job value and its accumulator, as
+    /// [`Job::VERSION`] (default 1): bump it when either changes.
+    const VERSION: u32 = 1;
     /// The accumulator of one chunk; it starts as the reducer's identity and becomes the
     /// chunk's output.
     type Acc: Serialize + DeserializeOwned + Send + 'static;
@@ -102,6 +105,7 @@ impl<F: Fold> Input<Folded<F>> for FoldInput<F> {
 
 impl<F: Fold> Job for Folded<F> {
     const NAME: &'static str = F::NAME;
+    const VERSION: u32 = F::VERSION;
     type Chunk = FoldChunk<F>;
     type Reducer = F::Reducer;
     type Input = FoldInput<F>;

@@ -88,6 +88,13 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     /// Stable name: identifies the job's code on remote workers and in snapshots.
     const NAME: &'static str;
+    /// The version of the job's serialized form (default 1). Bump it when the serialized
+    /// form of the job value, its chunk (the chunk state), the chunk's output or its
+    /// partition changes (a field added, removed, reordered or retyped): a worker process
+    /// built with another version of the job is then refused in the handshake with an error
+    /// naming both versions ([`cluster::Error::JobVersion`](crate::cluster::Error::JobVersion)),
+    /// instead of failing to decode what it is sent.
+    const VERSION: u32 = 1;
     /// The state machine that works through one chunk of a phase.
     type Chunk: Chunk<Job = Self>;
     /// How chunk outputs are combined; they are combined in chunk order.

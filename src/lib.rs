@@ -120,10 +120,10 @@ pub mod cluster {
     //! [`Registry`], [`WorkerOptions`], [`Served`]).
 
     pub use crate::wire::{
-        CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher, TOKEN_ENV, Token,
-        frame, handshake,
+        AuthFailure, CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher,
+        TOKEN_ENV, Token, frame, handshake,
     };
-    pub use crate::worker::{Registry, Served, WorkerOptions, serve};
+    pub use crate::worker::{Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve};
 }
 
 pub use error::{Cause, Error, Result, Site};

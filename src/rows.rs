@@ -93,6 +93,9 @@ use crate::schedule::Chunking;
 pub trait Rows: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     /// Stable name, as [`Job::NAME`].
     const NAME: &'static str;
+    /// The version of the serialized form of the job value, its elements and its
+    /// accumulator, as [`Job::VERSION`] (default 1): bump it when one of them changes.
+    const VERSION: u32 = 1;
     /// How a phase reads the rows next to the one it updates (default [`Sweep::Jacobi`]).
     const SWEEP: Sweep = Sweep::Jacobi;
     /// One cell of the grid.
@@ -239,6 +242,7 @@ impl<R: Rows> Input<Banded<R>> for BandedInput<R> {
 
 impl<R: Rows> Job for Banded<R> {
     const NAME: &'static str = R::NAME;
+    const VERSION: u32 = R::VERSION;
     const OWNERSHIP: Ownership<Self> = Ownership::PARTITIONS;
     type Chunk = Band<R>;
     type Reducer = R::Reducer;

@@ -82,7 +82,10 @@ fn hello_frame(version: u32) -> Vec<u8> {
     let mut f = frame::MAGIC.to_vec();
     f.extend_from_slice(&version.to_be_bytes());
     f.extend_from_slice(&frame::encode(&handshake::Hello {
-        jobs: vec!["walk".into()],
+        jobs: vec![handshake::JobType {
+            name: "walk".into(),
+            version: 1,
+        }],
         threads: 1,
         nonce: [7; 32],
     }));
@@ -161,8 +164,53 @@ fn hostile_peers_are_refused_while_the_job_goes_on() {
         .threads(1)
         .token(Token::new("wrong").unwrap());
     let err = cluster::serve(&addr, &Registry::new().register::<Walk>(), options).unwrap_err();
-    assert!(matches!(err, cluster::Error::Auth { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            cluster::Error::Auth {
+                failure: cluster::AuthFailure::CoordinatorProof { token: true },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The worker learns that the two tokens differ and how a token is set, not that "the
+    // coordinator did not prove the shared token".
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the coordinator at {addr} does not hold this worker process's shared token: give \
+             both the same token: MALLEABLE_TOKEN"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("WorkerOptions::token"), "{text}");
     until_error(&exec, "Auth", |e| matches!(e, cluster::Error::Auth { .. }));
+    // The coordinator's record says that the worker did not prove its token, and how a
+    // token is set.
+    let errors = exec.peer_errors();
+    let auth = errors
+        .iter()
+        .find(|e| matches!(***e, cluster::Error::Auth { .. }))
+        .unwrap();
+    assert!(
+        matches!(
+            **auth,
+            cluster::Error::Auth {
+                failure: cluster::AuthFailure::WorkerProof { token: true },
+                ..
+            }
+        ),
+        "{auth:?}"
+    );
+    let text = auth.to_string();
+    assert!(
+        text.starts_with("the worker process at 127.0.0.1:")
+            && text.contains("did not prove that it holds this coordinator's shared token")
+            && text.contains("MALLEABLE_TOKEN")
+            && text.contains("Builder::cluster_token"),
+        "{text}"
+    );
 
     // No token at all, against a coordinator that has one.
     let err = cluster::serve(
@@ -171,7 +219,23 @@ fn hostile_peers_are_refused_while_the_job_goes_on() {
         WorkerOptions::default().threads(1),
     )
     .unwrap_err();
-    assert!(matches!(err, cluster::Error::Auth { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            cluster::Error::Auth {
+                failure: cluster::AuthFailure::CoordinatorProof { token: false },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "requires a shared token and this worker process has none: set MALLEABLE_TOKEN"
+        ),
+        "{text}"
+    );
 
     // An unknown job: the worker knows only another job type.
     let options = WorkerOptions::default().threads(1).token(token.clone());
@@ -183,6 +247,13 @@ fn hostile_peers_are_refused_while_the_job_goes_on() {
         }
         other => panic!("{other:?}"),
     }
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "no job in common with {addr}: the worker process knows [\"test-kernel\"], the \
+             coordinator runs [\"walk\"]; register the job with the worker's Registry"
+        )
+    );
     until_error(&exec, "UnknownJob", |e| {
         matches!(e, cluster::Error::UnknownJob { .. })
     });

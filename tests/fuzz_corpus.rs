@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
-use malleable::cluster::handshake::{Hello, ProofMsg, Refusal, Reply};
+use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply};
 use malleable::snapshot::{FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
 #[path = "../fuzz/checks.rs"]
@@ -351,12 +351,25 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::Heartbeat { progress: vec![] },
         ),
         ("leave", ToCoordinator::Leave),
+        (
+            "undecodable",
+            ToCoordinator::Undecodable {
+                what: "the job value".to_owned(),
+                error: postcard::Error::DeserializeUnexpectedEnd,
+            },
+        ),
     ]
 }
 
 fn a_hello(jobs: &[&str]) -> Hello {
     Hello {
-        jobs: jobs.iter().map(|&j| j.to_owned()).collect(),
+        jobs: jobs
+            .iter()
+            .map(|&j| JobType {
+                name: j.to_owned(),
+                version: 1,
+            })
+            .collect(),
         threads: 8,
         nonce: nonce(1),
     }
@@ -376,6 +389,7 @@ fn replies() -> Vec<(&'static str, Reply)> {
             "welcome",
             Reply::Welcome {
                 job: "kmeans".to_owned(),
+                version: 3,
                 heartbeat_ms: 500,
                 lease_ms: 5_000,
             },
@@ -388,6 +402,13 @@ fn replies() -> Vec<(&'static str, Reply)> {
             }),
         ),
         ("refused-version", Reply::Refused(Refusal::Version)),
+        (
+            "refused-job-version",
+            Reply::Refused(Refusal::JobVersion {
+                job: "kmeans".to_owned(),
+                version: 2,
+            }),
+        ),
     ]
 }
 
@@ -577,9 +598,9 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     );
     h("seed-proof-short", vec![9; 31]);
     h("seed-proof-long", vec![9; 33]);
-    // `Welcome` (variant 1) whose job name is not UTF-8; an unknown refusal (variant 3).
-    h("seed-welcome-not-utf8", vec![1, 2, 0xc3, 0x28, 1, 1]);
-    h("seed-unknown-refusal", vec![2, 3]);
+    // `Welcome` (variant 1) whose job name is not UTF-8; an unknown refusal (variant 4).
+    h("seed-welcome-not-utf8", vec![1, 2, 0xc3, 0x28, 1, 1, 1]);
+    h("seed-unknown-refusal", vec![2, 4]);
     h(
         "seed-http-request",
         b"GET / HTTP/1.1\r\nHost: 198.51.100.7\r\n\r\n".to_vec(),

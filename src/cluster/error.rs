@@ -6,7 +6,8 @@ use std::time::Duration;
 /// What went wrong between a coordinator and a worker process.
 ///
 /// Both sides report a refused handshake with the same variant: a worker with the wrong token
-/// gets [`Error::Auth`], and so does the coordinator's record of it.
+/// gets [`Error::Auth`], and so does the coordinator's record of it (each says what it saw:
+/// [`AuthFailure`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -62,16 +63,20 @@ pub enum Error {
         /// The other side's version.
         theirs: u32,
     },
-    /// The other side could not prove that it holds the shared token.
-    #[error("{peer} did not prove the shared token")]
+    /// The shared token did not check: the coordinator and the worker process hold different
+    /// tokens, or one of them has none. What this side saw is in `failure`; the message says
+    /// which side is which and how the token is set ([`TOKEN_ENV`](super::TOKEN_ENV),
+    /// `Builder::cluster_token`, [`WorkerOptions::token`](crate::cluster::WorkerOptions::token)).
+    #[error("{}", auth_text(.peer, *.failure))]
     Auth {
         /// The other side's address.
         peer: String,
+        /// Whose proof failed, as this side saw it.
+        failure: AuthFailure,
     },
-    /// No job the coordinator runs is among those the worker knows.
-    #[error(
-        "no job in common with {peer}: the worker knows {known:?}, the coordinator runs {running:?}"
-    )]
+    /// No job the coordinator runs is among those the worker knows (or it runs none yet: a
+    /// worker process can wait for it, [`WorkerOptions::wait_for_job`](crate::cluster::WorkerOptions::wait_for_job)).
+    #[error("{}", unknown_job_text(.peer, .known, .running))]
     UnknownJob {
         /// The other side's address.
         peer: String,
@@ -79,6 +84,46 @@ pub enum Error {
         known: Vec<String>,
         /// The job names the coordinator runs and accepts workers for.
         running: Vec<String>,
+    },
+    /// The coordinator runs a job of a name the worker process knows, but the two were built
+    /// with different versions of it ([`Job::VERSION`](crate::Job::VERSION)): their
+    /// serialized forms may differ, so the worker is refused. Both sides report it.
+    #[error(
+        "job {job:?}: the coordinator has version {coordinator} and the worker process version \
+         {worker} (the other side is {peer}); run both with the same build of the job (and bump \
+         Job::VERSION whenever its serialized form changes)"
+    )]
+    JobVersion {
+        /// The other side's address.
+        peer: String,
+        /// The job's name.
+        job: String,
+        /// The coordinator's version of the job.
+        coordinator: u32,
+        /// The worker process's version of the job.
+        worker: u32,
+    },
+    /// Bytes of the job's own types (the job value, a chunk output, a halo) do not decode,
+    /// although both sides have the same version of the job: the two programs serialize the
+    /// job differently, and its [`Job::VERSION`](crate::Job::VERSION) was not bumped when
+    /// that changed. `here` says on which side: true when this side could not decode what
+    /// the other sent, false when the other side (a worker process) reported that it could
+    /// not decode what this side sent (and left).
+    #[error("{}", undecodable_text(.peer, .job, *.version, .what, *.here))]
+    Undecodable {
+        /// The other side's address.
+        peer: String,
+        /// The job's name.
+        job: String,
+        /// The version of the job both sides announced.
+        version: u32,
+        /// What did not decode.
+        what: &'static str,
+        /// Whether it did not decode on this side (else on the other).
+        here: bool,
+        /// The codec's error.
+        #[source]
+        source: postcard::Error,
     },
     /// A frame's length exceeds the limit (from an authenticated peer: before that, a frame
     /// over the handshake's limit makes the peer [`Error::NotAPeer`]).
@@ -109,8 +154,9 @@ pub enum Error {
         /// The maximum message length.
         limit: usize,
     },
-    /// A frame that does not decode as the message expected at that point, or a message
-    /// that breaks the protocol there.
+    /// A frame that does not decode as the message expected at that point, or frames that
+    /// do not make a message (pieces out of order). A message that decodes but is not
+    /// allowed there is [`Error::Rejected`].
     #[error("{peer} sent bytes that are not {what}: {reason}")]
     Malformed {
         /// The other side's address.
@@ -122,6 +168,23 @@ pub enum Error {
         /// The codec's error, when the bytes did not decode (`reason` then says only that).
         #[source]
         source: Option<postcard::Error>,
+    },
+    /// A message that decodes but that the protocol does not allow at that point: a `Done`
+    /// or `Yielded` for a chunk the slot was not given, a message for a slot that is not
+    /// live, a partition that was not asked for. The peer is faulty and its connection is
+    /// dropped (counted with kind `rejected`, apart from bytes that do not decode,
+    /// `malformed`).
+    #[error("{peer} sent {what} that is refused here: {reason}")]
+    Rejected {
+        /// The other side's address.
+        peer: String,
+        /// The message.
+        what: &'static str,
+        /// Why it is refused.
+        reason: String,
+        /// The refusal of the part that refused it (the job's ledger), if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
     /// The other side refused this one for a reason this side could not check itself.
     #[error("refused by {peer}: {reason}")]
@@ -143,6 +206,16 @@ pub enum Error {
     /// The token could not be read.
     #[error("cannot read the cluster token: {0}")]
     Token(String),
+    /// An environment variable of the worker's options holds a value that is not one.
+    #[error("{var}={value:?} is not {expected}")]
+    Environment {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
     /// The address to listen on or dial could not be used.
     #[error("address {addr}")]
     Address {
@@ -184,14 +257,108 @@ impl Error {
             Error::Version { .. } => "version",
             Error::Auth { .. } => "auth",
             Error::UnknownJob { .. } => "unknown_job",
+            Error::JobVersion { .. } => "job_version",
+            Error::Undecodable { .. } => "undecodable",
             Error::FrameTooLarge { .. } => "frame_too_large",
             Error::HandshakeTooLarge { .. } => "handshake_too_large",
             Error::MessageTooLarge { .. } => "message_too_large",
             Error::Malformed { .. } => "malformed",
+            Error::Rejected { .. } => "rejected",
             Error::Refused { .. } => "refused",
             Error::NoToken { .. } => "no_token",
             Error::Token(_) => "token",
+            Error::Environment { .. } => "environment",
             Error::Address { .. } => "address",
         }
     }
+}
+
+/// Whose proof of the shared token failed, as one side of the handshake saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuthFailure {
+    /// Seen by a worker process: the coordinator's proof does not check with this worker's
+    /// token (the coordinator proves first, so this is what a worker with the wrong token, or
+    /// none, sees).
+    CoordinatorProof {
+        /// Whether this worker process has a token.
+        token: bool,
+    },
+    /// Seen by a worker process: the coordinator refused this worker's proof.
+    RefusedByCoordinator,
+    /// Seen by a coordinator: the worker process's proof does not check with this
+    /// coordinator's token.
+    WorkerProof {
+        /// Whether this coordinator has a token.
+        token: bool,
+    },
+}
+
+/// How the two sides get the same token, for the messages.
+const SAME_TOKEN: &str = "give both the same token: MALLEABLE_TOKEN in the environment of each \
+                          (read by Token::from_env and WorkerOptions::from_env), or \
+                          Builder::cluster_token and WorkerOptions::token";
+
+fn auth_text(peer: &str, failure: AuthFailure) -> String {
+    match failure {
+        AuthFailure::CoordinatorProof { token: true } => format!(
+            "the coordinator at {peer} does not hold this worker process's shared token: \
+             {SAME_TOKEN}"
+        ),
+        AuthFailure::CoordinatorProof { token: false } => format!(
+            "the coordinator at {peer} requires a shared token and this worker process has \
+             none: set MALLEABLE_TOKEN in its environment (read by WorkerOptions::from_env) or \
+             give it with WorkerOptions::token"
+        ),
+        AuthFailure::RefusedByCoordinator => format!(
+            "the coordinator at {peer} refused this worker process's proof of the shared \
+             token: {SAME_TOKEN}"
+        ),
+        AuthFailure::WorkerProof { token: true } => format!(
+            "the worker process at {peer} did not prove that it holds this coordinator's \
+             shared token (it has another one, or none): {SAME_TOKEN}"
+        ),
+        AuthFailure::WorkerProof { token: false } => format!(
+            "the worker process at {peer} has a shared token and this coordinator none: \
+             give the coordinator the same token (MALLEABLE_TOKEN in its environment, or \
+             Builder::cluster_token), or start the worker without one"
+        ),
+    }
+}
+
+fn unknown_job_text(peer: &str, known: &[String], running: &[String]) -> String {
+    if running.is_empty() {
+        format!(
+            "no job in common with {peer}: the worker process knows {known:?} and the \
+             coordinator runs no job yet; submit the job first, or let the worker wait for it \
+             (WorkerOptions::wait_for_job, or MALLEABLE_WAIT_FOR_JOB in its environment)"
+        )
+    } else {
+        format!(
+            "no job in common with {peer}: the worker process knows {known:?}, the coordinator \
+             runs {running:?}; register the job with the worker's Registry"
+        )
+    }
+}
+
+fn undecodable_text(peer: &str, job: &str, version: u32, what: &str, here: bool) -> String {
+    let (did, whose) = if here {
+        (
+            format!("{what} of job {job:?} from {peer} does not decode here"),
+            "two programs",
+        )
+    } else {
+        (
+            format!(
+                "the worker process at {peer} could not decode {what} of job {job:?} sent by this coordinator"
+            ),
+            "coordinator and the worker",
+        )
+    };
+    format!(
+        "{did}, although both sides have version {version} of the job: its serialized form \
+         differs between the {whose} (bump Job::VERSION whenever the serialized form of the \
+         job, its chunk, output or partition changes, so that such a worker is refused in \
+         the handshake)"
+    )
 }

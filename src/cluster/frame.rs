@@ -26,8 +26,12 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// the coordinator reports the error a local worker would. Version 4: messages longer than a
 /// frame travel in pieces (`Piece`); worker processes hold owned partitions (`Run::held`,
 /// `Done::halos`, `Begin`, `Surrender`, `CaptureHeld` and their answers). Version 5: a job
-/// that lost partitions rolls back, and the processes left `Forget` theirs.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// that lost partitions rolls back, and the processes left `Forget` theirs. Version 6: the
+/// hello names each job with its version ([`JobType`](super::handshake::JobType)), the
+/// welcome names the job's version, and a worker with the job in another version is refused
+/// (`Refusal::JobVersion`); a worker that cannot decode the job value or a halo says so
+/// (`ToCoordinator::Undecodable`).
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
 /// ends, the next is already there, and the round trip of its `Done` and the following `Run`
@@ -276,6 +280,15 @@ pub enum ToCoordinator {
         /// The piece.
         #[serde(deserialize_with = "in_frame")]
         bytes: Bytes,
+    },
+    /// This process could not decode `what` (the job value, a halo) although the job's
+    /// versions match: the job's serialized form differs between the two programs. The
+    /// process leaves after it.
+    Undecodable {
+        /// What did not decode ("the job value", "a halo").
+        what: String,
+        /// The codec's error.
+        error: postcard::Error,
     },
 }
 

@@ -6,17 +6,22 @@
 //! The worker dials the coordinator. `H(label, a, b)` is HMAC-SHA256 keyed with the shared
 //! token over `label ‖ a ‖ b`; nonces are 32 bytes from the operating system's generator.
 //!
-//! 1. *Hello* (worker → coordinator): `MAGIC ‖ version` in fixed bytes, then the job names the
-//!    worker has registered, its thread count and a fresh nonce `nw`.
+//! 1. *Hello* (worker → coordinator): `MAGIC ‖ version` in fixed bytes, then the jobs the
+//!    worker has registered (each a name and its [`Job::VERSION`](crate::Job::VERSION)), its
+//!    thread count and a fresh nonce `nw`.
 //! 2. *Challenge* (coordinator → worker): `MAGIC ‖ version`, then a fresh nonce `nc` and
 //!    `H("coordinator", nw, nc)`. Or, if the magic or version differ, a refusal (a wrong magic
 //!    gets no answer at all: the peer is not one of ours).
-//! 3. *Proof* (worker → coordinator): the worker checks the coordinator's MAC (else it stops
-//!    with [`Error::Auth`]), then sends `H("worker", nc, nw)`.
+//! 3. *Proof* (worker → coordinator): the worker checks the coordinator's MAC (else it sends
+//!    an empty proof and stops with [`Error::Auth`], [`AuthFailure::CoordinatorProof`]), then
+//!    sends `H("worker", nc, nw)`.
 //! 4. *Welcome* (coordinator → worker): the coordinator checks the worker's MAC (else it
 //!    answers with a refusal and both sides report [`Error::Auth`]), then picks a running job
-//!    whose name the worker knows (else a refusal: [`Error::UnknownJob`] on both sides) and
-//!    names it, with the heartbeat period and lease.
+//!    whose name and version the worker has, and names it and its version, with the heartbeat
+//!    period and lease. If the worker has no running job's name, the refusal names the running
+//!    jobs ([`Error::UnknownJob`] on both sides); if it has one only in another version, the
+//!    refusal names the coordinator's version ([`Error::JobVersion`] on both sides, with both
+//!    versions). The worker checks the welcome's version against its own too.
 //!
 //! The whole handshake has a time limit on the coordinator's side (a peer that says nothing or
 //! stalls in the middle of a frame is dropped with [`Error::HandshakeTimeout`]).
@@ -45,6 +50,10 @@
 //!   (which only ever computes "coordinator" MACs) cannot be made to compute a worker's proof.
 //! - *Nothing before the proof.* Job names and job values go only to a peer whose proof was
 //!   checked; an unauthenticated peer learns only the protocol version.
+//! - *Job versions.* A job's serialized form is fixed by its type, which the two sides compile
+//!   separately; the version each announces is how they find out that the types differ
+//!   before any job value, state or output crosses. (A changed type whose version was not
+//!   bumped is found only when its bytes do not decode: [`Error::Undecodable`].)
 //!
 //! This authenticates; it does not encrypt. On a network where an attacker can sit in the
 //! middle of connections, run the cluster inside a VPN or SSH tunnel.
@@ -60,6 +69,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use super::Error;
+use super::error::AuthFailure;
 use super::frame::{MAGIC, PROTOCOL_VERSION, decode, encode};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -160,11 +170,20 @@ fn no_token() -> Token {
 const COORDINATOR: &[u8] = b"malleable coordinator v1";
 const WORKER: &[u8] = b"malleable worker v1";
 
+/// A job type a worker process can run: its name and version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobType {
+    /// Its [`Job::NAME`](crate::Job::NAME).
+    pub name: String,
+    /// Its [`Job::VERSION`](crate::Job::VERSION).
+    pub version: u32,
+}
+
 /// Step 1.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
-    /// The job names the worker registered.
-    pub jobs: Vec<String>,
+    /// The jobs the worker registered.
+    pub jobs: Vec<JobType>,
     /// The worker's threads.
     pub threads: u32,
     /// The worker's nonce.
@@ -185,6 +204,8 @@ pub enum Reply {
     Welcome {
         /// Its name.
         job: String,
+        /// Its version (the coordinator's, which is the worker's).
+        version: u32,
         /// How often each side sends a heartbeat, in milliseconds.
         heartbeat_ms: u64,
         /// How long each side waits for a frame before it gives the other up, in milliseconds.
@@ -206,6 +227,13 @@ pub enum Refusal {
     },
     /// The protocol versions differ (the version is in the frame's fixed bytes).
     Version,
+    /// The worker has the running job `job` only in another version.
+    JobVersion {
+        /// The job's name.
+        job: String,
+        /// The coordinator's version of it.
+        version: u32,
+    },
 }
 
 /// Step 3.
@@ -337,6 +365,15 @@ pub(crate) struct Accepted<T> {
     pub(crate) job: T,
 }
 
+/// Why a coordinator has no job for a worker.
+#[derive(Debug)]
+pub(crate) enum NoJob {
+    /// None of the running jobs (named) is among the worker's.
+    Unknown(Vec<String>),
+    /// The worker has running job `job` (at the coordinator's `version`) in another version.
+    Version { job: String, version: u32 },
+}
+
 /// The timing a coordinator announces in its welcome.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timing {
@@ -344,8 +381,8 @@ pub(crate) struct Timing {
     pub(crate) lease_ms: u64,
 }
 
-/// The coordinator's side of steps 1–4. `choose` picks a job among the worker's names, or
-/// returns the names of the jobs that accept workers. The connection's frame limit is
+/// The coordinator's side of steps 1–4. `choose` picks a job among the worker's (its name,
+/// its version and what it is), or says why there is none. The connection's frame limit is
 /// [`HANDSHAKE_MAX_FRAME`] until the worker's proof checks, then `limit`.
 pub(crate) async fn coordinator<S, T>(
     framed: &mut Framed<S, LengthDelimitedCodec>,
@@ -353,11 +390,12 @@ pub(crate) async fn coordinator<S, T>(
     token: Option<&Token>,
     limit: usize,
     timing: Timing,
-    choose: impl FnOnce(&[String]) -> Result<(String, T), Vec<String>>,
+    choose: impl FnOnce(&[JobType]) -> Result<(String, u32, T), NoJob>,
 ) -> Result<Accepted<T>, Error>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let has_token = token.is_some();
     let token = token.cloned().unwrap_or_else(no_token);
     set_limit(framed, HANDSHAKE_MAX_FRAME);
     let first = next_frame(framed, peer).await?;
@@ -382,14 +420,16 @@ where
         let _ = send(framed, peer, encode(&Reply::Refused(Refusal::Auth))).await;
         return Err(Error::Auth {
             peer: peer.to_owned(),
+            failure: AuthFailure::WorkerProof { token: has_token },
         });
     }
     // The worker is authenticated: its frames may be as long as the configuration allows.
     set_limit(framed, limit);
     match choose(&hello.jobs) {
-        Ok((name, job)) => {
+        Ok((name, version, job)) => {
             let welcome = Reply::Welcome {
                 job: name,
+                version,
                 heartbeat_ms: timing.heartbeat_ms,
                 lease_ms: timing.lease_ms,
             };
@@ -399,15 +439,33 @@ where
                 job,
             })
         }
-        Err(running) => {
+        Err(NoJob::Unknown(running)) => {
             let refusal = Reply::Refused(Refusal::UnknownJob {
                 running: running.clone(),
             });
             let _ = send(framed, peer, encode(&refusal)).await;
             Err(Error::UnknownJob {
                 peer: peer.to_owned(),
-                known: hello.jobs,
+                known: hello.jobs.into_iter().map(|j| j.name).collect(),
                 running,
+            })
+        }
+        Err(NoJob::Version { job, version }) => {
+            let worker = hello
+                .jobs
+                .iter()
+                .find(|j| j.name == job)
+                .map_or(0, |j| j.version);
+            let refusal = Reply::Refused(Refusal::JobVersion {
+                job: job.clone(),
+                version,
+            });
+            let _ = send(framed, peer, encode(&refusal)).await;
+            Err(Error::JobVersion {
+                peer: peer.to_owned(),
+                job,
+                coordinator: version,
+                worker,
             })
         }
     }
@@ -421,8 +479,8 @@ pub(crate) struct Welcomed {
     pub(crate) lease_ms: u64,
 }
 
-/// The worker's side of steps 1–4. The connection's frame limit is [`HANDSHAKE_MAX_FRAME`]
-/// until the coordinator's proof checks, then `limit`.
+/// The worker's side of steps 1–4, for a worker that registered `jobs`. The connection's
+/// frame limit is [`HANDSHAKE_MAX_FRAME`] until the coordinator's proof checks, then `limit`.
 ///
 /// # Errors
 ///
@@ -434,12 +492,13 @@ pub(crate) async fn worker<S>(
     peer: &str,
     token: Option<&Token>,
     limit: usize,
-    jobs: Vec<String>,
+    jobs: Vec<JobType>,
     threads: u32,
 ) -> Result<Welcomed, Error>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let has_token = token.is_some();
     let token = token.cloned().unwrap_or_else(no_token);
     set_limit(framed, HANDSHAKE_MAX_FRAME);
     let nw = nonce()?;
@@ -457,14 +516,24 @@ where
         });
     }
     send(framed, peer, hello).await?;
-    let refused = |r: Refusal, known: Vec<String>| match r {
+    let refused = |r: Refusal, known: Vec<JobType>| match r {
         Refusal::Auth => Error::Auth {
             peer: peer.to_owned(),
+            failure: AuthFailure::RefusedByCoordinator,
         },
         Refusal::UnknownJob { running } => Error::UnknownJob {
             peer: peer.to_owned(),
-            known,
+            known: known.into_iter().map(|j| j.name).collect(),
             running,
+        },
+        Refusal::JobVersion { job, version } => Error::JobVersion {
+            peer: peer.to_owned(),
+            worker: known
+                .iter()
+                .find(|j| j.name == job)
+                .map_or(0, |j| j.version),
+            job,
+            coordinator: version,
         },
         Refusal::Version => Error::Refused {
             peer: peer.to_owned(),
@@ -475,9 +544,9 @@ where
         Reply::Challenge { nonce, proof } => (nonce, proof),
         Reply::Refused(r) => return Err(refused(r, known)),
         Reply::Welcome { .. } => {
-            return Err(Error::Malformed {
+            return Err(Error::Rejected {
                 peer: peer.to_owned(),
-                what: "a challenge",
+                what: "a handshake reply",
                 reason: "a welcome before the proof".into(),
                 source: None,
             });
@@ -489,6 +558,7 @@ where
         let _ = send(framed, peer, encode(&ProofMsg { proof: [0; 32] })).await;
         return Err(Error::Auth {
             peer: peer.to_owned(),
+            failure: AuthFailure::CoordinatorProof { token: has_token },
         });
     }
     // The coordinator is authenticated: its frames may be as long as the configuration
@@ -508,15 +578,30 @@ where
     match decode_welcome(peer, &welcome)? {
         Reply::Welcome {
             job,
+            version,
             heartbeat_ms,
             lease_ms,
-        } => Ok(Welcomed {
-            job,
-            heartbeat_ms,
-            lease_ms,
-        }),
+        } => match known.iter().find(|j| j.name == job) {
+            None => Err(Error::Rejected {
+                peer: peer.to_owned(),
+                what: "a welcome",
+                reason: format!("job {job:?} is not one of this worker's"),
+                source: None,
+            }),
+            Some(mine) if mine.version != version => Err(Error::JobVersion {
+                peer: peer.to_owned(),
+                job,
+                coordinator: version,
+                worker: mine.version,
+            }),
+            Some(_) => Ok(Welcomed {
+                job,
+                heartbeat_ms,
+                lease_ms,
+            }),
+        },
         Reply::Refused(r) => Err(refused(r, known)),
-        Reply::Challenge { .. } => Err(Error::Malformed {
+        Reply::Challenge { .. } => Err(Error::Rejected {
             peer: peer.to_owned(),
             what: "a welcome",
             reason: "a second challenge".into(),
@@ -528,6 +613,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(name: &str, version: u32) -> JobType {
+        JobType {
+            name: name.to_owned(),
+            version,
+        }
+    }
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -550,15 +642,225 @@ mod tests {
                 lease_ms: 2,
             };
             let (c, w) = tokio::join!(
-                super::coordinator(&mut coordinator, "w", None, limit, timing, |names| {
-                    Ok::<_, Vec<String>>((names[0].clone(), ()))
+                super::coordinator(&mut coordinator, "w", None, limit, timing, |jobs| {
+                    Ok((jobs[0].name.clone(), jobs[0].version, ()))
                 }),
-                super::worker(&mut worker, "c", None, limit, vec!["job".into()], 1),
+                super::worker(&mut worker, "c", None, limit, vec![job("job", 1)], 1),
             );
             c.unwrap();
             assert_eq!(w.unwrap().job, "job");
             assert_eq!(coordinator.codec().max_frame_length(), limit);
             assert_eq!(worker.codec().max_frame_length(), limit);
+        });
+    }
+
+    /// Runs both sides of a handshake over a pipe: the coordinator with `coordinator_token`
+    /// running `running` (name, version), the worker with `worker_token` knowing `known`.
+    fn shake(
+        coordinator_token: Option<&str>,
+        running: &[(&str, u32)],
+        worker_token: Option<&str>,
+        known: Vec<JobType>,
+    ) -> (Result<String, Error>, Result<Welcomed, Error>) {
+        let running: Vec<(String, u32)> =
+            running.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect();
+        let ct = coordinator_token.map(|t| Token::new(t).unwrap());
+        let wt = worker_token.map(|t| Token::new(t).unwrap());
+        runtime().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let limit = 1 << 20;
+            let mut coordinator = Framed::new(a, super::super::frame::codec(limit));
+            let mut worker = Framed::new(b, super::super::frame::codec(limit));
+            let timing = Timing {
+                heartbeat_ms: 1,
+                lease_ms: 2,
+            };
+            let choose = |offered: &[JobType]| {
+                let same = running
+                    .iter()
+                    .find(|(n, v)| offered.iter().any(|o| &o.name == n && o.version == *v));
+                if let Some((n, v)) = same {
+                    return Ok((n.clone(), *v, n.clone()));
+                }
+                match running
+                    .iter()
+                    .find(|(n, _)| offered.iter().any(|o| &o.name == n))
+                {
+                    Some((n, v)) => Err(NoJob::Version {
+                        job: n.clone(),
+                        version: *v,
+                    }),
+                    None => Err(NoJob::Unknown(
+                        running.iter().map(|(n, _)| n.clone()).collect(),
+                    )),
+                }
+            };
+            let (c, w) = tokio::join!(
+                super::coordinator(
+                    &mut coordinator,
+                    "worker:1",
+                    ct.as_ref(),
+                    limit,
+                    timing,
+                    choose
+                ),
+                super::worker(&mut worker, "coordinator:2", wt.as_ref(), limit, known, 1),
+            );
+            (c.map(|a| a.job), w)
+        })
+    }
+
+    /// A worker with a job of the coordinator's name but another version is refused, and
+    /// both sides say so with both versions; one with the same version is welcomed.
+    #[test]
+    fn a_job_in_another_version_is_refused_on_both_sides() {
+        let (c, w) = shake(None, &[("walk", 2)], None, vec![job("walk", 1)]);
+        for (side, e) in [("coordinator", c.unwrap_err()), ("worker", w.unwrap_err())] {
+            match &e {
+                Error::JobVersion {
+                    job,
+                    coordinator: 2,
+                    worker: 1,
+                    ..
+                } if job == "walk" => {}
+                other => panic!("{side}: {other:?}"),
+            }
+            assert_eq!(e.kind(), "job_version");
+            let text = e.to_string();
+            for part in [
+                "job \"walk\"",
+                "the coordinator has version 2",
+                "the worker process version 1",
+                "Job::VERSION",
+            ] {
+                assert!(text.contains(part), "{side}: {text:?} lacks {part:?}");
+            }
+        }
+        // Another job of the same process matches in its version: that one is chosen.
+        let (c, w) = shake(
+            None,
+            &[("walk", 2), ("kmeans", 1)],
+            None,
+            vec![job("walk", 1), job("kmeans", 1)],
+        );
+        assert_eq!(c.unwrap(), "kmeans");
+        assert_eq!(w.unwrap().job, "kmeans");
+        let (c, w) = shake(None, &[("walk", 2)], None, vec![job("walk", 2)]);
+        assert_eq!(c.unwrap(), "walk");
+        assert_eq!(w.unwrap().job, "walk");
+    }
+
+    /// A wrong token: the worker learns that the coordinator does not hold its token (not
+    /// that "the coordinator did not prove" something), the coordinator that the worker did
+    /// not prove its token; both name MALLEABLE_TOKEN and the options that set a token.
+    #[test]
+    fn a_wrong_token_is_worded_for_each_side() {
+        let known = || vec![job("walk", 1)];
+        let (c, w) = shake(Some("right"), &[("walk", 1)], Some("wrong"), known());
+        let (c, w) = (c.unwrap_err(), w.unwrap_err());
+        assert!(
+            matches!(
+                w,
+                Error::Auth {
+                    failure: AuthFailure::CoordinatorProof { token: true },
+                    ..
+                }
+            ),
+            "{w:?}"
+        );
+        assert_eq!(
+            w.to_string(),
+            "the coordinator at coordinator:2 does not hold this worker process's shared \
+             token: give both the same token: MALLEABLE_TOKEN in the environment of each (read \
+             by Token::from_env and WorkerOptions::from_env), or Builder::cluster_token and \
+             WorkerOptions::token"
+        );
+        assert!(
+            matches!(
+                c,
+                Error::Auth {
+                    failure: AuthFailure::WorkerProof { token: true },
+                    ..
+                }
+            ),
+            "{c:?}"
+        );
+        assert_eq!(
+            c.to_string(),
+            "the worker process at worker:1 did not prove that it holds this coordinator's \
+             shared token (it has another one, or none): give both the same token: \
+             MALLEABLE_TOKEN in the environment of each (read by Token::from_env and \
+             WorkerOptions::from_env), or Builder::cluster_token and WorkerOptions::token"
+        );
+        // No token on the worker's side.
+        let (c, w) = shake(Some("right"), &[("walk", 1)], None, known());
+        let w = w.unwrap_err();
+        assert_eq!(
+            w.to_string(),
+            "the coordinator at coordinator:2 requires a shared token and this worker process \
+             has none: set MALLEABLE_TOKEN in its environment (read by WorkerOptions::from_env) \
+             or give it with WorkerOptions::token"
+        );
+        assert!(matches!(c.unwrap_err(), Error::Auth { .. }));
+        // No token on the coordinator's side (loopback), one on the worker's.
+        let (c, w) = shake(None, &[("walk", 1)], Some("mine"), known());
+        let w = w.unwrap_err();
+        assert!(matches!(w, Error::Auth { .. }));
+        let c = c.unwrap_err();
+        assert_eq!(
+            c.to_string(),
+            "the worker process at worker:1 has a shared token and this coordinator none: give \
+             the coordinator the same token (MALLEABLE_TOKEN in its environment, or \
+             Builder::cluster_token), or start the worker without one"
+        );
+        for e in [&c, &w] {
+            assert!(!e.to_string().contains("did not prove the shared token"));
+        }
+    }
+
+    /// A coordinator that runs no job yet says so, and how to wait for it.
+    #[test]
+    fn no_job_yet_is_worded_for_each_side() {
+        let (c, w) = shake(None, &[], None, vec![job("walk", 1)]);
+        for e in [c.unwrap_err(), w.unwrap_err()] {
+            assert!(matches!(&e, Error::UnknownJob { running, .. } if running.is_empty()));
+            let text = e.to_string();
+            assert!(text.contains("runs no job yet"), "{text}");
+            assert!(text.contains("WorkerOptions::wait_for_job"), "{text}");
+            assert!(text.contains("MALLEABLE_WAIT_FOR_JOB"), "{text}");
+        }
+    }
+
+    /// A welcome before the proof decodes but breaks the protocol: `Rejected`, not
+    /// `Malformed`.
+    #[test]
+    fn a_welcome_before_the_proof_is_rejected() {
+        runtime().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let mut coordinator = Framed::new(a, super::super::frame::codec(1 << 20));
+            let mut worker = Framed::new(b, super::super::frame::codec(1 << 20));
+            let early = Reply::Welcome {
+                job: "walk".into(),
+                version: 1,
+                heartbeat_ms: 1,
+                lease_ms: 2,
+            };
+            let hostile = async {
+                let _hello = coordinator.next().await;
+                send(&mut coordinator, "w", versioned(&early))
+                    .await
+                    .unwrap();
+            };
+            let (_, w) = tokio::join!(
+                hostile,
+                super::worker(&mut worker, "c", None, 1 << 20, vec![job("walk", 1)], 1),
+            );
+            let e = w.unwrap_err();
+            assert_eq!(e.kind(), "rejected", "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                "c sent a handshake reply that is refused here: a welcome before the proof"
+            );
         });
     }
 
@@ -569,7 +871,7 @@ mod tests {
         runtime().block_on(async {
             let (a, _b) = tokio::io::duplex(1 << 16);
             let mut worker = Framed::new(a, super::super::frame::codec(1 << 20));
-            let jobs = (0..200).map(|i| format!("job-{i:0>60}")).collect();
+            let jobs = (0..200).map(|i| job(&format!("job-{i:0>60}"), 1)).collect();
             let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, 1)
                 .await
                 .unwrap_err();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
-use super::handshake::{self, Timing, Token};
+use super::handshake::{self, JobType, NoJob, Timing, Token};
 use super::transport::{Acceptor, Stream};
 use super::{Error, Launcher};
 
@@ -50,6 +50,8 @@ pub(crate) struct Connection {
 /// A running job as the listener sees it (implemented by the executor's job state).
 pub(crate) trait Attach: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The job's version (`Job::VERSION`).
+    fn version(&self) -> u32;
     /// Whether the job still takes workers.
     fn accepts(&self) -> bool;
     /// Takes an accepted worker into the job.
@@ -173,17 +175,30 @@ impl Listener {
         }
     }
 
-    /// The first running job whose name the worker knows, or the names of the running ones.
-    fn choose(&self, names: &[String]) -> Result<(String, Arc<dyn Attach>), Vec<String>> {
+    /// The first running job whose name and version the worker has; else the first it has
+    /// in another version, or the names of the running ones.
+    fn choose(&self, offered: &[JobType]) -> Result<(String, u32, Arc<dyn Attach>), NoJob> {
         let jobs: Vec<Arc<dyn Attach>> = {
             let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
             jobs.iter().filter_map(Weak::upgrade).collect()
         };
         let running: Vec<Arc<dyn Attach>> = jobs.into_iter().filter(|j| j.accepts()).collect();
-        running
-            .iter()
-            .find(|j| names.iter().any(|n| n == j.name()))
-            .map(|j| (j.name().to_owned(), Arc::clone(j)))
-            .ok_or_else(|| running.iter().map(|j| j.name().to_owned()).collect())
+        let has = |j: &Arc<dyn Attach>, same_version: bool| {
+            offered
+                .iter()
+                .any(|o| o.name == j.name() && (!same_version || o.version == j.version()))
+        };
+        if let Some(j) = running.iter().find(|j| has(j, true)) {
+            return Ok((j.name().to_owned(), j.version(), Arc::clone(j)));
+        }
+        if let Some(j) = running.iter().find(|j| has(j, false)) {
+            return Err(NoJob::Version {
+                job: j.name().to_owned(),
+                version: j.version(),
+            });
+        }
+        Err(NoJob::Unknown(
+            running.iter().map(|j| j.name().to_owned()).collect(),
+        ))
     }
 }

@@ -23,6 +23,6 @@ mod launch;
 pub(crate) mod listener;
 pub(crate) mod transport;
 
-pub use error::Error;
+pub use error::{AuthFailure, Error};
 pub use handshake::{TOKEN_ENV, Token};
 pub use launch::{CommandLauncher, LaunchSpec, Launched, Launcher, LocalLauncher};

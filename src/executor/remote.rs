@@ -218,6 +218,10 @@ impl<J: Job> Attach for Shared<J> {
         J::NAME
     }
 
+    fn version(&self) -> u32 {
+        J::VERSION
+    }
+
     fn accepts(&self) -> bool {
         !self.lock().ended
     }
@@ -926,7 +930,9 @@ impl<J: Job> State<J> {
             return Ok(());
         };
         let peer = Arc::clone(&conn.peer);
-        let bad = |reason: String| PeerError::Malformed {
+        // A message that decoded but that the protocol does not allow here (a peer that
+        // breaks it is dropped, recorded as `rejected`).
+        let bad = |reason: String| PeerError::Rejected {
             peer: peer.to_string(),
             what: "a message to the coordinator",
             reason,
@@ -945,7 +951,27 @@ impl<J: Job> State<J> {
         };
         let event = match msg {
             ToCoordinator::Piece { .. } => {
-                return Err(bad("a piece outside a pieced message".to_owned()));
+                return Err(PeerError::Malformed {
+                    peer: peer.to_string(),
+                    what: "a message to the coordinator",
+                    reason: "a piece outside a pieced message".to_owned(),
+                    source: None,
+                });
+            }
+            ToCoordinator::Undecodable { what, error } => {
+                // The process could not decode what this coordinator sent, and leaves.
+                return Err(PeerError::Undecodable {
+                    peer: peer.to_string(),
+                    job: J::NAME.to_owned(),
+                    version: J::VERSION,
+                    what: match what.as_str() {
+                        "the job value" => "the job value",
+                        "a halo" => "a halo",
+                        _ => "a value",
+                    },
+                    here: false,
+                    source: error,
+                });
             }
             ToCoordinator::Heartbeat { progress } => {
                 for (p, v) in conn.progress.iter_mut().zip(progress) {
@@ -1068,13 +1094,16 @@ impl<J: Job> State<J> {
                         )));
                     }
                 };
-                let decoded =
-                    codec::decode("a chunk output", &output).map_err(|e| PeerError::Malformed {
+                let decoded = codec::decode("a chunk output", &output).map_err(|e| {
+                    PeerError::Undecodable {
                         peer: peer.to_string(),
+                        job: J::NAME.to_owned(),
+                        version: J::VERSION,
                         what: "a chunk output",
-                        reason: "it does not decode".to_owned(),
-                        source: Some(e.source),
-                    })?;
+                        here: true,
+                        source: e.source,
+                    }
+                })?;
                 let event = Event::Done {
                     worker: w,
                     chunk,
@@ -1082,7 +1111,7 @@ impl<J: Job> State<J> {
                     kept,
                     work: work(iterations, busy_ns),
                 };
-                (event, Some(output))
+                (event, Some(output), "a Done", slot, chunk)
             }
             ToCoordinator::Yielded {
                 slot,
@@ -1099,16 +1128,21 @@ impl<J: Job> State<J> {
                     state: Held::Bytes(state),
                     work: work(iterations, busy_ns),
                 };
-                (event, None)
+                (event, None, "a Yielded", slot, chunk)
             }
         };
-        let (event, output_bytes) = event;
+        let (event, output_bytes, kind, slot, chunk) = event;
         match self.feed_checked(shared, event, output_bytes) {
             Ok(()) => {
                 self.settle(shared);
                 Ok(())
             }
-            Err(rejected) => Err(bad(rejected.to_string())),
+            Err(rejected) => Err(PeerError::Rejected {
+                peer: peer.to_string(),
+                what: kind,
+                reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
+                source: Some(Box::new(rejected)),
+            }),
         }
     }
 }

@@ -136,6 +136,8 @@ impl fmt::Display for Rejected {
     }
 }
 
+impl std::error::Error for Rejected {}
+
 /// Weight of the newest sample in the throughput moving average.
 const EWMA_ALPHA: f64 = 0.3;
 

@@ -236,7 +236,21 @@ impl Io {
                             if let ToWorker::Capture { slot, chunk, folder } = msg {
                                 parts.folders.insert((slot, chunk), folder);
                             }
-                            if let Some(reply) = dispatch(peer, msg, threads, &mut job, held)? {
+                            let reply = match dispatch(peer, msg, threads, &mut job, held) {
+                                Ok(reply) => reply,
+                                Err(e) => {
+                                    if let Error::Undecodable { what, source, .. } = &e {
+                                        // The coordinator learns why this process leaves.
+                                        let msg = ToCoordinator::Undecodable {
+                                            what: (*what).to_owned(),
+                                            error: source.clone(),
+                                        };
+                                        let _ = self.write(sink.send(frame::encode(&msg))).await;
+                                    }
+                                    return Err(e);
+                                }
+                            };
+                            if let Some(reply) = reply {
                                 for f in frame::Frames::new(&reply, self.max_frame) {
                                     self.write(sink.feed(f)).await?;
                                 }
@@ -311,11 +325,21 @@ fn dispatch<J: Job>(
     job: &mut Option<(u64, Arc<J>)>,
     held: &HeldParts<J::Chunk>,
 ) -> Result<Option<ToCoordinator>, Error> {
-    let bad = |reason: String| Error::Malformed {
+    // A message that decoded but that the protocol does not allow here.
+    let bad = |reason: String| Error::Rejected {
         peer: peer.to_owned(),
         what: "a message to a worker",
         reason,
         source: None,
+    };
+    // Bytes of the job's own types that do not decode although the versions matched.
+    let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
+        peer: peer.to_owned(),
+        job: J::NAME.to_owned(),
+        version: J::VERSION,
+        what,
+        here: true,
+        source: e.source,
     };
     // The thread of a live slot, and the slot's index in it.
     let thread_of = |threads: &[Thread<J>], slot: u32| {
@@ -330,14 +354,17 @@ fn dispatch<J: Job>(
             .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
     };
     match msg {
-        ToWorker::Piece { .. } => return Err(bad("a piece outside a pieced message".to_owned())),
-        ToWorker::Phase { phase, job: bytes } => {
-            let value: J = codec::decode("the job", &bytes).map_err(|e| Error::Malformed {
+        ToWorker::Piece { .. } => {
+            return Err(Error::Malformed {
                 peer: peer.to_owned(),
-                what: "a job value",
-                reason: "it does not decode".to_owned(),
-                source: Some(e.source),
-            })?;
+                what: "a message to a worker",
+                reason: "a piece outside a pieced message".to_owned(),
+                source: None,
+            });
+        }
+        ToWorker::Phase { phase, job: bytes } => {
+            let value: J =
+                codec::decode("the job", &bytes).map_err(|e| undecodable("the job value", e))?;
             *job = Some((phase, Arc::new(value)));
         }
         ToWorker::Run {
@@ -405,12 +432,7 @@ fn dispatch<J: Job>(
             let halo = |b: Option<bytes::Bytes>| {
                 b.map(|b| (hooks.decode_halo)(&b))
                     .transpose()
-                    .map_err(|e| Error::Malformed {
-                        peer: peer.to_owned(),
-                        what: "a halo",
-                        reason: "it does not decode".to_owned(),
-                        source: Some(e.source),
-                    })
+                    .map_err(|e| undecodable("a halo", e))
             };
             let (before, after) = (halo(before)?, halo(after)?);
             let mut parts = lock(held);

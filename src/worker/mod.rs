@@ -14,6 +14,11 @@
 //!
 //! # Membership, as a worker process sees it
 //!
+//! 0. *Dial.* The worker process dials the coordinator and shakes hands (`handshake.rs`:
+//!    the protocol version, the token, and a job whose name and [`Job::VERSION`] it has
+//!    registered). With [`WorkerOptions::wait_for_job`], a coordinator that does not listen
+//!    yet or runs none of its jobs yet is dialled again, with a growing pause, until it does
+//!    or the wait is over.
 //! 1. *Join.* After the handshake the coordinator counts each of the process's threads as
 //!    [`SLOTS_PER_THREAD`] workers of the job (*slots*). It sends the job value of the current
 //!    phase once (`Phase`), then `Run`s, each for a slot.
@@ -76,16 +81,20 @@ use thread::Thread;
 
 type Runner = fn(&tokio::runtime::Runtime, Session) -> Result<Served, Error>;
 
+/// The environment variable [`WorkerOptions::from_env`] reads
+/// [`WorkerOptions::wait_for_job`] from: a number of seconds, such as `30` or `2.5`.
+pub const WAIT_FOR_JOB_ENV: &str = "MALLEABLE_WAIT_FOR_JOB";
+
 /// The job types a worker process can run.
 #[derive(Clone, Default)]
 pub struct Registry {
-    jobs: Vec<(&'static str, Runner)>,
+    jobs: Vec<(&'static str, u32, Runner)>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.jobs.iter().map(|(n, _)| n))
+            .entries(self.jobs.iter().map(|(n, v, _)| format!("{n} v{v}")))
             .finish()
     }
 }
@@ -96,17 +105,29 @@ impl Registry {
         Registry::default()
     }
 
-    /// Adds job type `J` (known by its [`Job::NAME`]).
+    /// Adds job type `J`, known by its [`Job::NAME`] and [`Job::VERSION`]: the coordinator
+    /// gives this worker a job of that name only if its version is the same.
     pub fn register<J: Job>(mut self) -> Registry {
-        if !self.jobs.iter().any(|(n, _)| *n == J::NAME) {
-            self.jobs.push((J::NAME, run_job::<J>));
+        if !self.jobs.iter().any(|(n, _, _)| *n == J::NAME) {
+            self.jobs.push((J::NAME, J::VERSION, run_job::<J>));
         }
         self
     }
 
     /// The registered job names.
     pub fn names(&self) -> Vec<String> {
-        self.jobs.iter().map(|(n, _)| (*n).to_owned()).collect()
+        self.jobs.iter().map(|(n, _, _)| (*n).to_owned()).collect()
+    }
+
+    /// The registered job names and versions.
+    fn types(&self) -> Vec<handshake::JobType> {
+        self.jobs
+            .iter()
+            .map(|(n, v, _)| handshake::JobType {
+                name: (*n).to_owned(),
+                version: *v,
+            })
+            .collect()
     }
 }
 
@@ -118,6 +139,7 @@ pub struct WorkerOptions {
     max_frame: usize,
     max_message: usize,
     timeout: Duration,
+    wait_for_job: Duration,
     stop: Option<SuspendToken>,
     signals: bool,
 }
@@ -130,6 +152,7 @@ impl Default for WorkerOptions {
             max_frame: frame::DEFAULT_MAX_FRAME,
             max_message: frame::DEFAULT_MAX_MESSAGE,
             timeout: Duration::from_secs(10),
+            wait_for_job: Duration::ZERO,
             stop: None,
             signals: false,
         }
@@ -138,14 +161,21 @@ impl Default for WorkerOptions {
 
 impl WorkerOptions {
     /// The defaults: as many threads as the machine's parallelism, the token from
-    /// [`TOKEN_ENV`](crate::cluster::TOKEN_ENV) if set.
+    /// [`TOKEN_ENV`](crate::cluster::TOKEN_ENV) if set, and [`wait_for_job`](Self::wait_for_job)
+    /// from [`WAIT_FOR_JOB_ENV`] (seconds) if set.
     ///
     /// # Errors
     ///
-    /// [`Error::Token`] if the variable is set but empty.
+    /// [`Error::Token`] if the token's variable is set but empty; [`Error::Environment`] if
+    /// [`WAIT_FOR_JOB_ENV`] is set to something other than a number of seconds.
     pub fn from_env() -> Result<WorkerOptions, Error> {
+        let wait_for_job = match std::env::var_os(WAIT_FOR_JOB_ENV) {
+            None => Duration::ZERO,
+            Some(v) => seconds(WAIT_FOR_JOB_ENV, &v.to_string_lossy())?,
+        };
         Ok(WorkerOptions {
             token: Token::from_env()?,
+            wait_for_job,
             ..WorkerOptions::default()
         })
     }
@@ -182,6 +212,20 @@ impl WorkerOptions {
         self
     }
 
+    /// How long [`serve`] waits for the coordinator to run a job of this worker (default
+    /// zero: it does not wait). While the coordinator is not listening yet (the connection
+    /// is refused) or runs none of the registered jobs ([`Error::UnknownJob`]), `serve`
+    /// tries again with a growing pause (from 50 ms, doubling, up to 1 s), and returns that
+    /// error once `d` has passed since the first attempt. Each attempt is logged (`tracing`,
+    /// debug; the first wait at info) and the coordinator records each refusal. Other errors
+    /// (a wrong token, another version) end `serve` at once, and so does the stop token of
+    /// [`stop_on`](Self::stop_on) (with the last refusal). Also read from
+    /// [`WAIT_FOR_JOB_ENV`] by [`from_env`](Self::from_env).
+    pub fn wait_for_job(mut self, d: Duration) -> Self {
+        self.wait_for_job = d;
+        self
+    }
+
     /// Leave the job gracefully when `token` fires.
     pub fn stop_on(mut self, token: &SuspendToken) -> Self {
         self.stop = Some(token.clone());
@@ -213,6 +257,39 @@ pub struct Served {
     /// Snapshot parts this process wrote to the job's store itself (the others went to the
     /// coordinator).
     pub parts_written: u64,
+    /// Connections tried until the coordinator took this worker, that one included (1 when
+    /// it took it at once; more while [`WorkerOptions::wait_for_job`] waited for the job).
+    pub attempts: u32,
+}
+
+/// A number of seconds in an environment variable.
+fn seconds(var: &'static str, value: &str) -> Result<Duration, Error> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| Error::Environment {
+            var,
+            value: value.to_owned(),
+            expected: "a number of seconds (such as 30 or 2.5)",
+        })
+}
+
+/// Whether `serve` may try again after `e` while it waits for the job: the coordinator runs
+/// none of this worker's jobs yet, or does not listen yet.
+fn worth_waiting(e: &Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    match e {
+        Error::UnknownJob { .. } => true,
+        Error::Address { source, .. } => {
+            matches!(
+                source.kind(),
+                ConnectionRefused | ConnectionReset | ConnectionAborted
+            )
+        }
+        _ => false,
+    }
 }
 
 /// An established connection, before the job type is known.
@@ -224,16 +301,21 @@ pub(crate) struct Session {
     lease: Duration,
     options: WorkerOptions,
     dialled: std::time::Instant,
+    attempts: u32,
 }
 
 /// Serves one job of the coordinator at `addr` as a worker process: connects, shakes hands,
 /// runs chunks on `options`' threads, and returns when the job ends, this process is retired,
 /// or it leaves after a stop request. Blocks the calling thread.
 ///
+/// With [`WorkerOptions::wait_for_job`], a coordinator that does not listen yet or runs none
+/// of the registered jobs yet is tried again until it does, or the time is up.
+///
 /// # Errors
 ///
-/// [`Error`] for a coordinator that cannot be reached or refuses this worker (wrong token,
-/// another protocol version, no job in common), or a connection lost before the end.
+/// [`Error`] for a coordinator that cannot be reached or refuses this worker (wrong token:
+/// [`Error::Auth`]; another protocol version; no job in common: [`Error::UnknownJob`]; the
+/// job in another version: [`Error::JobVersion`]), or a connection lost before the end.
 pub fn serve(addr: &str, registry: &Registry, options: WorkerOptions) -> Result<Served, Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -242,19 +324,68 @@ pub fn serve(addr: &str, registry: &Registry, options: WorkerOptions) -> Result<
             addr: addr.to_owned(),
             source,
         })?;
-    let session = rt.block_on(connect(addr, registry, options))?;
+    let session = rt.block_on(connect_waiting(addr, registry, options))?;
     let runner = registry
         .jobs
         .iter()
-        .find(|(n, _)| *n == session.job)
-        .map(|(_, r)| *r)
-        .ok_or_else(|| Error::Malformed {
+        .find(|(n, _, _)| *n == session.job)
+        .map(|(_, _, r)| *r)
+        .ok_or_else(|| Error::Rejected {
             peer: session.peer.clone(),
             what: "a welcome",
-            reason: format!("job {} was not offered", session.job),
+            reason: format!("job {:?} is not one of this worker's", session.job),
             source: None,
         })?;
     runner(&rt, session)
+}
+
+/// [`connect`], again and again while [`worth_waiting`] and the options' wait allows.
+async fn connect_waiting(
+    addr: &str,
+    registry: &Registry,
+    options: WorkerOptions,
+) -> Result<Session, Error> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + options.wait_for_job;
+    let mut pause = Duration::from_millis(50);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let e = match connect(addr, registry, options.clone()).await {
+            Ok(mut session) => {
+                session.attempts = attempts;
+                return Ok(session);
+            }
+            Err(e) => e,
+        };
+        let now = tokio::time::Instant::now();
+        if !worth_waiting(&e) || now >= deadline {
+            if attempts > 1 {
+                tracing::warn!(
+                    addr,
+                    attempts,
+                    waited = ?now - started,
+                    error = %e,
+                    "gave up waiting for the coordinator's job"
+                );
+            }
+            return Err(e);
+        }
+        if attempts == 1 {
+            tracing::info!(addr, wait = ?options.wait_for_job, error = %e, "waiting for the coordinator's job");
+        } else {
+            tracing::debug!(addr, attempts, error = %e, "still waiting for the coordinator's job");
+        }
+        let stop = options.stop.clone();
+        tokio::select! {
+            () = tokio::time::sleep_until((now + pause).min(deadline)) => {}
+            () = async { stop.as_ref().expect("guarded").fired().await }, if stop.is_some() => {
+                tracing::info!(addr, attempts, "stopped while waiting for the coordinator's job");
+                return Err(e);
+            }
+        }
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
 }
 
 async fn connect(
@@ -272,7 +403,7 @@ async fn connect(
         &peer,
         options.token.as_ref(),
         options.max_frame,
-        registry.names(),
+        registry.types(),
         threads,
     );
     let welcomed =
@@ -290,6 +421,7 @@ async fn connect(
         lease: Duration::from_millis(welcomed.lease_ms.max(1)),
         options,
         dialled,
+        attempts: 1,
     })
 }
 
@@ -302,6 +434,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         lease,
         options,
         dialled,
+        attempts,
     } = session;
     let (out_tx, out_rx) = tokio::sync::mpsc::unbounded_channel();
     let inputs: Arc<Inputs<J>> = Arc::default();
@@ -356,5 +489,6 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         left,
         first_run_after: io.first_run.get(),
         parts_written: io.parts_written.get(),
+        attempts,
     })
 }

@@ -1,0 +1,455 @@
+//! How each side of a connection names what it refuses, in its record, its metric
+//! (`malleable_peer_errors_total` by `kind`) and its message:
+//!
+//! - the coordinator, facing an HTTP request (`not_a_peer`, not `frame_too_large`), a
+//!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), and
+//!   a `Done` whose output does not decode although the job versions match, or a worker's
+//!   report that it could not decode the job value (`undecodable`, with the advice to bump
+//!   `Job::VERSION`); the job goes on to its exact value;
+//! - a worker process, facing a coordinator that sends a `Run` before the job value or for a
+//!   slot it does not have (`rejected`), a job value that does not decode (`undecodable`,
+//!   and the coordinator is told), or a welcome to the job in another version
+//!   (`job_version`).
+//!
+//! The hostile peers are written by hand over plain sockets.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hmac::{KeyInit, Mac};
+use malleable::cluster::{self, Registry, Token, WorkerOptions, frame, handshake};
+use malleable::{Chunking, Executor, JobHandle, Outcome};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+mod common;
+
+use common::walk::{Total, Walk, pace};
+
+const CHUNK: u64 = 500;
+const TOKEN: &str = "the shared token";
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// The tests of this file count the process's metrics: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The metrics recorder of this test binary, installed once.
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().unwrap();
+        snapshotter
+    })
+}
+
+/// Refused peers counted by kind since the last call (a snapshot resets the counters).
+#[derive(Default)]
+struct PeerErrors(std::collections::HashMap<String, u64>);
+
+impl PeerErrors {
+    /// Counts what was recorded since the last call.
+    fn take(&mut self) {
+        for (key, _, _, value) in snapshotter().snapshot().into_vec() {
+            let key = key.key();
+            if key.name() != malleable::metrics::PEER_ERRORS {
+                continue;
+            }
+            let DebugValue::Counter(c) = value else {
+                continue;
+            };
+            if let Some(kind) = key.labels().find(|l| l.key() == "kind") {
+                *self.0.entry(kind.value().to_owned()).or_default() += c;
+            }
+        }
+    }
+
+    fn get(&self, kind: &str) -> u64 {
+        self.0.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Waits until `kind` was counted `n` times in all.
+    fn until(&mut self, kind: &str, n: u64) {
+        let start = Instant::now();
+        loop {
+            self.take();
+            if self.get(kind) >= n {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "{kind} counted {} times, not {n}: {:?}",
+                self.get(kind),
+                self.0
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn walk(tag: u64) -> Walk {
+    pace(tag, true);
+    Walk {
+        tag,
+        n: 20_000,
+        per_step: 20,
+        phases: 2,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
+    }
+}
+
+fn finished_exactly(h: JobHandle<Walk>, job: &Walk) {
+    let fin = match h.wait().unwrap() {
+        Outcome::Finished(f) => f,
+        other => panic!("not finished: {other:?}"),
+    };
+    let (total, history) = common::walk::sequential(job, CHUNK);
+    assert_eq!(fin.value.sum.to_bits(), total.sum.to_bits());
+    assert_eq!(fin.job.history, history);
+}
+
+fn send_frame(s: &mut TcpStream, body: &[u8]) {
+    s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+    s.write_all(body).unwrap();
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+/// Whether the other side closes the connection within [`PATIENCE`].
+fn closed_by_other_side(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = [0; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn versioned<T: serde::Serialize>(body: &T) -> Vec<u8> {
+    let mut f = frame::MAGIC.to_vec();
+    f.extend_from_slice(&frame::PROTOCOL_VERSION.to_be_bytes());
+    f.extend_from_slice(&frame::encode(body));
+    f
+}
+
+fn mac(label: &[u8], a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(TOKEN.as_bytes()).unwrap();
+    mac.update(label);
+    mac.update(a);
+    mac.update(b);
+    mac.finalize().into_bytes().into()
+}
+
+/// A connection that completed the handshake as a worker of `walk` (one thread), by hand.
+fn authenticated(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let nw = [7; 32];
+    send_frame(
+        &mut s,
+        &versioned(&handshake::Hello {
+            jobs: vec![handshake::JobType {
+                name: "walk".into(),
+                version: 1,
+            }],
+            threads: 1,
+            nonce: nw,
+        }),
+    );
+    let challenge = read_frame(&mut s).expect("a challenge");
+    let handshake::Reply::Challenge { nonce: nc, .. } =
+        handshake::decode_reply("coordinator", &challenge).unwrap()
+    else {
+        panic!("not a challenge");
+    };
+    let proof = mac(b"malleable worker v1", &nc, &nw);
+    send_frame(&mut s, &frame::encode(&handshake::ProofMsg { proof }));
+    let welcome = read_frame(&mut s).expect("a welcome");
+    assert!(
+        matches!(
+            handshake::decode_welcome("coordinator", &welcome).unwrap(),
+            handshake::Reply::Welcome { version: 1, .. }
+        ),
+        "not welcomed"
+    );
+    s
+}
+
+fn done(chunk: u64, output: Bytes) -> Vec<u8> {
+    frame::encode(&frame::ToCoordinator::Done {
+        slot: 0,
+        chunk,
+        output,
+        halos: None,
+        iterations: 1,
+        busy_ns: 1,
+    })
+    .to_vec()
+}
+
+#[test]
+fn the_coordinator_names_what_it_refuses() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut counted = PeerErrors::default();
+    counted.take();
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Size(CHUNK))
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = walk(11);
+    let h = exec.submit(job.clone()).unwrap();
+
+    // An HTTP request: not a peer, counted so (its "GET " reads as a length of 1.2 GB,
+    // which used to be reported as a frame over the limit).
+    let mut http = TcpStream::connect(&addr).unwrap();
+    http.write_all(b"GET / HTTP/1.1\r\nHost: malleable\r\n\r\n")
+        .unwrap();
+    assert!(closed_by_other_side(&mut http));
+    counted.until("not_a_peer", 1);
+    assert_eq!(counted.get("frame_too_large"), 0, "{:?}", counted.0);
+    let errors = exec.peer_errors();
+    let last = errors.last().unwrap();
+    assert!(
+        matches!(**last, cluster::Error::NotAPeer { .. }),
+        "{errors:?}"
+    );
+    assert!(
+        last.to_string()
+            .ends_with("does not speak the malleable protocol"),
+        "{last}"
+    );
+
+    // A well-formed `Done` for a chunk this peer was not given: refused by the job's
+    // ledger, reported as `rejected` with the ledger's refusal as its source.
+    let mut s = authenticated(&addr);
+    let output = frame::encode(&Total {
+        sum: 1.0,
+        iterations: 1,
+    });
+    send_frame(&mut s, &done(1_000_000, output));
+    assert!(closed_by_other_side(&mut s));
+    counted.until("rejected", 1);
+    assert_eq!(counted.get("malformed"), 0, "{:?}", counted.0);
+    let errors = exec.peer_errors();
+    let rejected = errors
+        .iter()
+        .find(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .expect("a Rejected record");
+    assert_eq!(rejected.kind(), "rejected");
+    let text = rejected.to_string();
+    assert!(
+        text.ends_with(
+            "sent a Done that is refused here: the job's ledger refuses chunk 1000000 from slot 0"
+        ),
+        "{text}"
+    );
+    let source = std::error::Error::source(&**rejected).expect("the ledger's refusal");
+    assert!(
+        source
+            .to_string()
+            .ends_with("rejected: chunk not running on this worker"),
+        "{source}"
+    );
+
+    // A `Done` whose output does not decode although both sides have version 1 of the job:
+    // the message says the serialized form differs and how to have such a worker refused.
+    let mut s = authenticated(&addr);
+    send_frame(&mut s, &done(0, Bytes::from_static(&[0xff; 3])));
+    assert!(closed_by_other_side(&mut s));
+    counted.until("undecodable", 1);
+    let errors = exec.peer_errors();
+    let undecodable = errors
+        .iter()
+        .find(|e| matches!(***e, cluster::Error::Undecodable { here: true, .. }))
+        .expect("an Undecodable record");
+    let text = undecodable.to_string();
+    assert!(
+        text.starts_with("a chunk output of job \"walk\" from 127.0.0.1:"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "does not decode here, although both sides have version 1 of the job: its \
+             serialized form differs between the two programs (bump Job::VERSION"
+        ),
+        "{text}"
+    );
+    assert!(std::error::Error::source(&**undecodable).is_some());
+    assert_eq!(counted.get("malformed"), 0, "{:?}", counted.0);
+
+    // A worker process that reports that it could not decode the job value (and leaves).
+    let mut s = authenticated(&addr);
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::Undecodable {
+            what: "the job value".to_owned(),
+            error: postcard::Error::DeserializeUnexpectedEnd,
+        }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    counted.until("undecodable", 2);
+    let errors = exec.peer_errors();
+    let theirs = errors
+        .iter()
+        .find(|e| matches!(***e, cluster::Error::Undecodable { here: false, .. }))
+        .expect("a record of the worker's report");
+    let text = theirs.to_string();
+    assert!(
+        text.starts_with("the worker process at 127.0.0.1:")
+            && text.contains(
+                "could not decode the job value of job \"walk\" sent by this coordinator, \
+                 although both sides have version 1 of the job: its serialized form differs \
+                 between the coordinator and the worker (bump Job::VERSION"
+            ),
+        "{text}"
+    );
+
+    // None of this disturbed the job.
+    finished_exactly(h, &job);
+}
+
+/// A "coordinator" written by hand: shakes hands with one worker as the coordinator of job
+/// `walk` in `version`, then sends `then` and waits for the worker to hang up; returns what
+/// the worker sent after the handshake.
+fn fake_coordinator(
+    version: u32,
+    then: Vec<frame::ToWorker>,
+) -> (String, std::thread::JoinHandle<Vec<frame::ToCoordinator>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let thread = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let hello = read_frame(&mut s).expect("a hello");
+        let hello = handshake::decode_hello("worker", &hello).unwrap();
+        let nc = [9; 32];
+        let proof = mac(b"malleable coordinator v1", &hello.nonce, &nc);
+        send_frame(
+            &mut s,
+            &versioned(&handshake::Reply::Challenge { nonce: nc, proof }),
+        );
+        let _proof = read_frame(&mut s).expect("a proof");
+        let welcome = handshake::Reply::Welcome {
+            job: "walk".into(),
+            version,
+            heartbeat_ms: 100,
+            lease_ms: 5_000,
+        };
+        send_frame(&mut s, &frame::encode(&welcome));
+        for msg in then {
+            send_frame(&mut s, &frame::encode(&msg));
+        }
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut got = Vec::new();
+        while let Some(f) = read_frame(&mut s) {
+            got.push(frame::decode_to_coordinator("worker", &f).unwrap());
+        }
+        got
+    });
+    (addr, thread)
+}
+
+fn serve_walk(addr: &str) -> cluster::Error {
+    cluster::serve(
+        addr,
+        &Registry::new().register::<Walk>(),
+        WorkerOptions::default()
+            .threads(1)
+            .token(Token::new(TOKEN).unwrap()),
+    )
+    .unwrap_err()
+}
+
+fn run(slot: u32) -> frame::ToWorker {
+    frame::ToWorker::Run {
+        slot,
+        chunk: 0,
+        start: 0,
+        end: 10,
+        state: None,
+        held: false,
+    }
+}
+
+#[test]
+fn a_worker_names_what_it_refuses() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let job = Bytes::from(frame::encode(&walk(12)).to_vec());
+
+    // A `Run` before the job value: well-formed, refused.
+    let (addr, fake) = fake_coordinator(1, vec![run(0)]);
+    let err = serve_walk(&addr);
+    fake.join().unwrap();
+    assert_eq!(err.kind(), "rejected", "{err:?}");
+    assert!(
+        err.to_string().ends_with(
+            "sent a message to a worker that is refused here: a run before the job value"
+        ),
+        "{err}"
+    );
+
+    // A `Run` for a slot this worker does not have (one thread: slots 0 and 1).
+    let phase = frame::ToWorker::Phase {
+        phase: 0,
+        job: job.clone(),
+    };
+    let (addr, fake) = fake_coordinator(1, vec![phase, run(7)]);
+    let err = serve_walk(&addr);
+    fake.join().unwrap();
+    assert_eq!(err.kind(), "rejected", "{err:?}");
+    assert!(
+        err.to_string().ends_with("slot 7 is not a live slot"),
+        "{err}"
+    );
+
+    // A job value that does not decode although the versions match.
+    let phase = frame::ToWorker::Phase {
+        phase: 0,
+        job: Bytes::from_static(&[0xff, 0xff, 0xff]),
+    };
+    let (addr, fake) = fake_coordinator(1, vec![phase]);
+    let err = serve_walk(&addr);
+    // The coordinator was told why the worker left.
+    let told = fake.join().unwrap();
+    assert!(
+        told.iter().any(|m| matches!(m, frame::ToCoordinator::Undecodable { what, .. } if what == "the job value")),
+        "{told:?}"
+    );
+    assert!(
+        matches!(&err, cluster::Error::Undecodable { job, version: 1, what: "the job value", here: true, .. } if job == "walk"),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("the job value of job \"walk\" from 127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("bump Job::VERSION"), "{text}");
+
+    // A welcome to the job in another version than this worker's (a coordinator that did
+    // not check it): the worker checks it too.
+    let (addr, fake) = fake_coordinator(5, vec![]);
+    let err = serve_walk(&addr);
+    fake.join().unwrap();
+    assert!(
+        matches!(&err, cluster::Error::JobVersion { job, coordinator: 5, worker: 1, .. } if job == "walk"),
+        "{err:?}"
+    );
+}
