@@ -22,8 +22,10 @@
 //! 5. With worker processes: a new run with 1 local worker and 2 worker processes (this
 //!    program re-executed with `--worker ADDR`) takes a snapshot at 30 % of the phases; at
 //!    50 % one process is killed with SIGKILL, taking the only copy of its partitions. The
-//!    job rolls back to the snapshot by itself and finishes with the local worker and the
-//!    process left; the rollback's report says how long it took.
+//!    job rolls back to the snapshot by itself and goes on with the local worker and the
+//!    process left; the rollback's report says how long it took. At 80 % the process left
+//!    is drained with a grace period of 5 s (a spot instance's notice): it hands its
+//!    partitions back and leaves, and the program prints how long that took.
 //! 6. Every run must give the reference's bits: every row of the final grid (a hash of its
 //!    cells' bits) and the largest change of every phase. The program exits non-zero if not.
 //!
@@ -377,6 +379,9 @@ fn with_processes(
     let handle = exec.submit(Banded(Heat::new(args.n, phases)))?;
     let mut workers = [spawn()?, spawn()?];
     let (mut snapshot, mut killed) = (None, false);
+    let drain_at = phases * 8 / 10;
+    let mut drained: Option<Instant> = None;
+    let mut left: Option<Duration> = None;
     follow(&handle, log, started, |e| {
         let done = e.phase + 1;
         if done >= snapshot_at && snapshot.is_none() {
@@ -400,6 +405,16 @@ fn with_processes(
             println!("  -> worker process {} killed (SIGKILL)", victim.id());
             killed = true;
         }
+        if done >= drain_at && killed && drained.is_none() && handle.rollbacks().len() == 1 {
+            let n = handle.drain_remote(1, Duration::from_secs(5));
+            println!("  -> {n} worker process drained with a grace period of 5 s");
+            drained = Some(Instant::now());
+        }
+        if let (Some(t), None) = (drained, left) {
+            if workers[1].try_wait()?.is_some() {
+                left = Some(t.elapsed());
+            }
+        }
         Ok(())
     })?;
     let done = handle
@@ -409,6 +424,15 @@ fn with_processes(
         .ok_or("the job with worker processes did not finish")?;
     for w in &mut workers[1..] {
         w.wait()?;
+    }
+    match (drained, left) {
+        (Some(_), Some(d)) => println!(
+            "drain      the process handed its partitions back and exited {:.1} ms after the \
+             notice (grace period 5 s)",
+            ms(d)
+        ),
+        (Some(_), None) => println!("drain      the process exited after the job's end"),
+        _ => {}
     }
     println!(
         "malleable   {:>8.3} s  (1 local worker, 2 processes, one killed)",
