@@ -50,6 +50,14 @@ pub enum Error {
     /// A builder or submit setting is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// The timeline of [`Builder::timeline`](crate::Builder::timeline) could not be created.
+    #[error("cannot create the timeline {path}")]
+    Timeline {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// User code panicked; the job is stopped, the process and other jobs go on.
     #[error("job {job} panicked in {site}: {message}")]
     Panicked {

@@ -66,6 +66,7 @@
 //! - [`cluster`]: remote worker processes over TCP ([`cluster::serve`], launchers, the
 //!   handshake and frames); the coordinator side is [`Builder::listen`].
 //! - [`metrics`]: the names of the metrics the executor reports.
+//! - [`timeline`]: the opt-in log of a run ([`Builder::timeline`]) and its HTML report.
 //!
 //! Inside the crate the layers are (see each module's docs). A layer imports only layers above
 //! it in this table, plus the crate-wide `error` and `metrics`; the edges (runner, store,
@@ -97,6 +98,7 @@ pub mod rows;
 mod run;
 pub mod schedule;
 pub mod snapshot;
+pub mod timeline;
 #[path = "cluster/mod.rs"]
 mod wire;
 mod worker;

@@ -89,6 +89,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) rollbacks: Vec<Rollback>,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Instant>,
+    /// Metrics and timeline of the run (`watch.rs`).
+    pub(crate) watch: super::watch::Watch,
 }
 
 impl<J: Job> State<J> {
@@ -118,6 +120,7 @@ impl<J: Job> State<J> {
             rollback: None,
             rollbacks: Vec::new(),
             recovering: None,
+            watch: super::watch::Watch::new(J::NAME),
         }
     }
 }
@@ -344,6 +347,7 @@ impl<J: Job> State<J> {
             self.reconcile(shared);
             self.poll_rollback(shared);
             self.members.update_gauge();
+            self.watch_members();
             return;
         }
         while !self.ended && self.core.phase_complete() {
@@ -352,6 +356,7 @@ impl<J: Job> State<J> {
         self.reconcile(shared);
         self.poll_cut(shared);
         self.members.update_gauge();
+        self.watch_members();
     }
 
     /// The barrier between phases: every chunk is done and no worker holds the job.
@@ -377,6 +382,7 @@ impl<J: Job> State<J> {
             }
         };
         metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
+        self.watch_phase_end(phase);
         self.phase_done_after_rollback();
         let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
             Ok(next) => next,
@@ -543,6 +549,7 @@ impl<J: Job> State<J> {
 
     /// Stores the result, stops every worker and wakes whoever waits.
     pub(crate) fn complete(&mut self, result: Result<Outcome<J>>) {
+        self.watch_end(&result);
         self.result = Some(result);
         self.ended = true;
         // A snapshot that cannot complete any more (its chunks will not be captured) or has
