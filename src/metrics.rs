@@ -29,7 +29,7 @@
 //! | `malleable_iterations_done` | gauge | iterations | iterations in finished chunks since the job started, all phases (with those before a resume) |
 //! | `malleable_snapshots_total` | counter | snapshots | snapshots committed |
 //! | `malleable_snapshot_seconds` | histogram | seconds | a committed snapshot, from its marker to its commit |
-//! | `malleable_snapshot_bytes_total` | counter | bytes | bytes of the parts written for committed snapshots (parts reused from an earlier one are not counted) |
+//! | `malleable_snapshot_bytes_total` | counter | bytes | bytes written for committed snapshots: their manifests and new parts (parts reused from an earlier snapshot are not counted) |
 //! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (the job went on) |
 //! | `malleable_timeline_errors_total` | counter | records | timeline records lost (label `kind`: `dropped`, the writer's queue was full; `write`, a write or flush failed; no `job` label) |
 //!
@@ -88,7 +88,7 @@ pub const ITERATIONS_DONE: &str = "malleable_iterations_done";
 pub const SNAPSHOTS: &str = "malleable_snapshots_total";
 /// A committed snapshot's duration, marker to commit, in seconds.
 pub const SNAPSHOT_SECONDS: &str = "malleable_snapshot_seconds";
-/// Bytes of the parts written for committed snapshots.
+/// Bytes written for committed snapshots (manifests and new parts).
 pub const SNAPSHOT_BYTES: &str = "malleable_snapshot_bytes_total";
 /// Snapshots that failed.
 pub const SNAPSHOT_FAILURES: &str = "malleable_snapshot_failures_total";

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::metrics::JobMetrics;
 use crate::schedule::{ChunkId, Decision};
-use crate::snapshot::SnapshotId;
+use crate::snapshot::{Manifest, SnapshotId};
 use crate::timeline::{Ending, Event, Sink};
 
 /// What a job run reports, and what it last reported.
@@ -72,6 +72,15 @@ pub(crate) fn new_bytes(parts: &[(ChunkId, Part)], kept: &[(ChunkId, Part)]) -> 
             Part::Reuse(_) => 0,
         })
         .sum()
+}
+
+/// Bytes of a committed snapshot's manifest (encoded again, off the job's lock: once per
+/// snapshot, on the writer's runtime).
+pub(crate) fn manifest_bytes(written: &Result<SnapshotId>, manifest: &Manifest) -> u64 {
+    match written {
+        Ok(_) => crate::snapshot::format::encode_manifest(manifest).len() as u64,
+        Err(_) => 0,
+    }
 }
 
 impl<J: Job> State<J> {

@@ -143,8 +143,8 @@ pub enum Event {
         epoch: u64,
         /// From its marker to its commit.
         seconds: f64,
-        /// Bytes of the parts written for it (parts reused from an earlier snapshot are not
-        /// counted).
+        /// Bytes written for it: its manifest and its new parts (parts reused from an earlier
+        /// snapshot are not counted).
         bytes: u64,
         /// Whether it was a suspend's.
         suspend: bool,
