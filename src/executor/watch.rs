@@ -125,7 +125,8 @@ impl<J: Job> State<J> {
         m.draining.set(draining as f64);
         m.joining.set(joining as f64);
         let now = (local, remote, draining, joining);
-        if now != self.watch.last {
+        // After the end the workers only leave: the gauges follow, the timeline has ended.
+        if now != self.watch.last && !self.ended {
             self.watch.last = now;
             self.record(Event::Workers {
                 draining: draining as u64,

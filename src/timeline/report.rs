@@ -270,19 +270,6 @@ fn chart(out: &mut String, recs: &[&Record], t0: f64, t1: f64, s: &Summary) {
             );
         }
     }
-    // Phase times as a line through the bar tops.
-    let mut pts = String::new();
-    for r in recs {
-        if let Event::PhaseEnd { seconds, .. } = &r.event {
-            let _ = write!(pts, "{:.1},{:.1} ", x(r.t - seconds / 2.0), y(*seconds));
-        }
-    }
-    if !pts.is_empty() {
-        let _ = write!(
-            out,
-            "<polyline points=\"{pts}\" fill=\"none\" stroke=\"#1f4f8f\" stroke-width=\"1.6\"/>"
-        );
-    }
     // Workers: a step line (all workers, and worker processes when there are any).
     let step_line = |f: &dyn Fn(&Record) -> u64| {
         let mut d = String::new();
@@ -316,7 +303,9 @@ fn chart(out: &mut String, recs: &[&Record], t0: f64, t1: f64, s: &Summary) {
             "<path d=\"{remote}\" fill=\"none\" stroke=\"#e06c00\" stroke-width=\"1.6\" stroke-dasharray=\"5 3\"/>"
         );
     }
-    // Marks: decisions, losses, rollbacks, the end.
+    // Marks: decisions, losses, rollbacks, the end. A label that would overlap the one before
+    // moves right.
+    let mut last_label = f64::NEG_INFINITY;
     for r in recs {
         let (color, label, dash) = match &r.event {
             Event::Autoscale {
@@ -351,14 +340,14 @@ fn chart(out: &mut String, recs: &[&Record], t0: f64, t1: f64, s: &Summary) {
             _ => continue,
         };
         let xx = x(r.t);
+        let lx = (xx - 3.0).max(last_label + 13.0);
+        last_label = lx;
         let _ = write!(
             out,
             "<line x1=\"{xx:.1}\" y1=\"{TOP}\" x2=\"{xx:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"1.4\" stroke-dasharray=\"{dash}\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"{color}\" text-anchor=\"end\" transform=\"rotate(-90 {:.1} {:.1})\">{}</text>",
+             <text x=\"{lx:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"{color}\" text-anchor=\"end\" transform=\"rotate(-90 {lx:.1} {:.1})\">{}</text>",
             TOP + ph,
-            xx - 3.0,
             TOP + 4.0,
-            xx - 3.0,
             TOP + 4.0,
             esc(&label)
         );
