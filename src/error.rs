@@ -420,6 +420,7 @@ mod tests {
             | Error::SnapshotFailed(_)
             | Error::Codec { .. }
             | Error::RollbackFailed { .. }
+            | Error::Timeline { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -445,6 +446,10 @@ mod tests {
                 source: codec_error(),
             },
             Error::Spawn(io::Error::new(io::ErrorKind::OutOfMemory, "no memory")),
+            Error::Timeline {
+                path: "/read-only/run.jsonl".into(),
+                source: io::Error::new(io::ErrorKind::PermissionDenied, "read-only disk"),
+            },
             Error::SnapshotFailed(Cause::new(Error::Codec {
                 what: "a chunk state",
                 source: codec_error(),

@@ -492,7 +492,7 @@ fn events_table(out: &mut String, recs: &[&Record], t0: f64) {
 
 /// The smallest 1, 2 or 5 times a power of ten at or above `v`.
 fn nice_max(v: f64) -> f64 {
-    if !(v > 0.0) || !v.is_finite() {
+    if v.is_nan() || v <= 0.0 || v.is_infinite() {
         return 1.0;
     }
     let p = 10f64.powf(v.log10().floor());
