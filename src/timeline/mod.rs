@@ -27,8 +27,9 @@
 //! # Never in the way of the job
 //!
 //! Records go from the job (under its lock, at the rare moments above) through a bounded
-//! channel ([`QUEUE`] records) to one writer thread, which writes them through a buffer and
-//! flushes whenever its queue is empty. A full queue drops the record; a failed write loses
+//! channel ([`QUEUE`] records) to one writer thread, which wakes every 50 ms (a record never
+//! wakes it), writes what is queued through a buffer and flushes it, so the file is at most
+//! that far behind. A full queue drops the record; a failed write loses
 //! it. Either is logged (`tracing`, warn: the first time and then at every power of two) and
 //! counted ([`TIMELINE_ERRORS`](crate::metrics::TIMELINE_ERRORS), label `kind`: `dropped` or
 //! `write`); the job never waits and never fails for its timeline.
