@@ -11,7 +11,8 @@
 //! 4. At the end it scrapes once more and checks the families against what the job did (40
 //!    phases, every iteration, a snapshot with bytes); it exits non-zero if one is wrong.
 //!    With `--hold SECONDS` it keeps serving that long afterwards, for a real Prometheus or
-//!    `curl http://ADDR/metrics`.
+//!    `curl http://ADDR/metrics`. With `--timeline FILE` the run's timeline goes to `FILE`
+//!    (see `malleable-report`).
 //!
 //! ```text
 //! cargo run --release --example prometheus
@@ -173,12 +174,14 @@ impl Fold for Paced {
 struct Args {
     listen: Option<SocketAddr>,
     hold: Duration,
+    timeline: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, Error> {
     let mut args = Args {
         listen: None,
         hold: Duration::ZERO,
+        timeline: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -186,6 +189,7 @@ fn parse_args() -> Result<Args, Error> {
         match flag.as_str() {
             "--listen" => args.listen = Some(value()?.parse()?),
             "--hold" => args.hold = Duration::from_secs_f64(value()?.parse()?),
+            "--timeline" => args.timeline = Some(value()?.into()),
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
     }
@@ -220,12 +224,15 @@ fn run(args: &Args) -> Result<bool, Error> {
             window: 4,
             ..Hysteresis::default()
         });
-    let exec = Executor::builder()
+    let mut builder = Executor::builder()
         .local_workers(1)
         .chunking(Chunking::Count(16))
         .snapshots(format!("file://{}", store.display()))
-        .autoscale(policy)
-        .build()?;
+        .autoscale(policy);
+    if let Some(path) = &args.timeline {
+        builder = builder.timeline(path);
+    }
+    let exec = builder.build()?;
     let (n, phases) = (1000, 40);
     let job = Paced {
         n,
@@ -260,6 +267,7 @@ fn run(args: &Args) -> Result<bool, Error> {
         .ok_or("not finished")?
         .into_value();
     let _ = std::fs::remove_dir_all(&store);
+    exec.shutdown()?; // the timeline, if any, is written when this returns
 
     // What Prometheus sees at the end, against what the job did.
     let m = parse(&scrape(addr)?)?;
