@@ -58,6 +58,26 @@ impl Fold for Gated {
     }
 }
 
+/// Σ i over `0..1000`, one phase, no gate.
+#[derive(Serialize, Deserialize)]
+struct Tiny;
+
+impl Fold for Tiny {
+    const NAME: &'static str = "tiny";
+    type Acc = u64;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        1000
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+    fn body(&self, _: &(), acc: &mut u64, i: u64) {
+        *acc += i;
+    }
+}
+
 fn scratch(name: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("malleable-timeline-{}-{name}", std::process::id()));
@@ -324,23 +344,6 @@ fn the_report_command_turns_a_log_into_a_page() {
         .timeline(&log)
         .build()
         .unwrap();
-    #[derive(Serialize, Deserialize)]
-    struct Tiny;
-    impl Fold for Tiny {
-        const NAME: &'static str = "tiny";
-        type Acc = u64;
-        type Reducer = Sum<u64>;
-        type Input = ();
-        fn iterations(&self) -> u64 {
-            1000
-        }
-        fn reducer(&self) -> Sum<u64> {
-            Sum::new()
-        }
-        fn body(&self, _: &(), acc: &mut u64, i: u64) {
-            *acc += i;
-        }
-    }
     exec.run(Folded(Tiny)).unwrap();
     exec.shutdown().unwrap();
     let bin = env!("CARGO_BIN_EXE_malleable-report");
@@ -364,4 +367,54 @@ fn the_report_command_turns_a_log_into_a_page() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A timeline that cannot be written (a full disk: `/dev/full`) costs the job nothing: the
+/// job ends with its value, and the failed writes are counted.
+#[test]
+fn a_timeline_that_cannot_be_written_is_counted_and_the_job_goes_on() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Count(4))
+        .timeline("/dev/full")
+        .build()
+        .unwrap();
+    let value = exec.run(Folded(Tiny)).unwrap().into_value();
+    assert_eq!(value, 1000 * 999 / 2);
+    exec.shutdown().unwrap();
+    let failed: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| {
+            k.key().name() == malleable::metrics::TIMELINE_ERRORS
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "kind" && l.value() == "write")
+        })
+        .map(|(.., v)| match v {
+            DebugValue::Counter(c) => c,
+            _ => 0,
+        })
+        .sum();
+    assert!(failed >= 1, "the failed writes are counted");
+}
+
+#[test]
+fn a_timeline_that_cannot_be_created_is_an_error_of_the_build() {
+    let err = Executor::builder()
+        .timeline("/nonexistent-folder/run.jsonl")
+        .build()
+        .unwrap_err();
+    match &err {
+        malleable::Error::Timeline { path, source } => {
+            assert_eq!(path, Path::new("/nonexistent-folder/run.jsonl"));
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("{other:?}"),
+    }
 }
