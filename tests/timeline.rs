@@ -418,3 +418,108 @@ fn a_timeline_that_cannot_be_created_is_an_error_of_the_build() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Held in its loop body while set (the suspend test's own gate).
+static HOLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Σ i over `0..n`, one phase, held while `HOLD` is set.
+#[derive(Serialize, Deserialize)]
+struct Held {
+    n: u64,
+}
+
+impl Fold for Held {
+    const NAME: &'static str = "held";
+    type Acc = u64;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.n
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+    fn body(&self, _: &(), acc: &mut u64, i: u64) {
+        while HOLD.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        *acc += i;
+    }
+}
+
+/// A suspend ends a run's timeline with its snapshot; the resumed run's timeline starts from
+/// that epoch.
+#[test]
+fn a_suspend_and_a_resume_are_in_the_timelines() {
+    let dir = scratch("suspend");
+    let url = format!("file://{}", dir.join("store").display());
+    let (first, second) = (dir.join("first.jsonl"), dir.join("second.jsonl"));
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Count(8))
+        .snapshots(&url)
+        .timeline(&first)
+        .build()
+        .unwrap();
+    let h = exec.submit(Folded(Held { n: 800 })).unwrap();
+    let request = h.suspend(); // the worker is held in its first chunk
+    HOLD.store(false, Ordering::Release);
+    let id = request.wait().unwrap();
+    assert!(matches!(
+        h.wait().unwrap(),
+        malleable::Outcome::Suspended(_)
+    ));
+    exec.shutdown().unwrap();
+
+    let exec = Executor::builder()
+        .local_workers(2)
+        .timeline(&second)
+        .build()
+        .unwrap();
+    let value = exec
+        .resume::<Folded<Held>>(&url, malleable::At::Latest)
+        .unwrap()
+        .wait()
+        .unwrap()
+        .finished()
+        .unwrap()
+        .into_value();
+    assert_eq!(value, 800 * 799 / 2);
+    exec.shutdown().unwrap();
+
+    let first = malleable::timeline::read(&first).unwrap();
+    let snapshot = first
+        .iter()
+        .find_map(|r| match r.event {
+            Event::Snapshot { epoch, suspend, .. } => Some((epoch, suspend)),
+            _ => None,
+        })
+        .expect("the suspend's snapshot");
+    assert_eq!(snapshot, (id.epoch, true));
+    assert!(
+        matches!(
+            &first.last().unwrap().event,
+            Event::End { outcome: Ending::Suspended, epoch: Some(e), .. } if *e == id.epoch
+        ),
+        "{:?}",
+        first.last()
+    );
+    let second = malleable::timeline::read(&second).unwrap();
+    assert!(
+        matches!(&second[0].event, Event::Start { resumed_from: Some(e), .. } if *e == id.epoch),
+        "{:?}",
+        second.first()
+    );
+    assert!(matches!(
+        &second.last().unwrap().event,
+        Event::End {
+            outcome: Ending::Finished,
+            ..
+        }
+    ));
+    assert!(
+        second.iter().any(|r| r.local == 2),
+        "resumed with two workers"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -601,8 +601,8 @@ impl Executor {
         });
         {
             let mut st = shared.lock();
-            st.settle(&shared);
             st.watch_start(&shared);
+            st.settle(&shared);
             if let Some(Err(e)) = st.result.take_if(|r| r.is_err()) {
                 return Err(e);
             }
