@@ -6,7 +6,8 @@
 //! The chart follows the per-time-step plots of the malleable OpenMP literature: each phase is
 //! a bar as wide as it lasted and as high as its duration (left axis), so a doubling of the
 //! workers shows as bars half as high and half as wide; the worker count is a step line
-//! (right axis).
+//! (right axis), and the phase numbers run along the top (at the end of each numbered
+//! phase: after a rollback they go back).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,10 +15,10 @@ use std::fmt::Write as _;
 use super::{Ending, Event, Record};
 
 const W: f64 = 1120.0;
-const H: f64 = 440.0;
+const H: f64 = 452.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 60.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 52.0;
 const BOTTOM: f64 = 60.0;
 
 /// Renders `records` (one or more jobs) as an HTML page.
@@ -218,6 +219,40 @@ fn chart(out: &mut String, recs: &[&Record], t0: f64, t1: f64, s: &Summary) {
             trim(t)
         );
         t += tstep;
+    }
+    // Phase numbers along the top, at the end of every `step`-th phase.
+    let ends: Vec<(f64, u64)> = recs
+        .iter()
+        .filter_map(|r| match r.event {
+            Event::PhaseEnd { phase, .. } => Some((r.t, phase)),
+            _ => None,
+        })
+        .collect();
+    if !ends.is_empty() {
+        let step = (nice_max(ends.len() as f64 / 12.0) as u64).max(1);
+        let _ = write!(
+            out,
+            "<line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{:.1}\" y2=\"{TOP}\" stroke=\"#bbb\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#555\" text-anchor=\"end\">phase</text>",
+            LEFT + pw,
+            LEFT - 6.0,
+            TOP - 10.0
+        );
+        let mut last_x = f64::NEG_INFINITY;
+        for &(t, phase) in &ends {
+            let xx = x(t);
+            if phase % step != 0 || xx - last_x < 24.0 {
+                continue;
+            }
+            last_x = xx;
+            let _ = write!(
+                out,
+                "<line x1=\"{xx:.1}\" y1=\"{TOP}\" x2=\"{xx:.1}\" y2=\"{:.1}\" stroke=\"#888\"/>\
+                 <text x=\"{xx:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#555\" text-anchor=\"middle\">{phase}</text>",
+                TOP - 4.0,
+                TOP - 10.0
+            );
+        }
     }
     let _ = write!(
         out,
