@@ -35,7 +35,13 @@
 //! ```
 //!
 //! Options: `--n N` (1000), `--phases K` (200), `--resume-workers W` (3), `--store URL`
-//! (default: a fresh folder under the system's temporary directory).
+//! (default: a fresh folder under the system's temporary directory), `--timeline FILE`: the
+//! timeline of the first run (steps 2 and 3) goes to `FILE`, the one with worker processes
+//! (step 5) to `FILE` with `-processes` before its extension; turn either into an HTML
+//! report with `cargo run --features cli --bin malleable-report -- FILE`.
+//!
+//! On a terminal a progress bar (fed by `JobHandle::progress`) follows each run below the
+//! phase lines; when the output is not a terminal only the lines are printed.
 
 #[path = "kernels/mod.rs"]
 mod kernels;
@@ -44,6 +50,7 @@ use std::process::{Command, ExitCode};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use malleable::cluster::{self, Registry, WorkerOptions};
 use malleable::{At, Banded, Executor, JobHandle, Outcome};
 use rayon::ThreadPoolBuilder;
@@ -58,6 +65,7 @@ struct Args {
     phases: u64,
     resume_workers: usize,
     store: Option<String>,
+    timeline: Option<std::path::PathBuf>,
     /// Worker mode: serve the coordinator at this address.
     worker: Option<String>,
 }
@@ -68,6 +76,7 @@ fn parse_args() -> Result<Args, Error> {
         phases: 200,
         resume_workers: 3,
         store: None,
+        timeline: None,
         worker: None,
     };
     let mut it = std::env::args().skip(1);
@@ -79,6 +88,7 @@ fn parse_args() -> Result<Args, Error> {
             "--resume-workers" => args.resume_workers = value()?.parse()?,
             "--store" => args.store = Some(value()?.trim_end_matches('/').to_owned()),
             "--worker" => args.worker = Some(value()?),
+            "--timeline" => args.timeline = Some(value()?.into()),
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
     }
@@ -88,21 +98,61 @@ fn parse_args() -> Result<Args, Error> {
     Ok(args)
 }
 
+/// `path` with `suffix` before its extension.
+fn with_suffix(path: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}{suffix}.{}", ext.to_string_lossy()),
+        None => format!("{stem}{suffix}"),
+    };
+    path.with_file_name(name)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// A progress bar over a job's `phases` phases, in thousandths of a phase (hidden when
+/// stderr is not a terminal).
+fn progress_bar(phases: u64) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} {wide_bar} phase {msg} ({percent}%, eta {eta})",
+    )
+    .expect("a valid template");
+    ProgressBar::new(phases * 1000).with_style(style)
+}
+
 /// Prints each phase end of the job behind `handle` as it arrives (the time since the
 /// previous one, or since `since` for the first), and calls `at_phase` with each; returns
-/// when the job has ended and every phase end it reported has been printed.
+/// when the job has ended and every phase end it reported has been printed. Below the lines,
+/// a progress bar over the job's `total` phases, fed by `JobHandle::progress`.
 fn follow<J: malleable::Job>(
     handle: &JobHandle<J>,
     phases: &Receiver<PhaseEnd>,
+    total: u64,
     since: Instant,
     mut at_phase: impl FnMut(&PhaseEnd) -> Result<(), Error>,
 ) -> Result<(), Error> {
+    let bar = progress_bar(total);
+    let result = follow_with(handle, phases, &bar, since, &mut at_phase);
+    bar.finish_and_clear();
+    result
+}
+
+fn follow_with<J: malleable::Job>(
+    handle: &JobHandle<J>,
+    phases: &Receiver<PhaseEnd>,
+    bar: &ProgressBar,
+    since: Instant,
+    at_phase: &mut impl FnMut(&PhaseEnd) -> Result<(), Error>,
+) -> Result<(), Error> {
     let mut last = since;
     loop {
+        // The bar counts thousandths of phases: the phase, plus the fraction of it done.
+        let p = handle.progress();
+        let within = (p.done * 1000).checked_div(p.total).unwrap_or(0);
+        bar.set_position(p.phase * 1000 + within);
+        bar.set_message(format!("{}/{}", p.phase, bar.length().unwrap_or(0) / 1000));
         match phases.recv_timeout(Duration::from_millis(5)) {
             Ok(e) => {
                 // The workers now (none once the job has ended).
@@ -117,12 +167,14 @@ fn follow<J: malleable::Job>(
                         if r == 1 { "" } else { "es" }
                     ),
                 };
-                println!(
-                    "  phase {:>5}  {:>8.3} ms  max change {:.3e}{workers}",
-                    e.phase,
-                    ms(e.at.duration_since(last)),
-                    e.value,
-                );
+                bar.suspend(|| {
+                    println!(
+                        "  phase {:>5}  {:>8.3} ms  max change {:.3e}{workers}",
+                        e.phase,
+                        ms(e.at.duration_since(last)),
+                        e.value,
+                    )
+                });
                 last = e.at;
                 at_phase(&e)?;
             }
@@ -217,15 +269,16 @@ fn run(args: &Args) -> Result<bool, Error> {
          suspend from phase {suspend_at} (store {url})"
     );
     let log = watch_phases();
-    let exec = Executor::builder()
-        .local_workers(1)
-        .snapshots(url.clone())
-        .build()?;
+    let mut builder = Executor::builder().local_workers(1).snapshots(url.clone());
+    if let Some(path) = &args.timeline {
+        builder = builder.timeline(path);
+    }
+    let exec = builder.build()?;
     let started = Instant::now();
     let handle = exec.submit(Banded(Heat::new(n, phases)))?;
     let mut snapshot = None;
     let mut suspended = false;
-    follow(&handle, &log, started, |e| {
+    follow(&handle, &log, phases, started, |e| {
         let done = e.phase + 1;
         if done == grow_at {
             handle.set_local_workers(2);
@@ -281,7 +334,7 @@ fn run(args: &Args) -> Result<bool, Error> {
         .build()?
         .resume::<Banded<Heat>>(&url, At::Latest)?;
     println!("resumed in phase {}", handle.progress().phase);
-    follow(&handle, &log, resumed_at, |_| Ok(()))?;
+    follow(&handle, &log, phases, resumed_at, |_| Ok(()))?;
     let second_part = resumed_at.elapsed();
     let done = handle
         .wait()?
@@ -311,7 +364,7 @@ fn run(args: &Args) -> Result<bool, Error> {
         .build()?
         .resume::<Banded<Heat>>(&url, At::Epoch(snapshot.epoch))?;
     println!("resumed in phase {}", handle.progress().phase);
-    follow(&handle, &log, resumed_at, |_| Ok(()))?;
+    follow(&handle, &log, phases, resumed_at, |_| Ok(()))?;
     let done = handle
         .wait()?
         .finished()
@@ -366,12 +419,15 @@ fn with_processes(
         "\nwith worker processes: 1 local worker and 2 processes; a snapshot from phase \
          {snapshot_at}; one process killed at phase {kill_at}"
     );
-    let exec = Executor::builder()
+    let mut builder = Executor::builder()
         .local_workers(1)
         .listen("127.0.0.1:0")
         .snapshots(url)
-        .job_id("heat-with-processes")
-        .build()?;
+        .job_id("heat-with-processes");
+    if let Some(path) = &args.timeline {
+        builder = builder.timeline(with_suffix(path, "-processes"));
+    }
+    let exec = builder.build()?;
     let addr = exec.local_addr().ok_or("no listening address")?.to_string();
     let exe = std::env::current_exe()?;
     let spawn = || Command::new(&exe).args(["--worker", &addr]).spawn();
@@ -382,7 +438,7 @@ fn with_processes(
     let drain_at = phases * 8 / 10;
     let mut drained: Option<Instant> = None;
     let mut left: Option<Duration> = None;
-    follow(&handle, log, started, |e| {
+    follow(&handle, log, phases, started, |e| {
         let done = e.phase + 1;
         if done >= snapshot_at && snapshot.is_none() {
             // Both processes hold partitions before the snapshot (they join within a few

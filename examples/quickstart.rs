@@ -8,12 +8,16 @@
 //! 1 worker → 2 workers → 0 workers (inline: the thread blocked in `wait` computes the loop
 //! itself) → 2 workers. (With zero workers and nobody waiting, a job simply pauses.)
 //!
+//! On a terminal, a progress bar fed by the same `progress()` stays below the report lines
+//! (`indicatif`; it hides itself when the output is not a terminal).
+//!
 //! ```text
 //! cargo run --release --example quickstart [ITERATIONS]
 //! ```
 
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use malleable::reduce::Sum;
 use malleable::{Chunking, Executor, Fold, Folded, JobHandle, Progress};
 use serde::{Deserialize, Serialize};
@@ -73,28 +77,52 @@ fn sequential(job: &MidpointPi) -> f64 {
     total
 }
 
+/// A progress bar over the loop's iterations, below the lines (hidden when stderr is not a
+/// terminal).
+fn progress_bar(total: u64) -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} {wide_bar} {percent:>3}%  {msg}, eta {eta}",
+    )
+    .expect("a valid template");
+    ProgressBar::new(total).with_style(style)
+}
+
 /// One line of progress; `last` is the previous report and when it was taken.
-fn report(h: &JobHandle<Folded<MidpointPi>>, t0: Instant, last: &mut (Instant, u64)) {
+fn report(
+    h: &JobHandle<Folded<MidpointPi>>,
+    bar: &ProgressBar,
+    t0: Instant,
+    last: &mut (Instant, u64),
+) {
     let p = h.progress();
+    bar.set_position(p.done);
+    bar.set_message(format!(
+        "{} local worker{}",
+        p.local_workers,
+        if p.local_workers == 1 { "" } else { "s" }
+    ));
     let now = Instant::now();
     // A single-phase job: `done` counts the iterations of the whole loop.
     let recent = p.done.saturating_sub(last.1) as f64 / (now - last.0).as_secs_f64();
     *last = (now, p.done);
-    println!(
-        "  {:>5.2} s  {:>5.1}% done  {:>4.0} M it/s now  {:>4.0} M it/s average  {} local worker{} (target {})",
-        t0.elapsed().as_secs_f64(),
-        100.0 * p.done as f64 / p.total as f64,
-        recent / 1e6,
-        p.rate / 1e6,
-        p.local_workers,
-        if p.local_workers == 1 { "" } else { "s" },
-        h.local_workers(),
-    );
+    bar.suspend(|| {
+        println!(
+            "  {:>5.2} s  {:>5.1}% done  {:>4.0} M it/s now  {:>4.0} M it/s average  {} local worker{} (target {})",
+            t0.elapsed().as_secs_f64(),
+            100.0 * p.done as f64 / p.total as f64,
+            recent / 1e6,
+            p.rate / 1e6,
+            p.local_workers,
+            if p.local_workers == 1 { "" } else { "s" },
+            h.local_workers(),
+        )
+    });
 }
 
 /// Reports every 200 ms until `until` says stop or the job ends.
 fn watch(
     h: &JobHandle<Folded<MidpointPi>>,
+    bar: &ProgressBar,
     t0: Instant,
     last: &mut (Instant, u64),
     mut until: impl FnMut(&Progress) -> bool,
@@ -104,7 +132,7 @@ fn watch(
         if h.is_finished() {
             return;
         }
-        report(h, t0, last);
+        report(h, bar, t0, last);
         if until(&h.progress()) {
             return;
         }
@@ -134,19 +162,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         move || handle.wait()
     });
 
-    watch(&handle, t0, &mut last, |p| fraction(p) >= 0.2);
-    println!("-> set_local_workers(2)");
+    let bar = progress_bar(n);
+    let say = |line: &str| bar.suspend(|| println!("{line}"));
+    watch(&handle, &bar, t0, &mut last, |p| fraction(p) >= 0.2);
+    say("-> set_local_workers(2)");
     handle.set_local_workers(2);
 
-    watch(&handle, t0, &mut last, |p| fraction(p) >= 0.45);
-    println!("-> set_local_workers(0): the thread blocked in wait() runs the loop inline");
+    watch(&handle, &bar, t0, &mut last, |p| fraction(p) >= 0.45);
+    say("-> set_local_workers(0): the thread blocked in wait() runs the loop inline");
     handle.set_local_workers(0);
 
-    watch(&handle, t0, &mut last, |p| fraction(p) >= 0.7);
-    println!("-> set_local_workers(2)");
+    watch(&handle, &bar, t0, &mut last, |p| fraction(p) >= 0.7);
+    say("-> set_local_workers(2)");
     handle.set_local_workers(2);
 
-    watch(&handle, t0, &mut last, |_| false);
+    watch(&handle, &bar, t0, &mut last, |_| false);
+    bar.finish_and_clear();
     let outcome = waiter.join().expect("the waiting thread panicked")?;
     let sum = outcome.finished().expect("finished").into_value();
     println!("  {:>5.2} s  done", t0.elapsed().as_secs_f64());

@@ -50,6 +50,14 @@ pub enum Error {
     /// A builder or submit setting is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// The timeline of [`Builder::timeline`](crate::Builder::timeline) could not be created.
+    #[error("cannot create the timeline {path}")]
+    Timeline {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// User code panicked; the job is stopped, the process and other jobs go on.
     #[error("job {job} panicked in {site}: {message}")]
     Panicked {
@@ -446,6 +454,7 @@ mod tests {
             | Error::Codec { .. }
             | Error::RollbackFailed { .. }
             | Error::StoreUnusable { .. }
+            | Error::Timeline { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -471,6 +480,10 @@ mod tests {
                 source: codec_error(),
             },
             Error::Spawn(io::Error::new(io::ErrorKind::OutOfMemory, "no memory")),
+            Error::Timeline {
+                path: "/read-only/run.jsonl".into(),
+                source: io::Error::new(io::ErrorKind::PermissionDenied, "read-only disk"),
+            },
             Error::SnapshotFailed(Cause::new(Error::Codec {
                 what: "a chunk state",
                 source: codec_error(),

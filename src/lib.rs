@@ -68,6 +68,7 @@
 //! - [`metrics`]: the names of the metrics the executor reports.
 //! - [`slurm`]: the end of the Slurm allocation this process runs in, for
 //!   [`Builder::deadline`].
+//! - [`timeline`]: the opt-in log of a run ([`Builder::timeline`]) and its HTML report.
 //!
 //! Inside the crate the layers are (see each module's docs). A layer imports only layers above
 //! it in this table, plus the crate-wide `error` and `metrics`; the edges (runner, store,
@@ -101,6 +102,7 @@ mod run;
 pub mod schedule;
 pub mod slurm;
 pub mod snapshot;
+pub mod timeline;
 #[path = "cluster/mod.rs"]
 mod wire;
 mod worker;

@@ -20,10 +20,27 @@
 //! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
 //! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
 //! | `malleable_autoscale_decisions_total` | counter | decisions | decisions of the autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) carried out (label `reason`: [`Reason::name`](crate::schedule::Reason::name)) |
+//! | `malleable_workers_draining` | gauge | workers | local threads and worker processes retiring (handing their chunks back) |
+//! | `malleable_workers_joining` | gauge | processes | worker processes started by the launcher, not connected yet |
+//! | `malleable_phase_seconds` | histogram | seconds | duration of a phase, from its start to its barrier |
+//! | `malleable_phase` | gauge | phase | the current phase (0-based) |
+//! | `malleable_phase_iterations_done` | gauge | iterations | iterations of the current phase in finished chunks |
+//! | `malleable_phase_iterations` | gauge | iterations | iterations of the current phase |
+//! | `malleable_iterations_done` | gauge | iterations | iterations in finished chunks since the job started, all phases (with those before a resume) |
+//! | `malleable_snapshots_total` | counter | snapshots | snapshots committed |
+//! | `malleable_snapshot_seconds` | histogram | seconds | a committed snapshot, from its marker to its commit |
+//! | `malleable_snapshot_bytes_total` | counter | bytes | bytes written for committed snapshots: their manifests and new parts (parts reused from an earlier snapshot are not counted) |
+//! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (the job went on) |
+//! | `malleable_timeline_errors_total` | counter | records | timeline records lost (label `kind`: `dropped`, the writer's queue was full; `write`, a write or flush failed; no `job` label) |
+//!
+//! Membership, progress and phase metrics are updated when something changes at the
+//! coordinator (a chunk ends, a worker joins or leaves, a phase ends), under the job's lock
+//! it already holds, through handles made once per job run: no lock and no allocation of
+//! their own, and nothing per step.
 
 use std::time::Duration;
 
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 
 /// Chunks finished.
 pub const CHUNKS_DONE: &str = "malleable_chunks_done_total";
@@ -59,6 +76,66 @@ pub const SNAPSHOT_REMOVAL_FAILURES: &str = "malleable_snapshot_removal_failures
 pub const DRAINS_OVERRUN: &str = "malleable_drains_overrun_total";
 /// Decisions of the autoscaler carried out, by reason.
 pub const AUTOSCALE_DECISIONS: &str = "malleable_autoscale_decisions_total";
+
+/// Local threads and worker processes retiring.
+pub const WORKERS_DRAINING: &str = "malleable_workers_draining";
+/// Worker processes started by the launcher, not connected yet.
+pub const WORKERS_JOINING: &str = "malleable_workers_joining";
+/// Duration of a phase, in seconds.
+pub const PHASE_SECONDS: &str = "malleable_phase_seconds";
+/// The current phase.
+pub const PHASE: &str = "malleable_phase";
+/// Iterations of the current phase in finished chunks.
+pub const PHASE_ITERATIONS_DONE: &str = "malleable_phase_iterations_done";
+/// Iterations of the current phase.
+pub const PHASE_ITERATIONS: &str = "malleable_phase_iterations";
+/// Iterations in finished chunks since the job started, all phases.
+pub const ITERATIONS_DONE: &str = "malleable_iterations_done";
+/// Snapshots committed.
+pub const SNAPSHOTS: &str = "malleable_snapshots_total";
+/// A committed snapshot's duration, marker to commit, in seconds.
+pub const SNAPSHOT_SECONDS: &str = "malleable_snapshot_seconds";
+/// Bytes written for committed snapshots (manifests and new parts).
+pub const SNAPSHOT_BYTES: &str = "malleable_snapshot_bytes_total";
+/// Snapshots that failed.
+pub const SNAPSHOT_FAILURES: &str = "malleable_snapshot_failures_total";
+/// Timeline records lost, by kind (`dropped`, `write`).
+pub const TIMELINE_ERRORS: &str = "malleable_timeline_errors_total";
+
+/// The handles of one job run's coordinator-side metrics, made once (registering a handle
+/// allocates; updating one does not).
+#[derive(Debug)]
+pub(crate) struct JobMetrics {
+    pub(crate) draining: Gauge,
+    pub(crate) joining: Gauge,
+    pub(crate) phase_seconds: Histogram,
+    pub(crate) phase: Gauge,
+    pub(crate) phase_done: Gauge,
+    pub(crate) phase_total: Gauge,
+    pub(crate) done: Gauge,
+    pub(crate) snapshots: Counter,
+    pub(crate) snapshot_seconds: Histogram,
+    pub(crate) snapshot_bytes: Counter,
+    pub(crate) snapshot_failures: Counter,
+}
+
+impl JobMetrics {
+    pub(crate) fn new(job: &'static str) -> JobMetrics {
+        JobMetrics {
+            draining: metrics::gauge!(WORKERS_DRAINING, "job" => job),
+            joining: metrics::gauge!(WORKERS_JOINING, "job" => job),
+            phase_seconds: metrics::histogram!(PHASE_SECONDS, "job" => job),
+            phase: metrics::gauge!(PHASE, "job" => job),
+            phase_done: metrics::gauge!(PHASE_ITERATIONS_DONE, "job" => job),
+            phase_total: metrics::gauge!(PHASE_ITERATIONS, "job" => job),
+            done: metrics::gauge!(ITERATIONS_DONE, "job" => job),
+            snapshots: metrics::counter!(SNAPSHOTS, "job" => job),
+            snapshot_seconds: metrics::histogram!(SNAPSHOT_SECONDS, "job" => job),
+            snapshot_bytes: metrics::counter!(SNAPSHOT_BYTES, "job" => job),
+            snapshot_failures: metrics::counter!(SNAPSHOT_FAILURES, "job" => job),
+        }
+    }
+}
 
 /// A worker's batch of step measurements: a log₂ histogram of step nanoseconds and counts,
 /// flushed to the recorder when a chunk ends.

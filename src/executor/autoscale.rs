@@ -118,6 +118,7 @@ fn apply<J: Job>(shared: &Arc<Shared<J>>, d: &Decision) {
     let reason = d.reason.name();
     metrics::counter!(crate::metrics::AUTOSCALE_DECISIONS, "job" => J::NAME, "reason" => reason)
         .increment(1);
+    shared.lock().watch_decision(d);
     if d.local != d.from_local {
         shared.lock().set_target(shared, d.local);
     }

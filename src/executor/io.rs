@@ -37,9 +37,12 @@ impl<J: Job> State<J> {
             manifest
                 .done
                 .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
+            let bytes = super::watch::new_bytes(&parts, &kept);
             let written = store(&shared2.config.snapshots, after, &mut manifest, parts, kept).await;
+            let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
             let took = started.elapsed();
             let mut st = shared2.lock();
+            st.watch_snapshot(&written, took, bytes, suspend);
             let mut out = std::mem::take(&mut st.snap.out);
             let outcome = if written.is_ok() {
                 Written::Committed

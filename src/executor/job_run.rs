@@ -94,6 +94,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) published: Publisher,
     /// The snapshot this run was resumed from.
     pub(crate) resumed_from: Option<crate::snapshot::SnapshotId>,
+    /// Metrics and timeline of the run (`watch.rs`).
+    pub(crate) watch: super::watch::Watch,
 }
 
 impl<J: Job> State<J> {
@@ -131,6 +133,7 @@ impl<J: Job> State<J> {
             recovering: None,
             published,
             resumed_from: None,
+            watch: super::watch::Watch::new(J::NAME),
         }
     }
 }
@@ -357,6 +360,7 @@ impl<J: Job> State<J> {
             self.reconcile(shared);
             self.poll_rollback(shared);
             self.members.update_gauge();
+            self.watch_members();
             return;
         }
         while !self.ended && self.core.phase_complete() {
@@ -366,6 +370,7 @@ impl<J: Job> State<J> {
         self.poll_cut(shared);
         self.members.update_gauge();
         self.publish_progress(false);
+        self.watch_members();
     }
 
     /// The barrier between phases: every chunk is done and no worker holds the job.
@@ -391,6 +396,7 @@ impl<J: Job> State<J> {
             }
         };
         metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
+        self.watch_phase_end(phase);
         self.phase_done_after_rollback();
         let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
             Ok(next) => next,
@@ -561,6 +567,7 @@ impl<J: Job> State<J> {
 
     /// Stores the result, stops every worker and wakes whoever waits.
     pub(crate) fn complete(&mut self, result: Result<Outcome<J>>) {
+        self.watch_end(&result);
         self.result = Some(result);
         self.ended = true;
         // A snapshot that cannot complete any more (its chunks will not be captured) or has

@@ -44,6 +44,7 @@ mod shutdown;
 mod signals;
 mod snapshot;
 mod triggers;
+mod watch;
 
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
 pub use progress::{Progress, ProgressUpdates};
@@ -88,6 +89,7 @@ pub struct Executor {
 struct LastClone {
     io: Arc<IoRuntime>,
     timeout: Duration,
+    timeline: Option<Arc<crate::timeline::Sink>>,
     /// Set by [`Executor::shutdown`], which drained already.
     drained: std::sync::atomic::AtomicBool,
 }
@@ -98,9 +100,11 @@ impl Drop for LastClone {
             return;
         }
         let (io, timeout) = (Arc::clone(&self.io), self.timeout);
+        let timeline = self.timeline.take();
         let drain = move || {
             let left = io.drain(None, timeout);
             shutdown::report("the executor's shutdown", left, timeout);
+            watch::flush(timeline.as_deref(), timeout);
         };
         if tokio::runtime::Handle::try_current().is_ok() {
             // Inside an async context: blocking here would stall a runtime thread, so the
@@ -134,6 +138,9 @@ struct Config {
     snapshots: SnapshotConfig,
     cluster: ClusterConfig,
     autoscale: Option<crate::schedule::Autoscale>,
+    /// The file of [`Builder::timeline`], and its writer once built.
+    timeline_path: Option<std::path::PathBuf>,
+    timeline: Option<Arc<crate::timeline::Sink>>,
 }
 
 /// The executor's runtimes, never a runtime of the caller's, and never running compute:
@@ -264,6 +271,8 @@ impl Default for Builder {
                 snapshots: SnapshotConfig::default(),
                 cluster: ClusterConfig::default(),
                 autoscale: None,
+                timeline_path: None,
+                timeline: None,
             },
         }
     }
@@ -476,6 +485,18 @@ impl Builder {
         self
     }
 
+    /// Writes a timeline of every job run to the file at `path` (created, or truncated):
+    /// one JSON line per event (joins, leaves, losses, autoscaling decisions, phase ends,
+    /// snapshots, suspends, rollbacks, the end), each with its time; see
+    /// [`timeline`](crate::timeline) for the format and [`timeline::report`](crate::timeline::report)
+    /// (or the `malleable-report` command) for an HTML report of it. Written by a thread of
+    /// its own through a bounded queue: a job never waits for it, and a record that cannot be
+    /// written is logged and counted, never an error of the job.
+    pub fn timeline(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.config.timeline_path = Some(path.into());
+        self
+    }
+
     /// Builds the executor.
     ///
     /// # Errors
@@ -485,6 +506,7 @@ impl Builder {
     /// ([`Autoscale::validate`](crate::schedule::Autoscale::validate), or worker processes
     /// without a listener and a launcher); [`Error::Snapshot`] for a snapshot URL that
     /// cannot be opened; [`Error::Spawn`] if the I/O thread cannot start;
+    /// [`Error::Timeline`] if the timeline's file cannot be created;
     /// [`Error::Cluster`] for an address that cannot be listened on, or one other than
     /// loopback without a token.
     pub fn build(mut self) -> Result<Executor> {
@@ -519,6 +541,9 @@ impl Builder {
         if let Some(id) = &self.config.snapshots.job_id {
             crate::snapshot::check_job_id(id)?;
         }
+        if let Some(path) = &self.config.timeline_path {
+            self.config.timeline = Some(watch::open(path)?);
+        }
         let io = Arc::new(IoRuntime::new()?);
         if let (Some(url), Some(within)) = (&self.config.snapshots.url, self.config.check_store) {
             let store = self.config.snapshots.store()?;
@@ -543,6 +568,7 @@ impl Builder {
         let last = Arc::new(LastClone {
             io: Arc::clone(&io),
             timeout: self.config.shutdown_timeout,
+            timeline: self.config.timeline.clone(),
             drained: std::sync::atomic::AtomicBool::new(false),
         });
         Ok(Executor {
@@ -584,6 +610,7 @@ impl Executor {
             .drained
             .store(true, std::sync::atomic::Ordering::Relaxed);
         shutdown::report("the executor's shutdown", left, timeout);
+        watch::flush(self.config.timeline.as_deref(), timeout);
         if left.connections == 0 && left.writes == 0 {
             Ok(())
         } else {
@@ -653,6 +680,7 @@ impl Executor {
         });
         {
             let mut st = shared.lock();
+            st.watch_start(&shared);
             st.settle(&shared);
             if let Some(Err(e)) = st.result.take_if(|r| r.is_err()) {
                 return Err(e);

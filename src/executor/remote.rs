@@ -134,6 +134,16 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
+    /// Worker processes retiring, and those started that have not connected yet (as
+    /// [`scale_remote`] counts them), for the metrics (`watch.rs`).
+    pub(crate) fn membership(&self) -> (usize, usize) {
+        let retiring = self.conns.values().filter(|c| c.retiring).count();
+        (
+            retiring,
+            self.launched.len().saturating_sub(self.conns.len()),
+        )
+    }
+
     /// Owned partitions at the barrier before `phase`: each worker process that holds some
     /// gets the phase's job value, then the halos of each of its partitions (`Begin`).
     pub(crate) fn begin_remote(
@@ -827,6 +837,7 @@ impl<J: Job> State<J> {
         if self.ended {
             return;
         }
+        self.watch_lost(&c.peer);
         if self.core.is_partitioned() {
             // Partitions only it had are lost: the job cannot go on from this run's state.
             let mut lost: Vec<ChunkId> = self

@@ -106,6 +106,7 @@ impl<J: Job> State<J> {
         };
         tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, epoch, "owned partitions were lost: rolling back to the latest committed snapshot");
         metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
+        self.watch_rollback(&chunks, epoch);
         self.rollback = Some(RollingBack {
             lost: chunks,
             from_phase: self.phase,
@@ -231,6 +232,7 @@ impl<J: Job> State<J> {
             recovered: None,
         });
         self.recovering = Some(rb.since);
+        self.watch_rolled_back();
         // A suspend asked for halts the restored ledger before anyone joins it.
         if let Some(replies) = suspend {
             let mut out = std::mem::take(&mut self.snap.out);

@@ -433,6 +433,7 @@ impl<J: Job> State<J> {
                 CutCommand::Unhalt => self.drive_core(Core::unhalt),
                 CutCommand::Fail { replies, error } => {
                     tracing::warn!(job = J::NAME, %error, "a snapshot failed before its write");
+                    self.watch_snapshot_failed(&error);
                     let cause = Cause::new(error);
                     for r in replies {
                         let _ = r.send(Err(Error::SnapshotFailed(cause.clone())));
