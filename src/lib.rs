@@ -124,7 +124,7 @@ pub mod cluster {
 
 pub use error::{Cause, Error, Result, Site};
 pub use executor::{
-    At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, Rollback,
+    At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, Resumed, Rollback,
     SnapshotRequest,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};

@@ -19,6 +19,7 @@
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
 //! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
 //! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
+//! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (asked for, periodic or a suspend's), whatever the cause; each is also logged and kept on the handle ([`JobHandle::last_snapshot_error`](crate::JobHandle::last_snapshot_error)) |
 //! | `malleable_autoscale_decisions_total` | counter | decisions | decisions of the autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) carried out (label `reason`: [`Reason::name`](crate::schedule::Reason::name)) |
 
 use std::time::Duration;
@@ -50,6 +51,8 @@ pub const ROLLBACKS: &str = "malleable_rollbacks_total";
 /// What a graceful shutdown gave up waiting for, by kind (`connection`: a worker process not
 /// yet sent its `End`; `snapshot_write`: a write in flight).
 pub const SHUTDOWN_ABANDONED: &str = "malleable_shutdown_abandoned_total";
+/// Snapshots that failed, whoever asked for them.
+pub const SNAPSHOT_FAILURES: &str = "malleable_snapshot_failures_total";
 /// Decisions of the autoscaler carried out, by reason.
 pub const AUTOSCALE_DECISIONS: &str = "malleable_autoscale_decisions_total";
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::job_run::{Shared, State};
-use super::snapshot::{At, Header, Part, Reply, RunConfig, SnapshotConfig, Snapshots};
+use super::snapshot::{At, Header, Part, Reply, Resumed, RunConfig, SnapshotConfig, Snapshots};
 use crate::codec::decode;
 use crate::error::{Cause, Error, Result};
 use crate::job::Job;
@@ -49,6 +49,8 @@ impl<J: Job> State<J> {
             let unchanged = st.snap.cut.written(outcome, &mut out);
             match &written {
                 Ok(id) => {
+                    let full = is_full(&manifest);
+                    st.snapshot_committed(full);
                     st.snap.last_epoch = Some(id.epoch);
                     st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
                     st.offer_store(&shared2, None);
@@ -61,9 +63,7 @@ impl<J: Job> State<J> {
                         }
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(job = J::NAME, error = %e, "a snapshot could not be written")
-                }
+                Err(_) => {}
             }
             let written = written.map_err(Cause::new);
             for r in replies {
@@ -71,6 +71,9 @@ impl<J: Job> State<J> {
                     Ok(id) => Ok(id.clone()),
                     Err(e) => Err(Error::SnapshotFailed(e.clone())),
                 });
+            }
+            if let Err(cause) = &written {
+                st.snapshot_failed(cause.clone(), "to be written");
             }
             st.cut_commands(&shared2, &mut out);
             st.snap.out = out;
@@ -84,7 +87,25 @@ impl<J: Job> State<J> {
     }
 }
 
-/// Protocol step 3 on the I/O runtime: parts, then the manifest (the commit), then retention.
+/// Whether a committed snapshot references no part of an earlier one (its parts are all in
+/// its own epoch folder, `{job_id}/{epoch:020}/parts/…`).
+fn is_full(manifest: &Manifest) -> bool {
+    let folder = format!("{:020}", manifest.epoch);
+    manifest
+        .all_parts()
+        .all(|p| p.key.split('/').nth(1) == Some(folder.as_str()))
+}
+
+/// Protocol step 3 on the I/O runtime: parts, then retention down to `keep - 1` older
+/// snapshots, then the manifest (the commit).
+///
+/// Retention runs *before* the commit, once every part is durable, so that the store never
+/// holds more than `keep` committed snapshots, not even between a commit and its cleanup
+/// (where a crash used to leave `keep + 1`). It deletes only committed snapshots older than
+/// the newest one, and that one is kept (with `keep = 1` the cleanup runs after the commit
+/// instead, as the newest is never deleted): if the commit then fails, the store holds
+/// `keep - 1`, never zero. The folder being written is above every committed epoch, which
+/// cleanup never touches, and the parts reused are the newest snapshot's, which it keeps.
 async fn store(
     cfg: &SnapshotConfig,
     after: Option<u64>,
@@ -126,9 +147,26 @@ async fn store(
     refs.1.sort_by_key(|p| p.chunk);
     (manifest.parts, manifest.kept) = refs;
     manifest.done.sort_by_key(|d| d.0);
+    // Retention is housekeeping: the snapshot is committed whether or not it succeeds, and
+    // a failure is logged (snapshots pile up until one succeeds).
+    let keep = cfg.keep.max(1);
+    let retain = async |keep: usize| {
+        if let Err(e) = store.retain(&job_id, keep).await {
+            tracing::warn!(
+                job_id = %job_id,
+                keep,
+                error = &e as &dyn std::error::Error,
+                "retention of old snapshots failed"
+            );
+        }
+    };
+    if keep > 1 {
+        retain(keep - 1).await;
+    }
     let id = store.commit(manifest).await?;
-    // Retention is housekeeping: the snapshot is committed whether or not it succeeds.
-    let _ = store.retain(&job_id, cfg.keep.max(1)).await;
+    if keep == 1 {
+        retain(1).await;
+    }
     Ok(id)
 }
 
@@ -166,17 +204,30 @@ impl super::Executor {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
         let job_id = self.config.snapshots.job_id::<J>();
         let reader = store.clone();
-        let (manifest, parts) = block_on_io(self.io.handle(), async move {
-            let id = match at {
-                At::Latest => reader.latest(&job_id).await?.ok_or_else(|| {
-                    crate::snapshot::Error::NotFound {
-                        what: format!("a committed snapshot of job {job_id}"),
-                    }
-                })?,
-                At::Epoch(e) => SnapshotId::new(job_id, e),
+        let (manifest, parts, skipped) = block_on_io(self.io.handle(), async move {
+            let (manifest, parts, skipped) = match at {
+                At::Latest => {
+                    let (_, manifest, parts, skipped) = reader.read_latest(&job_id).await?;
+                    (manifest, parts, skipped)
+                }
+                At::Epoch(e) => {
+                    let (manifest, parts) = reader.read(&SnapshotId::new(job_id, e)).await?;
+                    (manifest, parts, Vec::new())
+                }
             };
-            read_snapshot::<J>(&reader, &id).await
+            manifest.check_job(J::NAME)?;
+            Ok((manifest, parts, skipped))
         })?;
+        let from = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+        for s in &skipped {
+            tracing::warn!(
+                job = J::NAME,
+                skipped = %s.id,
+                resumed = %from,
+                error = &*s.error as &dyn std::error::Error,
+                "a damaged snapshot was passed over"
+            );
+        }
         let Restored {
             job,
             core,
@@ -186,7 +237,7 @@ impl super::Executor {
         let phase = manifest.phase;
         let same_store = self.config.snapshots.url.is_none()
             || self.config.snapshots.url.as_deref() == Some(url);
-        let snap = if same_store {
+        let mut snap = if same_store {
             Snapshots::restored(&manifest)
         } else {
             Snapshots {
@@ -194,6 +245,7 @@ impl super::Executor {
                 ..Snapshots::default()
             }
         };
+        snap.resumed = Some(Resumed { from, skipped });
         let mut exec = self.clone();
         if self.config.snapshots.url.is_none() {
             exec.config.snapshots.set_store(store);
@@ -211,14 +263,14 @@ impl super::Executor {
 }
 
 /// Reads committed snapshot `id` of job `J`: its manifest and the bytes of its parts (the
-/// states of pending chunks, then the kept partitions), each checked against its checksum.
+/// states of pending chunks, then the kept partitions), each checked against its checksum
+/// (a missing or corrupt one is [`Damaged`](crate::snapshot::Error::Damaged)).
 pub(crate) async fn read_snapshot<J: Job>(
     store: &Store,
     id: &SnapshotId,
 ) -> Result<(Manifest, Vec<bytes::Bytes>)> {
-    let m = store.manifest(id).await?;
+    let (m, parts) = store.read(id).await?;
     m.check_job(J::NAME)?;
-    let parts = futures::future::try_join_all(m.all_parts().map(|p| store.get_part(p))).await?;
     Ok((m, parts))
 }
 

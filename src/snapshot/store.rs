@@ -187,6 +187,18 @@ pub struct SnapshotInfo {
     pub modified: SystemTime,
 }
 
+/// A committed snapshot that [`Store::read_latest`] passed over because it is damaged (or
+/// was deleted between the listing and the read), and why.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Skipped {
+    /// The snapshot passed over.
+    pub id: SnapshotId,
+    /// Why: [`Error::Damaged`] (which object, which check), or [`Error::NotFound`] for a
+    /// snapshot deleted meanwhile.
+    pub error: Arc<Error>,
+}
+
 /// A snapshot store: a prefix in an [`ObjectStore`], opened from a URL.
 ///
 /// Cloning is cheap and clones share the store (an in-memory store too). See the
@@ -443,6 +455,77 @@ impl Store {
             check_part_key(&part.key)?;
         }
         Ok(manifest)
+    }
+
+    /// Reads committed snapshot `id` whole: its manifest and the bytes of every part it
+    /// lists (in the order of [`Manifest::all_parts`]), each checked against its size and
+    /// checksum. The caller checks the job name with [`Manifest::check_job`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if `id` is not committed (no snapshot); [`Error::Damaged`] if it
+    /// is, but its manifest or one of its parts is missing, of another size, fails its
+    /// checksum or does not decode (the error names the object and the check);
+    /// [`Error::UnsupportedVersion`] for a snapshot of another format version; the store's
+    /// failure ([`Error::Store`], [`Error::Denied`]) if it cannot be reached or refuses.
+    pub async fn read(&self, id: &SnapshotId) -> Result<(Manifest, Vec<Bytes>)> {
+        let manifest = match self.manifest(id).await {
+            Ok(m) => m,
+            Err(e @ Error::NotFound { .. }) => return Err(e),
+            Err(e) => return Err(e.damage(id, &manifest_key(id))),
+        };
+        let parts = futures::future::try_join_all(
+            manifest
+                .all_parts()
+                .map(|p| async move { self.get_part(p).await.map_err(|e| e.damage(id, &p.key)) }),
+        )
+        .await?;
+        Ok((manifest, parts))
+    }
+
+    /// Reads the newest *restorable* committed snapshot of `job_id` (see [`Store::read`]):
+    /// a damaged one is passed over for the one before it, and reported in the returned
+    /// list, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if `job_id` has no committed snapshot; the newest one's
+    /// [`Error::Damaged`] if every committed snapshot is damaged; any other error of
+    /// [`Store::read`] at once (a store that cannot be reached is not a reason to pass a
+    /// snapshot over).
+    pub async fn read_latest(
+        &self,
+        job_id: &str,
+    ) -> Result<(SnapshotId, Manifest, Vec<Bytes>, Vec<Skipped>)> {
+        let epochs = self.epochs(job_id).await?;
+        let mut damaged: Vec<(SnapshotId, Error)> = Vec::new();
+        for &epoch in epochs.iter().rev() {
+            let id = SnapshotId::new(job_id, epoch);
+            match self.read(&id).await {
+                Ok((manifest, parts)) => {
+                    let skipped = damaged
+                        .into_iter()
+                        .map(|(id, e)| Skipped {
+                            id,
+                            error: Arc::new(e),
+                        })
+                        .collect();
+                    return Ok((id, manifest, parts, skipped));
+                }
+                Err(e @ (Error::Damaged { .. } | Error::NotFound { .. })) => damaged.push((id, e)),
+                Err(e) => return Err(e),
+            }
+        }
+        match damaged
+            .into_iter()
+            .map(|(_, e)| e)
+            .find(|e| matches!(e, Error::Damaged { .. }))
+        {
+            Some(newest) => Err(newest),
+            None => Err(Error::NotFound {
+                what: format!("a committed snapshot of job {job_id} in {}", self.inner.url),
+            }),
+        }
     }
 
     /// Job ids that have objects in this store, sorted (committed or not).
