@@ -249,7 +249,10 @@ impl Store {
     /// Opens the store at `url` (see [`Store::open`]) with backend options. For `s3://`, the
     /// options are `object_store`'s `AmazonS3ConfigKey`s, for example `endpoint`, `region`,
     /// `access_key_id`, `secret_access_key`, `allow_http`; they override the `AWS_*`
-    /// environment variables. `file://` and `memory://` take no options.
+    /// environment variables. Two more set the client's retries: `max_retries` (default 10;
+    /// `0` fails at the first error, say a connection refused) and `retry_timeout` (seconds,
+    /// default 180): with the defaults, a request to an unreachable endpoint fails after
+    /// about a minute. `file://` and `memory://` take no options.
     ///
     /// # Errors
     ///
