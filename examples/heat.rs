@@ -375,7 +375,7 @@ fn with_processes(
     let spawn = || Command::new(&exe).args(["--worker", &addr]).spawn();
     let started = Instant::now();
     let handle = exec.submit(Banded(Heat::new(args.n, phases)))?;
-    let mut workers = vec![spawn()?, spawn()?];
+    let mut workers = [spawn()?, spawn()?];
     let (mut snapshot, mut killed) = (None, false);
     follow(&handle, log, started, |e| {
         let done = e.phase + 1;

@@ -47,23 +47,20 @@ impl<J: Job> State<J> {
                 Written::Failed
             };
             let unchanged = st.snap.cut.written(outcome, &mut out);
-            match &written {
-                Ok(id) => {
-                    let full = is_full(&manifest);
-                    st.snapshot_committed(full);
-                    st.snap.last_epoch = Some(id.epoch);
-                    st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
-                    st.offer_store(&shared2, None);
-                    st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
-                    let by_chunk: HashMap<ChunkId, &PartRef> =
-                        manifest.all_parts().map(|p| (p.chunk, p)).collect();
-                    for c in unchanged {
-                        if let Some(p) = by_chunk.get(&c) {
-                            st.snap.cache.insert(c, (*p).clone());
-                        }
+            if let Ok(id) = &written {
+                let full = is_full(&manifest);
+                st.snapshot_committed(full);
+                st.snap.last_epoch = Some(id.epoch);
+                st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
+                st.offer_store(&shared2, None);
+                st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
+                let by_chunk: HashMap<ChunkId, &PartRef> =
+                    manifest.all_parts().map(|p| (p.chunk, p)).collect();
+                for c in unchanged {
+                    if let Some(p) = by_chunk.get(&c) {
+                        st.snap.cache.insert(c, (*p).clone());
                     }
                 }
-                Err(_) => {}
             }
             let written = written.map_err(Cause::new);
             for r in replies {
@@ -193,13 +190,29 @@ impl super::Executor {
     ///
     /// Blocks while it reads the snapshot.
     ///
+    /// With [`At::Latest`], a damaged snapshot (a part missing or corrupt) is passed over for
+    /// the newest one that reads back whole; each one passed over is logged (`tracing`,
+    /// warning) and named, with why, in [`JobHandle::resumed`](super::JobHandle::resumed).
+    ///
     /// # Errors
     ///
-    /// [`Error::Snapshot`] for a store that cannot be read, no committed snapshot, a snapshot
-    /// of another job or format version, or a corrupt one; [`Error::Codec`] for values that do
-    /// not decode as this job's types; [`Error::Panicked`] if the job's code panics. Chunk
-    /// states are checked against their checksums here but decoded by the worker that runs
-    /// them, so a state of another type ends the job later with [`Error::Codec`].
+    /// [`Error::Snapshot`] with, told apart:
+    /// - [`NotFound`](crate::snapshot::Error::NotFound): no committed snapshot (of this job
+    ///   id, or at this epoch): a program that resumes or starts afresh starts afresh on
+    ///   this one only;
+    /// - [`Damaged`](crate::snapshot::Error::Damaged): the snapshot (with [`At::Latest`],
+    ///   the newest, when every one is damaged) is committed but an object it needs is
+    ///   missing or wrong; the error names the object and the check that failed;
+    /// - [`Store`](crate::snapshot::Error::Store), [`Denied`](crate::snapshot::Error::Denied):
+    ///   the store cannot be reached or refuses (no snapshot is passed over for that);
+    /// - [`WrongJob`](crate::snapshot::Error::WrongJob),
+    ///   [`UnsupportedVersion`](crate::snapshot::Error::UnsupportedVersion): a snapshot of
+    ///   another job or format version.
+    ///
+    /// [`Error::Codec`] for values that do not decode as this job's types;
+    /// [`Error::Panicked`] if the job's code panics. Chunk states are checked against their
+    /// checksums here but decoded by the worker that runs them, so a state of another type
+    /// ends the job later with [`Error::Codec`].
     pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
         let job_id = self.config.snapshots.job_id::<J>();

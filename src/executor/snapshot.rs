@@ -532,7 +532,7 @@ impl<J: Job> State<J> {
     fn end_if_failing(&mut self, shared: &Arc<Shared<J>>) {
         let failures = &self.snap.failures;
         let limit = shared.config.snapshots.max_failures;
-        if self.ended || !limit.is_some_and(|n| failures.in_a_row >= n) {
+        if self.ended || limit.is_none_or(|n| failures.in_a_row < n) {
             return;
         }
         let Some(last) = failures.last.clone() else {
