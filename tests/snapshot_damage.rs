@@ -512,3 +512,60 @@ fn a_job_ends_after_n_snapshots_in_a_row_failed() {
         .unwrap();
     assert_eq!(fin.value, expected(&job));
 }
+
+/// A run resumed from an older snapshot than the newest reuses that snapshot's parts in its
+/// own: the cleanup before its commit deletes the older snapshot but spares those parts, so
+/// the new snapshot reads back whole and restores.
+#[test]
+fn retention_spares_the_parts_a_resumed_run_reuses() {
+    let (url, dir) = folder("resumed-older");
+    let job = slow(300_000);
+    let older = suspended(&url, &dir, &job);
+    // Run on a little and suspend again: the chunks that ran get new parts.
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(CHUNKING)
+        .keep_snapshots(2)
+        .build()
+        .unwrap();
+    let handle = exec.resume::<Kernel>(&url, At::Latest).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let newer = handle.suspend().wait().unwrap();
+    assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));
+    assert!(newer.epoch > older.epoch);
+
+    // Back to the older one, with nothing running: its parts are reused as they are.
+    let idle = Executor::builder()
+        .local_workers(0)
+        .chunking(CHUNKING)
+        .keep_snapshots(2)
+        .build()
+        .unwrap();
+    let handle = idle.resume::<Kernel>(&url, At::Epoch(older.epoch)).unwrap();
+    let first = handle.snapshot().wait().unwrap();
+    let second = handle.snapshot().wait().unwrap();
+    handle.cancel();
+    let store = Store::open(&url).unwrap();
+    assert_eq!(
+        block_on(store.epochs(JOB)).unwrap(),
+        vec![first.epoch, second.epoch]
+    );
+    let (manifest, _) = block_on(store.read(&first)).unwrap();
+    let folder = format!("{JOB}/{:020}/", older.epoch);
+    assert!(
+        manifest.parts.iter().any(|p| p.key.starts_with(&folder)),
+        "the resumed run reuses the older snapshot's parts"
+    );
+    block_on(store.read(&second)).unwrap();
+    let fin = Executor::builder()
+        .local_workers(2)
+        .build()
+        .unwrap()
+        .resume::<Kernel>(&url, At::Epoch(first.epoch))
+        .unwrap()
+        .wait()
+        .unwrap()
+        .finished()
+        .unwrap();
+    assert_eq!(fin.value, expected(&job));
+}

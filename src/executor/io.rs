@@ -102,7 +102,8 @@ fn is_full(manifest: &Manifest) -> bool {
 /// the newest one, and that one is kept (with `keep = 1` the cleanup runs after the commit
 /// instead, as the newest is never deleted): if the commit then fails, the store holds
 /// `keep - 1`, never zero. The folder being written is above every committed epoch, which
-/// cleanup never touches, and the parts reused are the newest snapshot's, which it keeps.
+/// cleanup never touches, and the parts this snapshot reuses (the newest snapshot's, or
+/// those of an older one the run was resumed from) are spared by name.
 async fn store(
     cfg: &SnapshotConfig,
     after: Option<u64>,
@@ -147,8 +148,8 @@ async fn store(
     // Retention is housekeeping: the snapshot is committed whether or not it succeeds, and
     // a failure is logged (snapshots pile up until one succeeds).
     let keep = cfg.keep.max(1);
-    let retain = async |keep: usize| {
-        if let Err(e) = store.retain(&job_id, keep).await {
+    let retain = async |keep: usize, next: &Manifest| {
+        if let Err(e) = store.retain_before(&job_id, keep, next).await {
             tracing::warn!(
                 job_id = %job_id,
                 keep,
@@ -158,11 +159,11 @@ async fn store(
         }
     };
     if keep > 1 {
-        retain(keep - 1).await;
+        retain(keep - 1, manifest).await;
     }
     let id = store.commit(manifest).await?;
     if keep == 1 {
-        retain(1).await;
+        retain(1, manifest).await;
     }
     Ok(id)
 }

@@ -22,7 +22,11 @@
 //!    read. `put_part` returns only once the store has acknowledged the whole object (a
 //!    `file://` store fsyncs it), with its size and CRC-32C in the returned [`PartRef`]. An
 //!    incremental snapshot may instead reference a part that the newest committed manifest
-//!    already references; it must not reference any other old part.
+//!    already references (or the one its run was resumed from); it must not reference any
+//!    other old part.
+//!    The executor's writer then runs retention for the snapshot it is about to commit
+//!    (`keep - 1` kept, and every part its manifest references spared), so the store never
+//!    holds more than `keep` committed snapshots.
 //! 2. When every part of `E` is acknowledged, the manifest listing them is written with
 //!    [`Store::commit`] to `J/E/manifest` with `PutMode::Create`: the store creates it only if
 //!    no object exists at that key, atomically.
@@ -607,7 +611,21 @@ impl Store {
     /// its references are unknown), or the store's failure (what was deleted before it is
     /// not reported; run again).
     pub async fn retain(&self, job_id: &str, keep: usize) -> Result<Cleanup> {
-        self.cleanup(job_id, Some(keep.max(1))).await
+        self.cleanup(job_id, Some(keep.max(1)), None).await
+    }
+
+    /// Retention ([`Store::retain`]) run by the writer of `next`, a snapshot of `job_id`
+    /// whose parts are written but whose manifest is not committed yet: the parts `next`
+    /// references are spared too, wherever they are (an incremental snapshot of a run
+    /// resumed from an older snapshot reuses that snapshot's parts, which may be among
+    /// those deleted).
+    pub(crate) async fn retain_before(
+        &self,
+        job_id: &str,
+        keep: usize,
+        next: &Manifest,
+    ) -> Result<Cleanup> {
+        self.cleanup(job_id, Some(keep.max(1)), Some(next)).await
     }
 
     /// Garbage collection: deletes, in epoch folders up to the newest committed epoch of
@@ -620,7 +638,7 @@ impl Store {
     ///
     /// As [`Store::retain`].
     pub async fn gc(&self, job_id: &str) -> Result<Cleanup> {
-        self.cleanup(job_id, None).await
+        self.cleanup(job_id, None, None).await
     }
 
     /// Deletes snapshot `id`: its manifest first, then those of its parts that no other
@@ -669,7 +687,12 @@ impl Store {
 
     /// Retention (`Some(keep)`, `keep >= 1`) or garbage collection (`None`): see
     /// [`Store::retain`].
-    async fn cleanup(&self, job_id: &str, keep: Option<usize>) -> Result<Cleanup> {
+    async fn cleanup(
+        &self,
+        job_id: &str,
+        keep: Option<usize>,
+        next: Option<&Manifest>,
+    ) -> Result<Cleanup> {
         let scan = self.scan(job_id).await?;
         let committed = scan.committed();
         let Some(&newest) = committed.last() else {
@@ -679,7 +702,12 @@ impl Store {
         let split = committed.len() - keep.unwrap_or(usize::MAX).min(committed.len());
         let (removed, kept) = committed.split_at(split);
         // Read every kept manifest before deleting anything.
-        let referenced = self.references(job_id, kept).await?;
+        let mut referenced = self.references(job_id, kept).await?;
+        referenced.extend(
+            next.iter()
+                .flat_map(|m| m.all_parts())
+                .map(|p| p.key.clone()),
+        );
         let mut cleanup = Cleanup {
             kept_epochs: kept.to_vec(),
             ..Cleanup::default()
