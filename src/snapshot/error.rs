@@ -265,8 +265,13 @@ impl Error {
             }
             _ => false,
         };
+        // S3 answers a request into a missing bucket with 404, which `object_store` reports
+        // as a missing object: it is the store that is missing, not a snapshot, and the
+        // server's `NoSuchBucket` must reach the user.
+        let no_bucket = matches!(&source, E::NotFound { source, .. }
+            if source.to_string().contains("NoSuchBucket"));
         match source {
-            E::NotFound { .. } => Error::NotFound {
+            E::NotFound { .. } if !no_bucket => Error::NotFound {
                 what: format!("object {key:?}"),
             },
             source if denied => Error::Denied {
