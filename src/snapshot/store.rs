@@ -370,7 +370,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::Inconsistent`] for a key that is not a part key, [`Error::NotFound`],
-    /// [`Error::Size`], [`Error::Checksum`], or the store's failure.
+    /// [`Error::Size`], [`Error::Checksum`], or the store's failure. (Reading a whole
+    /// snapshot, [`Store::read`] reports the first four as [`Error::Damaged`].)
     pub async fn get_part(&self, part: &PartRef) -> Result<Bytes> {
         check_part_key(&part.key)?;
         let path = self.path(&part.key)?;
