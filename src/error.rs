@@ -120,6 +120,22 @@ pub enum Error {
     /// stays the latest. The source is why (shared by every requester of that snapshot).
     #[error("snapshot failed")]
     SnapshotFailed(#[source] Cause),
+    /// [`Builder::max_snapshot_failures`](crate::Builder::max_snapshot_failures) snapshots
+    /// failed in a row, so the job was ended rather than run on without a restore point.
+    /// The last committed snapshot, if any, stays in the store: resume from it. The source
+    /// is the last failure's cause.
+    #[error("job {job} ended after {failures} snapshots in a row failed")]
+    SnapshotsFailing {
+        /// The job's name.
+        job: &'static str,
+        /// Snapshots that failed in a row.
+        failures: u32,
+        /// The last snapshot this run committed or was resumed from, if any.
+        last_committed: Option<crate::snapshot::SnapshotId>,
+        /// Why the last one failed.
+        #[source]
+        last: Cause,
+    },
     /// A value could not be encoded or decoded with the snapshot codec.
     #[error("could not encode or decode {what}")]
     Codec {
@@ -401,6 +417,7 @@ mod tests {
     fn snapshot_errors() -> Vec<SnapshotError> {
         let sourced = |e: &SnapshotError| match e {
             SnapshotError::Decode { .. }
+            | SnapshotError::Damaged { .. }
             | SnapshotError::Denied { .. }
             | SnapshotError::Store { .. }
             | SnapshotError::Io { .. } => true,
@@ -423,6 +440,14 @@ mod tests {
             SnapshotError::Decode {
                 what: "the manifest".to_owned(),
                 source: codec_error(),
+            },
+            SnapshotError::Damaged {
+                snapshot: crate::snapshot::SnapshotId::new("job", 4),
+                object: "job/00000000000000000003/parts/0-1-00ff".to_owned(),
+                check: crate::snapshot::Check::Missing,
+                source: Box::new(SnapshotError::NotFound {
+                    what: "object \"job/00000000000000000003/parts/0-1-00ff\"".to_owned(),
+                }),
             },
             SnapshotError::Denied {
                 op: "put",
@@ -455,6 +480,7 @@ mod tests {
             | Error::RollbackFailed { .. }
             | Error::StoreUnusable { .. }
             | Error::Timeline { .. }
+            | Error::SnapshotsFailing { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -495,6 +521,15 @@ mod tests {
                     what: "cannot connect".into(),
                     source: io::Error::new(io::ErrorKind::ConnectionRefused, "refused"),
                 })),
+            },
+            Error::SnapshotsFailing {
+                job: "heat",
+                failures: 3,
+                last_committed: None,
+                last: Cause::new(Error::Codec {
+                    what: "a chunk state",
+                    source: codec_error(),
+                }),
             },
             Error::RollbackFailed {
                 job: "heat",

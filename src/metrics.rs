@@ -19,6 +19,7 @@
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
 //! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
 //! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
+//! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (asked for, periodic or a suspend's), whatever the cause; each is also logged and kept on the handle ([`JobHandle::last_snapshot_error`](crate::JobHandle::last_snapshot_error)) |
 //! | `malleable_autoscale_decisions_total` | counter | decisions | decisions of the autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) carried out (label `reason`: [`Reason::name`](crate::schedule::Reason::name)) |
 //! | `malleable_workers_draining` | gauge | workers | local threads and worker processes retiring (handing their chunks back) |
 //! | `malleable_workers_joining` | gauge | processes | worker processes started by the launcher, not connected yet |
@@ -30,7 +31,8 @@
 //! | `malleable_snapshots_total` | counter | snapshots | snapshots committed |
 //! | `malleable_snapshot_seconds` | histogram | seconds | a committed snapshot, from its marker to its commit |
 //! | `malleable_snapshot_bytes_total` | counter | bytes | bytes written for committed snapshots: their manifests and new parts (parts reused from an earlier snapshot are not counted) |
-//! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (the job went on) |
+//! | `malleable_snapshot_removal_failures_total` | counter | removals | a finished job's snapshots that could not be removed ([`Builder::remove_snapshots_when_finished`](crate::Builder::remove_snapshots_when_finished)) |
+//! | `malleable_drains_overrun_total` | counter | processes | worker processes still connected at the end of their drain's grace period, let go ([`JobHandle::drain_remote`](crate::JobHandle::drain_remote)) |
 //! | `malleable_timeline_errors_total` | counter | records | timeline records lost (label `kind`: `dropped`, the writer's queue was full; `write`, a write or flush failed; no `job` label) |
 //!
 //! Membership, progress and phase metrics are updated when something changes at the
@@ -116,7 +118,6 @@ pub(crate) struct JobMetrics {
     pub(crate) snapshots: Counter,
     pub(crate) snapshot_seconds: Histogram,
     pub(crate) snapshot_bytes: Counter,
-    pub(crate) snapshot_failures: Counter,
 }
 
 impl JobMetrics {
@@ -132,7 +133,6 @@ impl JobMetrics {
             snapshots: metrics::counter!(SNAPSHOTS, "job" => job),
             snapshot_seconds: metrics::histogram!(SNAPSHOT_SECONDS, "job" => job),
             snapshot_bytes: metrics::counter!(SNAPSHOT_BYTES, "job" => job),
-            snapshot_failures: metrics::counter!(SNAPSHOT_FAILURES, "job" => job),
         }
     }
 }

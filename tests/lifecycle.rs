@@ -48,7 +48,11 @@ fn expected() -> f64 {
 fn suspended(url: &str) -> malleable::snapshot::SnapshotId {
     let e = exec(url, 2).build().unwrap();
     let h = e.submit_or_resume(job()).unwrap();
-    assert_eq!(h.resumed_from(), None, "nothing to resume from yet");
+    assert_eq!(
+        h.resumed().map(|r| r.from),
+        None,
+        "nothing to resume from yet"
+    );
     std::thread::sleep(Duration::from_millis(50));
     let id = h.suspend().wait().unwrap();
     assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
@@ -61,7 +65,7 @@ fn submit_or_resume_starts_then_resumes_exactly() {
     let id = suspended(&url);
     let e = exec(&url, 3).build().unwrap();
     let h = e.submit_or_resume(job()).unwrap();
-    assert_eq!(h.resumed_from(), Some(id));
+    assert_eq!(h.resumed().map(|r| r.from), Some(id));
     let fin = h.wait().unwrap().finished().unwrap();
     assert_eq!(fin.value.sum.to_bits(), expected().to_bits());
     let _ = std::fs::remove_dir_all(dir);
@@ -103,7 +107,7 @@ fn resume_at_reads_the_executors_own_store() {
     let h = e
         .resume_at::<Kernel>(malleable::At::Epoch(id.epoch))
         .unwrap();
-    assert_eq!(h.resumed_from(), Some(id));
+    assert_eq!(h.resumed().map(|r| r.from), Some(id));
     let fin = h.wait().unwrap().finished().unwrap();
     assert_eq!(fin.value.sum.to_bits(), expected().to_bits());
     let _ = std::fs::remove_dir_all(dir);
@@ -131,7 +135,7 @@ fn resume_from_async_code_does_not_block_the_runtime() {
             }
         });
         let h = e.submit_or_resume_async(job()).await.unwrap();
-        assert_eq!(h.resumed_from(), Some(id));
+        assert_eq!(h.resumed().map(|r| r.from), Some(id));
         let fin = h.await.unwrap().finished().unwrap();
         ticker.abort();
         // A blocking store inside the runtime works, and is dropped here without a panic.
@@ -170,7 +174,7 @@ fn a_finished_jobs_snapshots_are_removed_when_asked() {
         .build()
         .unwrap();
     let h = e.submit_or_resume(job()).unwrap();
-    assert_eq!(h.resumed_from(), Some(id.clone()));
+    assert_eq!(h.resumed().map(|r| r.from), Some(id.clone()));
     // Another snapshot while it runs: it is removed too.
     let more = h.snapshot().wait().unwrap();
     assert!(more.epoch > id.epoch);

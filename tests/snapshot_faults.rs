@@ -159,7 +159,25 @@ fn a_corrupt_part_is_a_typed_error() {
         .unwrap()
         .resume::<Kernel>(&url, At::Latest)
         .unwrap_err();
-    assert!(matches!(err, Error::Snapshot(_)), "{err:?}");
+    // Damaged, not absent: the object and the failed check are named.
+    let key = part
+        .strip_prefix(&dir)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        matches!(
+            &err,
+            Error::Snapshot(snapshot::Error::Damaged { snapshot, object, check: snapshot::Check::Checksum, .. })
+                if *snapshot == id && *object == key
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("snapshot {id} is damaged: {key:?} fails its checksum")
+    );
     // The store's own view agrees.
     let store = Store::open(&url).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use common::{Kernel, sequential};
-use malleable::{At, Chunking, Error, Executor, Outcome};
+use malleable::{At, Chunking, Error, Executor, Outcome, snapshot};
 use support::seaweed;
 
 fn url(name: &str) -> String {
@@ -109,7 +109,6 @@ fn wrong_credentials_fail_the_snapshot_not_the_job() {
 
 #[test]
 fn a_silent_endpoint_fails_the_build() {
-    // (A missing bucket cannot be shown here: this server creates buckets on first use.)
     let server = seaweed::server();
     // An endpoint where nothing listens: given up after the check's time limit.
     let mut b = Executor::builder()
@@ -130,4 +129,74 @@ fn a_silent_endpoint_fails_the_build() {
 
 fn url_for_silent() -> String {
     format!("s3://{}/silent", seaweed::BUCKET)
+}
+
+/// A bucket that does not exist: every snapshot fails with the server's `NoSuchBucket` in
+/// its cause, on the handle too, the job goes on, and a resume says the store failed, never
+/// "no snapshot".
+#[test]
+fn a_missing_bucket_reaches_the_handle_with_its_cause() {
+    let server = seaweed::server();
+    let url = format!("s3://no-such-bucket-{}/prefix", std::process::id());
+    let mut job = Kernel::new(400_000, 4);
+    job.spin = 300;
+    // A missing bucket fails the build, with the server's answer as the cause.
+    let refused = builder(server, &url, 2).build().unwrap_err();
+    let Error::StoreUnusable {
+        source: Some(answer),
+        ..
+    } = &refused
+    else {
+        panic!("expected a store that cannot be used, got {refused:?}");
+    };
+    assert!(format!("{answer:?}").contains("NoSuchBucket"), "{answer:?}");
+    // Without the check, at every snapshot.
+    let handle = builder(server, &url, 2)
+        .check_store(false)
+        .snapshot_every(Duration::from_millis(10))
+        .build()
+        .unwrap()
+        .submit(job.clone())
+        .unwrap();
+    let err = handle.snapshot().wait().unwrap_err();
+    let Error::SnapshotFailed(cause) = &err else {
+        panic!("expected SnapshotFailed, got {err:?}");
+    };
+    assert!(
+        matches!(
+            cause.error(),
+            Error::Snapshot(snapshot::Error::Store { op: "list", .. })
+        ),
+        "{:?}",
+        cause.error()
+    );
+    assert!(cause.contains("NoSuchBucket"), "{}", &**cause);
+    let started = std::time::Instant::now();
+    while handle.snapshot_failures() < 2 {
+        assert!(!handle.is_finished(), "the job ended first");
+        assert!(started.elapsed() < Duration::from_secs(60), "no failure");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let last = handle.last_snapshot_error().expect("kept on the handle");
+    assert!(last.contains("NoSuchBucket"), "{}", &*last);
+    let watch = handle.clone();
+    let fin = handle.wait().unwrap().finished().unwrap();
+    assert_eq!(fin.value, sequential(&job, Chunking::Count(32)));
+    assert!(watch.snapshot_failures() >= 2);
+
+    let exec = builder(server, &url, 1).check_store(false).build().unwrap();
+    for at in [At::Latest, At::Epoch(0)] {
+        let err = exec.resume::<Kernel>(&url, at).unwrap_err();
+        assert!(
+            matches!(&err, Error::Snapshot(snapshot::Error::Store { .. })),
+            "{at:?}: {err:?}"
+        );
+        let mut text = err.to_string();
+        let mut next = std::error::Error::source(&err);
+        while let Some(e) = next {
+            text += &format!(": {e}");
+            next = e.source();
+        }
+        assert!(text.contains("NoSuchBucket"), "{at:?}: {text}");
+    }
 }

@@ -134,6 +134,25 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().rollbacks.clone()
     }
 
+    /// Snapshots of this job that failed so far (asked for, periodic or a suspend's),
+    /// whatever the cause. Each is also logged and counted
+    /// ([`SNAPSHOT_FAILURES`](crate::metrics::SNAPSHOT_FAILURES)).
+    pub fn snapshot_failures(&self) -> u64 {
+        self.shared.lock().snap.failures.total
+    }
+
+    /// Why the last failed snapshot failed (its error, with its sources), if one did.
+    pub fn last_snapshot_error(&self) -> Option<crate::Cause> {
+        self.shared.lock().snap.failures.last.clone()
+    }
+
+    /// For a job started by [`Executor::resume`](crate::Executor::resume): the snapshot it
+    /// was resumed from, and the damaged newer ones [`At::Latest`](crate::At::Latest) passed
+    /// over, with why.
+    pub fn resumed(&self) -> Option<super::Resumed> {
+        self.shared.lock().snap.resumed.clone()
+    }
+
     /// Worker processes connected to the job, retiring ones excluded.
     pub fn remote_workers(&self) -> usize {
         self.shared.lock().remote_count()

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::job_run::{Shared, State};
-use super::snapshot::{At, Header, Part, Reply, RunConfig, SnapshotConfig, Snapshots};
+use super::snapshot::{At, Header, Part, Reply, Resumed, RunConfig, SnapshotConfig, Snapshots};
 use crate::codec::decode;
 use crate::error::{Cause, Error, Result};
 use crate::job::Job;
@@ -50,22 +50,19 @@ impl<J: Job> State<J> {
                 Written::Failed
             };
             let unchanged = st.snap.cut.written(outcome, &mut out);
-            match &written {
-                Ok(id) => {
-                    st.snap.last_epoch = Some(id.epoch);
-                    st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
-                    st.offer_store(&shared2, None);
-                    st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
-                    let by_chunk: HashMap<ChunkId, &PartRef> =
-                        manifest.all_parts().map(|p| (p.chunk, p)).collect();
-                    for c in unchanged {
-                        if let Some(p) = by_chunk.get(&c) {
-                            st.snap.cache.insert(c, (*p).clone());
-                        }
+            if let Ok(id) = &written {
+                let full = is_full(&manifest);
+                st.snapshot_committed(full);
+                st.snap.last_epoch = Some(id.epoch);
+                st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
+                st.offer_store(&shared2, None);
+                st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
+                let by_chunk: HashMap<ChunkId, &PartRef> =
+                    manifest.all_parts().map(|p| (p.chunk, p)).collect();
+                for c in unchanged {
+                    if let Some(p) = by_chunk.get(&c) {
+                        st.snap.cache.insert(c, (*p).clone());
                     }
-                }
-                Err(e) => {
-                    tracing::warn!(job = J::NAME, error = %e, "a snapshot could not be written")
                 }
             }
             let written = written.map_err(Cause::new);
@@ -74,6 +71,9 @@ impl<J: Job> State<J> {
                     Ok(id) => Ok(id.clone()),
                     Err(e) => Err(Error::SnapshotFailed(e.clone())),
                 });
+            }
+            if let Err(cause) = &written {
+                st.snapshot_failed(cause.clone(), "to be written");
             }
             st.cut_commands(&shared2, &mut out);
             st.snap.out = out;
@@ -87,7 +87,26 @@ impl<J: Job> State<J> {
     }
 }
 
-/// Protocol step 3 on the I/O runtime: parts, then the manifest (the commit), then retention.
+/// Whether a committed snapshot references no part of an earlier one (its parts are all in
+/// its own epoch folder, `{job_id}/{epoch:020}/parts/…`).
+fn is_full(manifest: &Manifest) -> bool {
+    let folder = format!("{:020}", manifest.epoch);
+    manifest
+        .all_parts()
+        .all(|p| p.key.split('/').nth(1) == Some(folder.as_str()))
+}
+
+/// Protocol step 3 on the I/O runtime: parts, then retention down to `keep - 1` older
+/// snapshots, then the manifest (the commit).
+///
+/// Retention runs *before* the commit, once every part is durable, so that the store never
+/// holds more than `keep` committed snapshots, not even between a commit and its cleanup
+/// (where a crash used to leave `keep + 1`). It deletes only committed snapshots older than
+/// the newest one, and that one is kept (with `keep = 1` the cleanup runs after the commit
+/// instead, as the newest is never deleted): if the commit then fails, the store holds
+/// `keep - 1`, never zero. The folder being written is above every committed epoch, which
+/// cleanup never touches, and the parts this snapshot reuses (the newest snapshot's, or
+/// those of an older one the run was resumed from) are spared by name.
 async fn store(
     cfg: &SnapshotConfig,
     after: Option<u64>,
@@ -129,9 +148,26 @@ async fn store(
     refs.1.sort_by_key(|p| p.chunk);
     (manifest.parts, manifest.kept) = refs;
     manifest.done.sort_by_key(|d| d.0);
+    // Retention is housekeeping: the snapshot is committed whether or not it succeeds, and
+    // a failure is logged (snapshots pile up until one succeeds).
+    let keep = cfg.keep.max(1);
+    let retain = async |keep: usize, next: &Manifest| {
+        if let Err(e) = store.retain_before(&job_id, keep, next).await {
+            tracing::warn!(
+                job_id = %job_id,
+                keep,
+                error = &e as &dyn std::error::Error,
+                "retention of old snapshots failed"
+            );
+        }
+    };
+    if keep > 1 {
+        retain(keep - 1, manifest).await;
+    }
     let id = store.commit(manifest).await?;
-    // Retention is housekeeping: the snapshot is committed whether or not it succeeds.
-    let _ = store.retain(&job_id, cfg.keep.max(1)).await;
+    if keep == 1 {
+        retain(1, manifest).await;
+    }
     Ok(id)
 }
 
@@ -158,28 +194,57 @@ impl super::Executor {
     ///
     /// Blocks while it reads the snapshot.
     ///
+    /// With [`At::Latest`], a damaged snapshot (a part missing or corrupt) is passed over for
+    /// the newest one that reads back whole; each one passed over is logged (`tracing`,
+    /// warning) and named, with why, in [`JobHandle::resumed`](super::JobHandle::resumed).
+    ///
     /// # Errors
     ///
-    /// [`Error::Snapshot`] for a store that cannot be read, no committed snapshot, a snapshot
-    /// of another job or format version, or a corrupt one; [`Error::Codec`] for values that do
-    /// not decode as this job's types; [`Error::Panicked`] if the job's code panics. Chunk
-    /// states are checked against their checksums here but decoded by the worker that runs
-    /// them, so a state of another type ends the job later with [`Error::Codec`].
+    /// [`Error::Snapshot`] with, told apart:
+    /// - [`NotFound`](crate::snapshot::Error::NotFound): no committed snapshot (of this job
+    ///   id, or at this epoch): a program that resumes or starts afresh starts afresh on
+    ///   this one only;
+    /// - [`Damaged`](crate::snapshot::Error::Damaged): the snapshot (with [`At::Latest`],
+    ///   the newest, when every one is damaged) is committed but an object it needs is
+    ///   missing or wrong; the error names the object and the check that failed;
+    /// - [`Store`](crate::snapshot::Error::Store), [`Denied`](crate::snapshot::Error::Denied):
+    ///   the store cannot be reached or refuses (no snapshot is passed over for that);
+    /// - [`WrongJob`](crate::snapshot::Error::WrongJob),
+    ///   [`UnsupportedVersion`](crate::snapshot::Error::UnsupportedVersion): a snapshot of
+    ///   another job or format version.
+    ///
+    /// [`Error::Codec`] for values that do not decode as this job's types;
+    /// [`Error::Panicked`] if the job's code panics. Chunk states are checked against their
+    /// checksums here but decoded by the worker that runs them, so a state of another type
+    /// ends the job later with [`Error::Codec`].
     pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
         let job_id = self.config.snapshots.job_id::<J>();
         let reader = store.clone();
-        let (manifest, parts) = block_on_io(self.io.handle(), async move {
-            let id = match at {
-                At::Latest => reader.latest(&job_id).await?.ok_or_else(|| {
-                    crate::snapshot::Error::NotFound {
-                        what: format!("a committed snapshot of job {job_id}"),
-                    }
-                })?,
-                At::Epoch(e) => SnapshotId::new(job_id, e),
+        let (manifest, parts, skipped) = block_on_io(self.io.handle(), async move {
+            let (manifest, parts, skipped) = match at {
+                At::Latest => {
+                    let (_, manifest, parts, skipped) = reader.read_latest(&job_id).await?;
+                    (manifest, parts, skipped)
+                }
+                At::Epoch(e) => {
+                    let (manifest, parts) = reader.read(&SnapshotId::new(job_id, e)).await?;
+                    (manifest, parts, Vec::new())
+                }
             };
-            read_snapshot::<J>(&reader, &id).await
+            manifest.check_job(J::NAME)?;
+            Ok((manifest, parts, skipped))
         })?;
+        let from = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+        for s in &skipped {
+            tracing::warn!(
+                job = J::NAME,
+                skipped = %s.id,
+                resumed = %from,
+                error = &*s.error as &dyn std::error::Error,
+                "a damaged snapshot was passed over"
+            );
+        }
         let Restored {
             job,
             core,
@@ -189,7 +254,7 @@ impl super::Executor {
         let phase = manifest.phase;
         let same_store = self.config.snapshots.url.is_none()
             || self.config.snapshots.url.as_deref() == Some(url);
-        let snap = if same_store {
+        let mut snap = if same_store {
             Snapshots::restored(&manifest)
         } else {
             Snapshots {
@@ -197,6 +262,7 @@ impl super::Executor {
                 ..Snapshots::default()
             }
         };
+        snap.resumed = Some(Resumed { from, skipped });
         let mut exec = self.clone();
         if self.config.snapshots.url.is_none() {
             exec.config.snapshots.set_store(store);
@@ -210,20 +276,19 @@ impl super::Executor {
             run.schedule,
             run.chunking,
         )?;
-        handle.shared.lock().resumed_from = Some(SnapshotId::new(manifest.job_id, manifest.epoch));
         Ok(handle)
     }
 }
 
 /// Reads committed snapshot `id` of job `J`: its manifest and the bytes of its parts (the
-/// states of pending chunks, then the kept partitions), each checked against its checksum.
+/// states of pending chunks, then the kept partitions), each checked against its checksum
+/// (a missing or corrupt one is [`Damaged`](crate::snapshot::Error::Damaged)).
 pub(crate) async fn read_snapshot<J: Job>(
     store: &Store,
     id: &SnapshotId,
 ) -> Result<(Manifest, Vec<bytes::Bytes>)> {
-    let m = store.manifest(id).await?;
+    let (m, parts) = store.read(id).await?;
     m.check_job(J::NAME)?;
-    let parts = futures::future::try_join_all(m.all_parts().map(|p| store.get_part(p))).await?;
     Ok((m, parts))
 }
 

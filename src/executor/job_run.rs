@@ -92,8 +92,6 @@ pub(crate) struct State<J: Job> {
     pub(crate) recovering: Option<Instant>,
     /// Progress: the rate meter and the updates (`progress.rs`).
     pub(crate) published: Publisher,
-    /// The snapshot this run was resumed from.
-    pub(crate) resumed_from: Option<crate::snapshot::SnapshotId>,
     /// Metrics and timeline of the run (`watch.rs`).
     pub(crate) watch: super::watch::Watch,
 }
@@ -132,7 +130,6 @@ impl<J: Job> State<J> {
             rollbacks: Vec::new(),
             recovering: None,
             published,
-            resumed_from: None,
             watch: super::watch::Watch::new(J::NAME),
         }
     }

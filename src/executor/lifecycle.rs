@@ -9,13 +9,13 @@ use super::job_run::Shared;
 use super::{At, Executor, JobHandle};
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::snapshot::{Cleanup, SnapshotId};
+use crate::snapshot::Cleanup;
 
 impl Executor {
     /// Resumes `job`'s newest committed snapshot in this executor's store (under its job id,
     /// by default [`Job::NAME`]) if there is one, else submits `job` from its first phase:
     /// the one call a program that may have been suspended makes.
-    /// [`JobHandle::resumed_from`] says which it did.
+    /// [`JobHandle::resumed`] says which it did.
     ///
     /// It starts afresh only when the store holds no committed snapshot of the job at all;
     /// a snapshot that exists but cannot be restored is an error, never a reason to start
@@ -113,14 +113,6 @@ impl Executor {
             .map_err(Error::Spawn)?;
         rx.await
             .map_err(|_| Error::Internal("the resume thread ended without an answer".into()))?
-    }
-}
-
-impl<J: Job> JobHandle<J> {
-    /// The snapshot this run was resumed from; `None` for a job submitted from its first
-    /// phase.
-    pub fn resumed_from(&self) -> Option<SnapshotId> {
-        self.shared.lock().resumed_from.clone()
     }
 }
 

@@ -49,7 +49,7 @@ mod watch;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
 pub use progress::{Progress, ProgressUpdates};
 pub use rollback::Rollback;
-pub use snapshot::At;
+pub use snapshot::{At, Resumed};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -331,14 +331,42 @@ impl Builder {
     }
 
     /// Committed snapshots kept per job (default 2, at least 1; the newest is never deleted).
+    /// Old ones are deleted before each commit, once its parts are written, so the store
+    /// never holds more than `k` (for `k = 1`, after the commit: briefly two). Parts an
+    /// incremental snapshot shares with an older one stay as long as a kept snapshot
+    /// references them (see [`Builder::full_snapshot_every`]).
     pub fn keep_snapshots(mut self, k: usize) -> Self {
         self.config.snapshots.keep = k.max(1);
         self
     }
 
-    /// Takes a coordinated snapshot every `period` while a job runs.
+    /// Takes a coordinated snapshot every `period` while a job runs. A periodic snapshot
+    /// that fails is logged, counted and kept on the handle
+    /// ([`JobHandle::last_snapshot_error`]); see [`Builder::max_snapshot_failures`].
     pub fn snapshot_every(mut self, period: Duration) -> Self {
         self.config.snapshots.every = Some(period);
+        self
+    }
+
+    /// Ends a job with [`Error::SnapshotsFailing`] once `n` of its snapshots in a row have
+    /// failed (periodic, asked for or a suspend's; a commit starts the count again), rather
+    /// than let it run on without a restore point. The error carries the count, the last
+    /// cause and the last committed snapshot, which stays restorable. Default: never (the
+    /// job runs on; failures are logged, counted and on the handle). `n` is at least 1.
+    pub fn max_snapshot_failures(mut self, n: u32) -> Self {
+        self.config.snapshots.max_failures = Some(n.max(1));
+        self
+    }
+
+    /// Writes every `n`-th snapshot in full (counted since the last full one; `n` at least
+    /// 1, so `1` writes every snapshot in full). Other snapshots are incremental: a chunk
+    /// whose state did not change since the last commit is referenced, not written again,
+    /// so snapshots share parts and one damaged part breaks all of those that reference it.
+    /// With `full_snapshot_every(1)` the [`Builder::keep_snapshots`] kept snapshots are
+    /// independent restore points. The first snapshot of a resumed run is full. Default:
+    /// every snapshot incremental.
+    pub fn full_snapshot_every(mut self, n: u32) -> Self {
+        self.config.snapshots.full_every = Some(n.max(1));
         self
     }
 

@@ -200,6 +200,7 @@ impl<J: Job> State<J> {
         let (requests, suspend) = self.snap.cut.take_requests();
         let old = std::mem::replace(&mut self.snap, Snapshots::restored(&manifest));
         self.snap.longest = old.longest;
+        (self.snap.failures, self.snap.resumed) = (old.failures, old.resumed);
         // A part asked of a process before the rollback may still come back: it is taken
         // (and dropped) rather than counted as a broken peer.
         self.snap.held_asked = old.held_asked;

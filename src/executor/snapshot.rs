@@ -22,6 +22,25 @@
 //!    the cause; a failed snapshot changes nothing in the running job, and the previous
 //!    committed snapshot stays the latest. After a suspend's commit the job ends with
 //!    `Outcome::Suspended`.
+//!
+//! # Failures are reported
+//!
+//! Every failed snapshot, whoever asked for it (a requester, the period, a suspend), is
+//! logged (`tracing`, warning, with its cause), counted
+//! ([`SNAPSHOT_FAILURES`](crate::metrics::SNAPSHOT_FAILURES)) and kept on the job's handle
+//! ([`JobHandle::snapshot_failures`](crate::JobHandle::snapshot_failures),
+//! [`JobHandle::last_snapshot_error`](crate::JobHandle::last_snapshot_error)). With
+//! [`Builder::max_snapshot_failures`](crate::Builder::max_snapshot_failures) the job ends
+//! with [`Error::SnapshotsFailing`] after that many failures in a row; a commit resets the
+//! count.
+//!
+//! # Full snapshots
+//!
+//! An incremental snapshot references the parts of chunks unchanged since the last commit,
+//! so snapshots share parts and one damaged part breaks each of them.
+//! [`Builder::full_snapshot_every`](crate::Builder::full_snapshot_every)`(n)` makes every
+//! `n`-th snapshot (counted since the last full one) write every part again: with `n = 1`,
+//! the kept snapshots are independent restore points.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -37,7 +56,7 @@ use crate::job::Job;
 use crate::run::Held;
 use crate::run::{CAPTURE, SuspendToken};
 use crate::schedule::{ChunkId, Chunking, Core, Cut, CutCommand, Schedule, WorkerId};
-use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, SnapshotId, Store};
+use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, Skipped, SnapshotId, Store};
 use crate::wire::frame::ToWorker;
 
 /// What a running chunk left for a cut, as the executor hands it to [`Cut::captured`].
@@ -87,6 +106,13 @@ pub(crate) struct Snapshots {
     /// Worker processes that keep the partitions of chunks whose `Done` reached a cut before
     /// the ledger (their part is asked of them).
     pub(crate) kept_by: HashMap<ChunkId, u64>,
+    /// Snapshots committed since the last full one (one that referenced no part of an
+    /// earlier snapshot); `u32::MAX` when unknown (a resumed run).
+    pub(crate) since_full: u32,
+    /// Failed snapshots, for the handle and `max_snapshot_failures`.
+    pub(crate) failures: Failures,
+    /// The snapshot this run was resumed from and those passed over for it.
+    pub(crate) resumed: Option<Resumed>,
     /// The worker process each held partition's part was asked of (`CaptureHeld`): only
     /// that process's answer is taken.
     pub(crate) held_asked: HashMap<ChunkId, u64>,
@@ -102,6 +128,10 @@ pub(crate) struct SnapshotConfig {
     pub(crate) job_id: Option<String>,
     pub(crate) keep: usize,
     pub(crate) every: Option<Duration>,
+    /// Every this many snapshots, one is written in full (no part reused).
+    pub(crate) full_every: Option<u32>,
+    /// End the job after this many snapshots in a row failed.
+    pub(crate) max_failures: Option<u32>,
     pub(crate) deadline: Option<SystemTime>,
     /// Signal numbers that ask for a suspend (empty: none).
     pub(crate) signals: Vec<i32>,
@@ -120,6 +150,8 @@ impl Default for SnapshotConfig {
             job_id: None,
             keep: 2,
             every: None,
+            full_every: None,
+            max_failures: None,
             deadline: None,
             signals: Vec::new(),
             token: None,
@@ -162,10 +194,34 @@ impl SnapshotConfig {
 /// Which snapshot to resume from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum At {
-    /// The highest committed epoch.
+    /// The newest committed snapshot that can be read back whole: a damaged one (a part
+    /// missing or corrupt) is passed over for the one before it, with a warning, and named
+    /// in [`JobHandle::resumed`](crate::JobHandle::resumed).
     Latest,
-    /// This epoch.
+    /// This epoch (an error if it is damaged).
     Epoch(u64),
+}
+
+/// Where a resumed job came from, from [`JobHandle::resumed`](crate::JobHandle::resumed).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Resumed {
+    /// The snapshot the job was resumed from.
+    pub from: SnapshotId,
+    /// Newer committed snapshots passed over by [`At::Latest`] because they are damaged,
+    /// newest first, each with why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// Failed snapshots of a job run.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    /// Every failure.
+    pub(crate) total: u64,
+    /// Failures since the last commit.
+    pub(crate) in_a_row: u32,
+    /// The cause of the last one.
+    pub(crate) last: Option<Cause>,
 }
 
 /// The schedule and chunking of a run, stored in the manifest so a restore cuts the phase
@@ -183,8 +239,15 @@ impl Snapshots {
             cache: manifest.all_parts().map(|p| (p.chunk, p.clone())).collect(),
             last_epoch: Some(manifest.epoch),
             witness: Some((manifest.epoch, manifest.created_unix_ms)),
+            since_full: u32::MAX,
             ..Snapshots::default()
         }
+    }
+
+    /// Whether the next snapshot must be written in full (`full_every`).
+    fn full_due(&self, cfg: &SnapshotConfig) -> bool {
+        cfg.full_every
+            .is_some_and(|n| self.since_full.saturating_add(1) >= n.max(1))
     }
 
     /// The epoch folder the next snapshot's parts go to (the writer takes the next epoch
@@ -246,8 +309,10 @@ impl<J: Job> State<J> {
         {
             return;
         }
+        // A full snapshot reuses no part: every state is written again.
+        let full = self.snap.full_due(&shared.config.snapshots);
         let mut encoded = if self.snap.cut.is_due(&self.core) {
-            self.encode_pending()
+            self.encode_pending(full)
         } else {
             HashMap::new()
         };
@@ -266,11 +331,12 @@ impl<J: Job> State<J> {
             ..
         } = self;
         let (cut, cache) = (&mut snap.cut, &snap.cache);
+        let reuse = |c: &ChunkId| if full { None } else { cache.get(c) };
         let header = |core: &Core<J::Reducer, Held<J::Chunk>>| {
             let run = RunConfig { schedule, chunking };
             header::<J>(cfg, run, job.as_deref(), *phase, *iterations_before, core)
         };
-        let part_of = |c: ChunkId, state: &Held<J::Chunk>| match cache.get(&c) {
+        let part_of = |c: ChunkId, state: &Held<J::Chunk>| match reuse(&c) {
             Some(p) => Ok(Some(Part::Reuse(p.clone()))),
             None => match encoded.remove(&c) {
                 Some(bytes) => Ok(Some(Part::New(bytes?))),
@@ -289,15 +355,13 @@ impl<J: Job> State<J> {
     /// taken out of the ledger, serialized on a scoped thread and put back, all under the
     /// job's lock: the workers waiting for the lock lend their cores. Few states are left to
     /// the marker itself.
-    fn encode_pending(&mut self) -> HashMap<ChunkId, Result<bytes::Bytes>> {
+    fn encode_pending(&mut self, full: bool) -> HashMap<ChunkId, Result<bytes::Bytes>> {
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let cache = &self.snap.cache;
-        let live = |c: &ChunkId, h: &&mut Held<J::Chunk>| {
-            !cache.contains_key(c) && matches!(h, Held::Live(_))
-        };
-        let unwritten = |(c, h): &(ChunkId, &Held<J::Chunk>)| {
-            !cache.contains_key(c) && matches!(h, Held::Live(_))
-        };
+        let stored = |c: &ChunkId| !full && cache.contains_key(c);
+        let live = |c: &ChunkId, h: &&mut Held<J::Chunk>| !stored(c) && matches!(h, Held::Live(_));
+        let unwritten =
+            |(c, h): &(ChunkId, &Held<J::Chunk>)| !stored(c) && matches!(h, Held::Live(_));
         let count = self.core.suspended().filter(unwritten).count()
             + self.core.kept().filter(unwritten).count();
         if threads < 2 || count < 2 {
@@ -432,16 +496,72 @@ impl<J: Job> State<J> {
                 CutCommand::Unhalt if self.rolling_back() => {}
                 CutCommand::Unhalt => self.drive_core(Core::unhalt),
                 CutCommand::Fail { replies, error } => {
-                    tracing::warn!(job = J::NAME, %error, "a snapshot failed before its write");
                     self.watch_snapshot_failed(&error);
                     let cause = Cause::new(error);
                     for r in replies {
                         let _ = r.send(Err(Error::SnapshotFailed(cause.clone())));
                     }
+                    self.snapshot_failed(cause, "before its write");
                 }
                 CutCommand::Write(write) => self.write(shared, write),
             }
         }
+        self.end_if_failing(shared);
+    }
+
+    /// A snapshot failed (its requesters have their answer): logged, counted and kept for
+    /// the handle. Whether the job must end is seen by `end_if_failing`, once the commands
+    /// at hand are carried out.
+    pub(crate) fn snapshot_failed(&mut self, cause: Cause, when: &str) {
+        let failures = &mut self.snap.failures;
+        failures.total += 1;
+        failures.in_a_row = failures.in_a_row.saturating_add(1);
+        let in_a_row = failures.in_a_row;
+        tracing::warn!(
+            job = J::NAME,
+            in_a_row,
+            error = &cause as &dyn std::error::Error,
+            "a snapshot failed {when}: {}",
+            &*cause
+        );
+        metrics::counter!(crate::metrics::SNAPSHOT_FAILURES, "job" => J::NAME).increment(1);
+        failures.last = Some(cause);
+    }
+
+    /// Ends the job with [`Error::SnapshotsFailing`] if `max_snapshot_failures` snapshots
+    /// failed in a row. Nothing computed since is lost that a restore could have had: the
+    /// error names the last committed snapshot, which stays in the store.
+    fn end_if_failing(&mut self, shared: &Arc<Shared<J>>) {
+        let failures = &self.snap.failures;
+        let limit = shared.config.snapshots.max_failures;
+        if self.ended || limit.is_none_or(|n| failures.in_a_row < n) {
+            return;
+        }
+        let Some(last) = failures.last.clone() else {
+            return;
+        };
+        let error = Error::SnapshotsFailing {
+            job: J::NAME,
+            failures: failures.in_a_row,
+            last_committed: self
+                .snap
+                .last_epoch
+                .map(|e| SnapshotId::new(shared.config.snapshots.job_id::<J>(), e)),
+            last,
+        };
+        tracing::warn!(job = J::NAME, error = %error, "the job ends");
+        self.fail(shared, error);
+    }
+
+    /// A snapshot was committed: the failures in a row start again from zero, and a full
+    /// one restarts the count towards the next full one.
+    pub(crate) fn snapshot_committed(&mut self, full: bool) {
+        self.snap.failures.in_a_row = 0;
+        self.snap.since_full = if full {
+            0
+        } else {
+            self.snap.since_full.saturating_add(1)
+        };
     }
 
     /// Runs `f` on the core (halt, unhalt) and carries out its commands; none is for the

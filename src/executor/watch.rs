@@ -168,20 +168,17 @@ impl<J: Job> State<J> {
                     suspend,
                 }
             }
-            Err(e) => {
-                m.snapshot_failures.increment(1);
-                Event::SnapshotFailed {
-                    seconds: Some(took.as_secs_f64()),
-                    error: chain(e),
-                }
-            }
+            // Counted by `snapshot_failed` (`snapshot.rs`), with every other failure.
+            Err(e) => Event::SnapshotFailed {
+                seconds: Some(took.as_secs_f64()),
+                error: chain(e),
+            },
         };
         self.record(event);
     }
 
     /// A snapshot failed before its write (a state did not serialize, the job ended).
     pub(crate) fn watch_snapshot_failed(&mut self, error: &Error) {
-        self.watch.metrics.snapshot_failures.increment(1);
         self.record(Event::SnapshotFailed {
             seconds: None,
             error: chain(error),

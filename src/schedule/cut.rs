@@ -36,7 +36,8 @@
 //! # Suspend
 //!
 //! [`Cut::suspend`] halts the core ([`CutCommand::Halt`]): running chunks are interrupted and
-//! handed back. Once no chunk runs (*quiescence*) and no write is in flight, [`Cut::poll`]
+//! handed back. An open cut of snapshot requests is dropped and its requesters wait for the
+//! suspend's snapshot instead, so no extra snapshot is committed while the job suspends. Once no chunk runs (*quiescence*) and no write is in flight, [`Cut::poll`]
 //! starts the suspend's cut, which then needs no capture: the whole ledger is pending, done or
 //! suspended. After a commit the executor ends the job with the snapshot; if the write fails,
 //! the cut un-halts the core ([`CutCommand::Unhalt`]) and the job goes on.
@@ -192,11 +193,24 @@ impl<H, P, O, R> Cut<H, P, O, R> {
     }
 
     /// Asks for a suspend: halts the core now (the first time) and snapshots at quiescence.
+    ///
+    /// A cut of snapshot requests whose marker is out gives way to the suspend: its captures
+    /// are withdrawn and its requesters get the suspend's snapshot, so no other snapshot is
+    /// committed on the way to the suspend (a periodic snapshot started just before a
+    /// deadline would otherwise delay it by a whole write). A cut already being written
+    /// still completes.
     pub fn suspend<E>(&mut self, reply: Option<R>, out: &mut Vec<CutCommand<H, P, O, R, E>>) {
         match &mut self.suspend {
             Some(replies) => replies.extend(reply),
             None => {
-                self.suspend = Some(reply.into_iter().collect());
+                let mut replies: Vec<R> = reply.into_iter().collect();
+                if let Some(open) = self.open.take_if(|o| !o.suspend) {
+                    for &worker in open.waiting.values() {
+                        out.push(CutCommand::Withdraw { worker });
+                    }
+                    replies.extend(open.replies);
+                }
+                self.suspend = Some(replies);
                 out.push(CutCommand::Halt);
             }
         }

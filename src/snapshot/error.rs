@@ -1,4 +1,11 @@
 //! The error type of the snapshot area: decoding, checking and storing snapshots.
+//!
+//! Three answers a reader must tell apart: *no snapshot* ([`Error::NotFound`]: nothing was
+//! committed there), *a damaged snapshot* ([`Error::Damaged`]: committed, but an object it
+//! needs is missing or wrong, named with the check that failed), and *a store that cannot be
+//! reached or refuses* ([`Error::Store`], [`Error::Denied`], [`Error::Io`]).
+
+use super::store::SnapshotId;
 
 /// A `Result` with the snapshot [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -87,11 +94,30 @@ pub enum Error {
     /// an index out of range, …).
     #[error("inconsistent snapshot manifest: {0}")]
     Inconsistent(String),
-    /// Nothing is stored where something was expected.
+    /// Nothing is stored where something was expected: for a snapshot, it was never
+    /// committed (or was deleted). A snapshot that is committed but misses one of its
+    /// parts is [`Error::Damaged`], never this.
     #[error("not found: {what}")]
     NotFound {
         /// What was looked for.
         what: String,
+    },
+    /// A committed snapshot that cannot be read back as it was written: one of its objects
+    /// (its manifest or a part) is missing, has another size than recorded, fails its
+    /// checksum or does not decode. The source is the failed check with its details. Other
+    /// committed snapshots may still be restorable ([`At::Latest`](crate::At::Latest) tries
+    /// them, newest first).
+    #[error("snapshot {snapshot} is damaged: {object:?} {check}")]
+    Damaged {
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// The key of the object that failed its check, relative to the store's prefix.
+        object: String,
+        /// Which check failed.
+        check: Check,
+        /// The failed check's error.
+        #[source]
+        source: Box<Error>,
     },
     /// Another writer already committed this epoch of this job: the conditional create of the
     /// manifest lost. The snapshot being written is not committed.
@@ -171,7 +197,57 @@ pub enum Error {
     },
 }
 
+/// Which check of a stored object failed, in [`Error::Damaged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Check {
+    /// The object is not in the store.
+    Missing,
+    /// It has another size than its reference records.
+    Size,
+    /// Its CRC-32C checksum does not match.
+    Checksum,
+    /// Its bytes do not form what they should (magic, length, encoding, or a manifest that
+    /// contradicts its key or the format's rules).
+    Format,
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Check::Missing => "is missing",
+            Check::Size => "has the wrong size",
+            Check::Checksum => "fails its checksum",
+            Check::Format => "does not decode",
+        })
+    }
+}
+
 impl Error {
+    /// This error of reading `object` of committed snapshot `snapshot`, as
+    /// [`Error::Damaged`] when it says the object is missing or wrong; an error of the store
+    /// itself (unreachable, refused) or of a foreign snapshot (another version or job) is
+    /// returned unchanged.
+    pub(crate) fn damage(self, snapshot: &SnapshotId, object: &str) -> Error {
+        let check = match &self {
+            Error::NotFound { .. } => Check::Missing,
+            Error::Size { .. } => Check::Size,
+            Error::Checksum { .. } => Check::Checksum,
+            Error::BadMagic { .. }
+            | Error::Truncated { .. }
+            | Error::TrailingBytes { .. }
+            | Error::Decode { .. }
+            | Error::Inconsistent(_) => Check::Format,
+            _ => return self,
+        };
+        Error::Damaged {
+            snapshot: snapshot.clone(),
+            object: object.to_owned(),
+            check,
+            source: Box::new(self),
+        }
+    }
+
     /// Maps an object-store failure of `op` on `key` to the matching variant: missing objects
     /// become [`Error::NotFound`], refused credentials [`Error::Denied`], the rest
     /// [`Error::Store`] (the source is kept in both).
@@ -189,8 +265,13 @@ impl Error {
             }
             _ => false,
         };
+        // S3 answers a request into a missing bucket with 404, which `object_store` reports
+        // as a missing object: it is the store that is missing, not a snapshot, and the
+        // server's `NoSuchBucket` must reach the user.
+        let no_bucket = matches!(&source, E::NotFound { source, .. }
+            if source.to_string().contains("NoSuchBucket"));
         match source {
-            E::NotFound { .. } => Error::NotFound {
+            E::NotFound { .. } if !no_bucket => Error::NotFound {
                 what: format!("object {key:?}"),
             },
             source if denied => Error::Denied {

@@ -29,13 +29,13 @@ mod open;
 pub mod store;
 
 pub use blocking::BlockingStore;
-pub use error::{Error, Result};
+pub use error::{Check, Error, Result};
 pub use format::{
     FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
     encode_manifest,
 };
 pub(crate) use open::shareable_options;
 pub use store::{
-    Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, SnapshotId, SnapshotInfo, Store,
-    check_job_id,
+    Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, Skipped, SnapshotId,
+    SnapshotInfo, Store, check_job_id,
 };

@@ -160,6 +160,10 @@ fn open_memory(url: &Url, shown: &str) -> Result<(Arc<dyn ObjectStore>, Path)> {
 /// `from_env`, and every key has to be parsed here anyway to report a bad one, so the builder
 /// is used directly.
 ///
+/// Two options are this crate's, not `object_store`'s keys: [`RETRIES`] and
+/// [`RETRY_TIMEOUT`], its client's retry policy (by default 10 retries within 3 minutes, so
+/// an unreachable endpoint fails a request only after about a minute).
+///
 /// [`ObjectStoreScheme::parse`]: object_store::ObjectStoreScheme::parse
 #[cfg(feature = "s3")]
 fn open_s3(
@@ -169,7 +173,29 @@ fn open_s3(
 ) -> Result<(Arc<dyn ObjectStore>, Path)> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     let mut builder = AmazonS3Builder::from_env().with_url(url.as_str());
+    let mut retry = object_store::RetryConfig::default();
     for (key, value) in options {
+        let bad = |reason: String| Error::InvalidOption {
+            key: key.clone(),
+            reason,
+        };
+        match key.to_ascii_lowercase().as_str() {
+            RETRIES => {
+                retry.max_retries = value
+                    .parse()
+                    .map_err(|_| bad(format!("{value:?} is not a number of retries")))?;
+                continue;
+            }
+            RETRY_TIMEOUT => {
+                retry.retry_timeout = value
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                    .ok_or_else(|| bad(format!("{value:?} is not a number of seconds")))?;
+                continue;
+            }
+            _ => {}
+        }
         let config: AmazonS3ConfigKey =
             key.to_ascii_lowercase()
                 .parse()
@@ -179,7 +205,10 @@ fn open_s3(
                 })?;
         builder = builder.with_config(config, value);
     }
-    let store = builder.build().map_err(|e| invalid(shown, e.to_string()))?;
+    let store = builder
+        .with_retry(retry)
+        .build()
+        .map_err(|e| invalid(shown, e.to_string()))?;
     let (_, prefix) =
         object_store::ObjectStoreScheme::parse(url).map_err(|e| invalid(shown, e.to_string()))?;
     Ok((Arc::new(store), prefix))
@@ -196,6 +225,13 @@ fn open_s3(
         "s3:// stores need the `s3` feature of malleable".to_owned(),
     ))
 }
+
+/// S3 option: how many times a failed request (a connection refused, a server error) is
+/// retried, with exponential backoff (default 10; `0` fails at the first error).
+pub(crate) const RETRIES: &str = "max_retries";
+/// S3 option: seconds after the first attempt of a request beyond which it is not retried
+/// (default 180).
+pub(crate) const RETRY_TIMEOUT: &str = "retry_timeout";
 
 /// `url` without user info, query or fragment, for messages (it did not parse as a URL).
 pub(crate) fn redact(url: &str) -> String {
@@ -233,6 +269,8 @@ const SHAREABLE: &[&str] = &[
     "aws_default_region",
     "allow_http",
     "aws_allow_http",
+    RETRIES,
+    RETRY_TIMEOUT,
     "virtual_hosted_style_request",
     "aws_virtual_hosted_style_request",
     "bucket",
@@ -390,6 +428,15 @@ mod tests {
         match open("s3://bucket/p", options(&["no_such_option"])) {
             Err(Error::InvalidOption { key, .. }) => assert_eq!(key, "no_such_option"),
             r => panic!("expected InvalidOption, got {:?}", r.err()),
+        }
+        let retries = |k: &str, v: &str| vec![(k.to_owned(), v.to_owned())];
+        assert!(open("s3://bucket/p", retries("max_retries", "0")).is_ok());
+        assert!(open("s3://bucket/p", retries("retry_timeout", "2.5")).is_ok());
+        for (k, v) in [("max_retries", "-1"), ("retry_timeout", "soon")] {
+            match open("s3://bucket/p", retries(k, v)) {
+                Err(Error::InvalidOption { key, .. }) => assert_eq!(key, k),
+                r => panic!("{k}={v}: expected InvalidOption, got {:?}", r.err()),
+            }
         }
     }
 

@@ -22,7 +22,11 @@
 //!    read. `put_part` returns only once the store has acknowledged the whole object (a
 //!    `file://` store fsyncs it), with its size and CRC-32C in the returned [`PartRef`]. An
 //!    incremental snapshot may instead reference a part that the newest committed manifest
-//!    already references; it must not reference any other old part.
+//!    already references (or the one its run was resumed from); it must not reference any
+//!    other old part.
+//!    The executor's writer then runs retention for the snapshot it is about to commit
+//!    (`keep - 1` kept, and every part its manifest references spared), so the store never
+//!    holds more than `keep` committed snapshots.
 //! 2. When every part of `E` is acknowledged, the manifest listing them is written with
 //!    [`Store::commit`] to `J/E/manifest` with `PutMode::Create`: the store creates it only if
 //!    no object exists at that key, atomically.
@@ -187,6 +191,18 @@ pub struct SnapshotInfo {
     pub modified: SystemTime,
 }
 
+/// A committed snapshot that [`Store::read_latest`] passed over because it is damaged (or
+/// was deleted between the listing and the read), and why.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Skipped {
+    /// The snapshot passed over.
+    pub id: SnapshotId,
+    /// Why: [`Error::Damaged`] (which object, which check), or [`Error::NotFound`] for a
+    /// snapshot deleted meanwhile.
+    pub error: Arc<Error>,
+}
+
 /// A snapshot store: a prefix in an [`ObjectStore`], opened from a URL.
 ///
 /// Cloning is cheap and clones share the store (an in-memory store too). See the
@@ -237,7 +253,10 @@ impl Store {
     /// Opens the store at `url` (see [`Store::open`]) with backend options. For `s3://`, the
     /// options are `object_store`'s `AmazonS3ConfigKey`s, for example `endpoint`, `region`,
     /// `access_key_id`, `secret_access_key`, `allow_http`; they override the `AWS_*`
-    /// environment variables. `file://` and `memory://` take no options.
+    /// environment variables. Two more set the client's retries: `max_retries` (default 10;
+    /// `0` fails at the first error, say a connection refused) and `retry_timeout` (seconds,
+    /// default 180): with the defaults, a request to an unreachable endpoint fails after
+    /// about a minute. `file://` and `memory://` take no options.
     ///
     /// # Errors
     ///
@@ -351,7 +370,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::Inconsistent`] for a key that is not a part key, [`Error::NotFound`],
-    /// [`Error::Size`], [`Error::Checksum`], or the store's failure.
+    /// [`Error::Size`], [`Error::Checksum`], or the store's failure. (Reading a whole
+    /// snapshot, [`Store::read`] reports the first four as [`Error::Damaged`].)
     pub async fn get_part(&self, part: &PartRef) -> Result<Bytes> {
         check_part_key(&part.key)?;
         let path = self.path(&part.key)?;
@@ -445,6 +465,77 @@ impl Store {
         Ok(manifest)
     }
 
+    /// Reads committed snapshot `id` whole: its manifest and the bytes of every part it
+    /// lists (in the order of [`Manifest::all_parts`]), each checked against its size and
+    /// checksum. The caller checks the job name with [`Manifest::check_job`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if `id` is not committed (no snapshot); [`Error::Damaged`] if it
+    /// is, but its manifest or one of its parts is missing, of another size, fails its
+    /// checksum or does not decode (the error names the object and the check);
+    /// [`Error::UnsupportedVersion`] for a snapshot of another format version; the store's
+    /// failure ([`Error::Store`], [`Error::Denied`]) if it cannot be reached or refuses.
+    pub async fn read(&self, id: &SnapshotId) -> Result<(Manifest, Vec<Bytes>)> {
+        let manifest = match self.manifest(id).await {
+            Ok(m) => m,
+            Err(e @ Error::NotFound { .. }) => return Err(e),
+            Err(e) => return Err(e.damage(id, &manifest_key(id))),
+        };
+        let parts = futures::future::try_join_all(
+            manifest
+                .all_parts()
+                .map(|p| async move { self.get_part(p).await.map_err(|e| e.damage(id, &p.key)) }),
+        )
+        .await?;
+        Ok((manifest, parts))
+    }
+
+    /// Reads the newest *restorable* committed snapshot of `job_id` (see [`Store::read`]):
+    /// a damaged one is passed over for the one before it, and reported in the returned
+    /// list, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] if `job_id` has no committed snapshot; the newest one's
+    /// [`Error::Damaged`] if every committed snapshot is damaged; any other error of
+    /// [`Store::read`] at once (a store that cannot be reached is not a reason to pass a
+    /// snapshot over).
+    pub async fn read_latest(
+        &self,
+        job_id: &str,
+    ) -> Result<(SnapshotId, Manifest, Vec<Bytes>, Vec<Skipped>)> {
+        let epochs = self.epochs(job_id).await?;
+        let mut damaged: Vec<(SnapshotId, Error)> = Vec::new();
+        for &epoch in epochs.iter().rev() {
+            let id = SnapshotId::new(job_id, epoch);
+            match self.read(&id).await {
+                Ok((manifest, parts)) => {
+                    let skipped = damaged
+                        .into_iter()
+                        .map(|(id, e)| Skipped {
+                            id,
+                            error: Arc::new(e),
+                        })
+                        .collect();
+                    return Ok((id, manifest, parts, skipped));
+                }
+                Err(e @ (Error::Damaged { .. } | Error::NotFound { .. })) => damaged.push((id, e)),
+                Err(e) => return Err(e),
+            }
+        }
+        match damaged
+            .into_iter()
+            .map(|(_, e)| e)
+            .find(|e| matches!(e, Error::Damaged { .. }))
+        {
+            Some(newest) => Err(newest),
+            None => Err(Error::NotFound {
+                what: format!("a committed snapshot of job {job_id} in {}", self.inner.url),
+            }),
+        }
+    }
+
     /// Job ids that have objects in this store, sorted (committed or not).
     ///
     /// # Errors
@@ -521,7 +612,21 @@ impl Store {
     /// its references are unknown), or the store's failure (what was deleted before it is
     /// not reported; run again).
     pub async fn retain(&self, job_id: &str, keep: usize) -> Result<Cleanup> {
-        self.cleanup(job_id, Some(keep.max(1))).await
+        self.cleanup(job_id, Some(keep.max(1)), None).await
+    }
+
+    /// Retention ([`Store::retain`]) run by the writer of `next`, a snapshot of `job_id`
+    /// whose parts are written but whose manifest is not committed yet: the parts `next`
+    /// references are spared too, wherever they are (an incremental snapshot of a run
+    /// resumed from an older snapshot reuses that snapshot's parts, which may be among
+    /// those deleted).
+    pub(crate) async fn retain_before(
+        &self,
+        job_id: &str,
+        keep: usize,
+        next: &Manifest,
+    ) -> Result<Cleanup> {
+        self.cleanup(job_id, Some(keep.max(1)), Some(next)).await
     }
 
     /// Garbage collection: deletes, in epoch folders up to the newest committed epoch of
@@ -534,7 +639,7 @@ impl Store {
     ///
     /// As [`Store::retain`].
     pub async fn gc(&self, job_id: &str) -> Result<Cleanup> {
-        self.cleanup(job_id, None).await
+        self.cleanup(job_id, None, None).await
     }
 
     /// Deletes snapshot `id`: its manifest first, then those of its parts that no other
@@ -581,8 +686,9 @@ impl Store {
         Ok(cleanup)
     }
 
-    /// Checks that the store can be written: puts a small object under the prefix (named
-    /// `.malleable-check-…`, never a job id), reads it back and deletes it.
+    /// Checks that the store can be listed and written: lists the prefix, puts a small
+    /// object under it (named `.malleable-check-…`, never a job id), reads it back and
+    /// deletes it.
     ///
     /// # Errors
     ///
@@ -590,6 +696,13 @@ impl Store {
     /// credentials, [`Error::Store`] for the rest); [`Error::Inconsistent`] if what is read
     /// back differs.
     pub async fn check_writable(&self) -> Result<()> {
+        // A list first: some servers create a missing bucket on a put, but answer a list
+        // with `NoSuchBucket`.
+        self.inner
+            .store
+            .list_with_delimiter(Some(&self.inner.prefix))
+            .await
+            .map_err(|e| Error::store("list", "", e))?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -663,7 +776,12 @@ impl Store {
 
     /// Retention (`Some(keep)`, `keep >= 1`) or garbage collection (`None`): see
     /// [`Store::retain`].
-    async fn cleanup(&self, job_id: &str, keep: Option<usize>) -> Result<Cleanup> {
+    async fn cleanup(
+        &self,
+        job_id: &str,
+        keep: Option<usize>,
+        next: Option<&Manifest>,
+    ) -> Result<Cleanup> {
         let scan = self.scan(job_id).await?;
         let committed = scan.committed();
         let Some(&newest) = committed.last() else {
@@ -673,7 +791,12 @@ impl Store {
         let split = committed.len() - keep.unwrap_or(usize::MAX).min(committed.len());
         let (removed, kept) = committed.split_at(split);
         // Read every kept manifest before deleting anything.
-        let referenced = self.references(job_id, kept).await?;
+        let mut referenced = self.references(job_id, kept).await?;
+        referenced.extend(
+            next.iter()
+                .flat_map(|m| m.all_parts())
+                .map(|p| p.key.clone()),
+        );
         let mut cleanup = Cleanup {
             kept_epochs: kept.to_vec(),
             ..Cleanup::default()

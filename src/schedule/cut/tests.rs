@@ -1138,33 +1138,68 @@ fn a_failed_suspend_write_unhalts_the_core() {
     assert_eq!(x.take(), vec![Did::Halt]);
 }
 
+/// A suspend asked while a cut of requests (a periodic snapshot, say) waits for captures:
+/// that cut gives way, and one snapshot, the suspend's, answers everyone. Before, the open
+/// cut was written first and the suspend's snapshot after it: two commits while suspending.
 #[test]
-fn a_suspend_during_a_cut_waits_for_its_write() {
+fn a_suspend_during_an_open_cut_takes_its_requesters() {
     let mut x = Exec::dynamic(2, 10);
     let (a, b) = (x.join(), x.join());
+    x.step(a, 2);
     let r1 = x.request();
     x.poll();
+    assert!(x.cut.is_open());
     x.take();
     let r2 = x.suspend(true).unwrap();
-    assert_eq!(x.take(), vec![Did::Halt]);
-    x.adjust(a); // interrupted: hands back, which is also the cut's capture
-    x.adjust(b);
     assert_eq!(
         x.take(),
-        vec![Did::Write {
-            suspend: false,
-            replies: vec![r1]
-        }]
+        vec![Did::Withdraw(a), Did::Withdraw(b), Did::Halt]
     );
-    x.poll();
-    assert!(x.take().is_empty(), "one write at a time");
-    x.written(Written::Committed);
+    assert!(!x.cut.is_open() && x.cut.suspending());
+    x.adjust(a); // interrupted: hands back
+    x.adjust(b);
+    assert!(x.take().is_empty(), "no cut of requests is written");
     x.poll();
     assert_eq!(
         x.take(),
         vec![Did::Write {
             suspend: true,
-            replies: vec![r2]
+            replies: vec![r2, r1]
+        }]
+    );
+    x.written(Written::Committed);
+    assert!(x.ended);
+    assert_eq!(x.answered[&r1], Answer::Committed);
+    assert_eq!(x.answered[&r2], Answer::Committed);
+}
+
+/// A cut already being written when the suspend is asked still completes; the suspend's
+/// snapshot follows it, and requests made meanwhile join the suspend's.
+#[test]
+fn a_suspend_during_a_write_waits_for_it() {
+    let mut x = Exec::dynamic(2, 10);
+    let (a, b) = (x.join(), x.join());
+    let r1 = x.request();
+    x.poll();
+    x.adjust(a);
+    x.adjust(b);
+    assert!(x.cut.is_writing());
+    x.take();
+    let r2 = x.suspend(true).unwrap();
+    assert_eq!(x.take(), vec![Did::Halt]);
+    let r3 = x.request();
+    x.adjust(a); // interrupted: hands back
+    x.adjust(b);
+    x.poll();
+    assert!(x.take().is_empty(), "one write at a time");
+    x.written(Written::Committed);
+    assert_eq!(x.answered[&r1], Answer::Committed);
+    x.poll();
+    assert_eq!(
+        x.take(),
+        vec![Did::Write {
+            suspend: true,
+            replies: vec![r2, r3]
         }]
     );
 }
