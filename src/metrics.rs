@@ -118,6 +118,8 @@ pub(crate) struct JobMetrics {
     pub(crate) snapshots: Counter,
     pub(crate) snapshot_seconds: Histogram,
     pub(crate) snapshot_bytes: Counter,
+    /// Registered with the others, so that a scrape shows 0 before any failure.
+    pub(crate) snapshot_failures: Counter,
 }
 
 impl JobMetrics {
@@ -133,6 +135,7 @@ impl JobMetrics {
             snapshots: metrics::counter!(SNAPSHOTS, "job" => job),
             snapshot_seconds: metrics::histogram!(SNAPSHOT_SECONDS, "job" => job),
             snapshot_bytes: metrics::counter!(SNAPSHOT_BYTES, "job" => job),
+            snapshot_failures: metrics::counter!(SNAPSHOT_FAILURES, "job" => job),
         }
     }
 }

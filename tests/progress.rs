@@ -100,16 +100,19 @@ fn the_rate_after_a_resume_counts_this_run_only() {
     let p = h.progress();
     let mine = p.done_all_phases - before;
     let elapsed = t0.elapsed().as_secs_f64();
-    // This run did `mine` iterations in at most `elapsed`: the rate is at least that over
-    // `elapsed`, and (the run started after `t0`, within a resume) not twice that. Counting
-    // the work before the resume, it would be more than 10 times.
+    // This run did `mine` iterations in at most `elapsed`. The rate is a moving average, so
+    // it lags the run's own average a little (the start is slower), but it is of that
+    // order; counting the work before the resume, it would be more than 5 times it.
     assert!(mine > 0);
-    let rate_bound = mine as f64 / elapsed;
+    let average = mine as f64 / elapsed;
     assert!(
-        p.rate >= rate_bound * 0.99 && p.rate <= rate_bound * 2.0,
-        "rate {} for {mine} iterations in {elapsed:.3} s ({} done before)",
+        p.rate >= average * 0.5 && p.rate <= average * 2.0,
+        "rate {} for {mine} iterations in {elapsed:.3} s ({before} done before)",
         p.rate,
-        before
+    );
+    assert!(
+        before as f64 > 5.0 * mine as f64,
+        "{before} done before, {mine} after"
     );
     h.cancel();
     let _ = h.wait();

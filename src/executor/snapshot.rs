@@ -524,8 +524,8 @@ impl<J: Job> State<J> {
             "a snapshot failed {when}: {}",
             &*cause
         );
-        metrics::counter!(crate::metrics::SNAPSHOT_FAILURES, "job" => J::NAME).increment(1);
         failures.last = Some(cause);
+        self.watch.metrics.snapshot_failures.increment(1);
     }
 
     /// Ends the job with [`Error::SnapshotsFailing`] if `max_snapshot_failures` snapshots

@@ -24,7 +24,7 @@ use crate::timeline::{Ending, Event, Sink};
 
 /// What a job run reports, and what it last reported.
 pub(crate) struct Watch {
-    metrics: JobMetrics,
+    pub(crate) metrics: JobMetrics,
     sink: Option<Arc<Sink>>,
     /// When the current phase started (or the run, or its restart after a rollback).
     phase_started: Instant,
