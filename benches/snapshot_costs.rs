@@ -270,6 +270,7 @@ fn commit_vs_raw_put(rt: &tokio::runtime::Runtime, parts: usize, part_bytes: usi
             done: Vec::new(),
             parts: refs,
             kept: Vec::new(),
+            job_version: 1,
         };
         let manifest_len = malleable::snapshot::encode_manifest(&manifest).len();
         rt.block_on(store.commit(&manifest)).unwrap();

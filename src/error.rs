@@ -428,6 +428,7 @@ mod tests {
             | SnapshotError::Size { .. }
             | SnapshotError::Checksum { .. }
             | SnapshotError::WrongJob { .. }
+            | SnapshotError::WrongJobVersion { .. }
             | SnapshotError::Inconsistent(_)
             | SnapshotError::NotFound { .. }
             | SnapshotError::EpochTaken { .. }

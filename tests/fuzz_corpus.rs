@@ -111,6 +111,7 @@ fn manifest(chunks: u64, done: u64, parts: u64, blob: usize) -> Manifest {
                 crc32c: 0x8765_4321 ^ i as u32,
             })
             .collect(),
+        job_version: 1,
     }
 }
 

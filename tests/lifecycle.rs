@@ -249,3 +249,67 @@ fn build_refuses_an_invalid_job_id() {
     );
     assert!(text.contains("\"a/b\""), "{text}");
 }
+
+/// A loop whose snapshots are resumed by a program with another version of its code.
+macro_rules! versioned {
+    ($name:ident, $version:expr) => {
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct $name {
+            n: u64,
+        }
+        impl malleable::Fold for $name {
+            const NAME: &'static str = "lifecycle-versioned";
+            const VERSION: u32 = $version;
+            type Acc = u64;
+            type Reducer = malleable::reduce::Sum<u64>;
+            type Input = ();
+            fn iterations(&self) -> u64 {
+                self.n
+            }
+            fn reducer(&self) -> malleable::reduce::Sum<u64> {
+                malleable::reduce::Sum::new()
+            }
+            fn body(&self, _: &(), acc: &mut u64, i: u64) {
+                std::hint::black_box(&acc);
+                *acc += i;
+            }
+        }
+    };
+}
+versioned!(Old, 1);
+versioned!(New, 2);
+
+#[test]
+fn a_snapshot_of_another_job_version_is_refused_naming_both() {
+    let (url, dir) = folder("versions");
+    let e = exec(&url, 1).build().unwrap();
+    let h = e.submit(malleable::Folded(Old { n: 200_000_000 })).unwrap();
+    let id = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    let err = e
+        .resume_at::<malleable::Folded<New>>(malleable::At::Epoch(id.epoch))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            malleable::Error::Snapshot(malleable::snapshot::Error::WrongJobVersion {
+                snapshot: 1,
+                code: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("version 1") && text.contains("version 2"),
+        "{text}"
+    );
+    // The same version resumes it.
+    let h = e
+        .resume_at::<malleable::Folded<Old>>(malleable::At::Epoch(id.epoch))
+        .unwrap();
+    let sum = h.wait().unwrap().finished().unwrap().into_value();
+    assert_eq!(sum, (0..200_000_000u64).sum::<u64>());
+    let _ = std::fs::remove_dir_all(dir);
+}

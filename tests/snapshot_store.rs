@@ -78,6 +78,7 @@ fn manifest(job_id: &str, epoch: u64, parts: Vec<PartRef>) -> Manifest {
         done: vec![(1, vec![5; 8])],
         parts,
         kept: Vec::new(),
+        job_version: 1,
     }
 }
 
@@ -323,17 +324,17 @@ async fn corruption(b: &Backend) {
         s.manifest(&id(2)).await,
         Err(Error::Truncated { .. })
     ));
-    let mut v3 = encoded.clone();
-    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
-    b.put_raw(&manifest_key(2), v3).await;
+    let mut v4 = encoded.clone();
+    v4[8..12].copy_from_slice(&4u32.to_le_bytes());
+    b.put_raw(&manifest_key(2), v4).await;
     match s.manifest(&id(2)).await {
         Err(
             e @ Error::UnsupportedVersion {
-                found: 3,
-                supported: 2,
+                found: 4,
+                supported: 3,
             },
         ) => {
-            assert!(e.to_string().contains("version 3"), "{e}");
+            assert!(e.to_string().contains("version 4"), "{e}");
         }
         r => panic!("expected UnsupportedVersion, got {r:?}"),
     }

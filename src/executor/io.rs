@@ -233,6 +233,7 @@ impl super::Executor {
                 }
             };
             manifest.check_job(J::NAME)?;
+            manifest.check_job_version(J::VERSION)?;
             Ok((manifest, parts, skipped))
         })?;
         let from = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
@@ -289,6 +290,7 @@ pub(crate) async fn read_snapshot<J: Job>(
 ) -> Result<(Manifest, Vec<bytes::Bytes>)> {
     let (m, parts) = store.read(id).await?;
     m.check_job(J::NAME)?;
+    m.check_job_version(J::VERSION)?;
     Ok((m, parts))
 }
 

@@ -617,6 +617,7 @@ fn header<J: Job>(
         done,
         parts: Vec::new(),
         kept: Vec::new(),
+        job_version: J::VERSION,
     };
     Ok(Header {
         manifest,

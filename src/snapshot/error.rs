@@ -82,6 +82,21 @@ pub enum Error {
         #[source]
         source: postcard::Error,
     },
+    /// The snapshot was written by another version of the job's code
+    /// ([`Job::VERSION`](crate::Job::VERSION)).
+    #[error(
+        "the snapshot of job {job:?} was written by version {snapshot} of its code, this program \
+         has version {code} (Job::VERSION): its values may not read back; resume it with the \
+         program of version {snapshot}, or start the job afresh"
+    )]
+    WrongJobVersion {
+        /// The job's name.
+        job: String,
+        /// The version in the snapshot.
+        snapshot: u32,
+        /// This program's version.
+        code: u32,
+    },
     /// The snapshot belongs to another job (another [`Job::NAME`](crate::Job::NAME)).
     #[error("the snapshot is of job {found:?}, not {expected:?}")]
     WrongJob {

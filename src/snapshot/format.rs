@@ -40,8 +40,14 @@ use super::error::{Error, Result};
 
 /// The version of the manifest format that this build writes and reads.
 ///
-/// Version 2 added [`Manifest::kept`] (the owned partitions of done chunks).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 2 added [`Manifest::kept`] (the owned partitions of done chunks); version 3
+/// [`Manifest::job_version`]. A manifest of version 2 is still read, as one of job version 1
+/// (the version every job had before there were versions), and upgraded in memory to this
+/// version.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The oldest manifest format this build reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 2;
 
 /// The first 8 bytes of every manifest file.
 pub const MAGIC: [u8; 8] = *b"MLBLSNAP";
@@ -97,6 +103,74 @@ pub struct Manifest {
     /// For a job with owned partitions: the partitions of done chunks (folded below
     /// `merged` or in `done`), which the next phase runs from, stored as parts.
     pub kept: Vec<PartRef>,
+    /// The job's [`Job::VERSION`](crate::Job::VERSION): the serialized form of its values.
+    pub job_version: u32,
+}
+
+/// [`Manifest`] as format version 2 wrote it (without `job_version`).
+#[derive(Deserialize)]
+struct ManifestV2 {
+    format_version: u32,
+    job_name: String,
+    job_id: String,
+    epoch: u64,
+    created_unix_ms: u64,
+    job: Vec<u8>,
+    phase: u64,
+    iterations_before: u64,
+    iterations_done: u64,
+    iterations_total: u64,
+    chunks: u64,
+    config: Vec<u8>,
+    merged: u64,
+    reduced: Vec<u8>,
+    done: Vec<(u64, Vec<u8>)>,
+    parts: Vec<PartRef>,
+    kept: Vec<PartRef>,
+}
+
+impl ManifestV2 {
+    fn upgrade(self) -> Manifest {
+        let ManifestV2 {
+            format_version: _,
+            job_name,
+            job_id,
+            epoch,
+            created_unix_ms,
+            job,
+            phase,
+            iterations_before,
+            iterations_done,
+            iterations_total,
+            chunks,
+            config,
+            merged,
+            reduced,
+            done,
+            parts,
+            kept,
+        } = self;
+        Manifest {
+            format_version: FORMAT_VERSION,
+            job_name,
+            job_id,
+            epoch,
+            created_unix_ms,
+            job,
+            phase,
+            iterations_before,
+            iterations_done,
+            iterations_total,
+            chunks,
+            config,
+            merged,
+            reduced,
+            done,
+            parts,
+            kept,
+            job_version: 1,
+        }
+    }
 }
 
 /// A reference from a manifest to one part: a suspended chunk's state stored as its own
@@ -127,6 +201,25 @@ impl Manifest {
             Err(Error::WrongJob {
                 expected: name.to_owned(),
                 found: self.job_name.clone(),
+            })
+        }
+    }
+
+    /// Checks that this snapshot was written by the same version of the job's code
+    /// ([`Job::VERSION`](crate::Job::VERSION)) as `version`: another version's values may
+    /// not decode, or decode into something else.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongJobVersion`] when the versions differ.
+    pub fn check_job_version(&self, version: u32) -> Result<()> {
+        if self.job_version == version {
+            Ok(())
+        } else {
+            Err(Error::WrongJobVersion {
+                job: self.job_name.clone(),
+                snapshot: self.job_version,
+                code: version,
             })
         }
     }
@@ -257,7 +350,7 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
     reader.take::<8>(WHAT)?;
     // Format version: checked before anything else of the file is trusted.
     let version = u32::from_le_bytes(reader.take::<4>(WHAT)?);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(Error::UnsupportedVersion {
             found: version,
             supported: FORMAT_VERSION,
@@ -295,14 +388,25 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
         what: "snapshot manifest body".to_owned(),
         source,
     };
-    let (manifest, left): (Manifest, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
+    let (manifest, left): (Manifest, _) = if version == 2 {
+        let (old, left): (ManifestV2, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
+        if old.format_version != version {
+            return Err(Error::Inconsistent(format!(
+                "the header says format version {version}, the body {}",
+                old.format_version
+            )));
+        }
+        (old.upgrade(), left)
+    } else {
+        postcard::take_from_bytes(body).map_err(decode_error)?
+    };
     if !left.is_empty() {
         return Err(Error::TrailingBytes {
             what: "snapshot manifest body",
             extra: left.len() as u64,
         });
     }
-    if manifest.format_version != version {
+    if version != 2 && manifest.format_version != version {
         return Err(Error::Inconsistent(format!(
             "the header says format version {version}, the body {}",
             manifest.format_version
@@ -399,7 +503,97 @@ mod tests {
                 size: 2,
                 crc32c: crc32c::crc32c(b"ef"),
             }],
+            job_version: 1,
         }
+    }
+
+    #[test]
+    fn a_manifest_of_format_version_2_reads_as_job_version_1() {
+        // Version 2's body: the same fields without `job_version`, written field for field.
+        #[derive(Serialize)]
+        struct V2<'a>(
+            u32,
+            &'a str,
+            &'a str,
+            u64,
+            u64,
+            &'a [u8],
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            &'a [u8],
+            u64,
+            &'a [u8],
+            &'a [(u64, Vec<u8>)],
+            &'a [PartRef],
+            &'a [PartRef],
+        );
+        let m = sample();
+        let body = postcard::to_allocvec(&V2(
+            2,
+            &m.job_name,
+            &m.job_id,
+            m.epoch,
+            m.created_unix_ms,
+            &m.job,
+            m.phase,
+            m.iterations_before,
+            m.iterations_done,
+            m.iterations_total,
+            m.chunks,
+            &m.config,
+            m.merged,
+            &m.reduced,
+            &m.done,
+            &m.parts,
+            &m.kept,
+        ))
+        .unwrap();
+        let mut file = MAGIC.to_vec();
+        file.extend_from_slice(&2u32.to_le_bytes());
+        file.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        file.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        file.extend_from_slice(&body);
+        let read = decode_manifest(&file).unwrap();
+        assert_eq!(
+            read,
+            Manifest {
+                job_version: 1,
+                ..m.clone()
+            }
+        );
+        // A version 1 file is still refused.
+        file[8..12].copy_from_slice(&1u32.to_le_bytes());
+        assert!(matches!(
+            decode_manifest(&file),
+            Err(Error::UnsupportedVersion { found: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn another_job_version_is_refused_naming_both() {
+        let m = Manifest {
+            job_version: 3,
+            ..sample()
+        };
+        m.check_job_version(3).unwrap();
+        let e = m.check_job_version(4).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::WrongJobVersion {
+                snapshot: 3,
+                code: 4,
+                ..
+            }
+        ));
+        let text = e.to_string();
+        assert!(
+            text.contains("version 3") && text.contains("version 4"),
+            "{text}"
+        );
+        assert!(text.contains("Job::VERSION"), "{text}");
     }
 
     #[test]
@@ -455,12 +649,12 @@ mod tests {
             Err(Error::BadMagic { .. })
         ));
         let mut b = bytes.clone();
-        b[8..12].copy_from_slice(&3u32.to_le_bytes());
+        b[8..12].copy_from_slice(&4u32.to_le_bytes());
         assert!(matches!(
             decode_manifest(&b),
             Err(Error::UnsupportedVersion {
-                found: 3,
-                supported: 2
+                found: 4,
+                supported: 3
             })
         ));
         let mut b = bytes.clone();
