@@ -4,6 +4,7 @@
 //! a real S3 server: SeaweedFS on loopback, provisioned by `tests/support/seaweed.rs`).
 
 mod common;
+#[cfg(feature = "s3")]
 mod support;
 
 use std::path::PathBuf;
