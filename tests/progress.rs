@@ -111,10 +111,7 @@ fn the_rate_after_a_resume_counts_this_run_only() {
         "rate {} for {mine} iterations in {elapsed:.3} s ({before} done before)",
         p.rate,
     );
-    assert!(
-        before as f64 > 5.0 * mine as f64,
-        "{before} done before, {mine} after"
-    );
+    assert!(before > 2 * mine, "{before} done before, {mine} after");
     h.cancel();
     let _ = h.wait();
     let _ = std::fs::remove_dir_all(&dir);
