@@ -125,7 +125,7 @@ pub mod cluster {
         AuthFailure, CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher,
         TOKEN_ENV, Token, frame, handshake,
     };
-    pub use crate::worker::{Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve};
+    pub use crate::worker::{GRACE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve};
 }
 
 pub use error::{Cause, Error, Result, Site};

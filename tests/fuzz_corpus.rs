@@ -351,7 +351,13 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             "heartbeat-idle",
             ToCoordinator::Heartbeat { progress: vec![] },
         ),
-        ("leave", ToCoordinator::Leave),
+        ("leave", ToCoordinator::Leave { grace_ms: None }),
+        (
+            "leave-grace",
+            ToCoordinator::Leave {
+                grace_ms: Some(5_000),
+            },
+        ),
         (
             "undecodable",
             ToCoordinator::Undecodable {
@@ -503,7 +509,7 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     let hello = versioned(&a_hello(&["kmeans"]));
     let heartbeat = encode(&ToCoordinator::Heartbeat { progress: vec![5] });
     let done = encode(&to_coordinator_messages()[0].1);
-    let leave = encode(&ToCoordinator::Leave);
+    let leave = encode(&ToCoordinator::Leave { grace_ms: None });
     f(
         "valid-stream-session",
         stream(&[&hello, &heartbeat, &done, &leave]),

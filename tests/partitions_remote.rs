@@ -131,7 +131,10 @@ fn worker_process() {
     let Ok(addr) = std::env::var(ADDR_ENV) else {
         return;
     };
-    let options = WorkerOptions::from_env().unwrap().threads(1);
+    let mut options = WorkerOptions::from_env().unwrap().threads(1);
+    if std::env::var_os(cluster::GRACE_ENV).is_some() {
+        options = options.stop_on_signals();
+    }
     match cluster::serve(&addr, &Registry::new().register::<Banded<Grid>>(), options) {
         Ok(_) => std::process::exit(0),
         Err(e) => {
@@ -478,5 +481,40 @@ fn a_drained_process_that_outlives_its_grace_period_is_let_go() {
     );
     let _ = a.kill();
     let _ = a.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process with a grace period of its own (`MALLEABLE_GRACE`) that gets SIGTERM leaves as
+/// a drained one: it hands its partitions back, exits cleanly, and the grid is exact.
+#[test]
+fn a_process_leaving_with_a_grace_period_is_drained() {
+    let (dir, url) = folder("grace");
+    let exec = coordinator_with_snapshots(1, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(200);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, &addr)
+        .env(cluster::GRACE_ENV, "5")
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("one process", || h.remote_workers() == 1);
+    until("phase 20", || phase_of(&h) >= 20);
+    let s = Command::new("kill")
+        .arg("-TERM")
+        .arg(a.id().to_string())
+        .status()
+        .unwrap();
+    assert!(s.success());
+    until("the process leaving", || h.remote_workers() == 0);
+    assert!(a.wait().unwrap().success(), "the process ended cleanly");
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    assert!(h.rollbacks().is_empty(), "{:?}", h.rollbacks());
+    assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
     let _ = std::fs::remove_dir_all(&dir);
 }

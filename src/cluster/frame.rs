@@ -30,8 +30,9 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// hello names each job with its version ([`JobType`](super::handshake::JobType)), the
 /// welcome names the job's version, and a worker with the job in another version is refused
 /// (`Refusal::JobVersion`); a worker that cannot decode the job value or a halo says so
-/// (`ToCoordinator::Undecodable`).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// (`ToCoordinator::Undecodable`). Version 7: `Leave` may carry a grace period
+/// ([`WorkerOptions::grace`](crate::cluster::WorkerOptions::grace)).
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
 /// ends, the next is already there, and the round trip of its `Done` and the following `Run`
@@ -271,8 +272,13 @@ pub enum ToCoordinator {
         progress: Vec<u64>,
     },
     /// The worker process is asked to stop: retire all its slots (their chunks come back
-    /// as `Yielded`), then send `End`.
-    Leave,
+    /// as `Yielded`), then send `End`; with a grace period (milliseconds), as a drain
+    /// ([`JobHandle::drain_remote`](crate::JobHandle::drain_remote)): a snapshot near its end
+    /// if the process is still there, and let go at its end.
+    Leave {
+        /// The grace period in milliseconds, if the process has one.
+        grace_ms: Option<u64>,
+    },
     /// A piece of a message too long for one frame; `more` is false on the last one.
     Piece {
         /// Whether more pieces follow.

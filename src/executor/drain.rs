@@ -37,20 +37,27 @@ impl<J: Job> JobHandle<J> {
         if ids.is_empty() {
             return 0;
         }
-        tracing::info!(
-            job = J::NAME,
-            processes = ids.len(),
-            ?grace,
-            "draining worker processes"
-        );
-        let weak = Arc::downgrade(&self.shared);
         let count = ids.len();
-        self.shared
-            .io
-            .handle()
-            .spawn(watch(weak, ids, grace, Instant::now()));
+        watch_drain(&self.shared, ids, grace);
         count
     }
+}
+
+/// Watches the drain of connections `ids` (already retired) for `grace`; see the module's
+/// docs. Also for a worker process that left with a grace period of its own
+/// ([`WorkerOptions::grace`](crate::cluster::WorkerOptions::grace)).
+pub(crate) fn watch_drain<J: Job>(shared: &Arc<Shared<J>>, ids: Vec<ConnId>, grace: Duration) {
+    tracing::info!(
+        job = J::NAME,
+        processes = ids.len(),
+        ?grace,
+        "draining worker processes"
+    );
+    let weak = Arc::downgrade(shared);
+    shared
+        .io
+        .handle()
+        .spawn(watch(weak, ids, grace, Instant::now()));
 }
 
 /// The clock of one drain.

@@ -990,8 +990,11 @@ impl<J: Job> State<J> {
                 }
                 return Ok(());
             }
-            ToCoordinator::Leave => {
+            ToCoordinator::Leave { grace_ms } => {
                 self.retire_conn(shared, id);
+                if let Some(ms) = grace_ms {
+                    super::drain::watch_drain(shared, vec![id], Duration::from_millis(ms));
+                }
                 return Ok(());
             }
             ToCoordinator::Captured { slot, chunk, state } => {

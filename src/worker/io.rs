@@ -23,6 +23,7 @@ pub(super) struct Io {
     pub(super) max_message: usize,
     pub(super) stop: Option<SuspendToken>,
     pub(super) signals: bool,
+    pub(super) grace: Option<Duration>,
     pub(super) dialled: std::time::Instant,
     pub(super) first_run: std::cell::Cell<Option<Duration>>,
     pub(super) parts_written: std::cell::Cell<u64>,
@@ -310,7 +311,10 @@ impl Io {
             };
             if stop_now {
                 left = true;
-                self.write(sink.send(frame::encode(&ToCoordinator::Leave)))
+                let grace_ms = self
+                    .grace
+                    .map(|g| g.as_millis().min(u64::MAX as u128) as u64);
+                self.write(sink.send(frame::encode(&ToCoordinator::Leave { grace_ms })))
                     .await?;
             }
         }

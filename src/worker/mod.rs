@@ -85,6 +85,10 @@ type Runner = fn(&tokio::runtime::Runtime, Session) -> Result<Served, Error>;
 /// [`WorkerOptions::wait_for_job`] from: a number of seconds, such as `30` or `2.5`.
 pub const WAIT_FOR_JOB_ENV: &str = "MALLEABLE_WAIT_FOR_JOB";
 
+/// The environment variable [`WorkerOptions::from_env`] reads [`WorkerOptions::grace`] from:
+/// a number of seconds.
+pub const GRACE_ENV: &str = "MALLEABLE_GRACE";
+
 /// The job types a worker process can run.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -142,6 +146,7 @@ pub struct WorkerOptions {
     wait_for_job: Duration,
     stop: Option<SuspendToken>,
     signals: bool,
+    grace: Option<Duration>,
 }
 
 impl Default for WorkerOptions {
@@ -155,6 +160,7 @@ impl Default for WorkerOptions {
             wait_for_job: Duration::ZERO,
             stop: None,
             signals: false,
+            grace: None,
         }
     }
 }
@@ -173,9 +179,14 @@ impl WorkerOptions {
             None => Duration::ZERO,
             Some(v) => seconds(WAIT_FOR_JOB_ENV, &v.to_string_lossy())?,
         };
+        let grace = match std::env::var_os(GRACE_ENV) {
+            None => None,
+            Some(v) => Some(seconds(GRACE_ENV, &v.to_string_lossy())?),
+        };
         Ok(WorkerOptions {
             token: Token::from_env()?,
             wait_for_job,
+            grace,
             ..WorkerOptions::default()
         })
     }
@@ -235,6 +246,17 @@ impl WorkerOptions {
     /// Leave the job gracefully on SIGTERM or SIGINT.
     pub fn stop_on_signals(mut self) -> Self {
         self.signals = true;
+        self
+    }
+
+    /// When this process is asked to stop (the stop token, or a signal with
+    /// [`stop_on_signals`](Self::stop_on_signals)), it has `grace` before it is gone (a spot
+    /// instance's notice, a pod's termination grace period): the coordinator drains it as
+    /// [`JobHandle::drain_remote`](crate::JobHandle::drain_remote) does, taking a snapshot
+    /// near the end of `grace` if the process still holds work, and letting it go at the end.
+    /// Also read from [`GRACE_ENV`] (seconds) by [`from_env`](Self::from_env).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = Some(grace);
         self
     }
 }
@@ -465,6 +487,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         max_message: options.max_message,
         stop: options.stop.clone(),
         signals: options.signals,
+        grace: options.grace,
         dialled,
         first_run: std::cell::Cell::new(None),
         parts_written: std::cell::Cell::new(0),
