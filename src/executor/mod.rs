@@ -554,7 +554,8 @@ impl Builder {
             }
         }
         if let Some(a) = &self.config.autoscale {
-            a.validate().map_err(Error::InvalidConfig)?;
+            a.validate()
+                .map_err(|e| Error::InvalidConfig(e.to_string()))?;
             let cluster = &self.config.cluster;
             if a.bounds.max_remote > 0 && (cluster.listen.is_none() || cluster.launcher.is_none()) {
                 return Err(Error::InvalidConfig(

@@ -37,8 +37,9 @@
 //!
 //! [`Cut::suspend`] halts the core ([`CutCommand::Halt`]): running chunks are interrupted and
 //! handed back. An open cut of snapshot requests is dropped and its requesters wait for the
-//! suspend's snapshot instead, so no extra snapshot is committed while the job suspends. Once no chunk runs (*quiescence*) and no write is in flight, [`Cut::poll`]
-//! starts the suspend's cut, which then needs no capture: the whole ledger is pending, done or
+//! suspend's snapshot instead, so no extra snapshot is committed while the job suspends. Once
+//! no chunk runs (*quiescence*) and no write is in flight, [`Cut::poll`] starts the suspend's
+//! cut, which then needs no capture: the whole ledger is pending, done or
 //! suspended. After a commit the executor ends the job with the snapshot; if the write fails,
 //! the cut un-halts the core ([`CutCommand::Unhalt`]) and the job goes on.
 //!

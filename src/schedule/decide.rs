@@ -278,11 +278,11 @@ impl Autoscale {
     ///
     /// # Errors
     ///
-    /// A message naming the first field out of bounds.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`InvalidPolicy`] naming the first field out of bounds.
+    pub fn validate(&self) -> Result<(), InvalidPolicy> {
         let b = &self.bounds;
         let h = &self.hysteresis;
-        let bad = |what: &str| Err(format!("autoscale: {what}"));
+        let bad = |what: &'static str| Err(InvalidPolicy(what));
         match self.goal {
             Goal::Throughput(t) if !(t.is_finite() && t > 0.0) => {
                 return bad("the target throughput must be a positive number");
@@ -316,6 +316,19 @@ impl Autoscale {
         Ok(())
     }
 }
+
+/// An [`Autoscale`] policy with a field out of its bounds: this layer's own refusal (it has
+/// no `crate::Error`); the executor's `build` turns it into an invalid configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidPolicy(&'static str);
+
+impl std::fmt::Display for InvalidPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "autoscale: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidPolicy {}
 
 /// What the executor measured, once per period.
 #[derive(Debug, Clone, Copy)]

@@ -15,7 +15,8 @@
 //!   the time in, worker counts out, each decision with its [`Reason`]; also a state machine.
 //!
 //! This layer is pure: no tokio, no crossbeam, no atomics, no clock, and no `crate::Error`
-//! (its refusals are its own small types: [`Rejected`], and `Invalid` for a chunking policy).
+//! (its refusals are its own small types: [`Rejected`], `Invalid` for a chunking policy and
+//! [`InvalidPolicy`] for an autoscaling policy).
 //!
 //! # What every schedule keeps
 //!
@@ -41,8 +42,8 @@ pub use self::core::{ChunkId, Command, Core, Event, Rejected, Work, WorkerId};
 #[doc(hidden)]
 pub use cut::{Captured, Cut, CutCommand, Write, Written};
 pub use decide::{
-    Autoscale, Bounds, Costs, Decider, Decision, Direction, Goal, Hysteresis, Kind, Measurement,
-    Reason,
+    Autoscale, Bounds, Costs, Decider, Decision, Direction, Goal, Hysteresis, InvalidPolicy, Kind,
+    Measurement, Reason,
 };
 pub use guided::Guided;
 pub use plan::Chunking;

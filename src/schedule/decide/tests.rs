@@ -633,3 +633,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_policy_out_of_bounds_is_refused_with_its_own_type() {
+    let ok = policy(Goal::Throughput(1000.0), 2);
+    assert_eq!(ok.validate(), Ok(()));
+    let bad = policy(Goal::Throughput(-1.0), 2).validate().unwrap_err();
+    assert_eq!(
+        bad.to_string(),
+        "autoscale: the target throughput must be a positive number"
+    );
+    let none = policy(Goal::Throughput(1.0), 2)
+        .local(0, 0)
+        .validate()
+        .unwrap_err();
+    assert_eq!(none.to_string(), "autoscale: the bounds allow no worker");
+}
