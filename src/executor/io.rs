@@ -177,12 +177,8 @@ pub(crate) fn block_on_io<T: Send + 'static>(
     io: &tokio::runtime::Handle,
     fut: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    io.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    rx.recv()
-        .map_err(|_| Error::Internal("the I/O runtime stopped".into()))?
+    crate::snapshot::block_on(io, fut)
+        .unwrap_or_else(|| Err(Error::Internal("the I/O runtime stopped".into())))
 }
 
 impl super::Executor {

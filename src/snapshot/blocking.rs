@@ -48,6 +48,20 @@ impl fmt::Debug for BlockingStore {
     }
 }
 
+/// Runs `fut` on the runtime of `handle` and blocks the calling thread until it is done,
+/// without entering a runtime, so this works from any thread, inside an async context too.
+/// `None` if the runtime dropped the task (it was shutting down).
+pub(crate) fn block_on<T: Send + 'static>(
+    handle: &tokio::runtime::Handle,
+    fut: impl Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    handle.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().ok()
+}
+
 impl BlockingStore {
     /// Opens the store at `url`; see [`Store::open`].
     ///
@@ -101,20 +115,17 @@ impl BlockingStore {
         self.store.url()
     }
 
-    /// Runs `fut` on the runtime and waits for it (without entering a runtime on this
-    /// thread, so this works inside one too).
+    /// Runs `fut` on the runtime and waits for it.
     fn run<T: Send + 'static>(
         &self,
         fut: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        let (tx, rx) = std::sync::mpsc::channel();
         let rt = self.rt.0.as_ref().expect("taken only on drop");
-        rt.spawn(async move {
-            let _ = tx.send(fut.await);
-        });
-        rx.recv().map_err(|_| {
-            Error::Inconsistent("the blocking store's runtime dropped a call".into())
-        })?
+        block_on(rt.handle(), fut).unwrap_or_else(|| {
+            Err(Error::Inconsistent(
+                "the blocking store's runtime dropped a call".into(),
+            ))
+        })
     }
 
     /// See [`Store::jobs`].

@@ -29,6 +29,7 @@ mod open;
 pub mod store;
 
 pub use blocking::BlockingStore;
+pub(crate) use blocking::block_on;
 pub use error::{Check, Error, Result};
 pub use format::{
     FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
