@@ -130,8 +130,8 @@ pub mod cluster {
 
 pub use error::{Cause, Error, Result, Site};
 pub use executor::{
-    At, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress, ProgressUpdates,
-    Resumed, Rollback, SnapshotRequest,
+    At, AutoscaleStatus, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress,
+    ProgressUpdates, Resumed, Rollback, SnapshotRequest,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Ownership, Partition, Step, Value};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use super::job_run::Shared;
 use super::members::Member;
 use crate::job::Job;
-use crate::schedule::{Autoscale, Decider, Decision, Goal, Measurement};
+use crate::schedule::{Autoscale, Decider, Decision, Goal, Kind, Measurement};
 use crate::wire::frame::SLOTS_PER_THREAD;
 
 impl Autoscale {
@@ -34,6 +34,28 @@ impl Autoscale {
 
 fn parallelism() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// What a job's autoscaler has decided and learned, from
+/// [`JobHandle::autoscale`](crate::JobHandle::autoscale).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct AutoscaleStatus {
+    /// Decisions taken in this run of the job.
+    pub decisions: u64,
+    /// The last one, with its reason.
+    pub last: Option<Decision>,
+    /// The measured delay from asking for a worker process to its joining (the configured
+    /// [`Costs::remote_join`](crate::schedule::Costs::remote_join) until one joined).
+    pub join_delay: Duration,
+    /// Bytes of owned partitions that moved per worker process added or removed: measured
+    /// (the configured [`Costs::move_bytes`](crate::schedule::Costs::move_bytes) until a
+    /// change of worker processes was measured). Partitions moving between the local
+    /// threads of this process are not copied and cost no bytes.
+    pub move_bytes: u64,
+    /// Bytes per second partitions arrived from worker processes at (the configured
+    /// [`Costs::bandwidth`](crate::schedule::Costs::bandwidth) until one arrived).
+    pub bandwidth: f64,
 }
 
 /// The decider of one job run and the buffers its measurements are built in.
@@ -83,12 +105,25 @@ impl Scaler {
                     .values()
                     .map(|r| r / f64::from(SLOTS_PER_THREAD)),
             );
+            // What moved since the last look: the cost of the last change.
+            let (bytes, took) = std::mem::take(&mut st.remote.fetched);
+            self.decider.moved(bytes, took);
+            self.decider
+                .moved(std::mem::take(&mut st.remote.sent), Duration::ZERO);
             let progress = st.progress();
-            let later = policy
-                .phases
-                .or(progress.phases)
-                .map_or(0, |n| n.saturating_sub(progress.phase + 1));
-            let left = (progress.total - progress.done) + later * progress.total;
+            // The work left: the current phase's and, when the job says how many phases it
+            // runs, the later ones' (each as large). Without a count, a deadline takes the
+            // current phase as the last (as `Autoscale::phases` documents); a throughput
+            // goal takes the work left as unknown, so that the job is not judged about to
+            // end at every phase's tail (which would stop every grow that takes a join).
+            let now_left = progress.total - progress.done;
+            let left = match (policy.phases.or(progress.phases), policy.goal) {
+                (Some(n), _) => {
+                    Some(now_left + n.saturating_sub(progress.phase + 1) * progress.total)
+                }
+                (None, Goal::FinishWithin(_)) => Some(now_left),
+                (None, _) => None,
+            };
             (
                 progress.done_all_phases,
                 left,
@@ -99,13 +134,24 @@ impl Scaler {
         let m = Measurement {
             now: shared.started.elapsed(),
             done,
-            left: Some(left),
+            left,
             local,
             remote,
             local_rates: &self.local_rates,
             remote_rates: &self.remote_rates,
         };
-        if let Some(d) = self.decider.observe(&m) {
+        let decision = self.decider.observe(&m);
+        let mut st = shared.lock();
+        let last = decision.or(st.autoscale.and_then(|a| a.last));
+        st.autoscale = Some(AutoscaleStatus {
+            decisions: self.decider.decisions(),
+            last,
+            join_delay: self.decider.join_delay(),
+            move_bytes: self.decider.move_bytes(Kind::Remote),
+            bandwidth: self.decider.bandwidth(),
+        });
+        drop(st);
+        if let Some(d) = decision {
             apply(shared, &d);
         }
         true

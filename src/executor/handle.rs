@@ -134,6 +134,15 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().rollbacks.clone()
     }
 
+    /// What the job's autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) has
+    /// decided and measured so far: its decisions (each also logged and counted in
+    /// [`AUTOSCALE_DECISIONS`](crate::metrics::AUTOSCALE_DECISIONS)), the last one with its
+    /// reason, and the costs it learned. `None` without a policy, or before its first
+    /// measurement.
+    pub fn autoscale(&self) -> Option<super::AutoscaleStatus> {
+        self.shared.lock().autoscale
+    }
+
     /// Snapshots of this job that failed so far (asked for, periodic or a suspend's),
     /// whatever the cause. Each is also logged and counted
     /// ([`SNAPSHOT_FAILURES`](crate::metrics::SNAPSHOT_FAILURES)).

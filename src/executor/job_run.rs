@@ -88,6 +88,9 @@ pub(crate) struct State<J: Job> {
     pub(crate) rollback: Option<RollingBack>,
     /// The rollbacks done, for the handle.
     pub(crate) rollbacks: Vec<Rollback>,
+    /// What the autoscaler did and learned, for the handle (`autoscale.rs`); `None` without
+    /// a policy or before its first measurement.
+    pub(crate) autoscale: Option<super::AutoscaleStatus>,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Instant>,
     /// Progress: the rate meter and the updates (`progress.rs`).
@@ -128,6 +131,7 @@ impl<J: Job> State<J> {
             moved: 0,
             rollback: None,
             rollbacks: Vec::new(),
+            autoscale: None,
             recovering: None,
             published,
             watch: super::watch::Watch::new(J::NAME),

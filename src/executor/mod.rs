@@ -46,6 +46,7 @@ mod snapshot;
 mod triggers;
 mod watch;
 
+pub use autoscale::AutoscaleStatus;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
 pub use progress::{Progress, ProgressUpdates};
 pub use rollback::Rollback;

@@ -131,6 +131,15 @@ pub(crate) struct Remotes {
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
     begins: HashMap<ChunkId, (Option<Halo>, Option<Halo>)>,
+    /// When each fetch under way was asked for, to time the move.
+    fetch_since: HashMap<ChunkId, std::time::Instant>,
+    /// Owned partitions that arrived from worker processes since the autoscaler last looked:
+    /// their bytes, and their transfers' times summed (`autoscale.rs` reports them to the
+    /// decider, which learns what a move costs).
+    pub(crate) fetched: (u64, std::time::Duration),
+    /// Bytes of owned partitions sent to worker processes since the autoscaler last looked
+    /// (untimed: nothing answers their arrival).
+    pub(crate) sent: u64,
 }
 
 impl Remotes {
@@ -465,6 +474,10 @@ impl<J: Job> State<J> {
             }
         };
         self.snap.on_run(chunk);
+        if let (true, Some(b)) = (self.core.is_partitioned(), &state) {
+            // A partition moving into this process.
+            self.remote.sent += b.len() as u64;
+        }
         if let Some(c) = self.remote.conns.get_mut(&conn_id) {
             if c.phase_sent != Some(phase) {
                 c.phase_sent = Some(phase);
@@ -622,6 +635,9 @@ impl<J: Job> State<J> {
             }
             None => {
                 self.remote.fetches.insert(chunk, (from, to));
+                self.remote
+                    .fetch_since
+                    .insert(chunk, std::time::Instant::now());
                 if let Some(c) = self.remote.conns.get(&from) {
                     let _ = c.tx.send(ToWorker::Surrender { chunk });
                 }
@@ -642,6 +658,10 @@ impl<J: Job> State<J> {
         let Some((_, to)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
+        if let Some(asked) = self.remote.fetch_since.remove(&chunk) {
+            self.remote.fetched.0 += state.len() as u64;
+            self.remote.fetched.1 += asked.elapsed();
+        }
         let mut state = state;
         if let Some((before, after)) = self.remote.begins.remove(&chunk) {
             // Its phase began while it was on its way: it takes its halos before it goes on.
@@ -753,6 +773,7 @@ impl<J: Job> State<J> {
         // A local runner waiting for a partition on its way is let go (it reports to an ended
         // job); nothing holds its answer any more.
         self.remote.fetches.clear();
+        self.remote.fetch_since.clear();
         self.remote.begins.clear();
         self.members.drop_slots();
         self.remote_gauge();
@@ -860,6 +881,7 @@ impl<J: Job> State<J> {
             let mut stranded = Vec::new();
             for chunk in fetched {
                 self.remote.begins.remove(&chunk);
+                self.remote.fetch_since.remove(&chunk);
                 match self.remote.fetches.remove(&chunk) {
                     Some((_, Fetch::Local(tx))) => {
                         let _ = tx.send(Err(Error::PartitionsLost {

@@ -150,16 +150,20 @@ impl Default for Hysteresis {
     }
 }
 
-/// What a change of workers costs.
+/// What a change of workers costs. Each is a first guess: the decider measures all three
+/// as the job runs ([`Decider::join_delay`], [`Decider::move_bytes`], [`Decider::bandwidth`])
+/// and uses its measurements once it has them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Costs {
     /// From asking for a worker process to its first work: the launch and the join. The
     /// decider starts from this value and then measures it. Default 10 s.
     pub remote_join: Duration,
     /// Bytes of owned partitions that move when one worker is added or removed (0 for a job
-    /// without owned partitions). Default 0.
+    /// without owned partitions). Default 0. Measured per kind of worker from the bytes the
+    /// executor reports ([`Decider::moved`]) during the cool-down after a change.
     pub move_bytes: u64,
-    /// Bytes per second those partitions move at, above 0. Default 100 MB/s.
+    /// Bytes per second those partitions move at, above 0. Default 100 MB/s. Measured from
+    /// the same reports.
     pub bandwidth: f64,
 }
 
@@ -570,6 +574,14 @@ pub struct Decider {
     noise: f64,
     noise_samples: u64,
     decisions: u64,
+    /// Per kind: bytes of owned partitions that move per worker added or removed, and how
+    /// many changes taught it (0: the configured guess).
+    move_bytes: [(f64, u64); 2],
+    /// Bytes per second partitions moved at, and how many reports taught it.
+    bandwidth: (f64, u64),
+    /// The last decision's change, whose moves are being counted until its cool-down ends:
+    /// the kind that changed, by how many workers, and the bytes reported so far.
+    moving: Option<(Kind, usize, u64)>,
 }
 
 impl Decider {
@@ -592,6 +604,9 @@ impl Decider {
             noise: 0.0,
             noise_samples: 0,
             decisions: 0,
+            move_bytes: [(cfg.costs.move_bytes as f64, 0); 2],
+            bandwidth: (cfg.costs.bandwidth, 0),
+            moving: None,
             cfg,
         }
     }
@@ -610,6 +625,55 @@ impl Decider {
     /// join was seen).
     pub fn join_delay(&self) -> Duration {
         Duration::from_secs_f64(self.join)
+    }
+
+    /// Bytes of owned partitions that move per worker of `kind` added or removed: measured
+    /// over the changes of that kind so far ([`Decider::moved`]), the configured guess
+    /// ([`Costs::move_bytes`]) until one was measured.
+    pub fn move_bytes(&self, kind: Kind) -> u64 {
+        self.move_bytes[kind as usize].0 as u64
+    }
+
+    /// Bytes per second owned partitions moved at: measured, or the configured guess
+    /// ([`Costs::bandwidth`]) until a move was reported.
+    pub fn bandwidth(&self) -> f64 {
+        self.bandwidth.0
+    }
+
+    /// Reports owned partitions moved between workers since the last report: `bytes` in all,
+    /// and the time their transfers took, summed (from asking a worker for a partition to
+    /// having its bytes). Bytes reported during the cool-down after a decision are the cost
+    /// of that decision's change and teach [`Decider::move_bytes`]; every report with a time
+    /// teaches [`Decider::bandwidth`]. The executor reports before each measurement.
+    pub fn moved(&mut self, bytes: u64, took: Duration) {
+        if bytes == 0 {
+            return;
+        }
+        if let Some((_, _, sum)) = &mut self.moving {
+            *sum += bytes;
+        }
+        let secs = took.as_secs_f64();
+        if secs > 0.0 {
+            let bw = bytes as f64 / secs;
+            let (est, n) = &mut self.bandwidth;
+            *est = if *n == 0 { bw } else { 0.5 * *est + 0.5 * bw };
+            *n += 1;
+        }
+    }
+
+    /// Seconds moving partitions takes when one worker of `kind` comes or goes.
+    fn move_secs(&self, kind: Kind) -> f64 {
+        self.move_bytes[kind as usize].0 / self.bandwidth.0
+    }
+
+    /// The cool-down of the last change is over: what moved during it is its cost.
+    fn moves_settled(&mut self) {
+        if let Some((kind, changed, bytes)) = self.moving.take() {
+            let per = bytes as f64 / changed as f64;
+            let (est, n) = &mut self.move_bytes[kind as usize];
+            *est = if *n == 0 { per } else { 0.5 * *est + 0.5 * per };
+            *n += 1;
+        }
     }
 
     /// The most workers of `kind` that paid off, while that lesson holds at `now`.
@@ -676,10 +740,11 @@ impl Decider {
             return Some(self.decide(m.now, l, r, Reason::Bounds));
         }
 
-        // Step 4: the cool-down.
+        // Step 4: the cool-down (and the moves of partitions it waits for).
         if m.now < self.changed + self.cfg.hysteresis.cooldown {
             return None;
         }
+        self.moves_settled();
         // Step 5: the window.
         let sample = sample?;
         let h = self.cfg.hysteresis;
@@ -754,6 +819,15 @@ impl Decider {
         if remote > self.remote {
             self.launching = Some(now);
         }
+        // A decision taken before the last one's moves were counted (bounds, no gain)
+        // leaves that one unmeasured.
+        self.moving = if remote != self.remote {
+            Some((Kind::Remote, remote.abs_diff(self.remote), 0))
+        } else if local != self.local {
+            Some((Kind::Local, local.abs_diff(self.local), 0))
+        } else {
+            None
+        };
         self.local = local;
         self.remote = remote;
         self.last = Some((d.direction(), now));
@@ -836,7 +910,8 @@ impl Decider {
         } else {
             (rl * scale, rr * scale)
         };
-        let move_secs = self.cfg.costs.move_bytes as f64 / self.cfg.costs.bandwidth;
+        let move_remote = self.move_secs(Kind::Remote);
+        let move_any = move_remote.max(self.move_secs(Kind::Local));
         // Seconds to finish at the measured rate, if the work left is known.
         let finish = m.left.map(|left| left as f64 / measured);
 
@@ -883,7 +958,7 @@ impl Decider {
             deficit -= add_local as f64 * s_local;
             let mut add_remote = 0;
             if deficit > 0.0 {
-                let delay = self.join + move_secs;
+                let delay = self.join + move_remote;
                 // The share of the time left a worker process works, once it has joined.
                 let share = match deadline {
                     Some((_, left_secs)) => ((left_secs - delay) / left_secs).max(0.0),
@@ -930,7 +1005,7 @@ impl Decider {
                 return None;
             }
             // Not worth it for the last stretch: moving partitions and a cool-down cost more.
-            if finish.is_some_and(|f| f < 2.0 * (h.cooldown.as_secs_f64() + move_secs)) {
+            if finish.is_some_and(|f| f < 2.0 * (h.cooldown.as_secs_f64() + move_any)) {
                 return None;
             }
             // Land where a grow aims: the fewest workers inside the lower half of the band,

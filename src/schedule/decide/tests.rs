@@ -414,6 +414,56 @@ fn counts_outside_the_bounds_come_inside_at_once() {
     );
 }
 
+/// A measurement at second `t` with `local` threads and `remote` processes, nothing done.
+fn idle(t: u64, local: usize, remote: usize) -> Measurement<'static> {
+    Measurement {
+        now: Duration::from_secs(t),
+        done: 0,
+        left: None,
+        local,
+        remote,
+        local_rates: &[],
+        remote_rates: &[],
+    }
+}
+
+#[test]
+fn the_cost_of_moving_partitions_is_measured_per_kind() {
+    let mut p = policy(Goal::Throughput(1.0), 4).remote(2, 4);
+    p.costs.move_bytes = 7;
+    let mut d = Decider::new(p);
+    assert_eq!((d.move_bytes(Kind::Remote), d.bandwidth()), (7, 100e6));
+    // Below the bounds: 2 processes asked for; they join at 3 s.
+    let got = d.observe(&idle(0, 1, 0)).expect("a decision");
+    assert_eq!((got.remote, got.reason), (2, Reason::Bounds));
+    assert!(d.observe(&idle(3, 1, 2)).is_none());
+    // Their partitions arrive during the cool-down: 3 GB in two reports, 6 s of transfers.
+    d.moved(1_000_000_000, Duration::from_secs(2));
+    d.moved(2_000_000_000, Duration::from_secs(4));
+    d.moved(0, Duration::ZERO);
+    assert!(d.observe(&idle(5, 1, 2)).is_none());
+    // Not counted until the cool-down ends.
+    assert_eq!(d.move_bytes(Kind::Remote), 7);
+    assert!(d.observe(&idle(14, 1, 2)).is_none());
+    assert_eq!(
+        d.move_bytes(Kind::Remote),
+        1_500_000_000,
+        "3 GB for 2 processes"
+    );
+    assert_eq!(d.move_bytes(Kind::Local), 7, "no local change was measured");
+    // Two reports: 500 MB/s, then 500 MB/s.
+    assert!((d.bandwidth() - 5e8).abs() < 1.0, "{}", d.bandwidth());
+    // Bytes moved outside any change's cool-down teach the bandwidth only.
+    d.moved(100, Duration::from_secs(1));
+    assert!(d.observe(&idle(30, 1, 2)).is_none());
+    assert_eq!(d.move_bytes(Kind::Remote), 1_500_000_000);
+    assert!(
+        (d.bandwidth() - (2.5e8 + 50.0)).abs() < 1.0,
+        "{}",
+        d.bandwidth()
+    );
+}
+
 #[test]
 fn reasons_read_as_one_line() {
     let r = Reason::BehindDeadline {

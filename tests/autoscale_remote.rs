@@ -1,0 +1,389 @@
+//! Autoscaling and draining with real worker processes (this test binary re-executed, real
+//! sockets on loopback), both sides checked:
+//!
+//! - the decider asks for worker processes through the executor's launcher, they join, the
+//!   measured join delay replaces the configured guess, and each process ends cleanly having
+//!   done work; a job with no owned partitions is measured to move no bytes;
+//! - with owned partitions, the bytes that move to a process the decider added are measured
+//!   as the cost of that change;
+//! - a process that announces its own grace period (`MALLEABLE_GRACE`) and then cannot hand
+//!   its partitions back in time is let go when the grace period ends (not by its lease), the
+//!   job rolls back to its latest snapshot, and the grid is exact.
+
+use std::io;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{
+    self, LaunchSpec, Launched, Launcher, Registry, TOKEN_ENV, WorkerOptions,
+};
+use malleable::reduce::{CollectInOrder, Sum};
+use malleable::rows::{Rows, Window};
+use malleable::schedule::{Autoscale, Costs, Hysteresis, Reason};
+use malleable::{Banded, Chunking, Executor, Fold, Folded, Next, Outcome};
+use serde::{Deserialize, Serialize};
+
+const ADDR_ENV: &str = "MALLEABLE_TEST_AUTOSCALE_ADDR";
+/// A file whose existence makes a worker process's steps stall (it cannot hand back the
+/// partition it runs).
+const STALL_ENV: &str = "MALLEABLE_TEST_AUTOSCALE_STALL";
+
+/// Σ i over `0..n`, each iteration waiting 50 µs: throughput grows with every worker whatever
+/// the machine's load.
+#[derive(Serialize, Deserialize)]
+struct Slow {
+    n: u64,
+}
+
+impl Fold for Slow {
+    const NAME: &'static str = "autoscale-remote-slow";
+    type Acc = u64;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.n
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+    fn body(&self, _: &(), acc: &mut u64, i: u64) {
+        std::thread::sleep(Duration::from_micros(50));
+        *acc += i;
+    }
+}
+
+fn hash(row: &[f64]) -> u64 {
+    row.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn init(i: u64, j: usize) -> f64 {
+    ((i * 13 + j as u64 * 7) % 97) as f64 / 5.0
+}
+
+/// Jacobi relaxation of `n` rows of `w` cells in 8 bands, each row pausing `pace_us`; the
+/// value of the last phase is the hash of every row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Grid {
+    n: u64,
+    w: usize,
+    phases: u64,
+    done: u64,
+    pace_us: u64,
+}
+
+impl Rows for Grid {
+    const NAME: &'static str = "autoscale-remote-grid";
+    type Element = f64;
+    type Acc = Vec<u64>;
+    type Reducer = CollectInOrder<u64>;
+    type Input = ();
+
+    fn height(&self) -> u64 {
+        self.n
+    }
+    fn width(&self) -> usize {
+        self.w
+    }
+    fn bands(&self) -> u64 {
+        8
+    }
+    fn reducer(&self) -> CollectInOrder<u64> {
+        CollectInOrder::new()
+    }
+    fn init(&self, _: &(), i: u64, row: &mut [f64]) {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = init(i, j);
+        }
+    }
+    fn update(&self, _: &(), _: u64, win: Window<'_, f64>, acc: &mut Vec<u64>) {
+        match (win.above, win.below) {
+            (Some(a), Some(b)) => {
+                let w = win.old.len();
+                win.row[0] = win.old[0];
+                win.row[w - 1] = win.old[w - 1];
+                for j in 1..w - 1 {
+                    win.row[j] = 0.25 * (a[j] + b[j] + win.old[j - 1] + win.old[j + 1]);
+                }
+            }
+            _ => win.row.copy_from_slice(win.old),
+        }
+        std::thread::sleep(Duration::from_micros(self.pace_us));
+        if let Some(stall) = std::env::var_os(STALL_ENV) {
+            while PathBuf::from(&stall).exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        acc.push(hash(win.row));
+    }
+    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
+        self.done += 1;
+        if self.done < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+    fn target_step(&self) -> Duration {
+        Duration::from_micros(500)
+    }
+}
+
+fn sequential(g: &Grid) -> Vec<u64> {
+    let mut run = g.clone();
+    run.pace_us = 0;
+    let exec = Executor::builder().local_workers(1).build().unwrap();
+    let h = exec.submit(Banded(run)).unwrap();
+    match h.wait().unwrap() {
+        Outcome::Finished(f) => f.into_value(),
+        other => panic!("not finished: {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "the body of the worker processes the other tests start"]
+fn worker_process() {
+    let Ok(addr) = std::env::var(ADDR_ENV) else {
+        return;
+    };
+    let mut options = WorkerOptions::from_env().unwrap().threads(1);
+    if std::env::var_os(cluster::GRACE_ENV).is_some() {
+        options = options.stop_on_signals();
+    }
+    let registry = Registry::new()
+        .register::<Folded<Slow>>()
+        .register::<Banded<Grid>>();
+    match cluster::serve(&addr, &registry, options) {
+        Ok(served) => {
+            println!("SERVED done={}", served.chunks_done);
+            std::process::exit(0);
+        }
+        Err(e) => {
+            println!("WORKER ERROR {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+/// A worker process started, and the file of its output.
+type Process = (Arc<Mutex<Child>>, PathBuf);
+
+/// Starts this test binary as a worker process; keeps each child and its output's file.
+#[derive(Debug, Clone)]
+struct Spawner {
+    dir: PathBuf,
+    started: Arc<Mutex<Vec<Process>>>,
+}
+
+#[derive(Debug)]
+struct Started(Arc<Mutex<Child>>);
+
+impl Launched for Started {
+    fn describe(&self) -> String {
+        format!("test worker process {}", self.0.lock().unwrap().id())
+    }
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.0.lock().unwrap().try_wait()
+    }
+    fn kill(&mut self) -> io::Result<()> {
+        let mut c = self.0.lock().unwrap();
+        c.kill()?;
+        c.wait().map(drop)
+    }
+}
+
+impl Launcher for Spawner {
+    fn launch(&self, spec: &LaunchSpec) -> io::Result<Box<dyn Launched>> {
+        let out = self.dir.join(format!("worker-{}.out", spec.index));
+        let child = Command::new(std::env::current_exe()?)
+            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env(ADDR_ENV, spec.addr.to_string())
+            .env_remove(TOKEN_ENV)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out)?)
+            .spawn()?;
+        let child = Arc::new(Mutex::new(child));
+        self.started.lock().unwrap().push((Arc::clone(&child), out));
+        Ok(Box::new(Started(child)))
+    }
+}
+
+impl Spawner {
+    fn new(name: &str) -> Spawner {
+        let dir = std::env::temp_dir().join(format!(
+            "malleable-autoscale-remote-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Spawner {
+            dir,
+            started: Arc::default(),
+        }
+    }
+
+    /// Waits for every process started to exit; returns each one's status and output.
+    fn reports(&self) -> Vec<(ExitStatus, String)> {
+        let started = self.started.lock().unwrap().clone();
+        started
+            .iter()
+            .map(|(child, out)| {
+                let status = child.lock().unwrap().wait().unwrap();
+                (status, std::fs::read_to_string(out).unwrap_or_default())
+            })
+            .collect()
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.started) == 1 {
+            for (child, _) in self.started.lock().unwrap().iter() {
+                let mut c = child.lock().unwrap();
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+            }
+        }
+    }
+}
+
+/// A target no machine reaches, one local thread at most, up to `max_remote` processes;
+/// short periods so that the test takes seconds; a configured join delay and move cost
+/// that measurements must replace.
+fn greedy(max_remote: usize) -> Autoscale {
+    Autoscale::throughput(1e12)
+        .local(1, 1)
+        .remote(0, max_remote)
+        .period(Duration::from_millis(50))
+        .hysteresis(Hysteresis {
+            cooldown: Duration::from_millis(300),
+            window: 4,
+            ..Hysteresis::default()
+        })
+        .costs(Costs {
+            remote_join: Duration::from_millis(700),
+            move_bytes: 123,
+            ..Costs::default()
+        })
+}
+
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn the_decider_launches_worker_processes_and_measures_their_join() {
+    let spawner = Spawner::new("launch");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Count(512))
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .launcher(spawner.clone())
+        .autoscale(greedy(2))
+        .build()
+        .unwrap();
+    let n = 120_000;
+    let h = exec.submit(Folded(Slow { n })).unwrap();
+    let mut most = 0;
+    while !h.is_finished() {
+        most = most.max(h.remote_workers());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let status = h.autoscale().expect("the autoscaler measured the job");
+    eprintln!("{status:?}");
+    let value = h.wait().unwrap().finished().unwrap().into_value();
+    assert_eq!(value, n * (n - 1) / 2);
+    assert_eq!(most, 2, "the decider grew the job to its 2 processes");
+
+    // The coordinator's side: the decision, with its reason, and what it measured.
+    assert!(status.decisions >= 1, "{status:?}");
+    let grow = status.last.expect("a last decision");
+    assert!(
+        matches!(
+            grow.reason,
+            Reason::BelowTarget { .. } | Reason::NoGain { .. }
+        ),
+        "{grow}"
+    );
+    assert_ne!(
+        status.join_delay,
+        Duration::from_millis(700),
+        "the join delay was measured: {status:?}"
+    );
+    assert!(status.join_delay < Duration::from_secs(10), "{status:?}");
+    assert_eq!(
+        status.move_bytes, 0,
+        "no partitions, nothing moved: {status:?}"
+    );
+
+    // The processes' side: each joined, did work and ended cleanly when the job did.
+    let reports = spawner.reports();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    for (status, out) in &reports {
+        assert!(status.success(), "{status:?}: {out}");
+        let done: u64 = out
+            .lines()
+            .find_map(|l| l.split("SERVED done=").nth(1))
+            .and_then(|d| d.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no report in {out:?}"));
+        assert!(done > 0, "{out}");
+    }
+}
+
+#[test]
+fn the_bytes_of_partitions_moved_to_an_added_process_are_measured() {
+    let spawner = Spawner::new("move");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .launcher(spawner.clone())
+        // Phases of about 20 ms: a measurement spans several of them.
+        .autoscale(greedy(1).period(Duration::from_millis(250)))
+        .build()
+        .unwrap();
+    // 8 bands of 30 rows of 1024 cells: 245 KiB each.
+    let job = Grid {
+        n: 240,
+        w: 1024,
+        phases: 400,
+        done: 0,
+        pace_us: 20,
+    };
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    until("the process and a measured move", || {
+        h.is_finished() || h.autoscale().is_some_and(|s| s.move_bytes != 123)
+    });
+    let status = h.autoscale().unwrap();
+    eprintln!("{status:?}");
+    let got = match h.wait().unwrap() {
+        Outcome::Finished(f) => f.into_value(),
+        other => panic!("not finished: {other:?}"),
+    };
+    assert_eq!(got, sequential(&job));
+    // At least one band of 30 × 1024 cells (8 bytes each) went to the process, and at most
+    // all 8 bands, twice (there and back).
+    let band = 30 * 1024 * 8;
+    assert!(
+        (band..=2 * 8 * band + 8 * 4096).contains(&status.move_bytes),
+        "{status:?}"
+    );
+    for (status, out) in spawner.reports() {
+        assert!(status.success(), "{status:?}: {out}");
+    }
+}
