@@ -1377,3 +1377,39 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
     st.remote.launched.extend(started);
     error.map_or(Ok(()), Err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::check_part;
+    use crate::snapshot::PartRef;
+
+    fn part(chunk: crate::schedule::ChunkId, key: &str) -> PartRef {
+        PartRef {
+            chunk,
+            key: key.to_owned(),
+            size: 1,
+            crc32c: 0,
+        }
+    }
+
+    /// A part a worker process reports must be this job's, this chunk's and, for a held
+    /// partition, in the epoch folder asked.
+    #[test]
+    fn parts_reported_by_workers_are_checked() {
+        let good = "grid/00000000000000000007/parts/2-3-00ff";
+        check_part(&part(3, good), 3, "grid", Some(7)).unwrap();
+        check_part(&part(3, good), 3, "grid", None).unwrap();
+        for (chunk, key, folder) in [
+            (3, good, Some(8)),                                     // another folder
+            (4, good, Some(7)),                                     // another chunk
+            (3, "grids/00000000000000000007/parts/2-3-00ff", None), // another job
+            (3, "other/00000000000000000007/parts/2-3-00ff", Some(7)),
+            (3, "grid/00000000000000000007/manifest", Some(7)), // not a part
+            (3, "grid/00000000000000000007/parts/../x", Some(7)),
+            (3, "grid/7/parts/2-3-00ff", Some(7)),
+        ] {
+            let refused = check_part(&part(3, key), chunk, "grid", folder).unwrap_err();
+            assert!(refused.contains("is not a part of chunk"), "{refused}");
+        }
+    }
+}

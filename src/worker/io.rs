@@ -628,3 +628,110 @@ fn dispatch<J: Job>(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn done(chunk: u64) -> ToCoordinator {
+        ToCoordinator::Done {
+            slot: 0,
+            chunk,
+            output: Bytes::from_static(b"out"),
+            halos: None,
+            iterations: 1,
+            busy_ns: 1,
+        }
+    }
+
+    fn held(chunk: u64, state: &'static [u8]) -> ToCoordinator {
+        ToCoordinator::CapturedHeld {
+            chunk,
+            state: Bytes::from_static(state),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A held partition's part goes to the store in the background and is answered by its
+    /// reference, in the folder asked; the messages about that chunk wait behind the answer
+    /// (in order, a second capture of it included), and other chunks' go at once.
+    #[test]
+    fn held_parts_are_written_in_the_background_and_answered_in_order() {
+        runtime().block_on(async {
+            let store = crate::snapshot::Store::open("memory://").unwrap();
+            let mut parts = Parts {
+                store: Some((store.clone(), "job".to_owned())),
+                ..Parts::default()
+            };
+            let (tx, mut rx) = unbounded_channel();
+            assert!(
+                parts
+                    .route(held(3, b"first"), Some(7), Some(2), &tx)
+                    .is_none()
+            );
+            assert!(parts.route(done(3), None, Some(2), &tx).is_none());
+            assert!(
+                parts
+                    .route(held(3, b"second"), Some(8), Some(3), &tx)
+                    .is_none()
+            );
+            assert_eq!(parts.route(done(4), None, Some(3), &tx), Some(done(4)));
+            // Nothing about chunk 3 goes before its first part is written.
+            let Some(Background::HeldPart(3, first)) = rx.recv().await else {
+                panic!("not the first part");
+            };
+            let ToCoordinator::CapturedHeldPart { chunk: 3, part } = first else {
+                panic!("{first:?}");
+            };
+            assert!(part.key.starts_with("job/00000000000000000007/parts/2-3-"));
+            assert_eq!(store.get_part(&part).await.unwrap(), &b"first"[..]);
+            // Then its `Done`; the second capture waits for its own write.
+            assert_eq!(parts.written(3, &tx), vec![done(3)]);
+            let Some(Background::HeldPart(3, second)) = rx.recv().await else {
+                panic!("not the second part");
+            };
+            let ToCoordinator::CapturedHeldPart { part, .. } = second else {
+                panic!("{second:?}");
+            };
+            assert!(part.key.starts_with("job/00000000000000000008/parts/3-3-"));
+            assert_eq!(store.get_part(&part).await.unwrap(), &b"second"[..]);
+            assert!(parts.written(3, &tx).is_empty());
+            // Nothing waits any more: chunk 3's messages go at once.
+            assert_eq!(parts.route(done(3), None, Some(3), &tx), Some(done(3)));
+        });
+    }
+
+    /// Without a store that this process showed it reaches, a held partition's bytes go to
+    /// the coordinator at once; a write that fails sends them too.
+    #[test]
+    fn held_parts_go_as_bytes_without_a_usable_store() {
+        runtime().block_on(async {
+            let mut parts = Parts::default();
+            let (tx, mut rx) = unbounded_channel();
+            assert_eq!(
+                parts.route(held(3, b"state"), Some(7), Some(2), &tx),
+                Some(held(3, b"state"))
+            );
+            // An invalid job id: the write fails and the bytes go instead.
+            let store = crate::snapshot::Store::open("memory://").unwrap();
+            parts.store = Some((store, "no/such id".to_owned()));
+            assert!(
+                parts
+                    .route(held(3, b"state"), Some(7), Some(2), &tx)
+                    .is_none()
+            );
+            let Some(Background::HeldPart(3, reply)) = rx.recv().await else {
+                panic!("no answer");
+            };
+            assert_eq!(reply, held(3, b"state"));
+            assert!(parts.written(3, &tx).is_empty());
+        });
+    }
+}
