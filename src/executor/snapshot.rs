@@ -11,7 +11,8 @@
 //!    bit, or sends `Capture` to the worker process of a remote slot.
 //! 2. *Capture.* A local worker serializes its chunk at its next adjustment point, hands the
 //!    bytes over under the lock and goes on with the same chunk: it pauses only to serialize.
-//!    A worker process sends the state, or writes the part itself and sends its reference.
+//!    A worker process sends the state, or writes the part itself and sends its reference;
+//!    so does one asked for a partition it holds (`CaptureHeld`, see `remote.rs`).
 //!    A `Done` or `Yielded` of a waited chunk reaches the cut before the core
 //!    (`State::feed_at`), and a lost remote slot's chunk is taken with the state the ledger
 //!    falls back to (`remote.rs`).
