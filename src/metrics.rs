@@ -31,6 +31,7 @@
 //! | `malleable_snapshots_total` | counter | snapshots | snapshots committed |
 //! | `malleable_snapshot_seconds` | histogram | seconds | a committed snapshot, from its marker to its commit |
 //! | `malleable_snapshot_bytes_total` | counter | bytes | bytes written for committed snapshots: their manifests and new parts (parts reused from an earlier snapshot are not counted) |
+//! | `malleable_snapshot_remote_parts_total` | counter | parts | snapshot parts received from worker processes (label `part`: `running`, a running chunk's state, or `held`, a partition the process holds; label `written_by`: `worker`, written to the store by the process and received as a reference, or `coordinator`, received as bytes for the coordinator to write) |
 //! | `malleable_snapshot_removal_failures_total` | counter | removals | a finished job's snapshots that could not be removed ([`Builder::remove_snapshots_when_finished`](crate::Builder::remove_snapshots_when_finished)) |
 //! | `malleable_drains_overrun_total` | counter | processes | worker processes still connected at the end of their drain's grace period, let go ([`JobHandle::drain_remote`](crate::JobHandle::drain_remote)) |
 //! | `malleable_timeline_errors_total` | counter | records | timeline records lost (label `kind`: `dropped`, the writer's queue was full; `write`, a write or flush failed; no `job` label) |
@@ -99,6 +100,9 @@ pub const SNAPSHOTS: &str = "malleable_snapshots_total";
 pub const SNAPSHOT_SECONDS: &str = "malleable_snapshot_seconds";
 /// Bytes written for committed snapshots (manifests and new parts).
 pub const SNAPSHOT_BYTES: &str = "malleable_snapshot_bytes_total";
+/// Snapshot parts received from worker processes, by what they are of (`part`: `running`,
+/// `held`) and who writes them (`written_by`: `worker`, `coordinator`).
+pub const REMOTE_PARTS: &str = "malleable_snapshot_remote_parts_total";
 /// Snapshots that failed.
 pub const SNAPSHOT_FAILURES: &str = "malleable_snapshot_failures_total";
 /// Timeline records lost, by kind (`dropped`, `write`).

@@ -2,8 +2,9 @@
 //! (`malleable_peer_errors_total` by `kind`) and its message:
 //!
 //! - the coordinator, facing an HTTP request (`not_a_peer`, not `frame_too_large`), a
-//!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), and
-//!   a `Done` whose output does not decode although the job versions match, or a worker's
+//!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), a
+//!   `CapturedHeldPart` for a partition it was not asked for (`rejected`), and a `Done`
+//!   whose output does not decode although the job versions match, or a worker's
 //!   report that it could not decode the job value (`undecodable`, with the advice to bump
 //!   `Job::VERSION`); the job goes on to its exact value;
 //! - a worker process, facing a coordinator that sends a `Run` before the job value or for a
@@ -267,6 +268,35 @@ fn the_coordinator_names_what_it_refuses() {
             .to_string()
             .ends_with("rejected: chunk not running on this worker"),
         "{source}"
+    );
+
+    // A part of a held partition that this peer was never asked for (the reference names
+    // this job's folder): refused as `rejected`, with what was wrong.
+    let mut s = authenticated(&addr);
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::CapturedHeldPart {
+            chunk: 5,
+            part: malleable::snapshot::PartRef {
+                chunk: 5,
+                key: "walk/00000000000000000000/parts/0-5-00000000000000ff".to_owned(),
+                size: 8,
+                crc32c: 0,
+            },
+        }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    counted.until("rejected", 2);
+    let errors = exec.peer_errors();
+    let text = errors
+        .iter()
+        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .map(|e| e.to_string())
+        .find(|t| t.contains("chunk 5"))
+        .expect("a record of the refused part");
+    assert!(
+        text.ends_with("that is refused here: chunk 5 was not asked of this process"),
+        "{text}"
     );
 
     // A `Done` whose output does not decode although both sides have version 1 of the job:

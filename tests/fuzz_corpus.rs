@@ -177,7 +177,13 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             },
         ),
         ("surrender", ToWorker::Surrender { chunk: 16 }),
-        ("capture-held", ToWorker::CaptureHeld { chunk: 15 }),
+        (
+            "capture-held",
+            ToWorker::CaptureHeld {
+                chunk: 15,
+                folder: 13,
+            },
+        ),
         (
             "piece",
             ToWorker::Piece {
@@ -258,6 +264,18 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::CapturedHeld {
                 chunk: 15,
                 state: Bytes::from_static(b"\x09a partition"),
+            },
+        ),
+        (
+            "captured-held-part",
+            ToCoordinator::CapturedHeldPart {
+                chunk: 15,
+                part: malleable::snapshot::PartRef {
+                    chunk: 15,
+                    key: "kmeans/00000000000000000013/parts/2-15-00000000cafef00d".to_owned(),
+                    size: 1 << 20,
+                    crc32c: 0x9abc_def0,
+                },
             },
         ),
         ("missing", ToCoordinator::Missing { chunk: 14 }),

@@ -136,7 +136,13 @@ fn worker_process() {
         options = options.stop_on_signals();
     }
     match cluster::serve(&addr, &Registry::new().register::<Banded<Grid>>(), options) {
-        Ok(_) => std::process::exit(0),
+        Ok(served) => {
+            println!(
+                "SERVED parts={} sent={}",
+                served.parts_written, served.parts_sent
+            );
+            std::process::exit(0);
+        }
         Err(e) => {
             println!("WORKER ERROR {e}");
             std::process::exit(3);
@@ -153,6 +159,44 @@ fn start(addr: &str) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap()
+}
+
+/// A worker process whose standard output goes to a file, for its `SERVED` line.
+fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
+    let out = std::env::temp_dir().join(format!(
+        "malleable-partitions-remote-{name}-{}.out",
+        std::process::id()
+    ));
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, addr)
+        .env_remove(TOKEN_ENV)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .unwrap();
+    (child, out)
+}
+
+/// What a worker process started with [`start_logged`] said it did when it ended: the parts
+/// it wrote to the store and those it sent as bytes.
+fn served(mut child: Child, out: &std::path::Path) -> (u64, u64) {
+    assert!(child.wait().unwrap().success(), "the process ended cleanly");
+    let text = std::fs::read_to_string(out).unwrap();
+    let _ = std::fs::remove_file(out);
+    let line = text
+        .lines()
+        .find_map(|l| l.find("SERVED ").map(|at| &l[at..]))
+        .unwrap_or_else(|| panic!("no SERVED line in {text:?}"));
+    let count = |name: &str| -> u64 {
+        let at = line.find(&format!("{name}=")).unwrap() + name.len() + 1;
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    (count("parts"), count("sent"))
 }
 
 fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -517,4 +561,99 @@ fn a_process_leaving_with_a_grace_period_is_drained() {
     assert!(h.rollbacks().is_empty(), "{:?}", h.rollbacks());
     assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Processes that reach the job's store (a folder on this machine) write the parts of the
+/// partitions they hold themselves once a committed snapshot shows them the store: a suspend
+/// (which captures no running chunk: they are handed back first, so every part a process
+/// wrote for it is a held partition's) is committed with them, and resuming it with another
+/// number of workers, local threads only, gives the grid bit for bit.
+#[test]
+fn processes_write_the_parts_of_the_partitions_they_hold() {
+    let (dir, url) = folder("held-parts");
+    let exec = coordinator_with_snapshots(0, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(600);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let a = start_logged(&addr, "held-parts-a");
+    let b = start_logged(&addr, "held-parts-b");
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 10", || phase_of(&h) >= 10);
+    // Before any commit, parts go as bytes; this one shows the processes the store.
+    h.snapshot().wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let at = phase_of(&h);
+    until("five more phases", || phase_of(&h) >= at + 5);
+    let id = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    let (mut written, mut sent) = (0, 0);
+    for (child, out) in [a, b] {
+        let (w, s) = served(child, &out);
+        written += w;
+        sent += s;
+    }
+    assert!(written > 0, "no held partition's part written by a process");
+    assert!(sent > 0, "the first snapshot's parts went as bytes");
+    // The suspend's snapshot lists parts in its own folder written by the processes.
+    let store = malleable::snapshot::Store::open(&url).unwrap();
+    let manifest = futures::executor::block_on(store.manifest(&id)).unwrap();
+    let folder = format!("/{:020}/", id.epoch);
+    let own = manifest
+        .parts
+        .iter()
+        .chain(&manifest.kept)
+        .filter(|p| p.key.contains(&folder))
+        .count();
+    assert!(
+        own as u64 >= written,
+        "{own} parts in the folder, {written} by processes"
+    );
+    assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
+    let local = Executor::builder().local_workers(3).build().unwrap();
+    let r = local.resume::<Banded<Grid>>(&url, At::Latest).unwrap();
+    assert_same(&finished(r), &sequential(&job));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process that cannot read the snapshot it is shown in the store (a memory store is the
+/// coordinator's alone: under the same URL a process finds another, empty one) sends its held
+/// partitions as bytes and counts them; the snapshots commit with every part intact and the
+/// grid is exact.
+#[test]
+fn processes_that_cannot_reach_the_store_send_their_held_partitions() {
+    let store = malleable::snapshot::Store::open("memory://held-parts-fallback").unwrap();
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshot_store(store.clone())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(300);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let a = start_logged(&addr, "held-fallback-a");
+    let b = start_logged(&addr, "held-fallback-b");
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 10", || phase_of(&h) >= 10);
+    h.snapshot().wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let at = phase_of(&h);
+    until("five more phases", || phase_of(&h) >= at + 5);
+    let id = h.snapshot().wait().unwrap();
+    assert_same(&finished(h), &sequential(&job));
+    let (mut written, mut sent) = (0, 0);
+    for (child, out) in [a, b] {
+        let (w, s) = served(child, &out);
+        written += w;
+        sent += s;
+    }
+    assert_eq!(written, 0);
+    assert!(sent > 0);
+    let manifest = futures::executor::block_on(store.manifest(&id)).unwrap();
+    assert!(!manifest.kept.is_empty() || !manifest.parts.is_empty());
+    for part in manifest.parts.iter().chain(&manifest.kept) {
+        futures::executor::block_on(store.get_part(part)).expect("an intact part");
+    }
+    assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
 }

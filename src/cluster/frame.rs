@@ -31,8 +31,11 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// welcome names the job's version, and a worker with the job in another version is refused
 /// (`Refusal::JobVersion`); a worker that cannot decode the job value or a halo says so
 /// (`ToCoordinator::Undecodable`). Version 7: `Leave` may carry a grace period
-/// ([`WorkerOptions::grace`](crate::cluster::WorkerOptions::grace)).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// ([`WorkerOptions::grace`](crate::cluster::WorkerOptions::grace)). Version 8: a worker
+/// process that writes to the job's store writes the parts of the partitions it holds too:
+/// `CaptureHeld` names the epoch folder, answered by `CapturedHeldPart` (or by
+/// `CapturedHeld` with the bytes, as before, when the process cannot write them).
+pub const PROTOCOL_VERSION: u32 = 8;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
 /// ends, the next is already there, and the round trip of its `Done` and the following `Run`
@@ -108,10 +111,14 @@ pub enum ToWorker {
         chunk: u64,
     },
     /// Owned partitions: serialize the partition of `chunk` this process holds (not running)
-    /// for a snapshot and keep it. Answered by `CapturedHeld`.
+    /// for a snapshot and keep it. A worker process that writes to the job's store (see
+    /// `Store`) puts it in epoch folder `folder` itself and answers `CapturedHeldPart`;
+    /// otherwise it answers `CapturedHeld`.
     CaptureHeld {
         /// The chunk.
         chunk: u64,
+        /// The epoch folder of the snapshot being taken.
+        folder: u64,
     },
     /// Hand `chunk` back at the next adjustment point.
     Interrupt {
@@ -295,6 +302,16 @@ pub enum ToCoordinator {
         what: String,
         /// The codec's error.
         error: postcard::Error,
+    },
+    /// Owned partitions: the partition of `chunk` after a `CaptureHeld`, written to the
+    /// store by this process, which keeps it. Answers about one partition go in the order
+    /// they were asked, and before anything later about that partition (its `Done`,
+    /// `Surrendered`, …).
+    CapturedHeldPart {
+        /// The chunk.
+        chunk: u64,
+        /// The part, as a manifest lists it.
+        part: crate::snapshot::PartRef,
     },
 }
 

@@ -35,7 +35,7 @@
 //! whichever comes first, exactly as for a local worker) and the coordinator's background
 //! writer stores it with the other parts. A worker process that has shown it reaches the
 //! job's store (it read the latest committed snapshot there, see `ToWorker::Store` and step 7
-//! of `cluster/worker.rs`) writes the part itself and sends `CapturedPart`, its reference:
+//! of `worker/mod.rs`) writes the part itself and sends `CapturedPart`, its reference:
 //! a large state then never crosses the coordinator's link. The coordinator checks that the
 //! key is a part key of this job and lists it like a part of an earlier epoch; the commit
 //! stays one writer's `PutMode::Create`, so a part written for a cut that is abandoned, or
@@ -52,7 +52,15 @@
 //! queues the partition on a slot of that process again and `Run { held }` names it. When
 //! the core gives it to another worker, or its process is retired, the coordinator asks for
 //! it (`Surrender`) and sends it on (or keeps it, `Fetch`); a snapshot asks for the parts of
-//! held partitions (`CaptureHeld`). A process lost with partitions only it had rolls the job
+//! held partitions (`CaptureHeld`, naming the epoch folder). A process that writes to the
+//! job's store writes such a part itself and sends its reference (`CapturedHeldPart`),
+//! checked like a `CapturedPart` and also against the folder asked; otherwise it sends the
+//! bytes (`CapturedHeld`). Either feeds the cut as a captured chunk's part does; parts
+//! received both ways are counted
+//! ([`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS)). Answers are matched to requests per
+//! chunk and process, oldest first (`Snapshots::held_outstanding`): an answer to an
+//! abandoned cut's request, or from before a rollback, is dropped; one nobody asked for
+//! drops the connection. A process lost with partitions only it had rolls the job
 //! back to its latest committed snapshot (`rollback.rs`: the other processes `Forget` theirs),
 //! or ends it with `Error::PartitionsLost` if none was committed.
 //!
@@ -89,6 +97,50 @@ use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorke
 use crate::wire::listener::{Attach, Connection};
 
 pub(crate) type ConnId = u64;
+
+/// What a snapshot part from a worker process is of, for [`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS).
+#[derive(Clone, Copy)]
+enum RemotePart {
+    /// A running chunk's state (`Captured`, `CapturedPart`).
+    Running,
+    /// A partition the process holds (`CapturedHeld`, `CapturedHeldPart`).
+    Held,
+}
+
+/// Whether `part`, reported by a worker process as the part of `chunk` it wrote, is one:
+/// a part key of job `job_id` for that chunk and, if the request named one, in epoch
+/// folder `folder`. A part outside them could name another job's object or one that
+/// retention deletes, so it is refused.
+fn check_part(
+    part: &crate::snapshot::PartRef,
+    chunk: ChunkId,
+    job_id: &str,
+    folder: Option<u64>,
+) -> Result<(), String> {
+    let rest = part
+        .key
+        .strip_prefix(job_id)
+        .and_then(|k| k.strip_prefix('/'));
+    let in_folder = |rest: &str| {
+        folder.is_none_or(|f| rest.split('/').next() == Some(format!("{f:020}").as_str()))
+    };
+    let ours = part.chunk == chunk
+        && rest.is_some_and(in_folder)
+        && crate::snapshot::store::check_part_key(&part.key).is_ok();
+    if ours {
+        return Ok(());
+    }
+    Err(match folder {
+        Some(f) => format!(
+            "{:?} is not a part of chunk {chunk} of job {job_id} in epoch folder {f}",
+            part.key
+        ),
+        None => format!(
+            "{:?} is not a part of chunk {chunk} of job {job_id}",
+            part.key
+        ),
+    })
+}
 
 /// A connected worker process.
 pub(crate) struct Conn {
@@ -565,6 +617,9 @@ impl<J: Job> State<J> {
         }
         let _ = c.tx.send(ToWorker::End);
         self.remote.conns.remove(&id);
+        self.snap
+            .held_outstanding
+            .retain(|(_, from), _| *from != id);
         self.remote_gauge();
     }
 
@@ -612,7 +667,7 @@ impl<J: Job> State<J> {
                 .any(|&w| self.core.running_on(w) == Some(chunk))
         });
         runs_it
-            || self.snap.held_asked.get(&chunk) == Some(&id)
+            || self.snap.held_outstanding.contains_key(&(chunk, id))
             || self.held_by(id).contains(&chunk)
     }
 
@@ -854,6 +909,9 @@ impl<J: Job> State<J> {
         let Some(c) = self.remote.conns.remove(&id) else {
             return;
         };
+        self.snap
+            .held_outstanding
+            .retain(|(_, from), _| *from != id);
         self.remote_gauge();
         if self.ended {
             return;
@@ -943,6 +1001,52 @@ impl<J: Job> State<J> {
         self.captured(shared, worker, chunk, captured);
     }
 
+    /// The answer of connection `id` to its oldest `CaptureHeld` about `chunk` not answered
+    /// yet: the epoch folder that request named, or why no answer was due.
+    fn held_answer(&mut self, id: ConnId, chunk: ChunkId) -> Result<u64, String> {
+        let asked = &mut self.snap.held_outstanding;
+        let Some(folders) = asked.get_mut(&(chunk, id)) else {
+            return Err(format!("chunk {chunk} was not asked of this process"));
+        };
+        let folder = folders.pop_front();
+        if folders.is_empty() {
+            asked.remove(&(chunk, id));
+        }
+        folder.ok_or_else(|| format!("chunk {chunk} was not asked of this process"))
+    }
+
+    /// The part of held `chunk` from connection `id`, for the open cut if it waits for it
+    /// from that process (an answer to an earlier request is as good: the partition did not
+    /// change since, see `worker/io.rs`); else dropped.
+    fn captured_held(&mut self, shared: &Arc<Shared<J>>, id: ConnId, chunk: ChunkId, part: Part) {
+        if self.snap.held_asked.get(&chunk) == Some(&id) {
+            self.snap.held_asked.remove(&chunk);
+            if self.snap.cut.waits_for_held(chunk) {
+                let mut out = std::mem::take(&mut self.snap.out);
+                self.snap.cut.captured_held(chunk, Ok(part), &mut out);
+                self.cut_commands(shared, &mut out);
+                self.snap.out = out;
+            }
+        }
+        self.settle(shared);
+    }
+
+    /// Counts a snapshot part received from a worker process
+    /// ([`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS)).
+    fn remote_parts(&self, of: RemotePart, by_reference: bool) {
+        let of = match of {
+            RemotePart::Running => "running",
+            RemotePart::Held => "held",
+        };
+        let written_by = if by_reference {
+            "worker"
+        } else {
+            "coordinator"
+        };
+        metrics::counter!(crate::metrics::REMOTE_PARTS, "job" => J::NAME, "part" => of, "written_by" => written_by)
+            .increment(1);
+    }
+
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     fn on_remote(
         &mut self,
@@ -1021,6 +1125,7 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
+                self.remote_parts(RemotePart::Running, false);
                 self.captured(shared, w, chunk, Ok(Captured::State(Part::New(state))));
                 self.settle(shared);
                 return Ok(());
@@ -1028,18 +1133,8 @@ impl<J: Job> State<J> {
             ToCoordinator::CapturedPart { slot, chunk, part } => {
                 let w = slot_of(conn, slot)?;
                 let job_id = shared.config.snapshots.job_id::<J>();
-                let ours = part.chunk == chunk
-                    && part
-                        .key
-                        .strip_prefix(job_id.as_str())
-                        .is_some_and(|k| k.starts_with('/'))
-                    && crate::snapshot::store::check_part_key(&part.key).is_ok();
-                if !ours {
-                    return Err(bad(format!(
-                        "{:?} is not a part of chunk {chunk} of job {job_id}",
-                        part.key
-                    )));
-                }
+                check_part(&part, chunk, &job_id, None).map_err(bad)?;
+                self.remote_parts(RemotePart::Running, true);
                 self.captured(shared, w, chunk, Ok(Captured::State(Part::Reuse(part))));
                 self.settle(shared);
                 return Ok(());
@@ -1069,19 +1164,17 @@ impl<J: Job> State<J> {
                 return Ok(());
             }
             ToCoordinator::CapturedHeld { chunk, state } => {
-                if self.snap.held_asked.get(&chunk) != Some(&id) {
-                    return Err(bad(format!("chunk {chunk} was not asked of this process")));
-                }
-                self.snap.held_asked.remove(&chunk);
-                if self.snap.cut.waits_for_held(chunk) {
-                    let mut out = std::mem::take(&mut self.snap.out);
-                    self.snap
-                        .cut
-                        .captured_held(chunk, Ok(Part::New(state)), &mut out);
-                    self.cut_commands(shared, &mut out);
-                    self.snap.out = out;
-                }
-                self.settle(shared);
+                self.held_answer(id, chunk).map_err(bad)?;
+                self.remote_parts(RemotePart::Held, false);
+                self.captured_held(shared, id, chunk, Part::New(state));
+                return Ok(());
+            }
+            ToCoordinator::CapturedHeldPart { chunk, part } => {
+                let folder = self.held_answer(id, chunk).map_err(bad)?;
+                let job_id = shared.config.snapshots.job_id::<J>();
+                check_part(&part, chunk, &job_id, Some(folder)).map_err(bad)?;
+                self.remote_parts(RemotePart::Held, true);
+                self.captured_held(shared, id, chunk, Part::Reuse(part));
                 return Ok(());
             }
             ToCoordinator::Missing { chunk } | ToCoordinator::FailedHeld { chunk, .. }
@@ -1305,4 +1398,40 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
     st.remote.launched_total += started.len();
     st.remote.launched.extend(started);
     error.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_part;
+    use crate::snapshot::PartRef;
+
+    fn part(chunk: crate::schedule::ChunkId, key: &str) -> PartRef {
+        PartRef {
+            chunk,
+            key: key.to_owned(),
+            size: 1,
+            crc32c: 0,
+        }
+    }
+
+    /// A part a worker process reports must be this job's, this chunk's and, for a held
+    /// partition, in the epoch folder asked.
+    #[test]
+    fn parts_reported_by_workers_are_checked() {
+        let good = "grid/00000000000000000007/parts/2-3-00ff";
+        check_part(&part(3, good), 3, "grid", Some(7)).unwrap();
+        check_part(&part(3, good), 3, "grid", None).unwrap();
+        for (chunk, key, folder) in [
+            (3, good, Some(8)),                                     // another folder
+            (4, good, Some(7)),                                     // another chunk
+            (3, "grids/00000000000000000007/parts/2-3-00ff", None), // another job
+            (3, "other/00000000000000000007/parts/2-3-00ff", Some(7)),
+            (3, "grid/00000000000000000007/manifest", Some(7)), // not a part
+            (3, "grid/00000000000000000007/parts/../x", Some(7)),
+            (3, "grid/7/parts/2-3-00ff", Some(7)),
+        ] {
+            let refused = check_part(&part(3, key), chunk, "grid", folder).unwrap_err();
+            assert!(refused.contains("is not a part of chunk"), "{refused}");
+        }
+    }
 }

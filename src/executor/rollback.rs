@@ -203,7 +203,7 @@ impl<J: Job> State<J> {
         (self.snap.failures, self.snap.resumed) = (old.failures, old.resumed);
         // A part asked of a process before the rollback may still come back: it is taken
         // (and dropped) rather than counted as a broken peer.
-        self.snap.held_asked = old.held_asked;
+        self.snap.held_outstanding = old.held_outstanding;
         self.core = core;
         self.job = Some(Arc::new(job));
         self.phase = manifest.phase;

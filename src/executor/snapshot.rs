@@ -11,7 +11,8 @@
 //!    bit, or sends `Capture` to the worker process of a remote slot.
 //! 2. *Capture.* A local worker serializes its chunk at its next adjustment point, hands the
 //!    bytes over under the lock and goes on with the same chunk: it pauses only to serialize.
-//!    A worker process sends the state, or writes the part itself and sends its reference.
+//!    A worker process sends the state, or writes the part itself and sends its reference;
+//!    so does one asked for a partition it holds (`CaptureHeld`, see `remote.rs`).
 //!    A `Done` or `Yielded` of a waited chunk reaches the cut before the core
 //!    (`State::feed_at`), and a lost remote slot's chunk is taken with the state the ledger
 //!    falls back to (`remote.rs`).
@@ -113,9 +114,14 @@ pub(crate) struct Snapshots {
     pub(crate) failures: Failures,
     /// The snapshot this run was resumed from and those passed over for it.
     pub(crate) resumed: Option<Resumed>,
-    /// The worker process each held partition's part was asked of (`CaptureHeld`): only
-    /// that process's answer is taken.
+    /// The worker process each held partition's part was last asked of (`CaptureHeld`) for
+    /// the open cut: only that process's answer is taken into it.
     pub(crate) held_asked: HashMap<ChunkId, u64>,
+    /// Every `CaptureHeld` not answered yet, by chunk and worker process: the epoch folders
+    /// they named, oldest first (a process answers about one chunk in the order it was
+    /// asked). An answer that none of them asked for breaks the protocol; an answer to an
+    /// abandoned cut's request, or to one from before a rollback, is taken and dropped.
+    pub(crate) held_outstanding: HashMap<(ChunkId, u64), std::collections::VecDeque<u64>>,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -448,7 +454,8 @@ impl<J: Job> State<J> {
     }
 
     /// Asks the worker process that holds the partition of `chunk` for its part (protocol
-    /// step 2 for a partition the ledger has no state of).
+    /// step 2 for a partition the ledger has no state of), naming the epoch folder the part
+    /// goes to if the process writes it itself.
     fn capture_held(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
         let holder = self
             .core
@@ -457,9 +464,13 @@ impl<J: Job> State<J> {
             .find(|(c, _)| *c == chunk)
             .and_then(|(_, h)| h.elsewhere())
             .or_else(|| self.snap.kept_by.remove(&chunk));
+        let folder = self.snap.next_folder();
         let sent = holder.and_then(|id| {
-            self.remote.send_to(id, ToWorker::CaptureHeld { chunk })?;
+            self.remote
+                .send_to(id, ToWorker::CaptureHeld { chunk, folder })?;
             self.snap.held_asked.insert(chunk, id);
+            let asked = self.snap.held_outstanding.entry((chunk, id)).or_default();
+            asked.push_back(folder);
             Some(())
         });
         match sent {

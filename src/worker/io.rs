@@ -27,6 +27,7 @@ pub(super) struct Io {
     pub(super) dialled: std::time::Instant,
     pub(super) first_run: std::cell::Cell<Option<Duration>>,
     pub(super) parts_written: std::cell::Cell<u64>,
+    pub(super) parts_sent: std::cell::Cell<u64>,
 }
 
 /// What background tasks of the I/O loop report.
@@ -36,6 +37,10 @@ enum Background {
     /// A captured state went to the store (`CapturedPart`), or could not and goes to the
     /// coordinator instead (`Captured`).
     Part(ToCoordinator),
+    /// A held partition's part went to the store (`CapturedHeldPart`), or could not and goes
+    /// to the coordinator instead (`CapturedHeld`); what waits behind it about that chunk
+    /// goes next.
+    HeldPart(u64, ToCoordinator),
 }
 
 /// Why an offered store is not used by this process (its states then go to the coordinator).
@@ -55,7 +60,24 @@ enum Unusable {
     },
 }
 
-/// Parts this process writes to the job's store itself (step 7 above).
+/// A message about a chunk waiting behind the write of that chunk's held partition: the
+/// message, the epoch folder of the capture it answers (if it does), and the phase.
+type Behind = (ToCoordinator, Option<u64>, Option<u64>);
+
+/// Parts this process writes to the job's store itself (step 7 of the protocol in
+/// `mod.rs`).
+///
+/// # Order of the answers about a held partition
+///
+/// The coordinator matches an answer to a `CaptureHeld` with the latest one it asked of
+/// this process for that chunk, which is right only if the partition did not change in
+/// between: it holds when the answers about one partition reach it in the order they were
+/// asked, each before anything later about that partition (the `Done` of its next run, its
+/// `Surrendered`), as when the answer was made at once. A write in the background would let
+/// those overtake it, so while a held partition's part is written, every message about that
+/// chunk waits behind it (`behind`) and goes, in order, once the write ends; other chunks'
+/// messages go at once. The partition's bytes are taken when the capture is asked, so its
+/// next run is not held up.
 #[derive(Default)]
 struct Parts {
     /// The store and job id, once the witness was read there.
@@ -64,6 +86,29 @@ struct Parts {
     checking: bool,
     /// The epoch folder of each requested capture.
     folders: std::collections::HashMap<(u32, u64), u64>,
+    /// Held partitions whose part is being written, by chunk, with the messages about that
+    /// chunk that wait for the write, oldest first.
+    behind: std::collections::HashMap<u64, std::collections::VecDeque<Behind>>,
+}
+
+/// The chunk a message to the coordinator is about, if any.
+fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
+    match msg {
+        ToCoordinator::Done { chunk, .. }
+        | ToCoordinator::Surrendered { chunk, .. }
+        | ToCoordinator::CapturedHeld { chunk, .. }
+        | ToCoordinator::CapturedHeldPart { chunk, .. }
+        | ToCoordinator::Missing { chunk }
+        | ToCoordinator::FailedHeld { chunk, .. }
+        | ToCoordinator::Yielded { chunk, .. }
+        | ToCoordinator::Captured { chunk, .. }
+        | ToCoordinator::CapturedPart { chunk, .. }
+        | ToCoordinator::Failed { chunk, .. } => Some(*chunk),
+        ToCoordinator::Heartbeat { .. }
+        | ToCoordinator::Leave { .. }
+        | ToCoordinator::Piece { .. }
+        | ToCoordinator::Undecodable { .. } => None,
+    }
 }
 
 impl Parts {
@@ -100,50 +145,137 @@ impl Parts {
         });
     }
 
-    /// Routes a message of a thread: a captured state that this process can store goes up
-    /// in the background; anything else goes to the coordinator now.
+    /// Routes a message for the coordinator: a captured state or held partition that this
+    /// process can store goes up in the background; a message about a chunk whose held
+    /// partition is being written waits behind it; anything else goes to the coordinator
+    /// now. `held_folder` is the epoch folder of the `CaptureHeld` that `msg` answers.
     fn route(
         &mut self,
         msg: ToCoordinator,
+        held_folder: Option<u64>,
         phase: Option<u64>,
         tx: &UnboundedSender<Background>,
     ) -> Option<ToCoordinator> {
-        let (slot, chunk) = match &msg {
+        let folder = match &msg {
             ToCoordinator::Captured { slot, chunk, .. }
             | ToCoordinator::Done { slot, chunk, .. }
             | ToCoordinator::Yielded { slot, chunk, .. }
-            | ToCoordinator::Failed { slot, chunk, .. } => (*slot, *chunk),
-            _ => return Some(msg),
+            | ToCoordinator::Failed { slot, chunk, .. } => self.folders.remove(&(*slot, *chunk)),
+            ToCoordinator::CapturedHeld { .. } => held_folder,
+            _ => None,
         };
-        let folder = self.folders.remove(&(slot, chunk));
-        let (
-            ToCoordinator::Captured { state, .. },
-            Some(folder),
-            Some((store, job_id)),
-            Some(phase),
-        ) = (&msg, folder, &self.store, phase)
+        if let Some(queue) = chunk_of(&msg).and_then(|c| self.behind.get_mut(&c)) {
+            queue.push_back((msg, folder, phase));
+            return None;
+        }
+        self.go(msg, folder, phase, tx)
+    }
+
+    /// A message that waits for nothing: a state to store goes up in the background (and
+    /// `None` is returned), anything else is returned, to send now.
+    fn go(
+        &mut self,
+        msg: ToCoordinator,
+        folder: Option<u64>,
+        phase: Option<u64>,
+        tx: &UnboundedSender<Background>,
+    ) -> Option<ToCoordinator> {
+        let (Some(folder), Some((store, job_id)), Some(phase)) = (folder, &self.store, phase)
         else {
             return Some(msg);
         };
-        let (store, job_id, state, tx) = (store.clone(), job_id.clone(), state.clone(), tx.clone());
-        tokio::spawn(async move {
-            let reply = match store
-                .put_part(&job_id, folder, phase, chunk, state.clone())
-                .await
-            {
-                Ok(part) => ToCoordinator::CapturedPart { slot, chunk, part },
-                Err(e) => {
-                    tracing::warn!(error = %e, "a part could not be stored; it goes to the coordinator");
-                    ToCoordinator::Captured { slot, chunk, state }
-                }
-            };
-            let _ = tx.send(Background::Part(reply));
-        });
+        if !matches!(
+            msg,
+            ToCoordinator::Captured { .. } | ToCoordinator::CapturedHeld { .. }
+        ) {
+            return Some(msg);
+        }
+        let (store, job_id, tx) = (store.clone(), job_id.clone(), tx.clone());
+        match msg {
+            ToCoordinator::Captured { slot, chunk, state } => {
+                tokio::spawn(async move {
+                    let reply = match store
+                        .put_part(&job_id, folder, phase, chunk, state.clone())
+                        .await
+                    {
+                        Ok(part) => ToCoordinator::CapturedPart { slot, chunk, part },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "a part could not be stored; it goes to the coordinator");
+                            ToCoordinator::Captured { slot, chunk, state }
+                        }
+                    };
+                    let _ = tx.send(Background::Part(reply));
+                });
+            }
+            ToCoordinator::CapturedHeld { chunk, state } => {
+                self.behind.insert(chunk, std::collections::VecDeque::new());
+                tokio::spawn(async move {
+                    let reply = match store
+                        .put_part(&job_id, folder, phase, chunk, state.clone())
+                        .await
+                    {
+                        Ok(part) => ToCoordinator::CapturedHeldPart { chunk, part },
+                        Err(e) => {
+                            tracing::warn!(error = %e, chunk, "a held partition's part could not be stored; it goes to the coordinator");
+                            ToCoordinator::CapturedHeld { chunk, state }
+                        }
+                    };
+                    let _ = tx.send(Background::HeldPart(chunk, reply));
+                });
+            }
+            msg => return Some(msg),
+        }
         None
+    }
+
+    /// The write of `chunk`'s held partition ended: the messages that waited behind it, to
+    /// send now in order, up to the next held write of that chunk (the rest waits for it).
+    fn written(&mut self, chunk: u64, tx: &UnboundedSender<Background>) -> Vec<ToCoordinator> {
+        let mut queue = self.behind.remove(&chunk).unwrap_or_default();
+        let mut now = Vec::new();
+        while let Some((msg, folder, phase)) = queue.pop_front() {
+            now.extend(self.go(msg, folder, phase, tx));
+            if let Some(next) = self.behind.get_mut(&chunk) {
+                next.extend(queue);
+                break;
+            }
+        }
+        now
     }
 }
 
 impl Io {
+    /// Counts a snapshot part about to be sent: written here (its reference) or sent as
+    /// bytes for the coordinator to write.
+    fn tally(&self, msg: &ToCoordinator) {
+        let counter = match msg {
+            ToCoordinator::CapturedPart { .. } | ToCoordinator::CapturedHeldPart { .. } => {
+                &self.parts_written
+            }
+            ToCoordinator::Captured { .. } | ToCoordinator::CapturedHeld { .. } => &self.parts_sent,
+            _ => return,
+        };
+        counter.set(counter.get() + 1);
+    }
+
+    /// Sends `msgs` to the coordinator (in pieces where they are long), then flushes.
+    async fn send_all<S>(
+        &self,
+        sink: &mut S,
+        msgs: impl IntoIterator<Item = ToCoordinator>,
+    ) -> Result<(), Error>
+    where
+        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+    {
+        for msg in msgs {
+            self.tally(&msg);
+            for f in frame::Frames::new(&msg, self.max_frame) {
+                self.write(sink.feed(f)).await?;
+            }
+        }
+        self.write(sink.flush()).await
+    }
+
     /// The coordinator sent nothing for a whole lease: it is given up.
     fn silent(&self) -> Error {
         tracing::warn!(
@@ -237,6 +369,10 @@ impl Io {
                             if let ToWorker::Capture { slot, chunk, folder } = msg {
                                 parts.folders.insert((slot, chunk), folder);
                             }
+                            let held_folder = match msg {
+                                ToWorker::CaptureHeld { folder, .. } => Some(folder),
+                                _ => None,
+                            };
                             let reply = match dispatch(peer, msg, threads, &mut job, held) {
                                 Ok(reply) => reply,
                                 Err(e) => {
@@ -251,11 +387,9 @@ impl Io {
                                     return Err(e);
                                 }
                             };
-                            if let Some(reply) = reply {
-                                for f in frame::Frames::new(&reply, self.max_frame) {
-                                    self.write(sink.feed(f)).await?;
-                                }
-                                self.write(sink.flush()).await?;
+                            let phase = job.as_ref().map(|(p, _)| *p);
+                            if let Some(reply) = reply.and_then(|r| parts.route(r, held_folder, phase, &bg_tx)) {
+                                self.send_all(&mut sink, [reply]).await?;
                             }
                         }
                     }
@@ -264,15 +398,12 @@ impl Io {
                 msg = out_rx.recv() => {
                     let Some(msg) = msg else { return Ok(left) };
                     let mut next = Some(msg);
+                    let mut now = Vec::new();
                     while let Some(msg) = next {
-                        if let Some(m) = parts.route(msg, phase, &bg_tx) {
-                            for f in frame::Frames::new(&m, self.max_frame) {
-                                self.write(sink.feed(f)).await?;
-                            }
-                        }
+                        now.extend(parts.route(msg, None, phase, &bg_tx));
                         next = out_rx.try_recv().ok();
                     }
-                    self.write(sink.flush()).await?;
+                    self.send_all(&mut sink, now).await?;
                     false
                 }
                 Some(done) = bg_rx.recv() => {
@@ -287,15 +418,17 @@ impl Io {
                             parts.checking = false;
                         }
                         Background::Part(msg) => {
-                            if matches!(msg, ToCoordinator::CapturedPart { .. }) {
-                                self.parts_written.set(self.parts_written.get() + 1);
-                            } else {
+                            if !matches!(msg, ToCoordinator::CapturedPart { .. }) {
                                 parts.store = None;
                             }
-                            for f in frame::Frames::new(&msg, self.max_frame) {
-                                self.write(sink.feed(f)).await?;
+                            self.send_all(&mut sink, [msg]).await?;
+                        }
+                        Background::HeldPart(chunk, msg) => {
+                            if !matches!(msg, ToCoordinator::CapturedHeldPart { .. }) {
+                                parts.store = None;
                             }
-                            self.write(sink.flush()).await?;
+                            let next = parts.written(chunk, &bg_tx);
+                            self.send_all(&mut sink, std::iter::once(msg).chain(next)).await?;
                         }
                     }
                     false
@@ -456,7 +589,7 @@ fn dispatch<J: Job>(
                 }));
             }
         }
-        ToWorker::Surrender { chunk } | ToWorker::CaptureHeld { chunk } => {
+        ToWorker::Surrender { chunk } | ToWorker::CaptureHeld { chunk, .. } => {
             let surrender = matches!(msg, ToWorker::Surrender { .. });
             let mut parts = lock(held);
             let encoded = if surrender {
@@ -494,4 +627,111 @@ fn dispatch<J: Job>(
         ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn done(chunk: u64) -> ToCoordinator {
+        ToCoordinator::Done {
+            slot: 0,
+            chunk,
+            output: Bytes::from_static(b"out"),
+            halos: None,
+            iterations: 1,
+            busy_ns: 1,
+        }
+    }
+
+    fn held(chunk: u64, state: &'static [u8]) -> ToCoordinator {
+        ToCoordinator::CapturedHeld {
+            chunk,
+            state: Bytes::from_static(state),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A held partition's part goes to the store in the background and is answered by its
+    /// reference, in the folder asked; the messages about that chunk wait behind the answer
+    /// (in order, a second capture of it included), and other chunks' go at once.
+    #[test]
+    fn held_parts_are_written_in_the_background_and_answered_in_order() {
+        runtime().block_on(async {
+            let store = crate::snapshot::Store::open("memory://").unwrap();
+            let mut parts = Parts {
+                store: Some((store.clone(), "job".to_owned())),
+                ..Parts::default()
+            };
+            let (tx, mut rx) = unbounded_channel();
+            assert!(
+                parts
+                    .route(held(3, b"first"), Some(7), Some(2), &tx)
+                    .is_none()
+            );
+            assert!(parts.route(done(3), None, Some(2), &tx).is_none());
+            assert!(
+                parts
+                    .route(held(3, b"second"), Some(8), Some(3), &tx)
+                    .is_none()
+            );
+            assert_eq!(parts.route(done(4), None, Some(3), &tx), Some(done(4)));
+            // Nothing about chunk 3 goes before its first part is written.
+            let Some(Background::HeldPart(3, first)) = rx.recv().await else {
+                panic!("not the first part");
+            };
+            let ToCoordinator::CapturedHeldPart { chunk: 3, part } = first else {
+                panic!("{first:?}");
+            };
+            assert!(part.key.starts_with("job/00000000000000000007/parts/2-3-"));
+            assert_eq!(store.get_part(&part).await.unwrap(), &b"first"[..]);
+            // Then its `Done`; the second capture waits for its own write.
+            assert_eq!(parts.written(3, &tx), vec![done(3)]);
+            let Some(Background::HeldPart(3, second)) = rx.recv().await else {
+                panic!("not the second part");
+            };
+            let ToCoordinator::CapturedHeldPart { part, .. } = second else {
+                panic!("{second:?}");
+            };
+            assert!(part.key.starts_with("job/00000000000000000008/parts/3-3-"));
+            assert_eq!(store.get_part(&part).await.unwrap(), &b"second"[..]);
+            assert!(parts.written(3, &tx).is_empty());
+            // Nothing waits any more: chunk 3's messages go at once.
+            assert_eq!(parts.route(done(3), None, Some(3), &tx), Some(done(3)));
+        });
+    }
+
+    /// Without a store that this process showed it reaches, a held partition's bytes go to
+    /// the coordinator at once; a write that fails sends them too.
+    #[test]
+    fn held_parts_go_as_bytes_without_a_usable_store() {
+        runtime().block_on(async {
+            let mut parts = Parts::default();
+            let (tx, mut rx) = unbounded_channel();
+            assert_eq!(
+                parts.route(held(3, b"state"), Some(7), Some(2), &tx),
+                Some(held(3, b"state"))
+            );
+            // An invalid job id: the write fails and the bytes go instead.
+            let store = crate::snapshot::Store::open("memory://").unwrap();
+            parts.store = Some((store, "no/such id".to_owned()));
+            assert!(
+                parts
+                    .route(held(3, b"state"), Some(7), Some(2), &tx)
+                    .is_none()
+            );
+            let Some(Background::HeldPart(3, reply)) = rx.recv().await else {
+                panic!("no answer");
+            };
+            assert_eq!(reply, held(3, b"state"));
+            assert!(parts.written(3, &tx).is_empty());
+        });
+    }
 }

@@ -48,11 +48,17 @@
 //!    stay where they are) and reads the witness's manifest; if it is there with the same
 //!    creation time, the store is the coordinator's, and from then on a state captured for a
 //!    snapshot is written to the epoch folder the `Capture` names and reported as
-//!    `CapturedPart` (its key, size and checksum) instead of crossing the wire. Until then, or
-//!    if the store cannot be reached from here (another disk behind the same `file://` path,
-//!    no credentials, a write that fails), states go to the coordinator as `Captured`, which
-//!    writes them. Either way the coordinator's writer lists the part in the manifest and is
-//!    the only one to commit.
+//!    `CapturedPart` (its key, size and checksum) instead of crossing the wire; so is a
+//!    partition this process holds, asked for with `CaptureHeld`, reported as
+//!    `CapturedHeldPart`. The writes run in the background: the threads go on computing and
+//!    the I/O task goes on serving; while a held partition's part is written, the messages
+//!    about that chunk wait behind its answer (`io.rs`, "Order of the answers about a held
+//!    partition"). Until then, or if the store cannot be reached from here (another disk
+//!    behind the same `file://` path, no credentials), states go to the coordinator as
+//!    `Captured` and `CapturedHeld`, which writes them; a write that fails here is logged as
+//!    a warning, its state goes to the coordinator, and so do all later ones. [`Served`]
+//!    counts both kinds (`parts_written`, `parts_sent`). Either way the coordinator's writer
+//!    lists the part in the manifest and is the only one to commit.
 //!
 //! Why no chunk is lost or counted twice: a chunk leaves a slot only as `Done` or `Yielded`
 //! (at most one per `Run`: a `Run` is in the thread's queue or running until exactly one of
@@ -276,9 +282,13 @@ pub struct Served {
     /// From dialling the coordinator to the first chunk received (the join latency), if one
     /// was.
     pub first_run_after: Option<Duration>,
-    /// Snapshot parts this process wrote to the job's store itself (the others went to the
-    /// coordinator).
+    /// Snapshot parts this process wrote to the job's store itself: states of running
+    /// chunks and partitions it holds.
     pub parts_written: u64,
+    /// Snapshot parts this process sent to the coordinator as bytes, for it to write: all of
+    /// them until the store is shown to be reachable from here, and each whose write failed
+    /// here (logged as a warning; this process then stops writing parts).
+    pub parts_sent: u64,
     /// Connections tried until the coordinator took this worker, that one included (1 when
     /// it took it at once; more while [`WorkerOptions::wait_for_job`] waited for the job).
     pub attempts: u32,
@@ -491,6 +501,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         dialled,
         first_run: std::cell::Cell::new(None),
         parts_written: std::cell::Cell::new(0),
+        parts_sent: std::cell::Cell::new(0),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -512,6 +523,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         left,
         first_run_after: io.first_run.get(),
         parts_written: io.parts_written.get(),
+        parts_sent: io.parts_sent.get(),
         attempts,
     })
 }
