@@ -273,6 +273,14 @@ impl Phases {
         }
     }
 
+    /// Takes in the phase ends already reported (after the job has ended).
+    fn drain(&mut self) {
+        while let Ok(e) = self.log.try_recv() {
+            self.seen.push((e.phase, e.at - self.last, e.at));
+            self.last = e.at;
+        }
+    }
+
     /// The time of each phase `0..phases`, from a run without rollback.
     fn times(&self, phases: u64) -> Vec<Duration> {
         assert_eq!(self.seen.len() as u64, phases, "one end per phase");
@@ -506,16 +514,20 @@ fn barrier_band(job: &Banded<Heat>, b: u64) -> Band<Heat> {
 }
 
 /// Postcard serializing `states` one after the other on this thread: the median of `runs`.
+/// The bytes are kept until the timing ends, as a snapshot keeps them until they are
+/// written, so each run serializes into fresh memory.
 fn serialize_alone<T: serde::Serialize>(states: &[T], runs: usize) -> (Duration, usize) {
     let mut bytes = 0;
     let times = (0..runs)
         .map(|_| {
             let t = Instant::now();
-            bytes = states
+            let out: Vec<Vec<u8>> = states
                 .iter()
-                .map(|s| std::hint::black_box(postcard::to_allocvec(s).expect("postcard")).len())
-                .sum();
-            t.elapsed()
+                .map(|s| postcard::to_allocvec(s).expect("postcard"))
+                .collect();
+            let took = t.elapsed();
+            bytes = std::hint::black_box(&out).iter().map(Vec::len).sum();
+            took
         })
         .collect();
     (median(times), bytes)
@@ -566,6 +578,7 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     }
     h.cancel();
     let _ = h.wait();
+    log.drain();
     let mut pauses = Vec::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         if key.key().name() == malleable::metrics::SNAPSHOT_PAUSE {
@@ -602,6 +615,17 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
         })
         .collect();
 
+    for &a in &asked_in {
+        println!(
+            "phases {a}..{}: {:?} ms",
+            a + 5,
+            (a..a + 5)
+                .map(|p| by_phase
+                    .get(&p)
+                    .map_or(-1.0, |d| (ms(*d) * 10.0).round() / 10.0))
+                .collect::<Vec<_>>()
+        );
+    }
     // The newest manifest and its parts.
     let found = manifests(&dir, job_id);
     let newest = found.last().expect("a committed manifest");
