@@ -22,7 +22,10 @@
 //!    - `malleable_snapshot_pause_seconds` is recorded by a worker that serializes the band it
 //!      is running (one band, its current rows and the rows this phase has computed so far);
 //!      its median is compared with postcard serializing such a band alone (a band halfway
-//!      through a phase: the mean of a request landing anywhere in it).
+//!      through a phase: the mean of a request landing anywhere in it). At N = 4000 a band's
+//!      step is about the whole band (about 1 ms), so a running band usually reaches the cut
+//!      as `Done` before it would capture, and the metric may have no sample at all: the
+//!      line says so.
 //!    - Bands waiting in the ledger (not running) are serialized under the job's lock on every
 //!      core while the workers wait for it; that is the bulk of a 128 MB grid. So the bench
 //!      also measures from outside: how much longer the phase in which a snapshot was asked
