@@ -1,0 +1,817 @@
+//! The owned-partitions targets on the heat solver (2-D Jacobi, `Banded(Heat)` from
+//! `examples/kernels/stencil.rs`, 32 bands), `N × N` `f64` (N = 4000: a 128 MB grid, two with
+//! the double buffer), each part ending with one summary line:
+//!
+//! 1. **Doubling**: 1 local worker; when phase `P/2` of `P` (100 of 200) has ended,
+//!    `set_local_workers(2)`. Phase times are the gaps between the phase ends the job's
+//!    `end_phase` reports at the barrier. Printed: the median phase before (phases `P/4` to
+//!    `P/2 - 1`, 50-99), after (`P/2 + P/20` to the end, 110-199), the speed-up before ÷ after
+//!    (target ≥ 1.8×), and the longest phase of the transition (`P/2` to `P/2 + P/20 - 1`,
+//!    where partitions move) ÷ the median after (target ≤ 2×), with the partitions moved
+//!    (`malleable_partitions_moved_total`). The final grid is checked bit for bit against the
+//!    sequential loop.
+//! 2. **Remote vs local**: the same solver (`PARTITIONS_REMOTE_PHASES` phases, default 50) on
+//!    2 local threads, then on 2 worker processes over loopback (this binary re-executed with
+//!    `--worker ADDR`, one thread each; the coordinator has no local worker). The processes
+//!    start before the job is submitted, as in `benches/cluster.rs`. Pairs run back to back;
+//!    the ratio is local time ÷ remote time, the median over pairs (target ≥ 0.8×). Values are
+//!    checked equal.
+//! 3. **Snapshot pause**: 2 local workers (16 bands each, at the barrier), snapshots asked for
+//!    at points spread over a phase. Two measures, since the metric does not cover all of a
+//!    worker's pause:
+//!    - `malleable_snapshot_pause_seconds` is recorded by a worker that serializes the band it
+//!      is running (one band, its current rows and the rows this phase has computed so far);
+//!      its median is compared with postcard serializing such a band alone (a band halfway
+//!      through a phase: the mean of a request landing anywhere in it). At N = 4000 a band's
+//!      step is about the whole band (about 1 ms), so a running band usually reaches the cut
+//!      as `Done` before it would capture, and the metric may have no sample at all: the
+//!      line says so.
+//!    - Bands waiting in the ledger (not running) are serialized under the job's lock on every
+//!      core while the workers wait for it; that is the bulk of a 128 MB grid. So the bench
+//!      also measures from outside: how much longer the phase in which a snapshot was asked
+//!      for took than the median phase without one, against postcard serializing one
+//!      worker's half of the grid alone (16 bands, one thread; the executor serializes on
+//!      both cores). It includes the store write going on in the background, so it is an
+//!      upper bound.
+//!
+//!    Target for both: ≤ 1.1×. And the size of the newest manifest in the folder store
+//!    (target < 64 KiB), with the total size of its parts.
+//! 4. **Recovery**: 2 worker processes (no local worker), a snapshot every
+//!    `PARTITIONS_SNAPSHOT_MS` (default 2000) to a local folder, one process killed with SIGKILL
+//!    at the first commit seen after 60 % of the phases (while no cut is open); the job rolls back by
+//!    itself. From the handle's [`Rollback`](malleable::Rollback): the time from the loss to the
+//!    first phase done again ÷ the time the rollback took to read the snapshot (target ≤ 1.5×),
+//!    with the kill-to-phase time seen from outside and a raw read of the same files
+//!    (`std::fs::read`, warm page cache) for comparison. The final grid is checked bit for bit.
+//!
+//! ```text
+//! cargo bench --bench partitions                         # all four, 4000 × 4000
+//! PARTITIONS_ONLY=doubling cargo bench --bench partitions # one part: doubling, remote,
+//!                                                         # pause or recovery
+//! PARTITIONS_N=1000 PARTITIONS_PHASES=80 cargo bench --bench partitions  # smaller, quicker
+//! cargo test --bench partitions                          # a quick checked pass (N = 200)
+//! ```
+//!
+//! Other knobs: `PARTITIONS_PAIRS` (remote/local pairs, default 3), `PARTITIONS_SNAPSHOTS`
+//! (snapshots for the pause, default 8), `PARTITIONS_RECOVERIES` (kill runs, default 1).
+//! The machine has 2 cores: every figure is noisy when other work shares it.
+
+#[path = "../examples/kernels/mod.rs"]
+mod kernels;
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{self, Registry, WorkerOptions};
+use malleable::rows::{Band, BandedInput};
+use malleable::{Banded, Chunk, Executor, Job, JobHandle, Outcome, Partition, Step};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+use kernels::stencil::heat::{self, Heat, Solution};
+use kernels::stencil::{PhaseEnd, watch_phases};
+
+/// The sizes of a run.
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    /// The grid's side.
+    n: u64,
+    /// Phases of the doubling and recovery runs.
+    phases: u64,
+    /// Phases of each remote/local run.
+    remote_phases: u64,
+    /// Remote/local pairs.
+    pairs: usize,
+    /// Snapshots taken for the pause.
+    snapshots: usize,
+    /// Recovery runs.
+    recoveries: usize,
+    /// The snapshot period of the recovery runs.
+    period: Duration,
+    /// Whether this is the quick pass (`cargo test`).
+    quick: bool,
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.replace('_', "").parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Sizes {
+        // The quick pass runs many short phases so that the kill lands after a snapshot.
+        let (n, phases, remote_phases, pairs, snapshots, period_ms) = if quick {
+            (200, 40, 10, 1, 3, 300)
+        } else {
+            (4000, 200, 50, 3, 8, 2000)
+        };
+        Sizes {
+            n: env_or("PARTITIONS_N", n).max(3),
+            phases: env_or("PARTITIONS_PHASES", phases).max(20),
+            remote_phases: env_or("PARTITIONS_REMOTE_PHASES", remote_phases),
+            pairs: env_or("PARTITIONS_PAIRS", pairs) as usize,
+            snapshots: env_or("PARTITIONS_SNAPSHOTS", snapshots) as usize,
+            recoveries: env_or("PARTITIONS_RECOVERIES", 1) as usize,
+            period: Duration::from_millis(env_or("PARTITIONS_SNAPSHOT_MS", period_ms)),
+            quick,
+        }
+    }
+
+    /// Phases of a recovery run: the quick pass's grid is tiny, so it runs longer.
+    fn recovery_phases(&self) -> u64 {
+        if self.quick {
+            self.phases.max(300)
+        } else {
+            self.phases
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--worker") {
+        return worker(&args[i + 1]);
+    }
+    if args.iter().any(|a| a == "--list") {
+        return;
+    }
+    // `cargo bench` passes `--bench`; `cargo test` does not, and wants a quick pass.
+    let quick = !args.iter().any(|a| a == "--bench");
+    let s = Sizes::new(quick);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("the metrics recorder");
+    let only = std::env::var("PARTITIONS_ONLY").ok();
+    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    println!(
+        "partitions: heat {n} × {n} f64 ({:.0} MB per grid), 32 bands; {} hardware threads{}",
+        (s.n * s.n * 8) as f64 / 1e6,
+        std::thread::available_parallelism().map_or(1, usize::from),
+        if quick { " (quick pass)" } else { "" },
+        n = s.n,
+    );
+    let mut summary = Vec::new();
+    let mut reference: Option<(u64, Solution)> = None;
+    let mut reference_for = |phases: u64| -> Solution {
+        match &reference {
+            Some((p, r)) if *p == phases => r.clone(),
+            _ => {
+                let t = Instant::now();
+                let r = heat::sequential(s.n as usize, phases);
+                println!(
+                    "sequential reference, {phases} phases: {:.3} s",
+                    t.elapsed().as_secs_f64()
+                );
+                reference = Some((phases, r.clone()));
+                r
+            }
+        }
+    };
+    if part("doubling") {
+        summary.extend(doubling(s, &snapshotter, &reference_for(s.phases)));
+    }
+    if part("remote") {
+        summary.extend(remote_vs_local(s));
+    }
+    if part("pause") {
+        summary.extend(pause(s, &snapshotter));
+    }
+    if part("recovery") {
+        let r = reference_for(s.recovery_phases());
+        summary.extend(recovery(s, &r));
+    }
+    println!();
+    for line in summary {
+        println!("{line}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared pieces.
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    support::percentile(&mut v, 0.5)
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Panics unless `got` has the reference's bits (every row, every phase's largest change).
+fn check(what: &str, got: &Solution, reference: &Solution) {
+    if let Some(row) = got.digest.first_difference(&reference.digest) {
+        panic!("{what}: row {row} of the final grid differs from the sequential loop's");
+    }
+    assert!(
+        got.digest == reference.digest && got.change.to_bits() == reference.change.to_bits(),
+        "{what}: the phases' largest changes differ from the sequential loop's"
+    );
+}
+
+/// Waits for a job that nobody computes inline (zero local workers) without joining it.
+fn finish<J: Job>(h: JobHandle<J>) -> malleable::Finished<J> {
+    while !h.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    match h.wait().expect("the job") {
+        Outcome::Finished(f) => f,
+        Outcome::Suspended(id) => panic!("suspended at {id}"),
+        _ => panic!("not finished"),
+    }
+}
+
+/// How long a job may go without a phase end before the bench fails.
+const STALL: Duration = Duration::from_secs(120);
+
+/// The phase ends of a job as they arrive, with the time of each phase (from the previous
+/// end, or from `since` for the first).
+struct Phases {
+    log: Receiver<PhaseEnd>,
+    last: Instant,
+    /// `(phase, its time, its end)`, in the order reported (a rollback repeats phases).
+    seen: Vec<(u64, Duration, Instant)>,
+}
+
+impl Phases {
+    fn watch(since: Instant) -> Phases {
+        Phases {
+            log: watch_phases(),
+            last: since,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next phase end, or `None` once the job has ended and every end was read.
+    fn next<J: Job>(&mut self, h: &JobHandle<J>) -> Option<PhaseEnd> {
+        loop {
+            match self.log.recv_timeout(Duration::from_millis(5)) {
+                Ok(e) => {
+                    self.seen.push((e.phase, e.at - self.last, e.at));
+                    self.last = e.at;
+                    return Some(e);
+                }
+                Err(RecvTimeoutError::Timeout) if h.is_finished() => return None,
+                Err(RecvTimeoutError::Timeout) => {
+                    // A job that stops making progress fails the bench instead of hanging it.
+                    assert!(
+                        self.last.elapsed() < STALL,
+                        "no phase ended for {STALL:?} (progress {:?}, rollbacks {:?})",
+                        h.progress(),
+                        h.rollbacks()
+                    );
+                }
+                Err(RecvTimeoutError::Disconnected) => panic!("the phase log closed"),
+            }
+        }
+    }
+
+    /// Takes in the phase ends already reported (after the job has ended).
+    fn drain(&mut self) {
+        while let Ok(e) = self.log.try_recv() {
+            self.seen.push((e.phase, e.at - self.last, e.at));
+            self.last = e.at;
+        }
+    }
+
+    /// The time of each phase `0..phases`, from a run without rollback.
+    fn times(&self, phases: u64) -> Vec<Duration> {
+        assert_eq!(self.seen.len() as u64, phases, "one end per phase");
+        self.seen.iter().map(|&(_, d, _)| d).collect()
+    }
+}
+
+/// The sum of a counter over all its labels.
+fn counter(snapshotter: &Snapshotter, name: &str) -> u64 {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .map(|(.., value)| match value {
+            DebugValue::Counter(c) => c,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// A fresh folder for a snapshot store: its URL and path.
+fn folder(name: &str) -> (String, PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "malleable-bench-partitions-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    (format!("file://{}", dir.display()), dir)
+}
+
+/// The manifests under `dir/job_id` (one folder per epoch), oldest epoch first.
+fn manifests(dir: &Path, job_id: &str) -> Vec<PathBuf> {
+    let Ok(epochs) = std::fs::read_dir(dir.join(job_id)) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = epochs
+        .flatten()
+        .map(|e| e.path().join("manifest"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker processes.
+
+/// Worker mode: serve the coordinator at `addr` with one thread until its job ends.
+fn worker(addr: &str) {
+    let registry = Registry::new().register::<Banded<Heat>>();
+    let options = WorkerOptions::default().threads(1);
+    // Started before its job is submitted: until the job runs, the coordinator refuses it
+    // as a worker of no running job; try again.
+    loop {
+        match cluster::serve(addr, &registry, options.clone()) {
+            Err(cluster::Error::UnknownJob { .. }) => {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            Ok(_) => return,
+            Err(e) => {
+                eprintln!("worker: {e}");
+                std::process::exit(3);
+            }
+        }
+    }
+}
+
+fn spawn_worker(addr: &str) -> Child {
+    Command::new(std::env::current_exe().expect("the bench binary"))
+        .args(["--worker", addr])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("a worker process")
+}
+
+/// An executor with no local worker that listens on loopback.
+fn coordinator() -> malleable::Builder {
+    Executor::builder().local_workers(0).listen("127.0.0.1:0")
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Doubling.
+
+fn doubling(s: Sizes, snapshotter: &Snapshotter, reference: &Solution) -> Vec<String> {
+    let phases = s.phases;
+    let grow_at = phases / 2;
+    let settle = grow_at + (phases / 20).max(1);
+    println!(
+        "\n== doubling: 1 local worker, 2 once phase {grow_at} of {phases} has ended ({} MB grid)",
+        (s.n * s.n * 8) as f64 / 1e6
+    );
+    let exec = Executor::builder()
+        .local_workers(1)
+        .build()
+        .expect("an executor");
+    let moved_before = counter(snapshotter, malleable::metrics::PARTITIONS_MOVED);
+    let started = Instant::now();
+    let mut log = Phases::watch(started);
+    let h = exec.submit(Banded(Heat::new(s.n, phases))).expect("submit");
+    let mut grew_in = None;
+    while let Some(e) = log.next(&h) {
+        if e.phase + 1 == grow_at {
+            h.set_local_workers(2);
+            grew_in = Some(h.progress().phase);
+        }
+    }
+    let done = h
+        .wait()
+        .expect("the doubling job")
+        .finished()
+        .expect("finished");
+    check("doubling", &Heat::solution(&done), reference);
+    let moved = counter(snapshotter, malleable::metrics::PARTITIONS_MOVED) - moved_before;
+    let times = log.times(phases);
+    let before = median(times[(phases / 4) as usize..grow_at as usize].to_vec());
+    let after = median(times[settle as usize..].to_vec());
+    let (peak_at, peak) = (grow_at..settle)
+        .map(|p| (p, times[p as usize]))
+        .max_by_key(|&(_, d)| d)
+        .expect("a transition phase");
+    println!(
+        "phases {}..{}: {:?} ms",
+        grow_at.saturating_sub(3),
+        (settle + 3).min(phases),
+        times[grow_at.saturating_sub(3) as usize..(settle + 3).min(phases) as usize]
+            .iter()
+            .map(|d| (ms(*d) * 10.0).round() / 10.0)
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "grew while phase {} ran; {moved} partitions moved; total {:.3} s; check ok (the \
+         sequential loop's bits)",
+        grew_in.unwrap_or(grow_at),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "median phase {:.2} ms before (phases {}-{}), {:.2} ms after (phases {}-{}); longest \
+         phase of the move: {peak_at}, {:.2} ms",
+        ms(before),
+        phases / 4,
+        grow_at - 1,
+        ms(after),
+        settle,
+        phases - 1,
+        ms(peak)
+    );
+    vec![
+        format!(
+            "partitions doubling speed-up: {:.2}x (target >= 1.8x)",
+            before.as_secs_f64() / after.as_secs_f64()
+        ),
+        format!(
+            "partitions doubling move phase: {:.2}x a phase after (target <= 2x)",
+            peak.as_secs_f64() / after.as_secs_f64()
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Remote vs local.
+
+fn remote_vs_local(s: Sizes) -> Vec<String> {
+    let phases = s.remote_phases;
+    println!(
+        "\n== 2 worker processes over loopback vs 2 local threads, {phases} phases, {} pairs",
+        s.pairs
+    );
+    let job = || Banded(Heat::new(s.n, phases));
+    let local = Executor::builder()
+        .local_workers(2)
+        .build()
+        .expect("an executor");
+    let mut ratios = Vec::new();
+    let (mut tl, mut tr) = (Vec::new(), Vec::new());
+    for pair in 0..s.pairs {
+        let t = Instant::now();
+        let expected = Heat::solution(&local.run(job()).expect("the local run"));
+        let l = t.elapsed();
+
+        let exec = coordinator().build().expect("a coordinator");
+        let addr = exec.local_addr().expect("listening").to_string();
+        let workers = [spawn_worker(&addr), spawn_worker(&addr)];
+        // Let them start before the clock does.
+        std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
+        let t = Instant::now();
+        let done = finish(exec.submit(job()).expect("submit"));
+        let r = t.elapsed();
+        for mut w in workers {
+            let _ = w.wait();
+        }
+        check("remote", &Heat::solution(&done), &expected);
+        println!(
+            "pair {}: local {:.3} s, remote {:.3} s: {:.2}x",
+            pair + 1,
+            l.as_secs_f64(),
+            r.as_secs_f64(),
+            l.as_secs_f64() / r.as_secs_f64()
+        );
+        ratios.push(l.as_secs_f64() / r.as_secs_f64());
+        tl.push(l);
+        tr.push(r);
+    }
+    let ratio = median_f64(ratios);
+    println!(
+        "medians: local {:.3} s, remote {:.3} s; values equal",
+        median(tl).as_secs_f64(),
+        median(tr).as_secs_f64()
+    );
+    vec![format!(
+        "partitions remote vs local: {ratio:.2}x (local time / remote time, median of {} pairs; target >= 0.8x)",
+        s.pairs
+    )]
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Snapshot pause.
+
+/// Band `b` of the grid as it waits at a barrier: initialized, one phase computed, given its
+/// halos (`begin_phase`), its progress rewound.
+fn barrier_band(job: &Banded<Heat>, b: u64) -> Band<Heat> {
+    let (n, bands) = (job.0.n, job.0.bands);
+    let per = n.div_ceil(bands);
+    let range = b * per..((b + 1) * per).min(n);
+    let input = BandedInput(());
+    let mut band = job.chunk(range);
+    while let Step::Yield = band.step(job, &input) {}
+    band.begin_phase(job, None, None);
+    band
+}
+
+/// Postcard serializing `states` one after the other on this thread: the median of `runs`.
+/// The bytes are kept until the timing ends, as a snapshot keeps them until they are
+/// written, so each run serializes into fresh memory.
+fn serialize_alone<T: serde::Serialize>(states: &[T], runs: usize) -> (Duration, usize) {
+    let mut bytes = 0;
+    let times = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let out: Vec<Vec<u8>> = states
+                .iter()
+                .map(|s| postcard::to_allocvec(s).expect("postcard"))
+                .collect();
+            let took = t.elapsed();
+            bytes = std::hint::black_box(&out).iter().map(Vec::len).sum();
+            took
+        })
+        .collect();
+    (median(times), bytes)
+}
+
+fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
+    let snapshots = s.snapshots;
+    println!("\n== snapshot pause: 2 local workers, {snapshots} snapshots asked for mid-phase");
+    let (url, dir) = folder("pause");
+    let job_id = "pause";
+    let exec = Executor::builder()
+        .local_workers(2)
+        .snapshots(&url)
+        .job_id(job_id)
+        .build()
+        .expect("an executor");
+    let started = Instant::now();
+    let mut log = Phases::watch(started);
+    let h = exec
+        .submit(Banded(Heat::new(s.n, u64::MAX / 2)))
+        .expect("submit");
+    // Warm up: both workers hold their bands, and a median phase without snapshots.
+    for _ in 0..6 {
+        log.next(&h).expect("a phase");
+    }
+    let _ = snapshotter.snapshot(); // clears earlier pause samples
+    let mut asked_in = Vec::new();
+    let mut commits = Vec::new();
+    for k in 0..snapshots {
+        // A few quiet phases, then a request at a point spread over the next phase.
+        for _ in 0..3 {
+            log.next(&h).expect("a phase");
+        }
+        let quiet: Vec<Duration> = log.seen[log.seen.len() - 3..]
+            .iter()
+            .map(|&(_, d, _)| d)
+            .collect();
+        let offset = median(quiet).mul_f64((k as f64 + 0.5) / snapshots as f64);
+        std::thread::sleep(offset);
+        let phase = h.progress().phase;
+        let t = Instant::now();
+        h.snapshot().wait().expect("a snapshot");
+        commits.push(t.elapsed());
+        asked_in.push(phase);
+    }
+    for _ in 0..3 {
+        log.next(&h).expect("a phase");
+    }
+    h.cancel();
+    let _ = h.wait();
+    log.drain();
+    let mut pauses = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() == malleable::metrics::SNAPSHOT_PAUSE {
+            if let DebugValue::Histogram(v) = value {
+                pauses.extend(
+                    v.into_iter()
+                        .map(|x| Duration::from_secs_f64(x.into_inner())),
+                );
+            }
+        }
+    }
+
+    // From outside: each snapshot phase's time against the median of the others (after the
+    // warm-up). A request may land on the barrier; the phase after it is counted too.
+    let by_phase: std::collections::BTreeMap<u64, Duration> =
+        log.seen.iter().map(|&(p, d, _)| (p, d)).collect();
+    let touched = |p: u64| asked_in.iter().any(|&a| p == a || p == a + 1);
+    let normal = median(
+        by_phase
+            .iter()
+            .filter(|&(&p, _)| p >= 6 && !touched(p))
+            .map(|(_, &d)| d)
+            .collect(),
+    );
+    let stretches: Vec<Duration> = asked_in
+        .iter()
+        .map(|&a| {
+            let extra = |p: u64| {
+                by_phase
+                    .get(&p)
+                    .map_or(Duration::ZERO, |d| d.saturating_sub(normal))
+            };
+            extra(a) + extra(a + 1)
+        })
+        .collect();
+
+    for &a in &asked_in {
+        println!(
+            "phases {a}..{}: {:?} ms",
+            a + 5,
+            (a..a + 5)
+                .map(|p| by_phase
+                    .get(&p)
+                    .map_or(-1.0, |d| (ms(*d) * 10.0).round() / 10.0))
+                .collect::<Vec<_>>()
+        );
+    }
+    // The newest manifest and its parts.
+    let found = manifests(&dir, job_id);
+    let newest = found.last().expect("a committed manifest");
+    let manifest_bytes = std::fs::metadata(newest).expect("the manifest").len();
+    let manifest = malleable::snapshot::decode_manifest(&std::fs::read(newest).expect("read"))
+        .expect("a manifest");
+    let part_bytes: u64 = manifest
+        .parts
+        .iter()
+        .chain(&manifest.kept)
+        .map(|p| p.size)
+        .sum();
+    let part_count = manifest.parts.len() + manifest.kept.len();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Alone: one worker's half of the grid at a barrier (16 bands), and one band halfway
+    // through a phase (its current rows and half of the new ones).
+    let job = Banded(Heat::new(s.n, u64::MAX / 2));
+    let bands = job.0.bands;
+    let half: Vec<Band<Heat>> = (0..bands / 2).map(|b| barrier_band(&job, b)).collect();
+    let (half_alone, half_bytes) = serialize_alone(&half, 9);
+    let mut running = barrier_band(&job, bands / 4);
+    let per = s.n.div_ceil(bands);
+    while running.iterations_done().unwrap_or(per) < per / 2 {
+        let _ = running.step(&job, &BandedInput(()));
+    }
+    let rows = running.iterations_done().unwrap_or(0);
+    let (band_alone, band_bytes) = serialize_alone(std::slice::from_ref(&running), 15);
+    drop(half);
+
+    let pause_p50 = if pauses.is_empty() {
+        None
+    } else {
+        Some(median(pauses.clone()))
+    };
+    let stretch = median(stretches.clone());
+    println!(
+        "snapshots asked for in phases {asked_in:?}; committed after {:?} ms",
+        commits.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
+    );
+    println!(
+        "metric {}: {} samples, p50 {}; one band {rows} rows into its phase ({band_bytes} bytes) \
+         serialized alone {:.2} ms",
+        malleable::metrics::SNAPSHOT_PAUSE,
+        pauses.len(),
+        pause_p50.map_or("-".to_owned(), |p| format!("{:.2} ms", ms(p))),
+        ms(band_alone)
+    );
+    println!(
+        "phase stretch per snapshot {:?} ms (median phase without {:.2} ms); one worker's half \
+         ({} bands, {half_bytes} bytes) serialized alone {:.2} ms",
+        stretches
+            .iter()
+            .map(|d| (ms(*d) * 10.0).round() / 10.0)
+            .collect::<Vec<_>>(),
+        ms(normal),
+        bands / 2,
+        ms(half_alone)
+    );
+    println!(
+        "newest manifest: {manifest_bytes} bytes, {part_count} parts of {part_bytes} bytes in all (grid {} bytes)",
+        s.n * s.n * 8
+    );
+    vec![
+        format!(
+            "partitions snapshot pause (metric, a running band): {} (target <= 1.1x)",
+            pause_p50.map_or("no samples".to_owned(), |p| format!(
+                "{:.2}x",
+                p.as_secs_f64() / band_alone.as_secs_f64()
+            ))
+        ),
+        format!(
+            "partitions snapshot pause (phase stretch, a worker's half): {:.2}x (target <= 1.1x)",
+            stretch.as_secs_f64() / half_alone.as_secs_f64()
+        ),
+        format!("partitions manifest size: {manifest_bytes} bytes (target < 65536)"),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Recovery.
+
+/// Part 4. The process is killed right after a snapshot has committed (a new manifest seen
+/// at a phase end), so that no cut is open when it dies: a kill while a cut is open (a
+/// snapshot every 20 ms on a small grid) left the job stuck in this bench's first version,
+/// the process gone, no rollback started, no phase ending. The snapshot period is long
+/// enough for the next cut not to start before the rollback.
+fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
+    let phases = s.recovery_phases();
+    let kill_at = phases * 6 / 10;
+    println!(
+        "\n== recovery: 2 worker processes, a snapshot every {:?}, one killed (SIGKILL) from \
+         phase {kill_at} of {phases}",
+        s.period
+    );
+    let mut ratios = Vec::new();
+    for run in 0..s.recoveries {
+        let (url, dir) = folder("recovery");
+        let job_id = format!("recovery-{run}");
+        let exec = coordinator()
+            .snapshots(&url)
+            .job_id(&job_id)
+            .snapshot_every(s.period)
+            // Keeps the snapshot rolled back to, for the raw read below.
+            .keep_snapshots(1000)
+            .build()
+            .expect("a coordinator");
+        let addr = exec.local_addr().expect("listening").to_string();
+        let mut workers = [spawn_worker(&addr), spawn_worker(&addr)];
+        std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
+        let started = Instant::now();
+        let mut log = Phases::watch(started);
+        let h = exec.submit(Banded(Heat::new(s.n, phases))).expect("submit");
+        let mut killed: Option<Instant> = None;
+        let mut back: Option<Instant> = None;
+        let mut committed = 0;
+        while let Some(e) = log.next(&h) {
+            // The kill lands right after a commit, while no cut is open: see `recovery`'s
+            // docs for why.
+            let now = manifests(&dir, &job_id).len();
+            let fresh = now > committed;
+            committed = now;
+            match killed {
+                None if e.phase + 1 >= kill_at && h.remote_workers() == 2 && fresh => {
+                    workers[0].kill().expect("SIGKILL");
+                    killed = Some(Instant::now());
+                    let _ = workers[0].wait();
+                    println!("killed one process after phase {}", e.phase);
+                }
+                Some(k) if back.is_none() && e.at > k => back = Some(e.at),
+                _ => {}
+            }
+        }
+        let done = finish(h.clone());
+        let _ = workers[1].wait();
+        check("recovery", &Heat::solution(&done), reference);
+        let killed = killed.expect("the job ended before a snapshot was committed: more phases?");
+        let rollbacks = h.rollbacks();
+        assert_eq!(rollbacks.len(), 1, "one rollback after one kill");
+        let rb = &rollbacks[0];
+        let recovered = rb.recovered.expect("a phase done after the rollback");
+
+        // The same files read raw (manifest and parts), warm in the page cache as the
+        // rollback's read most likely was.
+        let manifest_path = dir
+            .join(&job_id)
+            .join(format!("{:020}", rb.epoch))
+            .join("manifest");
+        let raw = median(
+            (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    let bytes = std::fs::read(&manifest_path).expect("the manifest");
+                    let m = malleable::snapshot::decode_manifest(&bytes).expect("a manifest");
+                    for p in m.parts.iter().chain(&m.kept) {
+                        std::hint::black_box(std::fs::read(dir.join(&p.key)).expect("a part"));
+                    }
+                    t.elapsed()
+                })
+                .collect(),
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        println!(
+            "run {}: {} partitions lost in phase {}, back to snapshot {} (phase {}): quiet after \
+             {:.1} ms, read {:.1} ms, running again {:.1} ms, a phase done again {:.1} ms \
+             (from the kill, seen from here: {}); raw read of the same files {:.1} ms; check ok",
+            run + 1,
+            rb.lost.len(),
+            rb.from_phase,
+            rb.epoch,
+            rb.to_phase,
+            ms(rb.quiesce),
+            ms(rb.read),
+            ms(rb.restart),
+            ms(recovered),
+            back.map_or("-".to_owned(), |b| format!("{:.1} ms", ms(b - killed))),
+            ms(raw)
+        );
+        ratios.push(recovered.as_secs_f64() / rb.read.as_secs_f64().max(1e-9));
+    }
+    vec![format!(
+        "partitions recovery: {:.2}x the snapshot read (loss to a phase done again / read, median of {}; target <= 1.5x)",
+        median_f64(ratios),
+        s.recoveries
+    )]
+}
