@@ -387,3 +387,82 @@ fn the_bytes_of_partitions_moved_to_an_added_process_are_measured() {
         assert!(status.success(), "{status:?}: {out}");
     }
 }
+/// A process with a grace period of its own gets SIGTERM while its running partition cannot
+/// be handed back (its steps stall): the coordinator lets it go when the grace period ends,
+/// well before its lease would, and the job rolls back to its snapshot, exactly.
+#[test]
+fn a_process_that_cannot_leave_within_its_own_grace_period_is_let_go() {
+    let dir = std::env::temp_dir().join(format!(
+        "malleable-autoscale-remote-grace-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let stall = dir.join("stall");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(5))
+        .snapshots(format!("file://{}", dir.join("store").display()))
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = Grid {
+        n: 240,
+        w: 64,
+        phases: 300,
+        done: 0,
+        pace_us: 30,
+    };
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    until("phase 5", || h.progress().phase >= 5);
+    let snap = h.snapshot().wait().unwrap();
+    let mut a = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, &addr)
+        .env(cluster::GRACE_ENV, "1")
+        .env(STALL_ENV, &stall)
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("one process", || h.remote_workers() == 1);
+    let at = h.progress().phase;
+    until("the process running phases", || {
+        h.progress().phase >= at + 3
+    });
+    // Its steps stall from now on, then it is told to stop: it sends its grace period.
+    std::fs::write(&stall, b"").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    let s = Command::new("kill")
+        .arg("-TERM")
+        .arg(a.id().to_string())
+        .status()
+        .unwrap();
+    assert!(s.success());
+    until("the rollback", || {
+        !h.rollbacks().is_empty() || h.is_finished()
+    });
+    let let_go_after = t.elapsed();
+    std::fs::remove_file(&stall).unwrap();
+    if h.rollbacks().is_empty() {
+        let _ = a.kill();
+        panic!("ended without a rollback: {:?}", h.wait().map(|_| ()));
+    }
+    let r = h.rollbacks()[0].clone();
+    let got = match h.wait().unwrap() {
+        Outcome::Finished(f) => f.into_value(),
+        other => panic!("not finished: {other:?}"),
+    };
+    assert_eq!(got, sequential(&job));
+    assert!(
+        let_go_after >= Duration::from_millis(900) && let_go_after < Duration::from_secs(4),
+        "let go after {let_go_after:?}: at the end of its 1 s grace period, before its 5 s lease"
+    );
+    assert!(r.epoch >= snap.epoch, "{r:?}");
+    let _ = a.kill();
+    let _ = a.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

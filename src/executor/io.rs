@@ -83,6 +83,8 @@ impl<J: Job> State<J> {
                 }
             }
             st.poll_cut(&shared2);
+            // A rollback waits for a write in flight to end before it reads the store back.
+            st.poll_rollback(&shared2);
         });
     }
 }

@@ -253,6 +253,11 @@ impl Remotes {
         }
     }
 
+    /// The worker process a fetch of `chunk` under way asked, if any.
+    pub(crate) fn fetching_from(&self, chunk: ChunkId) -> Option<ConnId> {
+        self.fetches.get(&chunk).map(|(from, _)| *from)
+    }
+
     /// The fetch of `chunk` under way, if any.
     pub(crate) fn fetching(&mut self, chunk: ChunkId) -> Option<&mut Fetch> {
         self.fetches.get_mut(&chunk).map(|(_, f)| f)
@@ -713,6 +718,7 @@ impl<J: Job> State<J> {
         let Some((_, to)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
+        self.held_arrived(shared, chunk, &state);
         if let Some(asked) = self.remote.fetch_since.remove(&chunk) {
             self.remote.fetched.0 += state.len() as u64;
             self.remote.fetched.1 += asked.elapsed();
@@ -912,9 +918,28 @@ impl<J: Job> State<J> {
         self.snap
             .held_outstanding
             .retain(|(_, from), _| *from != id);
+        self.snap.kept_by.retain(|_, from| *from != id);
         self.remote_gauge();
         if self.ended {
             return;
+        }
+        // Parts the open cut asked of it (or waits for on their way from it) will not come.
+        let unanswered: Vec<ChunkId> = self
+            .snap
+            .held_asked
+            .iter()
+            .filter(|&(_, &from)| from == id)
+            .map(|(&c, _)| c)
+            .chain(
+                self.snap
+                    .held_on_arrival
+                    .iter()
+                    .copied()
+                    .filter(|&c| self.remote.fetching_from(c) == Some(id)),
+            )
+            .collect();
+        for chunk in unanswered {
+            self.held_capture_lost(shared, chunk);
         }
         self.watch_lost(&c.peer);
         if self.core.is_partitioned() {
@@ -967,11 +992,18 @@ impl<J: Job> State<J> {
             self.members.remove(w);
             let running = self.core.running_on(w);
             // Taken before the core handles the loss: it may hand the chunk, with this
-            // state, straight to an idle worker.
+            // state, straight to an idle worker. A chunk never started falls back to nothing
+            // (from scratch); an owned partition that only this process had (the cut cannot
+            // take it from scratch: that would be a partition made anew in a later phase) is
+            // lost, and the cut that waits for it fails rather than commit it wrong.
             let fallback = running.map(|c| {
-                self.core
-                    .fallback(c)
-                    .and_then(|s| s.to_bytes().map(|b| b.map_err(Error::from)))
+                self.core.fallback(c).map(|s| match s.to_bytes() {
+                    Some(b) => b.map_err(Error::from),
+                    None => Err(Error::PartitionsLost {
+                        job: J::NAME,
+                        chunks: vec![c],
+                    }),
+                })
             });
             let _ = self.feed(shared, Event::Lost { worker: w }, None);
             if let (Some(chunk), Some(fallback)) = (running, fallback) {
@@ -996,6 +1028,12 @@ impl<J: Job> State<J> {
         }
         let captured = match fallback {
             Some(bytes) => bytes.map(|b| Captured::State(Part::New(b))),
+            // A partition whose only state was on the lost worker (the core counts it lost):
+            // from scratch would be a partition made anew in a later phase, a wrong part.
+            None if self.core.lost_partitions().contains(&chunk) => Err(Error::PartitionsLost {
+                job: J::NAME,
+                chunks: vec![chunk],
+            }),
             None => Ok(Captured::Scratch),
         };
         self.captured(shared, worker, chunk, captured);

@@ -122,6 +122,10 @@ pub(crate) struct Snapshots {
     /// asked). An answer that none of them asked for breaks the protocol; an answer to an
     /// abandoned cut's request, or to one from before a rollback, is taken and dropped.
     pub(crate) held_outstanding: HashMap<(ChunkId, u64), std::collections::VecDeque<u64>>,
+    /// Held partitions the open cut waits for that were already on their way back from their
+    /// worker process (`Surrender`) when the cut wanted them: their bytes are the part, taken
+    /// when they arrive (the process no longer has them to answer a `CaptureHeld`).
+    pub(crate) held_on_arrival: std::collections::HashSet<ChunkId>,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -464,6 +468,11 @@ impl<J: Job> State<J> {
             .find(|(c, _)| *c == chunk)
             .and_then(|(_, h)| h.elsewhere())
             .or_else(|| self.snap.kept_by.remove(&chunk));
+        if holder.is_some_and(|id| self.remote.fetching_from(chunk) == Some(id)) {
+            // Surrendered already: its bytes, on their way, are the part.
+            self.snap.held_on_arrival.insert(chunk);
+            return;
+        }
         let folder = self.snap.next_folder();
         let sent = holder.and_then(|id| {
             self.remote
@@ -484,6 +493,42 @@ impl<J: Job> State<J> {
                 self.snap.cut.captured_held(chunk, Err(error), &mut out);
                 self.cut_commands(shared, &mut out);
             }
+        }
+    }
+
+    /// A held partition the open cut waited for arrived from its worker process after a
+    /// `Surrender` (see [`Snapshots::held_on_arrival`]): its bytes are its part.
+    pub(crate) fn held_arrived(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        chunk: ChunkId,
+        state: &bytes::Bytes,
+    ) {
+        if self.snap.held_on_arrival.remove(&chunk) && self.snap.cut.waits_for_held(chunk) {
+            let mut out = std::mem::take(&mut self.snap.out);
+            self.snap
+                .cut
+                .captured_held(chunk, Ok(Part::New(state.clone())), &mut out);
+            self.cut_commands(shared, &mut out);
+            self.snap.out = out;
+        }
+    }
+
+    /// The worker process that held `chunk` for the open cut is gone before it answered (a
+    /// `CaptureHeld`, or a `Surrender` whose bytes the cut waited for): the cut cannot have
+    /// that part, and says so instead of waiting for it.
+    pub(crate) fn held_capture_lost(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
+        self.snap.held_asked.remove(&chunk);
+        self.snap.held_on_arrival.remove(&chunk);
+        if self.snap.cut.waits_for_held(chunk) {
+            let mut out = std::mem::take(&mut self.snap.out);
+            let error = Error::PartitionsLost {
+                job: J::NAME,
+                chunks: vec![chunk],
+            };
+            self.snap.cut.captured_held(chunk, Err(error), &mut out);
+            self.cut_commands(shared, &mut out);
+            self.snap.out = out;
         }
     }
 
