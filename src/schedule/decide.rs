@@ -65,7 +65,8 @@
 //! - No two decisions closer than the cool-down (a [`Reason::Bounds`] decision excepted).
 //! - No decision in the direction opposite to the previous one within `reverse_after`, except
 //!   the undoing of workers that were measured to gain nothing, and, with a deadline, a grow:
-//!   missing the deadline costs more than a flap.
+//!   missing the deadline costs more than a flap. Such a grow sets a floor: the count it
+//!   reaches is not shrunk below for `relearn`, so that it does not flap again.
 //! - One call is `O(workers + window)`, with no allocation.
 
 use std::collections::VecDeque;
@@ -563,6 +564,9 @@ pub struct Decider {
     check: Option<Check>,
     /// Per kind: the most workers that paid off, and until when that holds.
     ceiling: [Option<(usize, Duration)>; 2],
+    /// With a deadline: the fewest workers in all that proved needed (a shrink that a grow
+    /// had to undo), and until when that holds.
+    floor: Option<(usize, Duration)>,
     /// A grow of worker processes waiting for them to join: when it was decided.
     launching: Option<Duration>,
     /// Measured launch and join delay of a worker process, seconds, and how many joins
@@ -598,6 +602,7 @@ impl Decider {
             window: VecDeque::with_capacity(cfg.hysteresis.window + 1),
             check: None,
             ceiling: [None, None],
+            floor: None,
             launching: None,
             join: cfg.costs.remote_join.as_secs_f64(),
             joins: 0,
@@ -991,6 +996,12 @@ impl Decider {
                 before: now,
                 expected,
             });
+            if deadline.is_some() && self.reversing(Direction::Grow, t) {
+                // The last shrink went too far: the count this grow reaches is needed, and a
+                // shrink below it would be undone again (a flap that costs moves).
+                let total = self.local + add_local + self.remote + add_remote;
+                self.floor = Some((total, t + self.cfg.relearn));
+            }
             let d = self.decide(
                 t,
                 self.local + add_local,
@@ -1016,13 +1027,33 @@ impl Decider {
             // worker that is needed.
             let lower = measured - h.confidence * now.se;
             let (mut l, mut r, mut rate) = (self.local, self.remote, lower);
-            while r > b.min_remote && rate - s_remote >= keep {
+            let floor = self
+                .floor
+                .and_then(|(n, until)| (t < until).then_some(n))
+                .unwrap_or(0);
+            // Which worker leaves is not this layer's choice: each one is counted as the
+            // fastest of its kind, so that a shrink never leaves less than it meant to (with
+            // workers of unequal speeds, the mean would let a fast one go and the next
+            // window would have to grow again).
+            let fastest = |rates: &[f64], mean: f64| {
+                let max = rates
+                    .iter()
+                    .copied()
+                    .filter(|x| x.is_finite())
+                    .fold(0.0, f64::max);
+                if max > 0.0 { max * scale } else { mean }
+            };
+            let (x_local, x_remote) = (
+                fastest(m.local_rates, s_local),
+                fastest(m.remote_rates, s_remote),
+            );
+            while r > b.min_remote && l + r > floor && rate - x_remote >= keep {
                 r -= 1;
-                rate -= s_remote;
+                rate -= x_remote;
             }
-            while l > b.min_local && rate - s_local >= keep {
+            while l > b.min_local && l + r > floor && rate - x_local >= keep {
                 l -= 1;
-                rate -= s_local;
+                rate -= x_local;
             }
             if (l, r) == (self.local, self.remote) {
                 return None;

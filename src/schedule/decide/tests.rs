@@ -515,6 +515,8 @@ fn deadlines_are_met_with_few_worker_seconds() {
     let runs = 1000;
     let mut met = 0;
     let mut ratios = Vec::with_capacity(runs);
+    // Decisions that reversed the previous one within the hysteresis's `reverse_after`.
+    let mut flaps = 0;
     for run in 0..runs as u64 {
         let mut rng = Rng(run.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xdead_beef);
         let max = 16;
@@ -538,6 +540,7 @@ fn deadlines_are_met_with_few_worker_seconds() {
         let seed = rng.next_u64();
         let ticks = 2 * deadline as u64 + 100;
         let trace = sim.run(p, 1, ticks, seed);
+        flaps += reversals(&trace, p.hysteresis.reverse_after.as_secs());
         let finished = trace.finished.expect("finished");
         if finished <= deadline {
             met += 1;
@@ -570,11 +573,13 @@ fn deadlines_are_met_with_few_worker_seconds() {
     let max = ratios[ratios.len() - 1];
     eprintln!(
         "deadline: {met}/{runs} met; worker-seconds / best fixed: mean {mean:.3}, median {:.3}, \
-         p90 {p90:.3}, max {max:.3}",
+         p90 {p90:.3}, max {max:.3}; {flaps} reversals within reverse_after",
         ratios[ratios.len() / 2]
     );
     assert!(met * 100 >= runs * 99, "{met}/{runs} deadlines met");
     assert!(mean <= 1.1, "mean ratio {mean}");
+    // A shrink that the next window undoes costs moves and a cool-down for nothing.
+    assert!(flaps * 50 <= runs, "{flaps} reversals in {runs} runs");
 }
 
 impl Sim {
