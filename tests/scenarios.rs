@@ -160,10 +160,16 @@ fn retire<const S: usize>(kind: Kind) {
         // (near the end of a phase, with no chunk pending). Replace it and retire again.
         h.grow(3);
     }
-    assert_eq!(
-        handed.last(),
-        Some(&1),
-        "one partial chunk handed back by the retired worker (per attempt: {handed:?})"
+    // A worker process's thread holds the chunk it runs and the next one
+    // (`SLOTS_PER_THREAD`); the next one is handed back too, and counts as partial when it
+    // came with a state (a chunk an earlier retire handed back): at most one per slot.
+    let most = match kind {
+        Kind::Local => 1,
+        Kind::Processes => u64::from(malleable::cluster::frame::SLOTS_PER_THREAD),
+    };
+    assert!(
+        handed.last().is_some_and(|&n| (1..=most).contains(&n)),
+        "partial chunks handed back by the retired worker (per attempt: {handed:?}), 1 to {most} expected"
     );
     let fin = h.finished();
     assert_exact(&fin, &job);
