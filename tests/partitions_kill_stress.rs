@@ -5,6 +5,11 @@
 //! snapshot was committed yet, with [`Error::PartitionsLost`]. A snapshot read back that was
 //! not a consistent cut would show in the grid.
 //!
+//! A regression test: a rollback that began while a snapshot was being written waited for
+//! that write, and nothing went on with it once the write ended; the job stayed halted with
+//! one process left, no rollback recorded and no phase ending (the first run, a kill in
+//! phase 8, hit it every time).
+//!
 //! Worker processes are this test binary, re-executed to run [`worker_process`].
 
 use std::process::{Child, Command, Stdio};
