@@ -712,10 +712,12 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
 // 4. Recovery.
 
 /// Part 4. The process is killed right after a snapshot has committed (a new manifest seen
-/// at a phase end), so that no cut is open when it dies: a kill while a cut is open (a
-/// snapshot every 20 ms on a small grid) left the job stuck in this bench's first version,
-/// the process gone, no rollback started, no phase ending. The snapshot period is long
-/// enough for the next cut not to start before the rollback.
+/// at a phase end), so that no cut is open when it dies and the rollback measured is one
+/// read, not a wait for a write in flight. (A kill while a cut was open, a snapshot every
+/// 20 ms on a small grid, once left the job stuck: the rollback waited for the write in
+/// flight and nothing went on with it when the write ended. `tests/partitions_kill_stress.rs`
+/// kills at such moments.) The snapshot period is long enough for the next cut not to start
+/// before the rollback.
 fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
     let phases = s.recovery_phases();
     let kill_at = phases * 6 / 10;

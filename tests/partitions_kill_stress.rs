@@ -1,0 +1,283 @@
+//! A worker process killed (SIGKILL) at many moments while snapshots are taken every 20 ms
+//! of a grid whose partitions the processes hold: a kill often lands while a cut is open
+//! (parts asked of the process, partitions on their way, a write in flight). Every run must
+//! end: with the grid bit for bit the sequential one and a recorded rollback, or, when no
+//! snapshot was committed yet, with [`Error::PartitionsLost`]. A snapshot read back that was
+//! not a consistent cut would show in the grid.
+//!
+//! A regression test: a rollback that began while a snapshot was being written waited for
+//! that write, and nothing went on with it once the write ended; the job stayed halted with
+//! one process left, no rollback recorded and no phase ending (the first run, a kill in
+//! phase 8, hit it every time).
+//!
+//! Worker processes are this test binary, re-executed to run [`worker_process`].
+
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+use malleable::reduce::CollectInOrder;
+use malleable::rows::{Rows, Window};
+use malleable::{Banded, Error, Executor, JobHandle, Next, Outcome};
+use serde::{Deserialize, Serialize};
+
+const ADDR_ENV: &str = "MALLEABLE_TEST_KILL_STRESS_ADDR";
+
+/// How long a run may take before it counts as stuck.
+const STUCK: Duration = Duration::from_secs(20);
+
+fn hash(row: &[f64]) -> u64 {
+    row.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+fn init(i: u64, j: usize) -> f64 {
+    ((i * 31 + j as u64 * 17) % 101) as f64 / 7.0
+}
+
+/// Jacobi relaxation in 24 bands whose rows sleep a little, so that a phase takes a few
+/// milliseconds and a 20 ms snapshot period cuts through phases; the value of the last phase
+/// is the hash of every row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Grid {
+    n: u64,
+    w: usize,
+    phases: u64,
+    done: u64,
+    pace_us: u64,
+}
+
+impl Rows for Grid {
+    const NAME: &'static str = "partitions-kill-stress-grid";
+    type Element = f64;
+    type Acc = Vec<u64>;
+    type Reducer = CollectInOrder<u64>;
+    type Input = ();
+
+    fn height(&self) -> u64 {
+        self.n
+    }
+    fn width(&self) -> usize {
+        self.w
+    }
+    fn bands(&self) -> u64 {
+        24
+    }
+    fn reducer(&self) -> CollectInOrder<u64> {
+        CollectInOrder::new()
+    }
+    fn init(&self, _: &(), i: u64, row: &mut [f64]) {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = init(i, j);
+        }
+    }
+    fn update(&self, _: &(), i: u64, win: Window<'_, f64>, acc: &mut Vec<u64>) {
+        match (win.above, win.below) {
+            (Some(a), Some(b)) => row_update(a, win.old, b, win.row),
+            _ => win.row.copy_from_slice(win.old),
+        }
+        if i % 8 == 0 {
+            std::thread::sleep(Duration::from_micros(self.pace_us));
+        }
+        acc.push(hash(win.row));
+    }
+    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
+        self.done += 1;
+        if self.done < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+    fn target_step(&self) -> Duration {
+        Duration::from_micros(200)
+    }
+}
+
+fn row_update(above: &[f64], old: &[f64], below: &[f64], new: &mut [f64]) {
+    let w = old.len();
+    new[0] = old[0];
+    new[w - 1] = old[w - 1];
+    for j in 1..w - 1 {
+        new[j] = 0.25 * (above[j] + below[j] + old[j - 1] + old[j + 1]);
+    }
+}
+
+fn sequential(g: &Grid) -> Vec<u64> {
+    let (n, w) = (g.n as usize, g.w);
+    let mut grid: Vec<Vec<f64>> = (0..n)
+        .map(|i| (0..w).map(|j| init(i as u64, j)).collect())
+        .collect();
+    let mut hashes = Vec::new();
+    for _ in 0..g.phases {
+        let mut next = grid.clone();
+        hashes.clear();
+        for i in 0..n {
+            if i > 0 && i + 1 < n {
+                row_update(&grid[i - 1], &grid[i], &grid[i + 1], &mut next[i]);
+            }
+            hashes.push(hash(&next[i]));
+        }
+        grid = next;
+    }
+    hashes
+}
+
+#[test]
+#[ignore = "the body of the worker processes the other tests start"]
+fn worker_process() {
+    let Ok(addr) = std::env::var(ADDR_ENV) else {
+        return;
+    };
+    let options = WorkerOptions::from_env().unwrap().threads(1);
+    let registry = Registry::new().register::<Banded<Grid>>();
+    // Started before its job is submitted: until the job runs, the coordinator refuses it
+    // as a worker of no running job; it tries again.
+    loop {
+        match cluster::serve(&addr, &registry, options.clone()) {
+            Err(cluster::Error::UnknownJob { .. }) => {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            Ok(_) => std::process::exit(0),
+            Err(e) => {
+                println!("WORKER ERROR {e}");
+                std::process::exit(3);
+            }
+        }
+    }
+}
+
+fn start(addr: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, addr)
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn until(what: &str, h: &JobHandle<Banded<Grid>>, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < STUCK,
+            "timed out: {what}; {:?}",
+            h.progress()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// One run: `local` local workers and two worker processes; the first process is killed
+/// `delay` after phase `phase` has started. Returns how the run ended.
+fn run(name: &str, local: usize, phase: u64, delay: Duration) -> &'static str {
+    let dir = std::env::temp_dir().join(format!(
+        "malleable-kill-stress-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("file://{}", dir.display());
+    let exec = Executor::builder()
+        .local_workers(local)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshots(&url)
+        .snapshot_every(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    // Both processes are up when the job starts, so that both hold partitions.
+    std::thread::sleep(Duration::from_millis(300));
+    let job = Grid {
+        n: 200,
+        w: 48,
+        phases: 120,
+        done: 0,
+        pace_us: 60,
+    };
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h2 = h.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(h2.wait());
+    });
+    until("two processes", &h, || h.remote_workers() == 2);
+    until("the phase of the kill", &h, || h.progress().phase >= phase);
+    std::thread::sleep(delay);
+    a.kill().unwrap();
+    let _ = a.wait();
+    let ended = rx.recv_timeout(STUCK);
+    let diagnosis = format!(
+        "{name}: {:?}; rollbacks {:?}; snapshot failures {} (last {:?})",
+        h.progress(),
+        h.rollbacks(),
+        h.snapshot_failures(),
+        h.last_snapshot_error()
+    );
+    let Ok(ended) = ended else {
+        let _ = b.kill();
+        let _ = b.wait();
+        panic!("stuck after a kill: {diagnosis}");
+    };
+    let how = match ended {
+        Ok(Outcome::Finished(f)) => {
+            let got = f.into_value();
+            let want = sequential(&job);
+            assert_eq!(got.len(), want.len(), "{diagnosis}");
+            if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+                panic!("row {i} differs: {diagnosis}");
+            }
+            let rollbacks = h.rollbacks();
+            assert_eq!(rollbacks.len(), 1, "{diagnosis}");
+            assert!(!rollbacks[0].lost.is_empty(), "{diagnosis}");
+            assert!(rollbacks[0].recovered.is_some(), "{diagnosis}");
+            "rolled back"
+        }
+        Err(Error::PartitionsLost { chunks, .. }) => {
+            // Only before any commit: the job had nothing to go back to.
+            assert!(!chunks.is_empty(), "{diagnosis}");
+            assert!(h.rollbacks().is_empty(), "{diagnosis}");
+            "lost before a snapshot"
+        }
+        other => panic!("{diagnosis}: ended with {other:?}"),
+    };
+    assert!(b.wait().unwrap().success(), "{diagnosis}");
+    let _ = std::fs::remove_dir_all(&dir);
+    how
+}
+
+/// Kills at different phases and moments within a phase, with and without a local worker.
+#[test]
+fn a_process_killed_while_snapshots_come_every_20_ms_never_leaves_the_job_stuck() {
+    let started = Instant::now();
+    let moments = [
+        (0, 8, 0),
+        (0, 20, 700),
+        (1, 30, 1500),
+        (0, 45, 300),
+        (1, 55, 2300),
+        (0, 65, 1100),
+    ];
+    let mut rolled_back = 0;
+    for (i, &(local, phase, delay_us)) in moments.iter().enumerate() {
+        let how = run(
+            &format!("run{i}"),
+            local,
+            phase,
+            Duration::from_micros(delay_us),
+        );
+        println!("run {i}: {local} local, killed in phase {phase} + {delay_us} us: {how}");
+        rolled_back += usize::from(how == "rolled back");
+    }
+    assert!(
+        rolled_back > 0,
+        "no run rolled back: the kills came too early"
+    );
+    println!("{} runs in {:?}", moments.len(), started.elapsed());
+}
