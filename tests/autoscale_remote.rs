@@ -19,16 +19,15 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{
     self, LaunchSpec, Launched, Launcher, Registry, TOKEN_ENV, WorkerOptions,
 };
-use malleable::reduce::{CollectInOrder, Sum};
-use malleable::rows::{Rows, Window};
+use malleable::reduce::Sum;
 use malleable::schedule::{Autoscale, Costs, Hysteresis, Reason};
-use malleable::{Banded, Chunking, Executor, Fold, Folded, Next, Outcome};
+use malleable::{Banded, Chunking, Executor, Fold, Folded, Outcome};
 use serde::{Deserialize, Serialize};
 
+mod common;
+use common::grid::{Grid, STALL_ENV, sequential};
+
 const ADDR_ENV: &str = "MALLEABLE_TEST_AUTOSCALE_ADDR";
-/// A file whose existence makes a worker process's steps stall (it cannot hand back the
-/// partition it runs).
-const STALL_ENV: &str = "MALLEABLE_TEST_AUTOSCALE_STALL";
 
 /// Σ i over `0..n`, each iteration waiting 50 µs: throughput grows with every worker whatever
 /// the machine's load.
@@ -51,95 +50,6 @@ impl Fold for Slow {
     fn body(&self, _: &(), acc: &mut u64, i: u64) {
         std::thread::sleep(Duration::from_micros(50));
         *acc += i;
-    }
-}
-
-fn hash(row: &[f64]) -> u64 {
-    row.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
-        (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-fn init(i: u64, j: usize) -> f64 {
-    ((i * 13 + j as u64 * 7) % 97) as f64 / 5.0
-}
-
-/// Jacobi relaxation of `n` rows of `w` cells in 8 bands, each row pausing `pace_us`; the
-/// value of the last phase is the hash of every row.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Grid {
-    n: u64,
-    w: usize,
-    phases: u64,
-    done: u64,
-    pace_us: u64,
-}
-
-impl Rows for Grid {
-    const NAME: &'static str = "autoscale-remote-grid";
-    type Element = f64;
-    type Acc = Vec<u64>;
-    type Reducer = CollectInOrder<u64>;
-    type Input = ();
-
-    fn height(&self) -> u64 {
-        self.n
-    }
-    fn width(&self) -> usize {
-        self.w
-    }
-    fn bands(&self) -> u64 {
-        8
-    }
-    fn reducer(&self) -> CollectInOrder<u64> {
-        CollectInOrder::new()
-    }
-    fn init(&self, _: &(), i: u64, row: &mut [f64]) {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = init(i, j);
-        }
-    }
-    fn update(&self, _: &(), _: u64, win: Window<'_, f64>, acc: &mut Vec<u64>) {
-        match (win.above, win.below) {
-            (Some(a), Some(b)) => {
-                let w = win.old.len();
-                win.row[0] = win.old[0];
-                win.row[w - 1] = win.old[w - 1];
-                for j in 1..w - 1 {
-                    win.row[j] = 0.25 * (a[j] + b[j] + win.old[j - 1] + win.old[j + 1]);
-                }
-            }
-            _ => win.row.copy_from_slice(win.old),
-        }
-        std::thread::sleep(Duration::from_micros(self.pace_us));
-        if let Some(stall) = std::env::var_os(STALL_ENV) {
-            while PathBuf::from(&stall).exists() {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        acc.push(hash(win.row));
-    }
-    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
-        self.done += 1;
-        if self.done < self.phases {
-            Next::Continue
-        } else {
-            Next::Finish
-        }
-    }
-    fn target_step(&self) -> Duration {
-        Duration::from_micros(500)
-    }
-}
-
-fn sequential(g: &Grid) -> Vec<u64> {
-    let mut run = g.clone();
-    run.pace_us = 0;
-    let exec = Executor::builder().local_workers(1).build().unwrap();
-    let h = exec.submit(Banded(run)).unwrap();
-    match h.wait().unwrap() {
-        Outcome::Finished(f) => f.into_value(),
-        other => panic!("not finished: {other:?}"),
     }
 }
 
@@ -359,11 +269,10 @@ fn the_bytes_of_partitions_moved_to_an_added_process_are_measured() {
         .unwrap();
     // 8 bands of 30 rows of 1024 cells: 245 KiB each.
     let job = Grid {
-        n: 240,
-        w: 1024,
-        phases: 400,
-        done: 0,
+        bands: 8,
         pace_us: 20,
+        pace_every: 1,
+        ..Grid::new(240, 1024, 400)
     };
     let h = exec.submit(Banded(job.clone())).unwrap();
     until("the process and a measured move", || {
@@ -408,11 +317,10 @@ fn a_process_that_cannot_leave_within_its_own_grace_period_is_let_go() {
         .unwrap();
     let addr = exec.local_addr().unwrap().to_string();
     let job = Grid {
-        n: 240,
-        w: 64,
-        phases: 300,
-        done: 0,
+        bands: 8,
         pace_us: 30,
+        pace_every: 1,
+        ..Grid::new(240, 64, 300)
     };
     let h = exec.submit(Banded(job.clone())).unwrap();
     until("phase 5", || h.progress().phase >= 5);

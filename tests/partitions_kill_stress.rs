@@ -17,113 +17,15 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
-use malleable::reduce::CollectInOrder;
-use malleable::rows::{Rows, Window};
-use malleable::{Banded, Error, Executor, JobHandle, Next, Outcome};
-use serde::{Deserialize, Serialize};
+use malleable::{Banded, Error, Executor, JobHandle, Outcome};
+
+mod common;
+use common::grid::{Grid, sequential};
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_KILL_STRESS_ADDR";
 
 /// How long a run may take before it counts as stuck.
 const STUCK: Duration = Duration::from_secs(20);
-
-fn hash(row: &[f64]) -> u64 {
-    row.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
-        (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-fn init(i: u64, j: usize) -> f64 {
-    ((i * 31 + j as u64 * 17) % 101) as f64 / 7.0
-}
-
-/// Jacobi relaxation in 24 bands whose rows sleep a little, so that a phase takes a few
-/// milliseconds and a 20 ms snapshot period cuts through phases; the value of the last phase
-/// is the hash of every row.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Grid {
-    n: u64,
-    w: usize,
-    phases: u64,
-    done: u64,
-    pace_us: u64,
-}
-
-impl Rows for Grid {
-    const NAME: &'static str = "partitions-kill-stress-grid";
-    type Element = f64;
-    type Acc = Vec<u64>;
-    type Reducer = CollectInOrder<u64>;
-    type Input = ();
-
-    fn height(&self) -> u64 {
-        self.n
-    }
-    fn width(&self) -> usize {
-        self.w
-    }
-    fn bands(&self) -> u64 {
-        24
-    }
-    fn reducer(&self) -> CollectInOrder<u64> {
-        CollectInOrder::new()
-    }
-    fn init(&self, _: &(), i: u64, row: &mut [f64]) {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = init(i, j);
-        }
-    }
-    fn update(&self, _: &(), i: u64, win: Window<'_, f64>, acc: &mut Vec<u64>) {
-        match (win.above, win.below) {
-            (Some(a), Some(b)) => row_update(a, win.old, b, win.row),
-            _ => win.row.copy_from_slice(win.old),
-        }
-        if i % 8 == 0 {
-            std::thread::sleep(Duration::from_micros(self.pace_us));
-        }
-        acc.push(hash(win.row));
-    }
-    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
-        self.done += 1;
-        if self.done < self.phases {
-            Next::Continue
-        } else {
-            Next::Finish
-        }
-    }
-    fn target_step(&self) -> Duration {
-        Duration::from_micros(200)
-    }
-}
-
-fn row_update(above: &[f64], old: &[f64], below: &[f64], new: &mut [f64]) {
-    let w = old.len();
-    new[0] = old[0];
-    new[w - 1] = old[w - 1];
-    for j in 1..w - 1 {
-        new[j] = 0.25 * (above[j] + below[j] + old[j - 1] + old[j + 1]);
-    }
-}
-
-fn sequential(g: &Grid) -> Vec<u64> {
-    let (n, w) = (g.n as usize, g.w);
-    let mut grid: Vec<Vec<f64>> = (0..n)
-        .map(|i| (0..w).map(|j| init(i as u64, j)).collect())
-        .collect();
-    let mut hashes = Vec::new();
-    for _ in 0..g.phases {
-        let mut next = grid.clone();
-        hashes.clear();
-        for i in 0..n {
-            if i > 0 && i + 1 < n {
-                row_update(&grid[i - 1], &grid[i], &grid[i + 1], &mut next[i]);
-            }
-            hashes.push(hash(&next[i]));
-        }
-        grid = next;
-    }
-    hashes
-}
 
 #[test]
 #[ignore = "the body of the worker processes the other tests start"]
@@ -194,12 +96,13 @@ fn run(name: &str, local: usize, phase: u64, delay: Duration) -> &'static str {
     let mut b = start(&addr);
     // Both processes are up when the job starts, so that both hold partitions.
     std::thread::sleep(Duration::from_millis(300));
+    // 24 bands whose rows pause 60 µs every 8 rows: a phase takes a few milliseconds, and a
+    // 20 ms snapshot period cuts through phases.
     let job = Grid {
-        n: 200,
-        w: 48,
-        phases: 120,
-        done: 0,
+        bands: 24,
         pace_us: 60,
+        pace_every: 8,
+        ..Grid::new(200, 48, 120)
     };
     let h = exec.submit(Banded(job.clone())).unwrap();
     let (tx, rx) = mpsc::channel();

@@ -1,6 +1,7 @@
 //! A test kernel with knobs: an f64 sum with a step count, optional panics, optional phases.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod grid;
 pub mod walk;
 
 use std::ops::Range;
