@@ -31,7 +31,11 @@
 //! # Snapshots
 //!
 //! A band is serialized as its cells' little-endian bytes in one block ([`Element`]), so a
-//! snapshot of a grid costs about a copy of it, and restores on any architecture.
+//! snapshot of a grid costs about a copy of it, and restores on any architecture. A band
+//! writes only what it still reads to finish its phase exactly (see `BandRef` in the source):
+//! its rows, never the stale second buffer of [`Sweep::Jacobi`], and a halo only while a row
+//! still to update reads it. A snapshot of the whole grid is then the grid's bytes and a few
+//! rows more.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -372,7 +376,11 @@ impl<R: Rows> Serialize for Band<R> {
             next: self.next,
             cur: CellSlice(&self.cur.0[cur_from.min(self.cur.0.len())..]),
             new: CellSlice(&self.new.0[..filled]),
-            before: CellSlice(if self.next == self.start { &self.before.0 } else { none }),
+            before: CellSlice(if self.next == self.start {
+                &self.before.0
+            } else {
+                none
+            }),
             after: CellSlice(if finished { none } else { &self.after.0 }),
             acc: &self.acc,
             fresh: self.fresh,
@@ -729,7 +737,11 @@ mod tests {
         }
         fn init(&self, _: &(), i: u64, row: &mut [f64]) {
             for (j, x) in row.iter_mut().enumerate() {
-                *x = if i == 0 { 100.0 } else { (i * 7 + j as u64 % 5) as f64 };
+                *x = if i == 0 {
+                    100.0
+                } else {
+                    (i * 7 + j as u64 % 5) as f64
+                };
             }
         }
         fn update(&self, _: &(), _: u64, win: Window<'_, f64>, change: &mut f64) {
@@ -806,7 +818,11 @@ mod tests {
                 let want = finish(&mut a, &job, &input);
                 let got = finish(&mut back, &job, &input);
                 assert_eq!(want.to_bits(), got.to_bits());
-                assert_eq!(bits(&a.cur.0), bits(&back.cur.0), "phase {phase}, row {stop}");
+                assert_eq!(
+                    bits(&a.cur.0),
+                    bits(&back.cur.0),
+                    "phase {phase}, row {stop}"
+                );
             }
         }
 
@@ -814,14 +830,20 @@ mod tests {
         let mut band = job.chunk(range.clone());
         finish(&mut band, &job, &input);
         let (size, mut back) = round_trip(&band);
-        assert!(size <= band_bytes + overhead, "finished: {size} for {band_bytes}");
+        assert!(
+            size <= band_bytes + overhead,
+            "finished: {size} for {band_bytes}"
+        );
         // At the barrier: the halos come from the neighbours; the next phase is the same.
         for b in [&mut band, &mut back] {
             let (up, down) = halos(&job, b);
             b.begin_phase(&job, Some(up), Some(down));
         }
         let (size, mut again) = round_trip(&band);
-        assert!(size <= band_bytes + 2 * row + overhead, "at the barrier: {size}");
+        assert!(
+            size <= band_bytes + 2 * row + overhead,
+            "at the barrier: {size}"
+        );
         let want = finish(&mut band, &job, &input);
         assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
         assert_eq!(want.to_bits(), finish(&mut again, &job, &input).to_bits());
