@@ -294,8 +294,9 @@ impl<R: Rows> Job for Banded<R> {
 /// One band of a [`Banded`] grid: its rows, the halos of the rows next to it, and its
 /// progress in the current phase.
 ///
-/// Serialized compactly (see [`BandRef`]), decoded by [`BandData`], which checks the lengths
-/// and reads both the compact form and the full form written by earlier builds.
+/// A snapshot holds only what the band still reads to finish its phase (see the
+/// [module docs](self#snapshots)); decoding checks the lengths, and also reads the full form
+/// that earlier builds wrote.
 pub struct Band<R: Rows> {
     start: u64,
     end: u64,

@@ -88,6 +88,10 @@ type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
 /// (to put back) and its bytes.
 type Encoded<C> = (ChunkId, bool, C, Result<bytes::Bytes>);
 
+/// A state taken out of the ledger to serialize: its chunk, whether it is a kept partition,
+/// the state, and the bytes to start its buffer with.
+type Taken<C> = (ChunkId, bool, C, usize);
+
 /// Snapshot bookkeeping of one job run: the pure cut (`schedule/cut.rs`), and what only the
 /// executor knows (parts in the store, epochs, timings).
 #[derive(Default)]
@@ -416,7 +420,7 @@ impl<J: Job> State<J> {
         let placeholder = || Held::Bytes(bytes::Bytes::new());
         // The previous part's size and a little more (an accumulator may grow).
         let hint = |c: &ChunkId| sizes.get(c).map_or(0, |&n| n + 256);
-        let mut taken: Vec<(ChunkId, bool, J::Chunk, usize)> = Vec::with_capacity(count);
+        let mut taken: Vec<Taken<J::Chunk>> = Vec::with_capacity(count);
         for (c, h) in self.core.suspended_mut().filter(|(c, h)| live(c, h)) {
             if let Held::Live(state) = std::mem::replace(h, placeholder()) {
                 taken.push((c, false, state, hint(&c)));
@@ -427,7 +431,7 @@ impl<J: Job> State<J> {
                 taken.push((c, true, state, hint(&c)));
             }
         }
-        let mut groups: Vec<Vec<(ChunkId, bool, J::Chunk, usize)>> =
+        let mut groups: Vec<Vec<Taken<J::Chunk>>> =
             (0..threads.min(taken.len())).map(|_| Vec::new()).collect();
         let n = groups.len();
         for (i, t) in taken.into_iter().enumerate() {
