@@ -862,6 +862,68 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// The full form earlier builds wrote: `cur` whole, `new` up to `next` (all of it once
+    /// finished), both halos.
+    fn full_form<R: Rows>(band: &Band<R>) -> Vec<u8> {
+        let filled = match R::SWEEP {
+            Sweep::Jacobi if !band.new.0.is_empty() => (band.next - band.start) as usize * band.w(),
+            _ => 0,
+        };
+        let full = BandRef::<R> {
+            start: band.start,
+            end: band.end,
+            width: band.width,
+            next: band.next,
+            cur: CellSlice(&band.cur.0),
+            new: CellSlice(&band.new.0[..filled]),
+            before: CellSlice(&band.before.0),
+            after: CellSlice(&band.after.0),
+            acc: &band.acc,
+            fresh: band.fresh,
+        };
+        crate::codec::encode("a chunk state", &full).expect("encodes")
+    }
+
+    /// A band in the full form of earlier builds, in the middle of a phase and finished,
+    /// still decodes and goes on with the same bits.
+    #[test]
+    fn the_full_form_of_earlier_builds_still_resumes() {
+        let job = Banded(Bar::<false> { n: 64, w: 40 });
+        let input = BandedInput(());
+        let mut band = job.chunk(16..32);
+        band.initialize(&job.0, &());
+        band.sweep(&job.0, &(), 23);
+        let mut back: Band<Bar<false>> =
+            crate::codec::decode("a chunk state", &full_form(&band)).expect("decodes");
+        let want = finish(&mut band, &job, &input);
+        assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+        assert_eq!(bits(&band.cur.0), bits(&back.cur.0));
+        // Finished: the stale second buffer was written too.
+        let bytes = full_form(&band);
+        assert!(bytes.len() > 2 * 16 * 40 * 8);
+        let mut back: Band<Bar<false>> =
+            crate::codec::decode("a chunk state", &bytes).expect("decodes");
+        for b in [&mut band, &mut back] {
+            let (up, down) = halos(&job, b);
+            b.begin_phase(&job, Some(up), Some(down));
+        }
+        let want = finish(&mut band, &job, &input);
+        assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+        assert_eq!(bits(&band.cur.0), bits(&back.cur.0));
+    }
+
+    /// A part whose lengths do not fit its band is an error, not a panic later.
+    #[test]
+    fn a_band_with_wrong_lengths_does_not_decode() {
+        let job = Banded(Bar::<false> { n: 64, w: 40 });
+        let mut band = job.chunk(16..32);
+        band.initialize(&job.0, &());
+        band.sweep(&job.0, &(), 23);
+        band.cur.0.truncate(40 * 3); // fewer rows than the band still reads
+        let bytes = full_form(&band);
+        assert!(crate::codec::decode::<Band<Bar<false>>>("a chunk state", &bytes).is_err());
+    }
+
     #[test]
     fn jacobi_band_parts_hold_only_what_matters() {
         states::<false>();
