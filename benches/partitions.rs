@@ -17,24 +17,24 @@
 //!    the ratio is local time ÷ remote time, the median over pairs (target ≥ 0.8×). Values are
 //!    checked equal.
 //! 3. **Snapshot pause**: 2 local workers (16 bands each, at the barrier), snapshots asked for
-//!    at points spread over a phase. Two measures, since the metric does not cover all of a
-//!    worker's pause:
-//!    - `malleable_snapshot_pause_seconds` is recorded by a worker that serializes the band it
-//!      is running (one band, its current rows and the rows this phase has computed so far);
-//!      its median is compared with postcard serializing such a band alone (a band halfway
-//!      through a phase: the mean of a request landing anywhere in it). At N = 4000 a band's
-//!      step is about the whole band (about 1 ms), so a running band usually reaches the cut
-//!      as `Done` before it would capture, and the metric may have no sample at all: the
-//!      line says so.
-//!    - Bands waiting in the ledger (not running) are serialized under the job's lock on every
-//!      core while the workers wait for it; that is the bulk of a 128 MB grid. So the bench
-//!      also measures from outside: how much longer the phase in which a snapshot was asked
-//!      for took than the median phase without one, against postcard serializing one
-//!      worker's half of the grid alone (16 bands, one thread; the executor serializes on
-//!      both cores). It includes the store write going on in the background, so it is an
-//!      upper bound.
+//!    at points spread over a phase. Three measures:
+//!    - `malleable_snapshot_pause_seconds` without an `at` label is recorded by a worker that
+//!      serializes the band it is running (one band, its current rows and the rows this phase
+//!      has computed so far); its median is compared with postcard serializing such a band
+//!      alone. At N = 4000 a band's step is about the whole band (about 1 ms), so a running
+//!      band usually reaches the cut as `Done` before it would capture (then it is serialized
+//!      under the job's lock, label `at` = `done`), and this line may have no sample at all:
+//!      it says so.
+//!    - The same metric with `at` = `marker`: how long the marker held the job's lock while it
+//!      serialized the bands waiting in the ledger (the bulk of a 128 MB grid, on every core,
+//!      while the workers wait for the lock). Its median is compared with postcard
+//!      serializing one worker's half of the grid alone (16 bands, one thread), which is what
+//!      each core does at the marker.
+//!    - From outside: how much longer the phase in which a snapshot was asked for took than
+//!      the median phase without one, against the same half alone. It includes the store
+//!      write going on in the background, so it is an upper bound.
 //!
-//!    Target for both: ≤ 1.1×. And the size of the newest manifest in the folder store
+//!    Target for each: ≤ 1.1×. And the size of the newest manifest in the folder store
 //!    (target < 64 KiB), with the total size of its parts.
 //! 4. **Recovery**: 2 worker processes (no local worker), a snapshot every
 //!    `PARTITIONS_SNAPSHOT_MS` (default 2000) to a local folder, one process killed with SIGKILL
@@ -582,11 +582,24 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     h.cancel();
     let _ = h.wait();
     log.drain();
-    let mut pauses = Vec::new();
+    // Pause samples by where they were taken: a worker capturing its running band (no `at`
+    // label), the marker holding the job's lock (`at` = `marker`), a band that ended before
+    // its capture serialized under the lock (`at` = `done`).
+    let (mut pauses, mut marker, mut at_done) = (Vec::new(), Vec::new(), Vec::new());
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         if key.key().name() == malleable::metrics::SNAPSHOT_PAUSE {
             if let DebugValue::Histogram(v) = value {
-                pauses.extend(
+                let at = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "at")
+                    .map(|l| l.value().to_owned());
+                let into = match at.as_deref() {
+                    Some("marker") => &mut marker,
+                    Some("done") => &mut at_done,
+                    _ => &mut pauses,
+                };
+                into.extend(
                     v.into_iter()
                         .map(|x| Duration::from_secs_f64(x.into_inner())),
                 );
@@ -664,6 +677,7 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     } else {
         Some(median(pauses.clone()))
     };
+    let marker_p50 = (!marker.is_empty()).then(|| median(marker.clone()));
     let stretch = median(stretches.clone());
     println!(
         "snapshots asked for in phases {asked_in:?}; committed after {:?} ms",
@@ -676,6 +690,23 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
         pauses.len(),
         pause_p50.map_or("-".to_owned(), |p| format!("{:.2} ms", ms(p))),
         ms(band_alone)
+    );
+    println!(
+        "metric {} at the marker (the job's lock held while the waiting bands are serialized, \
+         every worker that needs it waits): {} samples {:?} ms; at a band's end under the lock: \
+         {} samples, p50 {}",
+        malleable::metrics::SNAPSHOT_PAUSE,
+        marker.len(),
+        marker
+            .iter()
+            .map(|d| (ms(*d) * 10.0).round() / 10.0)
+            .collect::<Vec<_>>(),
+        at_done.len(),
+        if at_done.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{:.2} ms", ms(median(at_done.clone())))
+        }
     );
     println!(
         "phase stretch per snapshot {:?} ms (median phase without {:.2} ms); one worker's half \
@@ -698,6 +729,15 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
             pause_p50.map_or("no samples".to_owned(), |p| format!(
                 "{:.2}x",
                 p.as_secs_f64() / band_alone.as_secs_f64()
+            ))
+        ),
+        format!(
+            "partitions snapshot pause (metric, the marker's hold, p50): {} (target <= 1.1x)",
+            marker_p50.map_or("no samples".to_owned(), |p| format!(
+                "{:.2}x a worker's half alone ({:.1} ms / {:.1} ms)",
+                p.as_secs_f64() / half_alone.as_secs_f64(),
+                ms(p),
+                ms(half_alone)
             ))
         ),
         format!(

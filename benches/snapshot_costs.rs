@@ -165,7 +165,10 @@ fn pause_vs_serialize(snapshotter: &metrics_util::debugging::Snapshotter, words:
     }
     let mut pauses = Vec::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        if key.key().name() == malleable::metrics::SNAPSHOT_PAUSE {
+        // A worker's capture of its running chunk only: samples labelled `at` are the job's
+        // lock held by the marker or at a partition's end, not what this line compares.
+        let at = key.key().labels().any(|l| l.key() == "at");
+        if key.key().name() == malleable::metrics::SNAPSHOT_PAUSE && !at {
             if let DebugValue::Histogram(h) = value {
                 pauses.extend(
                     h.into_iter()

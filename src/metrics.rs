@@ -13,7 +13,7 @@
 //! | `malleable_step_seconds` | histogram | seconds | duration of one step (log₂ buckets: each sample is its bucket's lower bound) |
 //! | `malleable_workers` | gauge | workers | local workers of the job (threads, or 1 when inline) |
 //! | `malleable_phases_total` | counter | phases | phases finished |
-//! | `malleable_snapshot_pause_seconds` | histogram | seconds | a worker's pause to capture its chunk for a snapshot (serialize + hand over) |
+//! | `malleable_snapshot_pause_seconds` | histogram | seconds | how long a snapshot held workers back: a worker's pause to capture its running chunk (serialize + hand over; label `job` only); the marker's hold of the job's lock while it serializes the states waiting in the ledger (label `at` = `marker`: every worker that needs the lock meanwhile waits, at a barrier all of them); an owned partition that ended before its capture, serialized under the lock (label `at` = `done`) |
 //! | `malleable_remote_workers` | gauge | connections | worker processes connected to a job (label `job`) |
 //! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
@@ -57,7 +57,9 @@ pub const STEP_SECONDS: &str = "malleable_step_seconds";
 pub const WORKERS: &str = "malleable_workers";
 /// Phases finished.
 pub const PHASES: &str = "malleable_phases_total";
-/// A worker's pause to capture its chunk for a snapshot, in seconds.
+/// How long a snapshot held workers back, in seconds: a worker's capture of its running
+/// chunk, or the marker's hold of the job's lock while it serializes the states waiting in
+/// the ledger.
 pub const SNAPSHOT_PAUSE: &str = "malleable_snapshot_pause_seconds";
 /// Worker processes connected to a job.
 pub const REMOTE_WORKERS: &str = "malleable_remote_workers";
@@ -122,6 +124,11 @@ pub(crate) struct JobMetrics {
     pub(crate) snapshots: Counter,
     pub(crate) snapshot_seconds: Histogram,
     pub(crate) snapshot_bytes: Counter,
+    /// The marker's hold of the job's lock ([`SNAPSHOT_PAUSE`], label `at` = `marker`).
+    pub(crate) snapshot_pause: Histogram,
+    /// A partition that ended before its capture, serialized under the job's lock
+    /// ([`SNAPSHOT_PAUSE`], label `at` = `done`).
+    pub(crate) snapshot_pause_done: Histogram,
     /// Registered with the others, so that a scrape shows 0 before any failure.
     pub(crate) snapshot_failures: Counter,
 }
@@ -139,6 +146,8 @@ impl JobMetrics {
             snapshots: metrics::counter!(SNAPSHOTS, "job" => job),
             snapshot_seconds: metrics::histogram!(SNAPSHOT_SECONDS, "job" => job),
             snapshot_bytes: metrics::counter!(SNAPSHOT_BYTES, "job" => job),
+            snapshot_pause: metrics::histogram!(SNAPSHOT_PAUSE, "job" => job, "at" => "marker"),
+            snapshot_pause_done: metrics::histogram!(SNAPSHOT_PAUSE, "job" => job, "at" => "done"),
             snapshot_failures: metrics::counter!(SNAPSHOT_FAILURES, "job" => job),
         }
     }

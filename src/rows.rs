@@ -31,7 +31,11 @@
 //! # Snapshots
 //!
 //! A band is serialized as its cells' little-endian bytes in one block ([`Element`]), so a
-//! snapshot of a grid costs about a copy of it, and restores on any architecture.
+//! snapshot of a grid costs about a copy of it, and restores on any architecture. A band
+//! writes only what it still reads to finish its phase exactly (see `BandRef` in the source):
+//! its rows, never the stale second buffer of [`Sweep::Jacobi`], and a halo only while a row
+//! still to update reads it. A snapshot of the whole grid is then the grid's bytes and a few
+//! rows more.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -289,8 +293,10 @@ impl<R: Rows> Job for Banded<R> {
 
 /// One band of a [`Banded`] grid: its rows, the halos of the rows next to it, and its
 /// progress in the current phase.
-#[derive(Deserialize)]
-#[serde(bound = "")]
+///
+/// A snapshot holds only what the band still reads to finish its phase (see the
+/// [module docs](self#snapshots)); decoding checks the lengths, and also reads the full form
+/// that earlier builds wrote.
 pub struct Band<R: Rows> {
     start: u64,
     end: u64,
@@ -311,12 +317,32 @@ pub struct Band<R: Rows> {
     /// The rows and halos have not been initialized yet (the first phase's first step does).
     fresh: bool,
     /// Rows per step; not serialized (0 = start from one row).
-    #[serde(skip)]
     batch: u64,
 }
 
-/// How a [`Band`] is serialized: as its fields, except that only the rows of `new` this phase
-/// has filled are written.
+/// How a [`Band`] is serialized: its fields in this order, each holding only what the band
+/// still reads to finish its phase exactly, so that a part is about the band's rows and no
+/// more:
+///
+/// - `cur`: the rows from `max(next - 1, start)` to the end ([`Sweep::Jacobi`] in the middle
+///   of a phase: the rows above `next - 1` were read for the last time, and are the buffer
+///   the next phase writes into, whose content is unspecified), else all of them. A band that
+///   finished its phase (`next == end`) holds its new rows in `cur`.
+/// - `new`: [`Sweep::Jacobi`] only, rows `start..next` as this phase computed them (empty
+///   once the phase is finished: the buffer then holds stale rows the next phase overwrites).
+/// - `before`: only while `next == start` (the first row still reads it); `after`: only
+///   while `next < end`. A finished band's halos are replaced at the barrier by the ones its
+///   neighbours export ([`Partition::begin_phase`]).
+///
+/// # Compatibility
+///
+/// The field order and types are those of earlier builds, which wrote `cur` whole, `new` up
+/// to `next` even when finished, and both halos. [`BandData`] reads either: a `cur` shorter
+/// than the band is its tail. So the snapshots of earlier builds still resume and
+/// [`Rows::VERSION`] (the user's version of their grid, checked on resume and in the
+/// handshake) and the manifest's format version do not change. An earlier build cannot read
+/// a compact band, but it cannot join this build's cluster either (the handshake's protocol
+/// version) and is not expected to resume a later build's snapshots.
 #[derive(Serialize)]
 #[serde(bound = "")]
 struct BandRef<'a, R: Rows> {
@@ -324,33 +350,133 @@ struct BandRef<'a, R: Rows> {
     end: u64,
     width: u64,
     next: u64,
-    cur: &'a Cells<R::Element>,
+    cur: CellSlice<'a, R::Element>,
     new: CellSlice<'a, R::Element>,
-    before: &'a Cells<R::Element>,
-    after: &'a Cells<R::Element>,
+    before: CellSlice<'a, R::Element>,
+    after: CellSlice<'a, R::Element>,
     acc: &'a R::Acc,
     fresh: bool,
 }
 
 impl<R: Rows> Serialize for Band<R> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let filled = match R::SWEEP {
-            Sweep::Jacobi if !self.new.0.is_empty() => (self.next - self.start) as usize * self.w(),
-            _ => 0,
+        let w = self.w();
+        let finished = self.next >= self.end;
+        let done = (self.next - self.start) as usize;
+        let (cur_from, filled) = match R::SWEEP {
+            Sweep::Jacobi if !finished && !self.fresh => {
+                (done.saturating_sub(1) * w, (done * w).min(self.new.0.len()))
+            }
+            _ => (0, 0),
         };
+        let none: &[R::Element] = &[];
         BandRef::<R> {
             start: self.start,
             end: self.end,
             width: self.width,
             next: self.next,
-            cur: &self.cur,
+            cur: CellSlice(&self.cur.0[cur_from.min(self.cur.0.len())..]),
             new: CellSlice(&self.new.0[..filled]),
-            before: &self.before,
-            after: &self.after,
+            before: CellSlice(if self.next == self.start {
+                &self.before.0
+            } else {
+                none
+            }),
+            after: CellSlice(if finished { none } else { &self.after.0 }),
             acc: &self.acc,
             fresh: self.fresh,
         }
         .serialize(s)
+    }
+}
+
+/// A [`Band`] as decoded, before its lengths are checked and its rows put back in place.
+#[derive(Deserialize)]
+#[serde(bound = "")]
+struct BandData<R: Rows> {
+    start: u64,
+    end: u64,
+    width: u64,
+    next: u64,
+    cur: Cells<R::Element>,
+    new: Cells<R::Element>,
+    before: Cells<R::Element>,
+    after: Cells<R::Element>,
+    acc: R::Acc,
+    fresh: bool,
+}
+
+impl<'de, R: Rows> Deserialize<'de> for Band<R> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let b = BandData::<R>::deserialize(d)?;
+        b.into_band().map_err(serde::de::Error::custom)
+    }
+}
+
+impl<R: Rows> BandData<R> {
+    /// The band, with `cur` grown back to the whole band if only its tail was written.
+    fn into_band(self) -> Result<Band<R>, String> {
+        let BandData {
+            start,
+            end,
+            width,
+            next,
+            mut cur,
+            new,
+            before,
+            after,
+            acc,
+            fresh,
+        } = self;
+        if start > end || !(start..=end).contains(&next) {
+            return Err(format!("a band of rows {start}..{end} at row {next}"));
+        }
+        let rows = usize::try_from(end - start).map_err(|e| e.to_string())?;
+        let w = usize::try_from(width).map_err(|e| e.to_string())?;
+        let full = rows
+            .checked_mul(w)
+            .ok_or_else(|| format!("a band of {rows} rows of {w} cells"))?;
+        let done = (next - start) as usize;
+        // The first row the band still reads; the compact form starts there at the latest.
+        let needed = if R::SWEEP == Sweep::Jacobi && next < end {
+            done.saturating_sub(1) * w
+        } else {
+            0
+        };
+        let short = full.checked_sub(cur.0.len());
+        let halo_ok = |h: &Cells<R::Element>| h.0.is_empty() || h.0.len() == w;
+        if short.is_none_or(|s| s > needed)
+            || new.0.len() > full
+            || !halo_ok(&before)
+            || !halo_ok(&after)
+        {
+            return Err(format!(
+                "a band of {rows} rows of {w} cells at row {next} with {} + {} cells and halos \
+                 of {} and {}",
+                cur.0.len(),
+                new.0.len(),
+                before.0.len(),
+                after.0.len()
+            ));
+        }
+        if let Some(s @ 1..) = short {
+            let mut whole = vec![R::Element::default(); full];
+            whole[s..].copy_from_slice(&cur.0);
+            cur = Cells(whole);
+        }
+        Ok(Band {
+            start,
+            end,
+            width,
+            next,
+            cur,
+            new,
+            before,
+            after,
+            acc,
+            fresh,
+            batch: 0,
+        })
     }
 }
 
@@ -572,5 +698,239 @@ impl<E: Element> Visitor<'_> for CellsVisitor<E> {
         let mut cells = vec![E::default(); v.len() / E::SIZE];
         E::from_le(v, &mut cells);
         Ok(Cells(cells))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reduce::Max;
+
+    /// A small Jacobi or in-place heat grid with a hot top edge.
+    #[derive(Serialize, Deserialize)]
+    struct Bar<const IN_PLACE: bool> {
+        n: u64,
+        w: usize,
+    }
+
+    impl<const IN_PLACE: bool> Rows for Bar<IN_PLACE> {
+        const NAME: &'static str = "bar";
+        const SWEEP: Sweep = if IN_PLACE {
+            Sweep::InPlace
+        } else {
+            Sweep::Jacobi
+        };
+        type Element = f64;
+        type Acc = f64;
+        type Reducer = Max<f64>;
+        type Input = ();
+        fn height(&self) -> u64 {
+            self.n
+        }
+        fn width(&self) -> usize {
+            self.w
+        }
+        fn bands(&self) -> u64 {
+            4
+        }
+        fn reducer(&self) -> Max<f64> {
+            Max::new()
+        }
+        fn init(&self, _: &(), i: u64, row: &mut [f64]) {
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = if i == 0 {
+                    100.0
+                } else {
+                    (i * 7 + j as u64 % 5) as f64
+                };
+            }
+        }
+        fn update(&self, _: &(), _: u64, win: Window<'_, f64>, change: &mut f64) {
+            let old: Vec<f64> = if IN_PLACE {
+                win.row.to_vec()
+            } else {
+                win.old.to_vec()
+            };
+            match (win.above, win.below) {
+                (Some(a), Some(b)) => {
+                    for j in 0..old.len() {
+                        win.row[j] = 0.25 * (a[j] + b[j]) + 0.5 * old[j];
+                        *change = change.max((win.row[j] - old[j]).abs());
+                    }
+                }
+                _ => win.row.copy_from_slice(&old),
+            }
+        }
+    }
+
+    /// A band's encoding, then the band decoded from it.
+    fn round_trip<R: Rows>(band: &Band<R>) -> (usize, Band<R>) {
+        let bytes = crate::codec::encode("a chunk state", band).expect("encodes");
+        let back = crate::codec::decode("a chunk state", &bytes).expect("decodes");
+        (bytes.len(), back)
+    }
+
+    /// Steps `band` to the end of its phase; its output.
+    fn finish<R: Rows>(band: &mut Band<R>, job: &Banded<R>, input: &BandedInput<R>) -> R::Acc {
+        loop {
+            if let Step::Done(acc) = band.step(job, input) {
+                return acc;
+            }
+        }
+    }
+
+    /// In every state (fresh, in the middle of a phase, finished, at the barrier), a band's
+    /// part is its rows' bytes, the halos it still reads and a few bytes more, and the band
+    /// decoded from it finishes its phase with the same bits as the band itself.
+    fn states<const IN_PLACE: bool>() {
+        let (n, w) = (64u64, 40usize);
+        let job = Banded(Bar::<IN_PLACE> { n, w });
+        let input = BandedInput(());
+        let row = w * 8;
+        // An interior band: both halos exist.
+        let range = 16..32;
+        let rows = (range.end - range.start) as usize;
+        let band_bytes = rows * row;
+        let overhead = 64;
+
+        let band = job.chunk(range.clone());
+        let (size, _) = round_trip(&band);
+        assert!(size <= band_bytes + overhead, "fresh: {size}");
+
+        for phase in 0..3 {
+            // Mid-phase, at every row: rows + the row above `next` + the halo below.
+            for stop in 1..rows as u64 {
+                let mut a = job.chunk(range.clone());
+                for _ in 0..phase {
+                    finish(&mut a, &job, &input);
+                    let (up, down) = halos(&job, &a);
+                    a.begin_phase(&job, Some(up), Some(down));
+                }
+                if a.fresh {
+                    a.initialize(&job.0, &());
+                }
+                a.sweep(&job.0, &(), range.start + stop);
+                let (size, mut back) = round_trip(&a);
+                let extra = if IN_PLACE { 1 } else { 2 };
+                assert!(
+                    size <= band_bytes + extra * row + overhead,
+                    "phase {phase}, row {stop}: {size} bytes for {band_bytes}"
+                );
+                let want = finish(&mut a, &job, &input);
+                let got = finish(&mut back, &job, &input);
+                assert_eq!(want.to_bits(), got.to_bits());
+                assert_eq!(
+                    bits(&a.cur.0),
+                    bits(&back.cur.0),
+                    "phase {phase}, row {stop}"
+                );
+            }
+        }
+
+        // Finished, waiting for the barrier: the new rows only, no stale buffer, no halo.
+        let mut band = job.chunk(range.clone());
+        finish(&mut band, &job, &input);
+        let (size, mut back) = round_trip(&band);
+        assert!(
+            size <= band_bytes + overhead,
+            "finished: {size} for {band_bytes}"
+        );
+        // At the barrier: the halos come from the neighbours; the next phase is the same.
+        for b in [&mut band, &mut back] {
+            let (up, down) = halos(&job, b);
+            b.begin_phase(&job, Some(up), Some(down));
+        }
+        let (size, mut again) = round_trip(&band);
+        assert!(
+            size <= band_bytes + 2 * row + overhead,
+            "at the barrier: {size}"
+        );
+        let want = finish(&mut band, &job, &input);
+        assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+        assert_eq!(want.to_bits(), finish(&mut again, &job, &input).to_bits());
+        assert_eq!(bits(&band.cur.0), bits(&back.cur.0));
+        assert_eq!(bits(&band.cur.0), bits(&again.cur.0));
+    }
+
+    /// Halos for a band as if its neighbours had exported its own edge rows: enough to give
+    /// two copies of a band the same next phase.
+    fn halos<R: Rows>(job: &Banded<R>, band: &Band<R>) -> (Halo<R::Element>, Halo<R::Element>) {
+        band.export(job)
+    }
+
+    fn bits(v: &[f64]) -> Vec<u64> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The full form earlier builds wrote: `cur` whole, `new` up to `next` (all of it once
+    /// finished), both halos.
+    fn full_form<R: Rows>(band: &Band<R>) -> Vec<u8> {
+        let filled = match R::SWEEP {
+            Sweep::Jacobi if !band.new.0.is_empty() => (band.next - band.start) as usize * band.w(),
+            _ => 0,
+        };
+        let full = BandRef::<R> {
+            start: band.start,
+            end: band.end,
+            width: band.width,
+            next: band.next,
+            cur: CellSlice(&band.cur.0),
+            new: CellSlice(&band.new.0[..filled]),
+            before: CellSlice(&band.before.0),
+            after: CellSlice(&band.after.0),
+            acc: &band.acc,
+            fresh: band.fresh,
+        };
+        crate::codec::encode("a chunk state", &full).expect("encodes")
+    }
+
+    /// A band in the full form of earlier builds, in the middle of a phase and finished,
+    /// still decodes and goes on with the same bits.
+    #[test]
+    fn the_full_form_of_earlier_builds_still_resumes() {
+        let job = Banded(Bar::<false> { n: 64, w: 40 });
+        let input = BandedInput(());
+        let mut band = job.chunk(16..32);
+        band.initialize(&job.0, &());
+        band.sweep(&job.0, &(), 23);
+        let mut back: Band<Bar<false>> =
+            crate::codec::decode("a chunk state", &full_form(&band)).expect("decodes");
+        let want = finish(&mut band, &job, &input);
+        assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+        assert_eq!(bits(&band.cur.0), bits(&back.cur.0));
+        // Finished: the stale second buffer was written too.
+        let bytes = full_form(&band);
+        assert!(bytes.len() > 2 * 16 * 40 * 8);
+        let mut back: Band<Bar<false>> =
+            crate::codec::decode("a chunk state", &bytes).expect("decodes");
+        for b in [&mut band, &mut back] {
+            let (up, down) = halos(&job, b);
+            b.begin_phase(&job, Some(up), Some(down));
+        }
+        let want = finish(&mut band, &job, &input);
+        assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+        assert_eq!(bits(&band.cur.0), bits(&back.cur.0));
+    }
+
+    /// A part whose lengths do not fit its band is an error, not a panic later.
+    #[test]
+    fn a_band_with_wrong_lengths_does_not_decode() {
+        let job = Banded(Bar::<false> { n: 64, w: 40 });
+        let mut band = job.chunk(16..32);
+        band.initialize(&job.0, &());
+        band.sweep(&job.0, &(), 23);
+        band.cur.0.truncate(40 * 3); // fewer rows than the band still reads
+        let bytes = full_form(&band);
+        assert!(crate::codec::decode::<Band<Bar<false>>>("a chunk state", &bytes).is_err());
+    }
+
+    #[test]
+    fn jacobi_band_parts_hold_only_what_matters() {
+        states::<false>();
+    }
+
+    #[test]
+    fn in_place_band_parts_hold_only_what_matters() {
+        states::<true>();
     }
 }

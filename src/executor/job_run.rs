@@ -221,7 +221,10 @@ impl<J: Job> State<J> {
                             .map_err(Error::from),
                     };
                     // An owned partition that ended before its capture is serialized here,
-                    // under the lock: rare (it ended between the marker and its next step).
+                    // under the lock (it ended between the marker and its next step: for a
+                    // band whose step is the whole band, the usual case). The lock is held
+                    // meanwhile: a pause of the workers that need it, recorded as one.
+                    let held = std::time::Instant::now();
                     let captured = bytes.and_then(|o| match kept.as_ref().map(Held::to_bytes) {
                         Some(Some(p)) => {
                             let p = p.map_err(Error::from)?;
@@ -236,6 +239,10 @@ impl<J: Job> State<J> {
                         }
                         None => Ok(Captured::Output(o)),
                     });
+                    if matches!(captured, Ok(Captured::Kept(..))) {
+                        let pause = held.elapsed().as_secs_f64();
+                        self.watch.metrics.snapshot_pause_done.record(pause);
+                    }
                     self.captured(shared, *worker, *chunk, captured);
                 }
                 Event::Yielded {

@@ -51,7 +51,7 @@ use tokio::sync::oneshot;
 
 use super::job_run::{Shared, State};
 use super::members::Member;
-use crate::codec::encode;
+use crate::codec::{encode, encode_sized};
 use crate::error::{Cause, Error, Result};
 use crate::job::Job;
 use crate::run::Held;
@@ -87,6 +87,10 @@ type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
 /// A state serialized on a helper thread: its chunk, whether it is a kept partition, the state
 /// (to put back) and its bytes.
 type Encoded<C> = (ChunkId, bool, C, Result<bytes::Bytes>);
+
+/// A state taken out of the ledger to serialize: its chunk, whether it is a kept partition,
+/// the state, and the bytes to start its buffer with.
+type Taken<C> = (ChunkId, bool, C, usize);
 
 /// Snapshot bookkeeping of one job run: the pure cut (`schedule/cut.rs`), and what only the
 /// executor knows (parts in the store, epochs, timings).
@@ -126,6 +130,9 @@ pub(crate) struct Snapshots {
     /// worker process (`Surrender`) when the cut wanted them: their bytes are the part, taken
     /// when they arrive (the process no longer has them to answer a `CaptureHeld`).
     pub(crate) held_on_arrival: std::collections::HashSet<ChunkId>,
+    /// The size of each chunk's last part serialized by `encode_pending`: the next one's
+    /// buffer starts that large, so that a large state is copied into it once.
+    pub(crate) part_sizes: HashMap<ChunkId, usize>,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -321,7 +328,11 @@ impl<J: Job> State<J> {
         }
         // A full snapshot reuses no part: every state is written again.
         let full = self.snap.full_due(&shared.config.snapshots);
-        let mut encoded = if self.snap.cut.is_due(&self.core) {
+        // From here to the marker's end the job's lock is held: every worker that needs it
+        // waits (at a barrier, all of them), which is the pause a snapshot costs them.
+        let held = Instant::now();
+        let due = self.snap.cut.is_due(&self.core);
+        let mut encoded = if due {
             self.encode_pending(full)
         } else {
             HashMap::new()
@@ -355,6 +366,13 @@ impl<J: Job> State<J> {
             },
         };
         cut.poll(core, header, part_of, &mut out);
+        if due {
+            let pause = held.elapsed();
+            self.watch
+                .metrics
+                .snapshot_pause
+                .record(pause.as_secs_f64());
+        }
         self.cut_commands(shared, &mut out);
         self.snap.out = out;
     }
@@ -365,8 +383,29 @@ impl<J: Job> State<J> {
     /// taken out of the ledger, serialized on a scoped thread and put back, all under the
     /// job's lock: the workers waiting for the lock lend their cores. Few states are left to
     /// the marker itself.
+    ///
+    /// # Why here, under the lock
+    ///
+    /// A state in the ledger must not change until it is serialized: the next phase's
+    /// `begin_phase` and steps would mutate a band the cut has not recorded yet. So whoever
+    /// serializes it, the worker that would run it next waits that long. Serializing it
+    /// outside the lock would need a new ledger state (taken by a cut, not runnable) for no
+    /// gain in wall time; serializing it on the worker that holds it would serialize one
+    /// worker's half of the grid on that worker's core, which the helper threads here also
+    /// take (every core, the grid's bytes split evenly) without a round trip to the
+    /// workers. The pause a worker sees is thus about its share of the grid serialized
+    /// alone; it is recorded as [`SNAPSHOT_PAUSE`](crate::metrics::SNAPSHOT_PAUSE) by
+    /// `poll_cut`. The cut stays consistent because nothing else can reach a taken state:
+    /// the states go back before the lock is released, and the next phase's start
+    /// (`begin_partitions`, which mutates every kept band) runs under the same lock, after
+    /// the marker; a running band the cut waits for reaches the cut (its `Done` and its
+    /// partition, serialized under the lock) before the core sees it end the phase.
+    /// What made the pause longer than that was the size of the states: a buffer
+    /// sized from the chunk's previous part ([`Snapshots::part_sizes`]) is filled once, not
+    /// regrown, and a band's part holds its rows only (`rows.rs`).
     fn encode_pending(&mut self, full: bool) -> HashMap<ChunkId, Result<bytes::Bytes>> {
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let sizes = &self.snap.part_sizes;
         let cache = &self.snap.cache;
         let stored = |c: &ChunkId| !full && cache.contains_key(c);
         let live = |c: &ChunkId, h: &&mut Held<J::Chunk>| !stored(c) && matches!(h, Held::Live(_));
@@ -379,18 +418,20 @@ impl<J: Job> State<J> {
         }
         let phase = self.phase;
         let placeholder = || Held::Bytes(bytes::Bytes::new());
-        let mut taken: Vec<(ChunkId, bool, J::Chunk)> = Vec::with_capacity(count);
+        // The previous part's size and a little more (an accumulator may grow).
+        let hint = |c: &ChunkId| sizes.get(c).map_or(0, |&n| n + 256);
+        let mut taken: Vec<Taken<J::Chunk>> = Vec::with_capacity(count);
         for (c, h) in self.core.suspended_mut().filter(|(c, h)| live(c, h)) {
             if let Held::Live(state) = std::mem::replace(h, placeholder()) {
-                taken.push((c, false, state));
+                taken.push((c, false, state, hint(&c)));
             }
         }
         for (c, h) in self.core.kept_mut().filter(|(c, h)| live(c, h)) {
             if let Held::Live(state) = std::mem::replace(h, placeholder()) {
-                taken.push((c, true, state));
+                taken.push((c, true, state, hint(&c)));
             }
         }
-        let mut groups: Vec<Vec<(ChunkId, bool, J::Chunk)>> =
+        let mut groups: Vec<Vec<Taken<J::Chunk>>> =
             (0..threads.min(taken.len())).map(|_| Vec::new()).collect();
         let n = groups.len();
         for (i, t) in taken.into_iter().enumerate() {
@@ -403,12 +444,12 @@ impl<J: Job> State<J> {
                     scope.spawn(move || {
                         group
                             .into_iter()
-                            .map(|(chunk, kept, state)| {
+                            .map(|(chunk, kept, state, hint)| {
                                 // A panicking `Serialize` fails the snapshot, and the
                                 // state still goes back.
                                 let site = crate::Site::Chunk { phase, chunk };
                                 let bytes = crate::run::catch(site, J::NAME, || {
-                                    encode("a chunk state", &state)
+                                    encode_sized("a chunk state", &state, hint)
                                 })
                                 .and_then(|r| r.map_err(Error::from))
                                 .map(bytes::Bytes::from);
@@ -427,6 +468,9 @@ impl<J: Job> State<J> {
         let mut back: HashMap<(bool, ChunkId), J::Chunk> = HashMap::with_capacity(count);
         for (c, kept, state, bytes) in done.into_iter().flatten() {
             back.insert((kept, c), state);
+            if let Ok(b) = &bytes {
+                self.snap.part_sizes.insert(c, b.len());
+            }
             encoded.insert(c, bytes);
         }
         for (c, h) in self.core.suspended_mut() {
