@@ -322,8 +322,8 @@ impl Autoscale {
     }
 }
 
-/// An [`Autoscale`] policy with a field out of its bounds: this layer's own refusal (it has
-/// no `crate::Error`); the executor's `build` turns it into an invalid configuration.
+/// An [`Autoscale`] policy with a field out of its bounds: this layer's own refusal (the
+/// crate's error type lives above it); the executor's `build` turns it into an invalid configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InvalidPolicy(&'static str);
 

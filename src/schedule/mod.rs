@@ -14,8 +14,8 @@
 //! - `decide.rs`: the autoscaling decider ([`Decider`]): measured throughputs, work left and
 //!   the time in, worker counts out, each decision with its [`Reason`]; also a state machine.
 //!
-//! This layer is pure: no tokio, no crossbeam, no atomics, no clock, and no `crate::Error`
-//! (its refusals are its own small types: [`Rejected`], `Invalid` for a chunking policy and
+//! This layer is pure: no async runtime, no channels, no shared counters, no clock, and not
+//! the crate's error type (its refusals are its own small types: [`Rejected`], `Invalid` for a chunking policy and
 //! [`InvalidPolicy`] for an autoscaling policy).
 //!
 //! # What every schedule keeps
