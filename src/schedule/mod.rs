@@ -15,8 +15,8 @@
 //!   the time in, worker counts out, each decision with its [`Reason`]; also a state machine.
 //!
 //! This layer is pure: no async runtime, no channels, no shared counters, no clock, and not
-//! the crate's error type (its refusals are its own small types: [`Rejected`], `Invalid` for a chunking policy and
-//! [`InvalidPolicy`] for an autoscaling policy).
+//! the crate's error type (its refusals are its own small types: [`Rejected`], `Invalid` for
+//! a chunking policy and [`InvalidPolicy`] for an autoscaling policy).
 //!
 //! # What every schedule keeps
 //!
