@@ -3,35 +3,12 @@
 
 use std::time::Duration;
 
-use malleable::reduce::Sum;
 use malleable::schedule::{Autoscale, Hysteresis};
-use malleable::{Chunking, Error, Executor, Fold, Folded};
+use malleable::{Chunking, Error, Executor, Folded};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use serde::{Deserialize, Serialize};
 
-/// Σ i over `0..n`, each iteration waiting 50 µs: a job whose throughput doubles with a
-/// second worker whatever the machine's load, so the decider's gain is real.
-#[derive(Serialize, Deserialize)]
-struct Slow {
-    n: u64,
-}
-
-impl Fold for Slow {
-    const NAME: &'static str = "autoscaled";
-    type Acc = u64;
-    type Reducer = Sum<u64>;
-    type Input = ();
-    fn iterations(&self) -> u64 {
-        self.n
-    }
-    fn reducer(&self) -> Sum<u64> {
-        Sum::new()
-    }
-    fn body(&self, _: &(), acc: &mut u64, i: u64) {
-        std::thread::sleep(Duration::from_micros(50));
-        *acc += i;
-    }
-}
+mod common;
+use common::slow::Slow;
 
 #[test]
 fn a_job_under_a_target_grows_within_its_bounds_and_its_value_is_exact() {

@@ -19,39 +19,14 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{
     self, LaunchSpec, Launched, Launcher, Registry, TOKEN_ENV, WorkerOptions,
 };
-use malleable::reduce::Sum;
 use malleable::schedule::{Autoscale, Costs, Hysteresis, Reason};
-use malleable::{Banded, Chunking, Executor, Fold, Folded, Outcome};
-use serde::{Deserialize, Serialize};
+use malleable::{Banded, Chunking, Executor, Folded, Outcome};
 
 mod common;
 use common::grid::{Grid, STALL_ENV, sequential};
+use common::slow::Slow;
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_AUTOSCALE_ADDR";
-
-/// Σ i over `0..n`, each iteration waiting 50 µs: throughput grows with every worker whatever
-/// the machine's load.
-#[derive(Serialize, Deserialize)]
-struct Slow {
-    n: u64,
-}
-
-impl Fold for Slow {
-    const NAME: &'static str = "autoscale-remote-slow";
-    type Acc = u64;
-    type Reducer = Sum<u64>;
-    type Input = ();
-    fn iterations(&self) -> u64 {
-        self.n
-    }
-    fn reducer(&self) -> Sum<u64> {
-        Sum::new()
-    }
-    fn body(&self, _: &(), acc: &mut u64, i: u64) {
-        std::thread::sleep(Duration::from_micros(50));
-        *acc += i;
-    }
-}
 
 #[test]
 #[ignore = "the body of the worker processes the other tests start"]
