@@ -554,3 +554,48 @@ fn processes_that_cannot_reach_the_store_send_their_held_partitions() {
     }
     assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
 }
+
+/// A snapshot asked for right after a process is retired meets its partitions on their way
+/// back (`Surrender` answered, bytes in transit): the process no longer has them to answer a
+/// request for their parts, so the cut takes the bytes that arrive. Three retires, each
+/// followed at once by a snapshot; resumed from each snapshot on local workers, the grid is
+/// the sequential one (a part taken from the wrong bytes would show there).
+#[test]
+fn snapshots_during_retires_take_the_partitions_on_their_way_back() {
+    let (dir, url) = folder("retire-snapshot");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshots(&url)
+        .keep_snapshots(3)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = wide(400);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut epochs = Vec::new();
+    for _ in 0..3 {
+        let mut p = start(&addr);
+        until("one process", || h.remote_workers() == 1);
+        let at = phase_of(&h);
+        until("the process running phases", || phase_of(&h) >= at + 3);
+        h.retire_remote(1);
+        epochs.push(h.snapshot().wait().unwrap().epoch);
+        assert!(
+            p.wait().unwrap().success(),
+            "the retired process ended cleanly"
+        );
+    }
+    let want = sequential(&job);
+    assert_same(&finished(h.clone()), &want);
+    assert!(h.rollbacks().is_empty(), "{:?}", h.rollbacks());
+    let local = Executor::builder().local_workers(2).build().unwrap();
+    for epoch in epochs {
+        let r = local
+            .resume::<Banded<Grid>>(&url, At::Epoch(epoch))
+            .unwrap();
+        assert_same(&finished(r), &want);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
