@@ -178,13 +178,12 @@ pub(crate) struct Remotes {
     /// Worker processes started so far (their `index`).
     launched_total: usize,
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
-    /// the connection asked and where the bytes go.
-    fetches: HashMap<ChunkId, (ConnId, Fetch)>,
+    /// the connection asked, where the bytes go, and when they were asked for (to time the
+    /// move).
+    fetches: HashMap<ChunkId, (ConnId, Fetch, std::time::Instant)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
     begins: HashMap<ChunkId, (Option<Halo>, Option<Halo>)>,
-    /// When each fetch under way was asked for, to time the move.
-    fetch_since: HashMap<ChunkId, std::time::Instant>,
     /// Owned partitions that arrived from worker processes since the autoscaler last looked:
     /// their bytes, and their transfers' times summed (`autoscale.rs` reports them to the
     /// decider, which learns what a move costs).
@@ -255,12 +254,12 @@ impl Remotes {
 
     /// The worker process a fetch of `chunk` under way asked, if any.
     pub(crate) fn fetching_from(&self, chunk: ChunkId) -> Option<ConnId> {
-        self.fetches.get(&chunk).map(|(from, _)| *from)
+        self.fetches.get(&chunk).map(|(from, ..)| *from)
     }
 
     /// The fetch of `chunk` under way, if any.
     pub(crate) fn fetching(&mut self, chunk: ChunkId) -> Option<&mut Fetch> {
-        self.fetches.get_mut(&chunk).map(|(_, f)| f)
+        self.fetches.get_mut(&chunk).map(|(_, f, _)| f)
     }
 
     /// Sends `msg` to connection `id`; `None` if it is gone.
@@ -568,7 +567,8 @@ impl<J: Job> State<J> {
     /// An `Interrupt` for remote slot `r` (worker `worker`); nothing if it runs nothing.
     pub(crate) fn interrupt_remote(&mut self, worker: WorkerId, r: Slot) {
         if let Some(chunk) = self.core.running_on(worker) {
-            if let Some((_, Fetch::Forward { interrupt, .. })) = self.remote.fetches.get_mut(&chunk)
+            if let Some((_, Fetch::Forward { interrupt, .. }, _)) =
+                self.remote.fetches.get_mut(&chunk)
             {
                 // Its `Run` has not gone yet: the interrupt follows it.
                 *interrupt = true;
@@ -587,7 +587,7 @@ impl<J: Job> State<J> {
 
     /// A snapshot's `Capture` of `chunk` for remote slot `r`.
     pub(crate) fn capture_remote(&mut self, r: Slot, chunk: ChunkId) {
-        if let Some((_, Fetch::Forward { capture, .. })) = self.remote.fetches.get_mut(&chunk) {
+        if let Some((_, Fetch::Forward { capture, .. }, _)) = self.remote.fetches.get_mut(&chunk) {
             *capture = true;
             return;
         }
@@ -656,7 +656,7 @@ impl<J: Job> State<J> {
             self.remote
                 .fetches
                 .iter()
-                .filter(|(_, (from, _))| *from == id)
+                .filter(|(_, (from, ..))| *from == id)
                 .map(|(&c, _)| c),
         );
         v
@@ -688,16 +688,15 @@ impl<J: Job> State<J> {
     /// it goes on (`begins`).
     pub(crate) fn fetch(&mut self, chunk: ChunkId, from: ConnId, to: Fetch) {
         match self.remote.fetches.get_mut(&chunk) {
-            Some((_, prev)) => {
+            Some((_, prev, _)) => {
                 if let Fetch::Begin(before, after) = std::mem::replace(prev, to) {
                     self.remote.begins.insert(chunk, (before, after));
                 }
             }
             None => {
-                self.remote.fetches.insert(chunk, (from, to));
                 self.remote
-                    .fetch_since
-                    .insert(chunk, std::time::Instant::now());
+                    .fetches
+                    .insert(chunk, (from, to, std::time::Instant::now()));
                 if let Some(c) = self.remote.conns.get(&from) {
                     let _ = c.tx.send(ToWorker::Surrender { chunk });
                 }
@@ -715,14 +714,12 @@ impl<J: Job> State<J> {
 
     /// A surrendered partition arrived: it goes where its fetch said.
     fn surrendered(&mut self, shared: &Arc<Shared<J>>, id: ConnId, chunk: ChunkId, state: Bytes) {
-        let Some((_, to)) = self.remote.fetches.remove(&chunk) else {
+        let Some((_, to, asked)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
         self.held_arrived(shared, chunk, &state);
-        if let Some(asked) = self.remote.fetch_since.remove(&chunk) {
-            self.remote.fetched.0 += state.len() as u64;
-            self.remote.fetched.1 += asked.elapsed();
-        }
+        self.remote.fetched.0 += state.len() as u64;
+        self.remote.fetched.1 += asked.elapsed();
         let mut state = state;
         if let Some((before, after)) = self.remote.begins.remove(&chunk) {
             // Its phase began while it was on its way: it takes its halos before it goes on.
@@ -834,7 +831,6 @@ impl<J: Job> State<J> {
         // A local runner waiting for a partition on its way is let go (it reports to an ended
         // job); nothing holds its answer any more.
         self.remote.fetches.clear();
-        self.remote.fetch_since.clear();
         self.remote.begins.clear();
         self.members.drop_slots();
         self.remote_gauge();
@@ -955,7 +951,7 @@ impl<J: Job> State<J> {
                 .remote
                 .fetches
                 .iter()
-                .filter(|(_, (from, _))| *from == id)
+                .filter(|(_, (from, ..))| *from == id)
                 .map(|(&c, _)| c)
                 .collect();
             // Slots of other processes that were to run a partition still on its way: they
@@ -964,15 +960,14 @@ impl<J: Job> State<J> {
             let mut stranded = Vec::new();
             for chunk in fetched {
                 self.remote.begins.remove(&chunk);
-                self.remote.fetch_since.remove(&chunk);
                 match self.remote.fetches.remove(&chunk) {
-                    Some((_, Fetch::Local(tx))) => {
+                    Some((_, Fetch::Local(tx), _)) => {
                         let _ = tx.send(Err(Error::PartitionsLost {
                             job: J::NAME,
                             chunks: vec![chunk],
                         }));
                     }
-                    Some((_, Fetch::Forward { worker, .. })) => stranded.push(worker),
+                    Some((_, Fetch::Forward { worker, .. }, _)) => stranded.push(worker),
                     _ => {}
                 }
                 lost.push(chunk);
@@ -1193,7 +1188,7 @@ impl<J: Job> State<J> {
                     .remote
                     .fetches
                     .get(&chunk)
-                    .is_none_or(|(from, _)| *from != id)
+                    .is_none_or(|(from, ..)| *from != id)
                 {
                     return Err(bad(format!("chunk {chunk} was not asked for")));
                 }
