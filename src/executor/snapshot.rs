@@ -505,13 +505,25 @@ impl<J: Job> State<J> {
     /// step 2 for a partition the ledger has no state of), naming the epoch folder the part
     /// goes to if the process writes it itself.
     fn capture_held(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
-        let holder = self
+        let in_ledger = self
             .core
             .suspended()
             .chain(self.core.kept())
             .find(|(c, _)| *c == chunk)
-            .and_then(|(_, h)| h.elsewhere())
-            .or_else(|| self.snap.kept_by.remove(&chunk));
+            .map(|(_, h)| (h.elsewhere(), h.to_bytes()));
+        let kept_by = self.snap.kept_by.remove(&chunk);
+        if let Some((None, Some(bytes))) = in_ledger {
+            // The cut counted it as held by a worker process when its `Done` came, but it
+            // has come back since (a retire, a leave): the ledger's copy is the part, and the
+            // process, which no longer has it, is not asked.
+            let mut out = std::mem::take(&mut self.snap.out);
+            let part = bytes.map(Part::New).map_err(Error::from);
+            self.snap.cut.captured_held(chunk, part, &mut out);
+            self.cut_commands(shared, &mut out);
+            self.snap.out = out;
+            return;
+        }
+        let holder = in_ledger.and_then(|(elsewhere, _)| elsewhere).or(kept_by);
         if holder.is_some_and(|id| self.remote.fetching_from(chunk) == Some(id)) {
             // Surrendered already: its bytes, on their way, are the part.
             self.snap.held_on_arrival.insert(chunk);
