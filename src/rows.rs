@@ -190,6 +190,19 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     fn to_le(src: &[Self], out: &mut [u8]);
     /// Reads `dst.len()` elements from `bytes` (`dst.len() * SIZE` bytes), little-endian.
     fn from_le(bytes: &[u8], dst: &mut [Self]);
+    /// The cells' memory, when it already is their little-endian form (the primitives and
+    /// arrays of them, on a little-endian machine): a band is then serialized from it
+    /// directly, with no buffer in between. `None` (the default) goes through
+    /// [`to_le`](Element::to_le).
+    fn le_bytes(src: &[Self]) -> Option<&[u8]> {
+        let _ = src;
+        None
+    }
+    /// The same for writing: decoded cells are copied into this memory in one block.
+    fn le_bytes_mut(dst: &mut [Self]) -> Option<&mut [u8]> {
+        let _ = dst;
+        None
+    }
 }
 
 macro_rules! element {
@@ -205,6 +218,12 @@ macro_rules! element {
                 for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(Self::SIZE)) {
                     *d = <$t>::from_le_bytes(b.try_into().expect("chunks_exact gives SIZE bytes"));
                 }
+            }
+            fn le_bytes(src: &[Self]) -> Option<&[u8]> {
+                cfg!(target_endian = "little").then(|| bytemuck::cast_slice(src))
+            }
+            fn le_bytes_mut(dst: &mut [Self]) -> Option<&mut [u8]> {
+                cfg!(target_endian = "little").then(|| bytemuck::cast_slice_mut(dst))
             }
         }
     )*};
@@ -226,6 +245,12 @@ where
         for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(Self::SIZE)) {
             T::from_le(b, d);
         }
+    }
+    fn le_bytes(src: &[Self]) -> Option<&[u8]> {
+        T::le_bytes(src.as_flattened())
+    }
+    fn le_bytes_mut(dst: &mut [Self]) -> Option<&mut [u8]> {
+        T::le_bytes_mut(dst.as_flattened_mut())
     }
 }
 
@@ -670,6 +695,12 @@ struct CellSlice<'a, E>(&'a [E]);
 
 impl<E: Element> Serialize for CellSlice<'_, E> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // The cells' own memory when it is the form written: a band's part is then one copy
+        // of its rows into the part (a buffer in between made it two, and twice the fresh
+        // pages a snapshot touches).
+        if let Some(bytes) = E::le_bytes(self.0) {
+            return s.serialize_bytes(bytes);
+        }
         let mut bytes = vec![0u8; self.0.len() * E::SIZE];
         E::to_le(self.0, &mut bytes);
         s.serialize_bytes(&bytes)
@@ -696,7 +727,10 @@ impl<E: Element> Visitor<'_> for CellsVisitor<E> {
             return Err(Er::invalid_length(v.len(), &self));
         }
         let mut cells = vec![E::default(); v.len() / E::SIZE];
-        E::from_le(v, &mut cells);
+        match E::le_bytes_mut(&mut cells) {
+            Some(bytes) => bytes.copy_from_slice(v),
+            None => E::from_le(v, &mut cells),
+        }
         Ok(Cells(cells))
     }
 }
@@ -932,5 +966,27 @@ mod tests {
     #[test]
     fn in_place_band_parts_hold_only_what_matters() {
         states::<true>();
+    }
+
+    /// Cells written from their own memory are the bytes `to_le` writes, and read back
+    /// through `le_bytes_mut` they are the same cells, for primitives and arrays of them.
+    #[test]
+    fn cells_in_their_own_memory_are_their_little_endian_form() {
+        fn both<E: Element + PartialEq + fmt::Debug>(cells: Vec<E>) {
+            let direct = postcard::to_allocvec(&CellSlice(&cells)).unwrap();
+            let mut through = vec![0u8; cells.len() * E::SIZE];
+            E::to_le(&cells, &mut through);
+            let through = postcard::to_allocvec(serde_bytes::Bytes::new(&through)).unwrap();
+            assert_eq!(direct, through);
+            let back: Cells<E> = postcard::from_bytes(&direct).unwrap();
+            assert_eq!(back.0, cells);
+            let mut slow = vec![E::default(); cells.len()];
+            E::from_le(&direct[direct.len() - cells.len() * E::SIZE..], &mut slow);
+            assert_eq!(slow, cells);
+        }
+        both((0..1000).map(|i| f64::from(i) * -0.37).collect::<Vec<f64>>());
+        both((0..333).map(|i| [i as f32 * 0.5; 9]).collect::<Vec<[f32; 9]>>());
+        both((0..77u16).map(|i| i * 997).collect::<Vec<u16>>());
+        assert!(f64::le_bytes(&[1.0]).is_some() == cfg!(target_endian = "little"));
     }
 }
