@@ -39,7 +39,11 @@ pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> 
 ///
 /// Bytes are decoded only by the worker that runs the chunk next: a restore reads the parts
 /// and starts (decoding is spread over the workers and overlaps computing), and a state that
-/// goes from one remote worker to another is never decoded on the way.
+/// goes from one remote worker to another is never decoded on the way. A worker process
+/// decodes a state that arrives for a slot on its blocking pool while the thread runs the
+/// chunk before it (`worker/thread.rs`, `decode_ahead`). Restored owned partitions that were
+/// done in the snapshot's phase are decoded by the coordinator at the next barrier, to export
+/// their halos (`begin_partitions`, on every core).
 pub(crate) enum Held<C> {
     Live(C),
     Bytes(bytes::Bytes),
