@@ -984,8 +984,16 @@ mod tests {
             E::from_le(&direct[direct.len() - cells.len() * E::SIZE..], &mut slow);
             assert_eq!(slow, cells);
         }
-        both((0..1000).map(|i| f64::from(i) * -0.37).collect::<Vec<f64>>());
-        both((0..333).map(|i| [i as f32 * 0.5; 9]).collect::<Vec<[f32; 9]>>());
+        both(
+            (0..1000)
+                .map(|i| f64::from(i) * -0.37)
+                .collect::<Vec<f64>>(),
+        );
+        both(
+            (0..333)
+                .map(|i| [i as f32 * 0.5; 9])
+                .collect::<Vec<[f32; 9]>>(),
+        );
         both((0..77u16).map(|i| i * 997).collect::<Vec<u16>>());
         assert!(f64::le_bytes(&[1.0]).is_some() == cfg!(target_endian = "little"));
     }

@@ -5,8 +5,12 @@
 //! the grid bit for bit the sequential loop's, one rollback per kill that took partitions,
 //! and no peer error other than the killed processes'.
 //!
-//! `MALLEABLE_HISTORIES=N` runs `N` histories (default 4); `MALLEABLE_HISTORY_SEED=S` runs
-//! only history `S` (each prints its seed and its events, to replay one that failed).
+//! `MALLEABLE_HISTORIES=N` runs `N` histories (default 4) from seed `MALLEABLE_HISTORY_FIRST`
+//! (default 0); `MALLEABLE_HISTORY_SEED=S` runs only history `S` (each prints its seed and its
+//! events, to replay one that failed).
+//!
+//! `MALLEABLE_TEST_LOG=debug` (or `info`, `warn`) prints what the coordinator and the worker
+//! processes log, to find out why a history failed.
 //!
 //! Worker processes are this test binary, re-executed to run [`worker_process`].
 
@@ -27,12 +31,31 @@ const STUCK: Duration = Duration::from_secs(30);
 /// How long a worker process refused as a worker of no running job tries again.
 const REFUSED: Duration = Duration::from_secs(3);
 
+/// Logs to standard error at the level `MALLEABLE_TEST_LOG` names, if it is set.
+fn log_if_asked(who: &'static str) {
+    let Some(level) = std::env::var("MALLEABLE_TEST_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+    else {
+        return;
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .finish();
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    tracing::info!(who, pid = std::process::id(), "logging");
+}
+
 #[test]
 #[ignore = "the body of the worker processes the other tests start"]
 fn worker_process() {
     let Ok(addr) = std::env::var(ADDR_ENV) else {
         return;
     };
+    log_if_asked("worker process");
     let options = WorkerOptions::from_env().unwrap().threads(1);
     let registry = Registry::new().register::<Banded<Grid>>();
     // Started before a resumed job runs: the coordinator refuses it until then; it tries
@@ -187,7 +210,9 @@ fn history(seed: u64, job: &Grid, dir: &std::path::Path) -> (Vec<u64>, String) {
                 log += " retire;";
             }
             5 if !run.alive.is_empty() && run.handle.remote_workers() > 0 => {
-                let i = run.alive.remove(draw.below(run.alive.len() as u64) as usize);
+                let i = run
+                    .alive
+                    .remove(draw.below(run.alive.len() as u64) as usize);
                 run.procs[i].kill().unwrap();
                 let _ = run.procs[i].wait();
                 run.kills += 1;
@@ -277,18 +302,20 @@ fn grids_are_exact_under_random_histories_of_threads_processes_kills_and_resumes
     let seeds: Vec<u64> = match std::env::var("MALLEABLE_HISTORY_SEED") {
         Ok(s) => vec![s.parse().unwrap()],
         Err(_) => {
-            let n = std::env::var("MALLEABLE_HISTORIES")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(4);
-            (0..n).collect()
+            let var = |name: &str, default: u64| {
+                std::env::var(name)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(default)
+            };
+            let first = var("MALLEABLE_HISTORY_FIRST", 0);
+            (first..first + var("MALLEABLE_HISTORIES", 4)).collect()
         }
     };
+    log_if_asked("coordinator");
     for seed in seeds {
-        let dir = std::env::temp_dir().join(format!(
-            "malleable-histories-{seed}-{}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("malleable-histories-{seed}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let started = Instant::now();
         let (got, log) = history(seed, &job, &dir);

@@ -222,6 +222,7 @@ impl Remotes {
                         job: job.clone(),
                     });
                 }
+                tracing::debug!(conn = id, chunk, phase, "begin");
                 let _ = c.tx.send(ToWorker::Begin {
                     chunk,
                     before,
@@ -497,10 +498,13 @@ impl<J: Job> State<J> {
                 None => Err(Error::Internal("no job value to send".into())),
             },
         };
-        // An owned partition: run where it is held, or fetch it from there first.
+        // An owned partition: run where it is held, or fetch it from there first. One that
+        // its process was already asked to hand back (it is retired, and the core gives the
+        // partition to another of its slots before that slot retires too) is not there any
+        // more: it comes back first, as from any other process.
         let mut held = false;
         if let Some(from) = state.as_ref().and_then(Held::elsewhere) {
-            if from == conn_id {
+            if from == conn_id && self.remote.fetching_from(chunk).is_none() {
                 held = true;
             } else {
                 let forward = Fetch::Forward {
@@ -542,6 +546,7 @@ impl<J: Job> State<J> {
                     job: job_bytes,
                 });
             }
+            tracing::debug!(conn = conn_id, slot, chunk, held, phase, "run");
             let _ = c.tx.send(ToWorker::Run {
                 slot,
                 chunk,
@@ -698,6 +703,7 @@ impl<J: Job> State<J> {
                     .fetches
                     .insert(chunk, (from, to, std::time::Instant::now()));
                 if let Some(c) = self.remote.conns.get(&from) {
+                    tracing::debug!(conn = from, chunk, "surrender");
                     let _ = c.tx.send(ToWorker::Surrender { chunk });
                 }
             }
@@ -846,6 +852,7 @@ impl<J: Job> State<J> {
         }
         c.retiring = true;
         let slots: Vec<WorkerId> = c.slots.iter().flatten().copied().collect();
+        tracing::debug!(conn = id, ?slots, "retiring a worker process");
         // Its partitions come back into the ledger before it ends.
         if self.core.is_partitioned() {
             for chunk in self.held_by(id) {
@@ -1087,6 +1094,27 @@ impl<J: Job> State<J> {
         id: ConnId,
         msg: ToCoordinator,
     ) -> Result<(), PeerError> {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let (what, chunk) = match &msg {
+                ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
+                ToCoordinator::Surrendered { chunk, .. } => ("surrendered", Some(*chunk)),
+                ToCoordinator::CapturedHeld { chunk, .. } => ("captured held", Some(*chunk)),
+                ToCoordinator::CapturedHeldPart { chunk, .. } => {
+                    ("captured held part", Some(*chunk))
+                }
+                ToCoordinator::Missing { chunk } => ("missing", Some(*chunk)),
+                ToCoordinator::FailedHeld { chunk, .. } => ("failed held", Some(*chunk)),
+                ToCoordinator::Yielded { chunk, .. } => ("yielded", Some(*chunk)),
+                ToCoordinator::Captured { chunk, .. } => ("captured", Some(*chunk)),
+                ToCoordinator::CapturedPart { chunk, .. } => ("captured part", Some(*chunk)),
+                ToCoordinator::Failed { chunk, .. } => ("failed", Some(*chunk)),
+                ToCoordinator::Heartbeat { .. } => ("heartbeat", None),
+                ToCoordinator::Leave { .. } => ("leave", None),
+                ToCoordinator::Piece { .. } => ("piece", None),
+                ToCoordinator::Undecodable { .. } => ("undecodable", None),
+            };
+            tracing::debug!(conn = id, what, chunk, "from a worker process");
+        }
         // A worker process may end the job about a partition only if it was given or asked
         // about it.
         let foreign = match &msg {

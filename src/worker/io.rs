@@ -574,6 +574,10 @@ fn dispatch<J: Job>(
             let (before, after) = (halo(before)?, halo(after)?);
             let mut parts = lock(held);
             let Some(part) = parts.get_mut(&chunk) else {
+                tracing::warn!(
+                    chunk,
+                    "halos came for a partition this process does not hold"
+                );
                 return Ok(Some(ToCoordinator::Missing { chunk }));
             };
             let site = crate::Site::Chunk {
@@ -600,7 +604,14 @@ fn dispatch<J: Job>(
                 parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
             };
             return Ok(Some(match encoded {
-                None => ToCoordinator::Missing { chunk },
+                None => {
+                    tracing::warn!(
+                        chunk,
+                        surrender,
+                        "asked for a partition this process does not hold"
+                    );
+                    ToCoordinator::Missing { chunk }
+                }
                 Some(Err(e)) => ToCoordinator::FailedHeld {
                     chunk,
                     failure: super::thread::failure_of(e.into()),

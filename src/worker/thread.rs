@@ -153,6 +153,11 @@ impl<J: Job> Queue<'_, J> {
                     match held.get(&chunk) {
                         Some(part) => codec::encode("a chunk state", part).map(Bytes::from),
                         None => {
+                            tracing::warn!(
+                                chunk,
+                                capture,
+                                "a request for a held partition that waits to run, which this process does not hold"
+                            );
                             let _ = self.out.send(ToCoordinator::Missing { chunk });
                             continue;
                         }
@@ -276,6 +281,10 @@ pub(super) fn main<J: Job>(
             match lock(held).remove(&chunk) {
                 Some(part) => Some(Held::Live(part)),
                 None => {
+                    tracing::warn!(
+                        chunk,
+                        "a run of a held partition this process does not hold"
+                    );
                     let _ = out.send(ToCoordinator::Missing { chunk });
                     continue;
                 }
