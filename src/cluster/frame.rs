@@ -34,15 +34,24 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// ([`WorkerOptions::grace`](crate::cluster::WorkerOptions::grace)). Version 8: a worker
 /// process that writes to the job's store writes the parts of the partitions it holds too:
 /// `CaptureHeld` names the epoch folder, answered by `CapturedHeldPart` (or by
-/// `CapturedHeld` with the bytes, as before, when the process cannot write them).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// `CapturedHeld` with the bytes, as before, when the process cannot write them). Version 9:
+/// four slots per thread instead of two.
+pub const PROTOCOL_VERSION: u32 = 9;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
-/// holds at most one chunk, so a thread holds the chunk it runs and the next one: when a chunk
-/// ends, the next is already there, and the round trip of its `Done` and the following `Run`
-/// overlaps computing instead of leaving the thread idle. A thread runs its slots' chunks one
+/// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
+/// chunk ends, the next is already there, and the round trip of its `Done` and the following
+/// `Run` overlaps computing instead of leaving the thread idle.
+///
+/// Why four, not two: with two, the round trip had one chunk's time to complete. On a stencil
+/// whose bands take about 1 ms (`benches/partitions.rs`, 4000 × 4000, 32 bands) and a
+/// coordinator whose I/O thread shares the cores with the workers' threads, it often did not:
+/// the coordinator is woken for every `Done`, and the wake-up waits for a core. Two worker
+/// processes then ran at 0.58-0.63× two local threads; with four slots, 0.68-0.80× in the
+/// same minutes (three runs each, alternating). A deeper queue costs little: a chunk still
+/// waiting is handed back or captured at once when asked. A thread runs its slots' chunks one
 /// at a time in the order they came; one still waiting is handed back or captured at once
 /// when asked (its state is the one it came with).
-pub const SLOTS_PER_THREAD: u32 = 2;
+pub const SLOTS_PER_THREAD: u32 = 4;
 /// The default maximum frame length: 64 MiB. A longer message is sent in pieces.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 /// The default maximum length of a message sent in pieces: 4 GiB (a job value, chunk state,
