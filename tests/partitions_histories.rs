@@ -14,14 +14,15 @@
 //!
 //! Worker processes are this test binary, re-executed to run [`worker_process`].
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+use malleable::cluster::{self, Registry, WorkerOptions};
 use malleable::{At, Banded, Executor, JobHandle, Outcome};
 
 mod common;
 use common::grid::{Grid, sequential};
+use common::procs::{serve_and_exit, start_worker};
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_HISTORIES_ADDR";
 
@@ -60,31 +61,11 @@ fn worker_process() {
     let registry = Registry::new().register::<Banded<Grid>>();
     // Started before a resumed job runs: the coordinator refuses it until then; it tries
     // again. One started as the job ended is refused for good: it says so with status 4.
-    let start = Instant::now();
-    loop {
-        match cluster::serve(&addr, &registry, options.clone()) {
-            Err(cluster::Error::UnknownJob { .. }) if start.elapsed() < REFUSED => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(cluster::Error::UnknownJob { .. }) => std::process::exit(4),
-            Ok(_) => std::process::exit(0),
-            Err(e) => {
-                println!("WORKER ERROR {e}");
-                std::process::exit(3);
-            }
-        }
-    }
+    serve_and_exit(&addr, &registry, options, REFUSED);
 }
 
 fn start(addr: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-        .args(["--test-threads", "1"])
-        .env(ADDR_ENV, addr)
-        .env_remove(TOKEN_ENV)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
+    start_worker(ADDR_ENV, addr)
 }
 
 /// A small generator (64-bit LCG, high bits) so that a seed replays its history.

@@ -12,15 +12,16 @@
 //!
 //! Worker processes are this test binary, re-executed to run [`worker_process`].
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+use malleable::cluster::{Registry, WorkerOptions};
 use malleable::{Banded, Error, Executor, JobHandle, Outcome};
 
 mod common;
 use common::grid::{Grid, sequential};
+use common::procs::{serve_and_exit, start_worker};
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_KILL_STRESS_ADDR";
 
@@ -37,29 +38,11 @@ fn worker_process() {
     let registry = Registry::new().register::<Banded<Grid>>();
     // Started before its job is submitted: until the job runs, the coordinator refuses it
     // as a worker of no running job; it tries again.
-    loop {
-        match cluster::serve(&addr, &registry, options.clone()) {
-            Err(cluster::Error::UnknownJob { .. }) => {
-                std::thread::sleep(Duration::from_micros(500));
-            }
-            Ok(_) => std::process::exit(0),
-            Err(e) => {
-                println!("WORKER ERROR {e}");
-                std::process::exit(3);
-            }
-        }
-    }
+    serve_and_exit(&addr, &registry, options, STUCK);
 }
 
 fn start(addr: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-        .args(["--test-threads", "1"])
-        .env(ADDR_ENV, addr)
-        .env_remove(TOKEN_ENV)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
+    start_worker(ADDR_ENV, addr)
 }
 
 fn until(what: &str, h: &JobHandle<Banded<Grid>>, mut cond: impl FnMut() -> bool) {
@@ -137,10 +120,20 @@ fn run(name: &str, local: usize, phase: u64, delay: Duration) -> &'static str {
                 panic!("row {i} differs: {diagnosis}");
             }
             let rollbacks = h.rollbacks();
-            assert_eq!(rollbacks.len(), 1, "{diagnosis}");
-            assert!(!rollbacks[0].lost.is_empty(), "{diagnosis}");
-            assert!(rollbacks[0].recovered.is_some(), "{diagnosis}");
-            "rolled back"
+            // None when the killed process held no partition any more: with a local worker,
+            // a process slowed by a loaded machine can see every partition balanced away.
+            assert!(rollbacks.len() <= 1, "{diagnosis}");
+            if rollbacks.is_empty() {
+                assert!(
+                    local > 0,
+                    "a process alone with others lost nothing: {diagnosis}"
+                );
+                "finished, nothing lost"
+            } else {
+                assert!(!rollbacks[0].lost.is_empty(), "{diagnosis}");
+                assert!(rollbacks[0].recovered.is_some(), "{diagnosis}");
+                "rolled back"
+            }
         }
         Err(Error::PartitionsLost { chunks, .. }) => {
             // Only before any commit: the job had nothing to go back to.

@@ -15,6 +15,7 @@ use malleable::{At, Banded, Error, Executor, JobHandle, Outcome};
 
 mod common;
 use common::grid::{Grid, sequential};
+use common::procs::start_worker;
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_PARTITIONS_ADDR";
 
@@ -35,8 +36,8 @@ fn worker_process() {
     match cluster::serve(&addr, &Registry::new().register::<Banded<Grid>>(), options) {
         Ok(served) => {
             println!(
-                "SERVED parts={} sent={}",
-                served.parts_written, served.parts_sent
+                "SERVED parts={} sent={} done={}",
+                served.parts_written, served.parts_sent, served.chunks_done
             );
             std::process::exit(0);
         }
@@ -48,14 +49,7 @@ fn worker_process() {
 }
 
 fn start(addr: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-        .args(["--test-threads", "1"])
-        .env(ADDR_ENV, addr)
-        .env_remove(TOKEN_ENV)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap()
+    start_worker(ADDR_ENV, addr)
 }
 
 /// A worker process whose standard output goes to a file, for its `SERVED` line.
@@ -76,8 +70,8 @@ fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
 }
 
 /// What a worker process started with [`start_logged`] said it did when it ended: the parts
-/// it wrote to the store and those it sent as bytes.
-fn served(mut child: Child, out: &std::path::Path) -> (u64, u64) {
+/// it wrote to the store, those it sent as bytes, and the chunks it finished.
+fn served(mut child: Child, out: &std::path::Path) -> (u64, u64, u64) {
     assert!(child.wait().unwrap().success(), "the process ended cleanly");
     let text = std::fs::read_to_string(out).unwrap();
     let _ = std::fs::remove_file(out);
@@ -93,7 +87,7 @@ fn served(mut child: Child, out: &std::path::Path) -> (u64, u64) {
             .collect();
         digits.parse().unwrap()
     };
-    (count("parts"), count("sent"))
+    (count("parts"), count("sent"), count("done"))
 }
 
 fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -485,7 +479,7 @@ fn processes_write_the_parts_of_the_partitions_they_hold() {
     assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
     let (mut written, mut sent) = (0, 0);
     for (child, out) in [a, b] {
-        let (w, s) = served(child, &out);
+        let (w, s, _) = served(child, &out);
         written += w;
         sent += s;
     }
@@ -541,7 +535,7 @@ fn processes_that_cannot_reach_the_store_send_their_held_partitions() {
     assert_same(&finished(h), &sequential(&job));
     let (mut written, mut sent) = (0, 0);
     for (child, out) in [a, b] {
-        let (w, s) = served(child, &out);
+        let (w, s, _) = served(child, &out);
         written += w;
         sent += s;
     }
@@ -598,4 +592,37 @@ fn snapshots_during_retires_take_the_partitions_on_their_way_back() {
         assert_same(&finished(r), &want);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process's thread runs its slots' chunks one after the other: it must get the share of
+/// the grid of one thread, not of one thread per slot. One local worker and one process of
+/// one thread, whose rows pace the same (sleeps): the process finishes about half the chunk
+/// runs (0.59 in one run on a loaded machine: the first chunks of a phase wait behind fewer
+/// others, so slots still measure a little above their share). When each slot was measured
+/// at its thread's full speed the process took two thirds of the grid with two slots per
+/// thread and four fifths with four (0.80 in a run), and phases waited for it.
+#[test]
+fn a_process_thread_gets_one_thread_s_share_of_the_grid() {
+    let exec = coordinator(1);
+    let addr = exec.local_addr().unwrap().to_string();
+    let (child, out) = start_logged(&addr, "share");
+    let job = Grid {
+        pace_us: 300,
+        pace_every: 4,
+        ..grid(120)
+    };
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let got = finished(h);
+    assert_same(&got, &sequential(&job));
+    let (_, _, done) = served(child, &out);
+    let share = done as f64 / (job.bands * job.phases) as f64;
+    println!(
+        "the process ran {done} of {} chunk runs",
+        job.bands * job.phases
+    );
+    assert!(
+        (0.3..=0.68).contains(&share),
+        "the process ran {done} of {} chunk runs ({share:.2})",
+        job.bands * job.phases
+    );
 }

@@ -35,22 +35,33 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// process that writes to the job's store writes the parts of the partitions it holds too:
 /// `CaptureHeld` names the epoch folder, answered by `CapturedHeldPart` (or by
 /// `CapturedHeld` with the bytes, as before, when the process cannot write them). Version 9:
-/// four slots per thread instead of two.
+/// four slots per thread instead of two, and a slot's `busy_ns` is the time since its chunk
+/// reached the thread (see [`SLOTS_PER_THREAD`]).
 pub const PROTOCOL_VERSION: u32 = 9;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
-/// `Run` overlaps computing instead of leaving the thread idle.
+/// `Run` overlaps computing instead of leaving the thread idle. A thread runs its slots'
+/// chunks one at a time in the order they came; one still waiting is handed back or captured
+/// at once when asked (its state is the one it came with).
 ///
 /// Why four, not two: with two, the round trip had one chunk's time to complete. On a stencil
 /// whose bands take about 1 ms (`benches/partitions.rs`, 4000 × 4000, 32 bands) and a
 /// coordinator whose I/O thread shares the cores with the workers' threads, it often did not:
 /// the coordinator is woken for every `Done`, and the wake-up waits for a core. Two worker
 /// processes then ran at 0.58-0.63× two local threads; with four slots, 0.68-0.80× in the
-/// same minutes (three runs each, alternating). A deeper queue costs little: a chunk still
-/// waiting is handed back or captured at once when asked. A thread runs its slots' chunks one
-/// at a time in the order they came; one still waiting is handed back or captured at once
-/// when asked (its state is the one it came with).
+/// same minutes (three runs each, alternating).
+///
+/// Slots share their thread, and the coordinator shares work by each worker's measured
+/// throughput (a static deal, owned partitions, the autoscaler). A slot therefore reports as
+/// busy the time from its chunk reaching the thread to its end (`busy_ns` of `Done` and
+/// `Yielded`), waiting behind the thread's other slots included, not the time in its own
+/// steps only: measured over its steps, every slot ran at its thread's full speed, and a
+/// process's thread took as many local threads' shares of a grid as it had slots (two
+/// before this version, with the phase waiting for it). The first chunks of a phase wait
+/// behind fewer others, so a slot still measures a little above its share: one process of
+/// one thread beside one local thread, on rows paced alike, ran 0.59 of the chunk runs
+/// (0.80 measured over steps; `tests/partitions_remote.rs`).
 pub const SLOTS_PER_THREAD: u32 = 4;
 /// The default maximum frame length: 64 MiB. A longer message is sent in pieces.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
@@ -205,7 +216,9 @@ pub enum ToCoordinator {
         halos: Option<(Bytes, Bytes)>,
         /// Iterations done in this run of the chunk.
         iterations: u64,
-        /// Time spent in steps, in nanoseconds.
+        /// The time from the chunk's `Run` reaching its thread to this message, in
+        /// nanoseconds: its steps, and its wait behind the thread's other slots (see
+        /// [`SLOTS_PER_THREAD`]).
         busy_ns: u64,
     },
     /// The partition of `chunk`, after a `Surrender`; this process no longer holds it.
@@ -249,7 +262,9 @@ pub enum ToCoordinator {
         state: Bytes,
         /// Iterations done in this run of the chunk.
         iterations: u64,
-        /// Time spent in steps, in nanoseconds.
+        /// The time from the chunk's `Run` reaching its thread to this message, in
+        /// nanoseconds: its steps, and its wait behind the thread's other slots (see
+        /// [`SLOTS_PER_THREAD`]).
         busy_ns: u64,
     },
     /// The state of `chunk` at an adjustment point after a `Capture`; the thread goes on.

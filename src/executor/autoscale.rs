@@ -14,7 +14,6 @@ use super::job_run::Shared;
 use super::members::Member;
 use crate::job::Job;
 use crate::schedule::{Autoscale, Decider, Decision, Goal, Kind, Measurement};
-use crate::wire::frame::SLOTS_PER_THREAD;
 
 impl Autoscale {
     /// Reach `per_second` iterations per second with the fewest workers: between 1 and the
@@ -97,14 +96,11 @@ impl Scaler {
                     _ => {}
                 }
             }
-            // Two slots per thread alternate on one thread: a process's rate is its slots'
-            // rates summed over the slots per thread.
+            // A process's rate is its slots' rates summed: each slot is measured over the time
+            // its chunk spent on the thread, its wait behind the other slots included (see
+            // `SLOTS_PER_THREAD`).
             self.remote_rates.clear();
-            self.remote_rates.extend(
-                self.per_conn
-                    .values()
-                    .map(|r| r / f64::from(SLOTS_PER_THREAD)),
-            );
+            self.remote_rates.extend(self.per_conn.values().copied());
             // What moved since the last look: the cost of the last change.
             let (bytes, took) = std::mem::take(&mut st.remote.fetched);
             self.decider.moved(bytes, took);

@@ -531,6 +531,7 @@ fn dispatch<J: Job>(
                     held: is_held,
                     job: Arc::clone(j),
                     phase: *phase,
+                    queued: std::time::Instant::now(),
                 }));
         }
         ToWorker::Interrupt { slot, chunk } | ToWorker::Capture { slot, chunk, .. } => {

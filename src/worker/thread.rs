@@ -32,6 +32,10 @@ pub(super) struct Run<J: Job> {
     pub(super) held: bool,
     pub(super) job: Arc<J>,
     pub(super) phase: u64,
+    /// When the `Run` reached the thread's queue: a slot reports as busy the time since
+    /// (its wait behind the thread's other slots included), so that the coordinator sees
+    /// the slot's share of the thread (see `SLOTS_PER_THREAD`).
+    pub(super) queued: std::time::Instant,
 }
 
 /// Owned partitions this process holds between their runs, by chunk: a partition stays here
@@ -276,6 +280,7 @@ pub(super) fn main<J: Job>(
             held: is_held,
             job,
             phase,
+            queued,
         } = next;
         let state = if is_held {
             match lock(held).remove(&chunk) {
@@ -338,7 +343,8 @@ pub(super) fn main<J: Job>(
         };
         let msg = match encoded {
             Ok((done, bytes, work)) => {
-                let (iterations, busy_ns) = (work.iterations, work.busy.as_nanos() as u64);
+                let busy = work.busy.max(queued.elapsed());
+                let (iterations, busy_ns) = (work.iterations, busy.as_nanos() as u64);
                 if done {
                     queue.done += 1;
                     ToCoordinator::Done {

@@ -2,6 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod grid;
+pub mod procs;
 pub mod slow;
 pub mod walk;
 

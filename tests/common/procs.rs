@@ -1,0 +1,46 @@
+//! Worker processes of the tests: the test binary started again to run its ignored test
+//! `worker_process`, which serves the coordinator whose address it finds in the environment.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+
+/// Starts this test binary again as a worker process running `worker_process`, with `addr`
+/// in the environment variable `env`, no token, and its standard output discarded.
+pub fn start_worker(env: &str, addr: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(env, addr)
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The body of a worker process: serves the coordinator at `addr` and exits with status 0
+/// once its job is over, 3 on an error (printed), and 4 if it was refused as a worker of no
+/// running job for `refused` (it tries again until then: a process started before its job,
+/// or a resumed one, runs; one started as the job ended is refused for good).
+pub fn serve_and_exit(
+    addr: &str,
+    registry: &Registry,
+    options: WorkerOptions,
+    refused: Duration,
+) -> ! {
+    let start = Instant::now();
+    loop {
+        match cluster::serve(addr, registry, options.clone()) {
+            Err(cluster::Error::UnknownJob { .. }) if start.elapsed() < refused => {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            Err(cluster::Error::UnknownJob { .. }) => std::process::exit(4),
+            Ok(_) => std::process::exit(0),
+            Err(e) => {
+                println!("WORKER ERROR {e}");
+                std::process::exit(3);
+            }
+        }
+    }
+}
