@@ -1,9 +1,10 @@
 //! The job's side of remote workers: each connected worker process has
 //! [`SLOTS_PER_THREAD`](crate::cluster::frame::SLOTS_PER_THREAD) *slots* per thread, each a
-//! worker of the core driven by messages instead of a mailbox and a flag. Two slots per thread
-//! keep a chunk waiting next to the running one, so a thread never waits for the round trip
-//! between its `Done` and its next `Run`; the core's ledger is untouched (a slot holds at most
-//! one chunk, like any worker).
+//! worker of the core driven by messages instead of a mailbox and a flag. Several slots per
+//! thread keep chunks waiting next to the running one, so a thread does not wait for the
+//! round trip between its `Done` and its next `Run`; the core's ledger is untouched (a slot
+//! holds at most one chunk, like any worker). A slot reports as busy the time its chunk spent
+//! on the thread, waiting included, so that the core sees its share of the thread.
 //!
 //! # Membership (coordinator side)
 //!
