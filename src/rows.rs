@@ -994,7 +994,11 @@ mod tests {
                 .map(|i| [i as f32 * 0.5; 9])
                 .collect::<Vec<[f32; 9]>>(),
         );
-        both((0..77u16).map(|i| i.wrapping_mul(997)).collect::<Vec<u16>>());
+        both(
+            (0..77u16)
+                .map(|i| i.wrapping_mul(997))
+                .collect::<Vec<u16>>(),
+        );
         assert!(f64::le_bytes(&[1.0]).is_some() == cfg!(target_endian = "little"));
     }
 }
