@@ -14,6 +14,7 @@ use malleable::{Chunking, Error, Executor, JobHandle, Outcome};
 mod common;
 
 use common::Kernel;
+use common::raw::{authenticated, hello_frame, read_frame, send_frame};
 use common::walk::{Walk, pace};
 
 const CHUNK: u64 = 500;
@@ -49,21 +50,6 @@ fn until_error(exec: &Executor, what: &str, pred: impl Fn(&cluster::Error) -> bo
     }
 }
 
-/// Sends one length-prefixed frame.
-fn send_frame(s: &mut TcpStream, body: &[u8]) {
-    s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
-    s.write_all(body).unwrap();
-}
-
-/// Reads one length-prefixed frame, or `None` if the coordinator closed the connection.
-fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut len = [0; 4];
-    s.read_exact(&mut len).ok()?;
-    let mut body = vec![0; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut body).ok()?;
-    Some(body)
-}
-
 /// Whether the coordinator closes the connection (reads end) within a few seconds.
 fn closed_by_coordinator(s: &mut TcpStream) -> bool {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -76,51 +62,6 @@ fn closed_by_coordinator(s: &mut TcpStream) -> bool {
             Err(_) => return false,
         }
     }
-}
-
-fn hello_frame(version: u32) -> Vec<u8> {
-    let mut f = frame::MAGIC.to_vec();
-    f.extend_from_slice(&version.to_be_bytes());
-    f.extend_from_slice(&frame::encode(&handshake::Hello {
-        jobs: vec![handshake::JobType {
-            name: "walk".into(),
-            version: 1,
-        }],
-        threads: 1,
-        nonce: [7; 32],
-    }));
-    f
-}
-
-/// A connection that completed the handshake with `token` as a worker of the job `walk`
-/// (one thread), by hand: the worker's proof is `HMAC-SHA256(token, "malleable worker v1" ‖
-/// nc ‖ nw)`.
-fn authenticated(addr: &str, token: &str) -> TcpStream {
-    use hmac::{KeyInit, Mac};
-    let mut s = TcpStream::connect(addr).unwrap();
-    let nw = [7; 32];
-    send_frame(&mut s, &hello_frame(frame::PROTOCOL_VERSION));
-    let challenge = read_frame(&mut s).expect("a challenge");
-    let handshake::Reply::Challenge { nonce: nc, .. } =
-        handshake::decode_reply("coordinator", &challenge).unwrap()
-    else {
-        panic!("not a challenge");
-    };
-    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(token.as_bytes()).unwrap();
-    mac.update(b"malleable worker v1");
-    mac.update(&nc);
-    mac.update(&nw);
-    let proof: [u8; 32] = mac.finalize().into_bytes().into();
-    send_frame(&mut s, &frame::encode(&handshake::ProofMsg { proof }));
-    let welcome = read_frame(&mut s).expect("a welcome");
-    assert!(
-        matches!(
-            handshake::decode_welcome("coordinator", &welcome).unwrap(),
-            handshake::Reply::Welcome { .. }
-        ),
-        "not welcomed"
-    );
-    s
 }
 
 fn finished_exactly(h: JobHandle<Walk>, job: &Walk) {

@@ -20,13 +20,13 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmac::{KeyInit, Mac};
 use malleable::cluster::{self, Registry, Token, WorkerOptions, frame, handshake};
 use malleable::{Chunking, Executor, JobHandle, Outcome};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 mod common;
 
+use common::raw::{self, mac, read_frame, send_frame, versioned};
 use common::walk::{Total, Walk, pace};
 
 const CHUNK: u64 = 500;
@@ -114,19 +114,6 @@ fn finished_exactly(h: JobHandle<Walk>, job: &Walk) {
     assert_eq!(fin.job.history, history);
 }
 
-fn send_frame(s: &mut TcpStream, body: &[u8]) {
-    s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
-    s.write_all(body).unwrap();
-}
-
-fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut len = [0; 4];
-    s.read_exact(&mut len).ok()?;
-    let mut body = vec![0; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut body).ok()?;
-    Some(body)
-}
-
 /// Whether the other side closes the connection within [`PATIENCE`].
 fn closed_by_other_side(s: &mut TcpStream) -> bool {
     s.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -141,53 +128,9 @@ fn closed_by_other_side(s: &mut TcpStream) -> bool {
     }
 }
 
-fn versioned<T: serde::Serialize>(body: &T) -> Vec<u8> {
-    let mut f = frame::MAGIC.to_vec();
-    f.extend_from_slice(&frame::PROTOCOL_VERSION.to_be_bytes());
-    f.extend_from_slice(&frame::encode(body));
-    f
-}
-
-fn mac(label: &[u8], a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
-    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(TOKEN.as_bytes()).unwrap();
-    mac.update(label);
-    mac.update(a);
-    mac.update(b);
-    mac.finalize().into_bytes().into()
-}
-
 /// A connection that completed the handshake as a worker of `walk` (one thread), by hand.
 fn authenticated(addr: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let nw = [7; 32];
-    send_frame(
-        &mut s,
-        &versioned(&handshake::Hello {
-            jobs: vec![handshake::JobType {
-                name: "walk".into(),
-                version: 1,
-            }],
-            threads: 1,
-            nonce: nw,
-        }),
-    );
-    let challenge = read_frame(&mut s).expect("a challenge");
-    let handshake::Reply::Challenge { nonce: nc, .. } =
-        handshake::decode_reply("coordinator", &challenge).unwrap()
-    else {
-        panic!("not a challenge");
-    };
-    let proof = mac(b"malleable worker v1", &nc, &nw);
-    send_frame(&mut s, &frame::encode(&handshake::ProofMsg { proof }));
-    let welcome = read_frame(&mut s).expect("a welcome");
-    assert!(
-        matches!(
-            handshake::decode_welcome("coordinator", &welcome).unwrap(),
-            handshake::Reply::Welcome { version: 1, .. }
-        ),
-        "not welcomed"
-    );
-    s
+    raw::authenticated(addr, TOKEN)
 }
 
 fn done(chunk: u64, output: Bytes) -> Vec<u8> {
@@ -370,10 +313,13 @@ fn fake_coordinator(
         let hello = read_frame(&mut s).expect("a hello");
         let hello = handshake::decode_hello("worker", &hello).unwrap();
         let nc = [9; 32];
-        let proof = mac(b"malleable coordinator v1", &hello.nonce, &nc);
+        let proof = mac(TOKEN, b"malleable coordinator v1", &hello.nonce, &nc);
         send_frame(
             &mut s,
-            &versioned(&handshake::Reply::Challenge { nonce: nc, proof }),
+            &versioned(
+                frame::PROTOCOL_VERSION,
+                &handshake::Reply::Challenge { nonce: nc, proof },
+            ),
         );
         let _proof = read_frame(&mut s).expect("a proof");
         let welcome = handshake::Reply::Welcome {

@@ -346,7 +346,7 @@ async fn connection<J: Job>(
         loop {
             tokio::select! {
                 msg = rx.recv() => {
-                    let Some(msg) = msg else { return Ok(()) };
+                    let Some(msg) = msg else { return Ok(false) };
                     let mut end = msg == ToWorker::End;
                     for f in frame::Frames::new(&msg, limit) {
                         sink.feed(f).await.map_err(io_error)?;
@@ -361,7 +361,7 @@ async fn connection<J: Job>(
                     sink.flush().await.map_err(io_error)?;
                     if end {
                         let _ = sink.close().await;
-                        return Ok(());
+                        return Ok(true);
                     }
                 }
                 _ = beat.tick() => sink.send(frame::encode(&ToWorker::Heartbeat)).await.map_err(io_error)?,
@@ -369,9 +369,6 @@ async fn connection<J: Job>(
         }
     };
     let reader = async {
-        let Some(id) = id else {
-            return Ok(());
-        };
         loop {
             let bytes = match tokio::time::timeout(lease, stream.next()).await {
                 Err(_) => {
@@ -384,6 +381,9 @@ async fn connection<J: Job>(
                 Ok(Some(Err(e))) => return Err(PeerError::io(&peer, e, limit)),
                 Ok(Some(Ok(b))) => b,
             };
+            // A worker that came after the job's end is only sent `End`: what it says
+            // meanwhile is read (its socket must not fill) and dropped.
+            let Some(id) = id else { continue };
             let Some(msg) = pieces.frame::<ToCoordinator>(&peer, bytes.freeze())? else {
                 continue;
             };
@@ -391,10 +391,11 @@ async fn connection<J: Job>(
         }
     };
     // The writer ends after `End`; the reader ends with the connection or a protocol error.
-    let ended: Result<(), PeerError> = tokio::select! {
+    let ended: Result<bool, PeerError> = tokio::select! {
         r = writer => r,
-        r = reader => r,
+        r = reader => r.map(|()| false),
     };
+    let sent_end = matches!(ended, Ok(true));
     if let Some(id) = id {
         let mut st = shared.lock();
         // Recorded before the connection leaves the job: whoever sees it gone finds why.
@@ -405,7 +406,20 @@ async fn connection<J: Job>(
         }
         st.drop_conn(&shared, id);
     }
+    if sent_end {
+        // The worker may have written (a heartbeat, a slot's report) while `End` was on its
+        // way. Closing the socket with those bytes unread would reset the connection, and
+        // the worker's next write would fail although its job ended well. So what it sends
+        // is read and dropped until it closes its side after `End`, for a bounded time.
+        let _ = tokio::time::timeout(lease.min(LINGER), async {
+            while let Some(Ok(_)) = stream.next().await {}
+        })
+        .await;
+    }
 }
+
+/// How long a connection is read after `End`, waiting for the worker to close its side.
+const LINGER: Duration = Duration::from_secs(1);
 
 impl<J: Job> State<J> {
     /// Protocol step 1: each slot of the connection joins the core.

@@ -340,7 +340,7 @@ impl Io {
         // heartbeat tick alone kept it alive.) A write that does not move for a lease gives
         // it up too (`write`).
         let mut lease_ends = tokio::time::Instant::now() + self.lease;
-        loop {
+        let ended: Result<bool, Error> = async { loop {
             let phase = job.as_ref().map(|(p, _)| *p);
             let stop_now = tokio::select! {
                 () = tokio::time::sleep_until(lease_ends) => {
@@ -449,6 +449,46 @@ impl Io {
                     .map(|g| g.as_millis().min(u64::MAX as u128) as u64);
                 self.write(sink.send(frame::encode(&ToCoordinator::Leave { grace_ms })))
                     .await?;
+            }
+        } }
+        .await;
+        match ended {
+            // The coordinator ends a job by sending `End` and closing its socket. What this
+            // process wrote in between (a heartbeat, a slot's report) may reach a closed
+            // socket, which resets the connection: the next write fails with a broken pipe
+            // although `End` already waits to be read. The job ended as it should: that is
+            // no error of this process.
+            Err(e @ Error::Io { .. }) => {
+                if self.end_waits(&mut stream, &mut pieces).await {
+                    tracing::debug!(
+                        peer = %self.peer,
+                        error = &e as &dyn std::error::Error,
+                        "a write failed after the coordinator ended the job"
+                    );
+                    Ok(left)
+                } else {
+                    Err(e)
+                }
+            }
+            ended => ended,
+        }
+    }
+
+    /// Whether the coordinator's `End` is among the frames still readable after a write
+    /// failed: reads what the connection still gives, for a heartbeat at most.
+    async fn end_waits<S>(&self, stream: &mut S, pieces: &mut frame::Assembler) -> bool
+    where
+        S: futures::Stream<Item = std::io::Result<bytes::BytesMut>> + Unpin,
+    {
+        let until = tokio::time::Instant::now() + self.heartbeat.min(self.lease);
+        loop {
+            let Ok(Some(Ok(bytes))) = tokio::time::timeout_at(until, stream.next()).await else {
+                return false;
+            };
+            match pieces.frame::<ToWorker>(&self.peer, bytes.freeze()) {
+                Ok(Some(ToWorker::End)) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
             }
         }
     }
@@ -744,6 +784,93 @@ mod tests {
             };
             assert_eq!(reply, held(3, b"state"));
             assert!(parts.written(3, &tx).is_empty());
+        });
+    }
+
+    /// A job for the I/O loop's tests; no chunk of it runs.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Idle;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct IdleChunk;
+
+    impl Job for Idle {
+        const NAME: &'static str = "idle";
+        type Chunk = IdleChunk;
+        type Reducer = crate::reduce::Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            1
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> IdleChunk {
+            IdleChunk
+        }
+        fn reducer(&self) -> Self::Reducer {
+            crate::reduce::Sum::new()
+        }
+    }
+
+    impl crate::Chunk for IdleChunk {
+        type Job = Idle;
+        type Output = u64;
+        fn step(&mut self, _: &Idle, _: &()) -> crate::Step<u64> {
+            crate::Step::Done(0)
+        }
+    }
+
+    /// The coordinator sends `End` and closes its socket with this process's heartbeats
+    /// unread, which resets the connection: a write of this process then fails with a broken
+    /// pipe or a reset, although `End` waits to be read. The job still ended as it should,
+    /// and the loop says so (it ended with the write's error, and a worker process that
+    /// served its job to the end exited with an error). Small socket buffers and a
+    /// heartbeat at every turn make it certain: the process waits in a write when the reset
+    /// comes.
+    #[test]
+    fn a_write_that_fails_after_the_coordinator_s_end_is_no_error() {
+        runtime().block_on(async {
+            for round in 0..10 {
+                let listening = tokio::net::TcpSocket::new_v4().unwrap();
+                listening.set_recv_buffer_size(4096).unwrap();
+                listening.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                let addr = listening.local_addr().unwrap();
+                let listener = listening.listen(1).unwrap();
+                let coordinator = tokio::spawn(async move {
+                    let (socket, _) = listener.accept().await.unwrap();
+                    let mut framed = Framed::new(socket, frame::codec(1 << 20));
+                    // The worker's heartbeats pile up unread until it waits in a write.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    SinkExt::<Bytes>::send(&mut framed, frame::encode(&ToWorker::End))
+                        .await
+                        .unwrap();
+                    let _ = SinkExt::<Bytes>::close(&mut framed).await;
+                });
+                let dialling = tokio::net::TcpSocket::new_v4().unwrap();
+                dialling.set_send_buffer_size(4096).unwrap();
+                let socket = dialling.connect(addr).await.unwrap();
+                let io = Io {
+                    peer: addr.to_string(),
+                    heartbeat: Duration::from_micros(1),
+                    lease: Duration::from_secs(10),
+                    max_frame: 1 << 20,
+                    max_message: 1 << 20,
+                    stop: None,
+                    signals: false,
+                    grace: None,
+                    dialled: std::time::Instant::now(),
+                    first_run: std::cell::Cell::new(None),
+                    parts_written: std::cell::Cell::new(0),
+                    parts_sent: std::cell::Cell::new(0),
+                };
+                let (_out_tx, out_rx) = unbounded_channel();
+                let held = HeldParts::<IdleChunk>::default();
+                let framed = Framed::new(socket, frame::codec(1 << 20));
+                let ended = io.run::<Idle>(framed, &mut [], &held, out_rx).await;
+                assert!(
+                    matches!(ended, Ok(false)),
+                    "round {round}: the loop ended with {ended:?}"
+                );
+                coordinator.await.unwrap();
+            }
         });
     }
 }

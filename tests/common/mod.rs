@@ -3,6 +3,7 @@
 
 pub mod grid;
 pub mod procs;
+pub mod raw;
 pub mod slow;
 pub mod walk;
 

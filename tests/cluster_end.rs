@@ -1,0 +1,83 @@
+//! The end of a connection, from the worker's side of the wire: the coordinator sends `End`
+//! and then reads what the worker still sends until the worker closes its side. A worker
+//! writes heartbeats and reports at any time, so some are on their way when `End` leaves;
+//! a coordinator that closed its socket at once left them unread, the connection was reset,
+//! and the worker's next write failed with a broken pipe although its job had ended well
+//! (a worker process then exited with an error). The worker here is written by hand, so it
+//! can write after `End` on purpose. (The worker's own side, a write that fails after `End`
+//! anyway, is a unit test of its I/O loop.)
+
+use std::net::Shutdown;
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{Token, frame};
+use malleable::{Chunking, Executor, Outcome};
+
+mod common;
+
+use common::raw::{authenticated, read_frame, try_send_frame};
+use common::walk::{Walk, pace};
+
+const CHUNK: u64 = 500;
+const TOKEN: &str = "the end's token";
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[test]
+fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Size(CHUNK))
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    // One chunk, paced to last about half a second on the local worker.
+    pace(1, true);
+    let job = Walk {
+        tag: 1,
+        n: CHUNK,
+        per_step: 2,
+        phases: 1,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
+    };
+    let h = exec.submit(job).unwrap();
+    let start = Instant::now();
+    while h.progress().done == 0 {
+        assert!(start.elapsed() < PATIENCE, "the chunk did not start");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // The only chunk runs on the local worker: this one is given nothing, and gets `End`
+    // when the job finishes.
+    let mut s = authenticated(&addr, TOKEN);
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    loop {
+        let f = read_frame(&mut s).expect("End before the connection closes");
+        match frame::decode_to_worker("coordinator", &f).unwrap() {
+            frame::ToWorker::End => break,
+            frame::ToWorker::Heartbeat | frame::ToWorker::Store { .. } => {}
+            other => panic!("this worker was given something: {other:?}"),
+        }
+    }
+    // Heartbeats after `End`, as a worker busy elsewhere would send them: the coordinator
+    // reads them, so none resets the connection. (The handle's `wait` waits for that too, a
+    // second at most, so it comes last.)
+    let beat = frame::encode(&frame::ToCoordinator::Heartbeat {
+        progress: Vec::new(),
+    });
+    for i in 0..2 {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Err(e) = try_send_frame(&mut s, &beat) {
+            panic!("heartbeat {i} after End: {e}");
+        }
+    }
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut rest = [0; 64];
+    match std::io::Read::read(&mut s, &mut rest) {
+        Ok(0) => {}
+        other => panic!("the coordinator did not close after the worker: {other:?}"),
+    }
+    assert!(matches!(h.wait().unwrap(), Outcome::Finished(_)));
+}
