@@ -57,7 +57,8 @@
 //! ```
 //!
 //! Other knobs: `PARTITIONS_PAIRS` (remote/local pairs, default 3), `PARTITIONS_SNAPSHOTS`
-//! (snapshots for the pause, default 8), `PARTITIONS_RECOVERIES` (kill runs, default 1).
+//! (snapshots for the pause, default 8), `PARTITIONS_RECOVERIES` (kill runs, default 1),
+//! `PARTITIONS_LOG` (`debug`, `info`: the coordinator's and the processes' logs on stderr).
 //! The machine has 2 cores: every figure is noisy when other work shares it.
 
 #[path = "../examples/kernels/mod.rs"]
@@ -137,6 +138,25 @@ impl Sizes {
     }
 }
 
+/// Logs to standard error at the level `PARTITIONS_LOG` names (`debug`, `info`, ...), if it
+/// is set, with the process id: the coordinator and the worker processes, which inherit it.
+fn log_if_asked() {
+    let Some(level) = std::env::var("PARTITIONS_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+    else {
+        return;
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .finish();
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    tracing::info!(pid = std::process::id(), "logging");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--worker") {
@@ -145,6 +165,7 @@ fn main() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
+    log_if_asked();
     // `cargo bench` passes `--bench`; `cargo test` does not, and wants a quick pass.
     let quick = !args.iter().any(|a| a == "--bench");
     let s = Sizes::new(quick);
@@ -339,6 +360,7 @@ fn manifests(dir: &Path, job_id: &str) -> Vec<PathBuf> {
 
 /// Worker mode: serve the coordinator at `addr` with one thread until its job ends.
 fn worker(addr: &str) {
+    log_if_asked();
     let registry = Registry::new().register::<Banded<Heat>>();
     let options = WorkerOptions::default().threads(1);
     // Started before its job is submitted: until the job runs, the coordinator refuses it

@@ -210,6 +210,23 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
+    /// After a rollback, a worker process could not read from the snapshot store the part of
+    /// a restored partition placed on it (the source is its error, as it reported it). The
+    /// snapshot stays in the store.
+    #[error(
+        "job {job}: worker process {peer} could not read the restored partition of chunk {chunk} from the snapshot store"
+    )]
+    PartUnreadable {
+        /// The job's name.
+        job: &'static str,
+        /// The chunk.
+        chunk: u64,
+        /// The worker process.
+        peer: String,
+        /// Its error.
+        #[source]
+        source: BoxError,
+    },
     /// A job with owned partitions asked for a phase cut into other chunks than its first:
     /// its partitions would not fit. Its iterations and chunking must stay the same.
     #[error(
@@ -479,6 +496,7 @@ mod tests {
             | Error::SnapshotFailed(_)
             | Error::Codec { .. }
             | Error::RollbackFailed { .. }
+            | Error::PartUnreadable { .. }
             | Error::StoreUnusable { .. }
             | Error::Timeline { .. }
             | Error::SnapshotsFailing { .. }
@@ -530,6 +548,15 @@ mod tests {
                 last: Cause::new(Error::Codec {
                     what: "a chunk state",
                     source: codec_error(),
+                }),
+            },
+            Error::PartUnreadable {
+                job: "heat",
+                chunk: 3,
+                peer: "127.0.0.1:4000".into(),
+                source: Box::new(Context {
+                    path: "/data/table.bin",
+                    source: io::Error::new(io::ErrorKind::NotFound, "no such file"),
                 }),
             },
             Error::RollbackFailed {

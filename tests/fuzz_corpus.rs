@@ -178,6 +178,25 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
         ),
         ("surrender", ToWorker::Surrender { chunk: 16 }),
         (
+            "place",
+            ToWorker::Place {
+                chunk: 14,
+                state: Bytes::from_static(b"\x05state"),
+            },
+        ),
+        (
+            "place-part",
+            ToWorker::PlacePart {
+                chunk: 14,
+                part: malleable::snapshot::PartRef {
+                    chunk: 14,
+                    key: "job/00000000000000000003/parts/2-14-00000000000000ab".to_owned(),
+                    size: 4096,
+                    crc32c: 0x1234_5678,
+                },
+            },
+        ),
+        (
             "capture-held",
             ToWorker::CaptureHeld {
                 chunk: 15,
@@ -356,6 +375,15 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                 failure: Failure::Codec {
                     what: "a chunk state".to_owned(),
                     error: postcard::Error::DeserializeUnexpectedEnd,
+                },
+            },
+        ),
+        (
+            "failed-held-store",
+            ToCoordinator::FailedHeld {
+                chunk: 14,
+                failure: Failure::Store {
+                    chain: vec!["get of part x failed".to_owned(), "not found".to_owned()],
                 },
             },
         ),

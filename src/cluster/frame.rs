@@ -36,8 +36,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// `CaptureHeld` names the epoch folder, answered by `CapturedHeldPart` (or by
 /// `CapturedHeld` with the bytes, as before, when the process cannot write them). Version 9:
 /// four slots per thread instead of two, and a slot's `busy_ns` is the time since its chunk
-/// reached the thread (see [`SLOTS_PER_THREAD`]).
-pub const PROTOCOL_VERSION: u32 = 9;
+/// reached the thread (see [`SLOTS_PER_THREAD`]). Version 10: after a rollback the
+/// coordinator places restored partitions on the processes that run them next, ahead of
+/// their runs (`Place`, or `PlacePart` for a process that reads them from the store).
+pub const PROTOCOL_VERSION: u32 = 10;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -197,6 +199,26 @@ pub enum ToWorker {
     /// Owned partitions: the job rolled back to a snapshot; drop every partition this process
     /// holds (the next phase's job value and the restored states come with later messages).
     Forget,
+    /// Owned partitions, after a rollback: hold `state` as the partition of `chunk` from now
+    /// on, as if it had ended its last run here. It runs here with `Run { held }`, takes its
+    /// halos with `Begin`, and answers `Surrender` and `CaptureHeld` like any partition this
+    /// process holds. One that does not decode is answered by `FailedHeld`.
+    Place {
+        /// The chunk.
+        chunk: u64,
+        /// The partition's state (postcard), as the snapshot had it.
+        #[serde(deserialize_with = "in_frame")]
+        state: Bytes,
+    },
+    /// As `Place`, for a process that writes to the job's store (see `Store`): it reads the
+    /// partition's state from the snapshot's part itself, size and checksum checked, instead
+    /// of receiving its bytes. One it cannot read is answered by `FailedHeld`.
+    PlacePart {
+        /// The chunk.
+        chunk: u64,
+        /// The part of the snapshot rolled back to.
+        part: crate::snapshot::PartRef,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -507,6 +529,12 @@ pub enum Failure {
     /// The job's input did not load.
     Input {
         /// The loader's error and its causes, each on its own (outermost first).
+        chain: Vec<String>,
+    },
+    /// The part of a partition placed on the process (`PlacePart`) could not be read from
+    /// the store.
+    Store {
+        /// The store's error and its causes, each on its own (outermost first).
         chain: Vec<String>,
     },
     /// A value did not encode or decode.

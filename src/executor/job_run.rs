@@ -83,6 +83,10 @@ pub(crate) struct State<J: Job> {
     /// Owned partitions: the halos each done chunk of the phase exported, `(for the chunk
     /// before, for the chunk after)`, handed to the neighbours at the barrier.
     pub(crate) exports: Vec<Option<(Halo, Halo)>>,
+    /// Owned partitions restored by a rollback and done in the snapshot's phase, placed on
+    /// a worker process (`rollback.rs`): the snapshot's bytes of each, decoded at the
+    /// barrier only to export its halos.
+    pub(crate) placed: Vec<(ChunkId, bytes::Bytes)>,
     /// Owned partitions: moves the core had counted at the last barrier (for the counter).
     pub(crate) moved: u64,
     /// Owned partitions lost: the rollback under way (`rollback.rs`).
@@ -129,6 +133,7 @@ impl<J: Job> State<J> {
             remote: Remotes::default(),
             snap,
             exports: Vec::new(),
+            placed: Vec::new(),
             moved: 0,
             rollback: None,
             rollbacks: Vec::new(),
@@ -489,6 +494,20 @@ impl<J: Job> State<J> {
         let len = plan.len() as usize;
         self.exports.resize_with(len, || None);
         let phase = next - 1;
+        // Restored partitions placed on worker processes: decoded here only to export their
+        // halos (the processes decoded them too, and hold them).
+        let placed: Vec<_> = std::mem::take(&mut self.placed)
+            .into_iter()
+            .filter(|(c, _)| self.exports[*c as usize].is_none())
+            .map(|(c, b)| (c, b, true))
+            .collect();
+        if !placed.is_empty() {
+            for (chunk, r) in decode_restored(job, hooks.export, phase, placed)? {
+                if let (_, Some((u, d))) = r? {
+                    self.exports[chunk as usize] = Some((Halo::Live(u), Halo::Live(d)));
+                }
+            }
+        }
         // Restored partitions (still the snapshot's bytes): decoded, and their halos
         // exported, here, on as many threads as the machine has.
         let mut restored = Vec::new();

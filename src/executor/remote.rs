@@ -155,6 +155,9 @@ pub(crate) struct Conn {
     /// Iterations done in each thread's running chunk, from heartbeats.
     pub(crate) progress: Vec<u64>,
     retiring: bool,
+    /// Whether its last snapshot part came as a reference (it writes to, so reads from, the
+    /// job's store): a restored partition placed on it goes as its part (`PlacePart`).
+    pub(crate) reads_store: bool,
 }
 
 impl Conn {
@@ -265,6 +268,18 @@ impl Remotes {
     }
 
     /// Sends `msg` to connection `id`; `None` if it is gone.
+    /// Records whether connection `id` sent its last snapshot part as a reference.
+    fn reads_store(&mut self, id: ConnId, reads: bool) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.reads_store = reads;
+        }
+    }
+
+    /// Whether connection `id` reads the job's store (see `Conn::reads_store`).
+    pub(crate) fn conn_reads_store(&self, id: ConnId) -> bool {
+        self.conns.get(&id).is_some_and(|c| c.reads_store)
+    }
+
     pub(crate) fn send_to(&self, id: ConnId, msg: ToWorker) -> Option<()> {
         self.conns.get(&id).and_then(|c| c.tx.send(msg).ok())
     }
@@ -446,6 +461,7 @@ impl<J: Job> State<J> {
                 slots: slots.clone(),
                 progress: vec![0; threads as usize],
                 retiring: false,
+                reads_store: false,
             },
         );
         self.offer_store(shared, Some(id));
@@ -1202,6 +1218,7 @@ impl<J: Job> State<J> {
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
                 self.remote_parts(RemotePart::Running, false);
+                self.remote.reads_store(id, false);
                 self.captured(shared, w, chunk, Ok(Captured::State(Part::New(state))));
                 self.settle(shared);
                 return Ok(());
@@ -1211,6 +1228,7 @@ impl<J: Job> State<J> {
                 let job_id = shared.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, None).map_err(bad)?;
                 self.remote_parts(RemotePart::Running, true);
+                self.remote.reads_store(id, true);
                 self.captured(shared, w, chunk, Ok(Captured::State(Part::Reuse(part))));
                 self.settle(shared);
                 return Ok(());
@@ -1242,6 +1260,7 @@ impl<J: Job> State<J> {
             ToCoordinator::CapturedHeld { chunk, state } => {
                 self.held_answer(id, chunk).map_err(bad)?;
                 self.remote_parts(RemotePart::Held, false);
+                self.remote.reads_store(id, false);
                 self.captured_held(shared, id, chunk, Part::New(state));
                 return Ok(());
             }
@@ -1250,6 +1269,7 @@ impl<J: Job> State<J> {
                 let job_id = shared.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, Some(folder)).map_err(bad)?;
                 self.remote_parts(RemotePart::Held, true);
+                self.remote.reads_store(id, true);
                 self.captured_held(shared, id, chunk, Part::Reuse(part));
                 return Ok(());
             }
@@ -1367,6 +1387,12 @@ fn error_of<J: Job>(failure: Failure, phase: u64, chunk: ChunkId, peer: &str) ->
         },
         Failure::Input { chain } => Error::Input {
             job: J::NAME,
+            source: Box::new(RemoteCause::chain(peer, chain)),
+        },
+        Failure::Store { chain } => Error::PartUnreadable {
+            job: J::NAME,
+            chunk,
+            peer: peer.to_owned(),
             source: Box::new(RemoteCause::chain(peer, chain)),
         },
         Failure::Codec { what, error } => Error::Codec {

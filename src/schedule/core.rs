@@ -704,6 +704,23 @@ impl<R: Reducer, S> Core<R, S> {
             .map(|(&w, s)| (w, s.throughput))
     }
 
+    /// Owned partitions: the pending chunks queued on `worker`, in the order it runs them
+    /// (none without owned partitions).
+    pub(crate) fn queued(&self, worker: WorkerId) -> Vec<ChunkId> {
+        match &self.pending {
+            Pending::Owned(o) => o.queue(worker),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Owned partitions: `worker` holds the partition of `chunk` from now on (it was placed
+    /// there ahead of its next run), so a phase start queues `chunk` on it.
+    pub(crate) fn hold(&mut self, chunk: ChunkId, worker: WorkerId) {
+        if let Pending::Owned(o) = &mut self.pending {
+            o.ran(chunk, worker);
+        }
+    }
+
     /// The chunk `worker` runs, if any.
     pub(crate) fn running_on(&self, worker: WorkerId) -> Option<ChunkId> {
         self.workers.get(&worker).and_then(|s| s.running)

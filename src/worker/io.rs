@@ -1,6 +1,7 @@
 //! The I/O task of a worker process: frames in and out, heartbeats and the lease, and the
 //! snapshot parts this process writes itself (steps 2-7 of the protocol in `mod.rs`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use crate::codec;
 use crate::job::Job;
 use crate::run::{MAIL, SuspendToken};
 use crate::wire::Error;
-use crate::wire::frame::{self, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
+use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 
 pub(super) struct Io {
     pub(super) peer: String,
@@ -340,6 +341,12 @@ impl Io {
         // heartbeat tick alone kept it alive.) A write that does not move for a lease gives
         // it up too (`write`).
         let mut lease_ends = tokio::time::Instant::now() + self.lease;
+        // Partitions placed here, being decoded on the blocking pool while this loop goes
+        // on, one at a time in the order they came (the coordinator sends first those that
+        // run first; decoded all at once, they all ended late). A later message about one
+        // of them waits for it (`held_chunk`).
+        let mut placing: HashMap<u64, Placing<J::Chunk>> = HashMap::new();
+        let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
         let ended: Result<bool, Error> = async { loop {
             let phase = job.as_ref().map(|(p, _)| *p);
             let stop_now = tokio::select! {
@@ -363,6 +370,33 @@ impl Io {
                         }
                         msg @ ToWorker::Store { .. } => parts.offered(msg, &bg_tx),
                         msg => {
+                            if let Some(chunk) = held_chunk(&msg) {
+                                if let Some(placing) = placing.remove(&chunk) {
+                                    match settled(placing).await {
+                                        Ok(part) => {
+                                            lock(held).insert(chunk, part);
+                                        }
+                                        Err(failure) => {
+                                            let msg = ToCoordinator::FailedHeld { chunk, failure };
+                                            self.send_all(&mut sink, [msg]).await?;
+                                            continue;
+                                        }
+                                    }
+                                }
+                            }
+                            if J::OWNERSHIP.is_partitioned() {
+                                let phase = job.as_ref().map_or(0, |(p, _)| *p);
+                                let store = parts.store.as_ref().map(|(s, _)| s.clone());
+                                if let Some((chunk, p)) = place::<J>(&msg, phase, store, &one_at_a_time) {
+                                    placing.insert(chunk, p);
+                                    continue;
+                                }
+                            }
+                            if matches!(msg, ToWorker::Forget) {
+                                for (_, decoding) in placing.drain() {
+                                    decoding.abort();
+                                }
+                            }
                             if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
                                 self.first_run.set(Some(self.dialled.elapsed()));
                             }
@@ -676,9 +710,106 @@ fn dispatch<J: Job>(
                 "the job rolled back: held partitions dropped"
             );
         }
+        // `run` places the partitions of a job with partitions, off this loop.
+        ToWorker::Place { .. } | ToWorker::PlacePart { .. } => {
+            return Err(bad("a partition placed for a job without partitions".into()));
+        }
         ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
     }
     Ok(None)
+}
+
+/// A partition placed on this process (`Place`, `PlacePart`) on its way to the held ones:
+/// read from the store if it came as a part, then decoded on the blocking pool.
+type Placing<C> = tokio::task::JoinHandle<Result<C, Failure>>;
+
+/// Starts placing the partition `msg` brings, if it is a `Place` or a `PlacePart`: after the
+/// ones before it (`turn` has one permit), so that the first to run is ready first.
+fn place<J: Job>(
+    msg: &ToWorker,
+    phase: u64,
+    store: Option<crate::snapshot::Store>,
+    turn: &Arc<tokio::sync::Semaphore>,
+) -> Option<(u64, Placing<J::Chunk>)> {
+    let (chunk, from) = match msg {
+        ToWorker::Place { chunk, state } => (*chunk, Ok(state.clone())),
+        ToWorker::PlacePart { chunk, part } => (*chunk, Err(part.clone())),
+        _ => return None,
+    };
+    let turn = Arc::clone(turn).acquire_owned();
+    Some((
+        chunk,
+        tokio::spawn(async move {
+            let _turn = turn.await;
+            let state = match from {
+                Ok(state) => state,
+                Err(part) => read_placed(store, &part).await?,
+            };
+            let decoded = tokio::task::spawn_blocking(move || {
+                let site = crate::Site::Chunk { phase, chunk };
+                crate::run::catch(site, J::NAME, || {
+                    codec::decode::<J::Chunk>("a chunk state", &state)
+                })
+                .and_then(|r| r.map_err(crate::Error::from))
+            })
+            .await;
+            match decoded {
+                Ok(r) => r.map_err(super::thread::failure_of),
+                Err(e) => Err(Failure::Panicked {
+                    input: false,
+                    message: format!("decoding a placed partition stopped: {e}"),
+                }),
+            }
+        }),
+    ))
+}
+
+/// The bytes of a placed partition's part, from the job's store.
+async fn read_placed(
+    store: Option<crate::snapshot::Store>,
+    part: &crate::snapshot::PartRef,
+) -> Result<bytes::Bytes, Failure> {
+    let Some(store) = store else {
+        tracing::warn!(chunk = part.chunk, key = %part.key, "a partition was placed as a part, but this process has no usable store");
+        return Err(Failure::Store {
+            chain: vec!["this worker process has no usable snapshot store".to_owned()],
+        });
+    };
+    store.get_part(part).await.map_err(|e| {
+        tracing::warn!(chunk = part.chunk, key = %part.key, error = &e as &dyn std::error::Error, "the part of a placed partition could not be read");
+        let mut chain = vec![e.to_string()];
+        let mut next = std::error::Error::source(&e);
+        while let Some(s) = next {
+            chain.push(s.to_string());
+            next = s.source();
+        }
+        Failure::Store { chain }
+    })
+}
+
+/// The placed partition, once read and decoded.
+async fn settled<C>(placing: Placing<C>) -> Result<C, Failure> {
+    placing.await.unwrap_or_else(|e| {
+        Err(Failure::Panicked {
+            input: false,
+            message: format!("placing a partition stopped: {e}"),
+        })
+    })
+}
+
+/// The held partition a message from the coordinator is about, if it is about one.
+fn held_chunk(msg: &ToWorker) -> Option<u64> {
+    match msg {
+        ToWorker::Run {
+            chunk, held: true, ..
+        }
+        | ToWorker::Begin { chunk, .. }
+        | ToWorker::Surrender { chunk }
+        | ToWorker::CaptureHeld { chunk, .. }
+        | ToWorker::Place { chunk, .. }
+        | ToWorker::PlacePart { chunk, .. } => Some(*chunk),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
