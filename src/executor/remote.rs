@@ -1504,8 +1504,62 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
 
 #[cfg(test)]
 mod tests {
-    use super::check_part;
+    use super::{Failure, check_part, error_of};
     use crate::snapshot::PartRef;
+
+    /// A job for the error's name.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Grid;
+
+    impl crate::Job for Grid {
+        const NAME: &'static str = "grid";
+        type Chunk = Band;
+        type Reducer = crate::reduce::Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            1
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> Band {
+            Band
+        }
+        fn reducer(&self) -> Self::Reducer {
+            crate::reduce::Sum::new()
+        }
+    }
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Band;
+
+    impl crate::Chunk for Band {
+        type Job = Grid;
+        type Output = u64;
+        fn step(&mut self, _: &Grid, _: &()) -> crate::Step<u64> {
+            crate::Step::Done(0)
+        }
+    }
+
+    /// A process that could not read a placed partition's part: the job's error names the
+    /// chunk and the process, and keeps the process's error chain as its sources.
+    #[test]
+    fn a_placed_part_a_process_cannot_read_is_a_typed_error_with_its_causes() {
+        let failure = Failure::Store {
+            chain: vec!["get of part x failed".to_owned(), "no such file".to_owned()],
+        };
+        let e = error_of::<Grid>(failure, 4, 3, "127.0.0.1:9");
+        let crate::Error::PartUnreadable { chunk: 3, peer, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(peer, "127.0.0.1:9");
+        let mut texts = Vec::new();
+        let mut next = std::error::Error::source(&e);
+        while let Some(s) = next {
+            texts.push(s.to_string());
+            next = s.source();
+        }
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        assert!(texts[0].contains("get of part x failed"), "{texts:?}");
+        assert!(texts[1].contains("no such file"), "{texts:?}");
+    }
 
     fn part(chunk: crate::schedule::ChunkId, key: &str) -> PartRef {
         PartRef {

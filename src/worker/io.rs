@@ -277,6 +277,33 @@ impl Io {
         self.write(sink.flush()).await
     }
 
+    /// A partition placed here is read and decoded: held from now on, or the coordinator
+    /// learns why not.
+    async fn placed<S, C>(
+        &self,
+        sink: &mut S,
+        held: &HeldParts<C>,
+        chunk: u64,
+        placed: Result<C, Failure>,
+    ) -> Result<(), Error>
+    where
+        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+    {
+        match placed {
+            Ok(part) => {
+                if lock(held).insert(chunk, part).is_some() {
+                    tracing::warn!(chunk, "a partition placed here replaced the one held");
+                }
+                Ok(())
+            }
+            Err(failure) => {
+                tracing::warn!(chunk, ?failure, "a partition placed here could not be held");
+                self.send_all(sink, [ToCoordinator::FailedHeld { chunk, failure }])
+                    .await
+            }
+        }
+    }
+
     /// The coordinator sent nothing for a whole lease: it is given up.
     fn silent(&self) -> Error {
         tracing::warn!(
@@ -341,12 +368,12 @@ impl Io {
         // heartbeat tick alone kept it alive.) A write that does not move for a lease gives
         // it up too (`write`).
         let mut lease_ends = tokio::time::Instant::now() + self.lease;
-        // Partitions placed here, being decoded on the blocking pool while this loop goes
-        // on, one at a time in the order they came (the coordinator sends first those that
-        // run first; decoded all at once, they all ended late). A later message about one
-        // of them waits for it (`held_chunk`).
-        let mut placing: HashMap<u64, Placing<J::Chunk>> = HashMap::new();
-        let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
+        // Partitions placed here, being read and decoded on the blocking pool while this
+        // loop goes on, two at a time in the order they came (the coordinator sends first
+        // those that run first; all at once, they all ended late; one at a time, the
+        // process's threads waited for them). A later message about one of them waits for
+        // it (`held_chunk`).
+        let mut placing: Placements<J::Chunk> = Placements::new();
         let ended: Result<bool, Error> = async { loop {
             let phase = job.as_ref().map(|(p, _)| *p);
             let stop_now = tokio::select! {
@@ -371,31 +398,20 @@ impl Io {
                         msg @ ToWorker::Store { .. } => parts.offered(msg, &bg_tx),
                         msg => {
                             if let Some(chunk) = held_chunk(&msg) {
-                                if let Some(placing) = placing.remove(&chunk) {
-                                    match settled(placing).await {
-                                        Ok(part) => {
-                                            lock(held).insert(chunk, part);
-                                        }
-                                        Err(failure) => {
-                                            let msg = ToCoordinator::FailedHeld { chunk, failure };
-                                            self.send_all(&mut sink, [msg]).await?;
-                                            continue;
-                                        }
-                                    }
+                                while placing.places(chunk) {
+                                    let Some((c, r)) = placing.next().await else { break };
+                                    self.placed(&mut sink, held, c, r).await?;
                                 }
                             }
                             if J::OWNERSHIP.is_partitioned() {
                                 let phase = job.as_ref().map_or(0, |(p, _)| *p);
                                 let store = parts.store.as_ref().map(|(s, _)| s.clone());
-                                if let Some((chunk, p)) = place::<J>(&msg, phase, store, &one_at_a_time) {
-                                    placing.insert(chunk, p);
+                                if placing.start::<J>(&msg, phase, store) {
                                     continue;
                                 }
                             }
                             if matches!(msg, ToWorker::Forget) {
-                                for (_, decoding) in placing.drain() {
-                                    decoding.abort();
-                                }
+                                placing = Placements::new();
                             }
                             if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
                                 self.first_run.set(Some(self.dialled.elapsed()));
@@ -465,6 +481,10 @@ impl Io {
                             self.send_all(&mut sink, std::iter::once(msg).chain(next)).await?;
                         }
                     }
+                    false
+                }
+                Some((chunk, r)) = placing.next(), if !placing.is_empty() => {
+                    self.placed(&mut sink, held, chunk, r).await?;
                     false
                 }
                 _ = beat.tick() => {
@@ -719,31 +739,55 @@ fn dispatch<J: Job>(
     Ok(None)
 }
 
-/// A partition placed on this process (`Place`, `PlacePart`) on its way to the held ones:
-/// read from the store if it came as a part, then decoded on the blocking pool.
-type Placing<C> = tokio::task::JoinHandle<Result<C, Failure>>;
+/// Partitions placed on this process (`Place`, `PlacePart`) on their way to the held ones:
+/// read from the store if they came as parts, then decoded on the blocking pool, two at a
+/// time in the order they came (the coordinator sends first those that run first; all at
+/// once, they all ended late; one at a time, the process's threads waited for them).
+struct Placements<C> {
+    tasks: tokio::task::JoinSet<(u64, Result<C, Failure>)>,
+    chunks: HashMap<tokio::task::Id, u64>,
+    turns: Arc<tokio::sync::Semaphore>,
+}
 
-/// Starts placing the partition `msg` brings, if it is a `Place` or a `PlacePart`: after the
-/// ones before it (`turn` has one permit), so that the first to run is ready first.
-fn place<J: Job>(
-    msg: &ToWorker,
-    phase: u64,
-    store: Option<crate::snapshot::Store>,
-    turn: &Arc<tokio::sync::Semaphore>,
-) -> Option<(u64, Placing<J::Chunk>)> {
-    let (chunk, from) = match msg {
-        ToWorker::Place { chunk, state } => (*chunk, Ok(state.clone())),
-        ToWorker::PlacePart { chunk, part } => (*chunk, Err(part.clone())),
-        _ => return None,
-    };
-    let turn = Arc::clone(turn).acquire_owned();
-    Some((
-        chunk,
-        tokio::spawn(async move {
+impl<C: serde::de::DeserializeOwned + Send + 'static> Placements<C> {
+    fn new() -> Self {
+        Placements {
+            tasks: tokio::task::JoinSet::new(),
+            chunks: HashMap::new(),
+            turns: Arc::new(tokio::sync::Semaphore::new(2)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    /// Whether the partition of `chunk` is on its way.
+    fn places(&self, chunk: u64) -> bool {
+        self.chunks.values().any(|&c| c == chunk)
+    }
+
+    /// Starts placing the partition `msg` brings, if it is a `Place` or a `PlacePart`.
+    fn start<J: Job<Chunk = C>>(
+        &mut self,
+        msg: &ToWorker,
+        phase: u64,
+        store: Option<crate::snapshot::Store>,
+    ) -> bool {
+        let (chunk, from) = match msg {
+            ToWorker::Place { chunk, state } => (*chunk, Ok(state.clone())),
+            ToWorker::PlacePart { chunk, part } => (*chunk, Err(part.clone())),
+            _ => return false,
+        };
+        let turn = Arc::clone(&self.turns).acquire_owned();
+        let task = self.tasks.spawn(async move {
             let _turn = turn.await;
             let state = match from {
                 Ok(state) => state,
-                Err(part) => read_placed(store, &part).await?,
+                Err(part) => match read_placed(store, &part).await {
+                    Ok(state) => state,
+                    Err(failure) => return (chunk, Err(failure)),
+                },
             };
             let decoded = tokio::task::spawn_blocking(move || {
                 let site = crate::Site::Chunk { phase, chunk };
@@ -753,15 +797,37 @@ fn place<J: Job>(
                 .and_then(|r| r.map_err(crate::Error::from))
             })
             .await;
-            match decoded {
+            let r = match decoded {
                 Ok(r) => r.map_err(super::thread::failure_of),
-                Err(e) => Err(Failure::Panicked {
-                    input: false,
-                    message: format!("decoding a placed partition stopped: {e}"),
-                }),
+                Err(e) => Err(stopped(&e)),
+            };
+            (chunk, r)
+        });
+        self.chunks.insert(task.id(), chunk);
+        true
+    }
+
+    /// The next partition read and decoded (or that could not be).
+    async fn next(&mut self) -> Option<(u64, Result<C, Failure>)> {
+        match self.tasks.join_next_with_id().await? {
+            Ok((id, done)) => {
+                self.chunks.remove(&id);
+                Some(done)
             }
-        }),
-    ))
+            Err(e) => {
+                let chunk = self.chunks.remove(&e.id())?;
+                Some((chunk, Err(stopped(&e))))
+            }
+        }
+    }
+}
+
+/// A placement's task that stopped before its end.
+fn stopped(e: &tokio::task::JoinError) -> Failure {
+    Failure::Panicked {
+        input: false,
+        message: format!("placing a partition stopped: {e}"),
+    }
 }
 
 /// The bytes of a placed partition's part, from the job's store.
@@ -784,16 +850,6 @@ async fn read_placed(
             next = s.source();
         }
         Failure::Store { chain }
-    })
-}
-
-/// The placed partition, once read and decoded.
-async fn settled<C>(placing: Placing<C>) -> Result<C, Failure> {
-    placing.await.unwrap_or_else(|e| {
-        Err(Failure::Panicked {
-            input: false,
-            message: format!("placing a partition stopped: {e}"),
-        })
     })
 }
 
@@ -949,6 +1005,163 @@ mod tests {
         }
     }
 
+    /// The I/O loop of a process connected to `addr`, with a long lease.
+    fn io_of(addr: std::net::SocketAddr, heartbeat: Duration) -> Io {
+        Io {
+            peer: addr.to_string(),
+            heartbeat,
+            lease: Duration::from_secs(10),
+            max_frame: 1 << 20,
+            max_message: 1 << 20,
+            stop: None,
+            signals: false,
+            grace: None,
+            dialled: std::time::Instant::now(),
+            first_run: std::cell::Cell::new(None),
+            parts_written: std::cell::Cell::new(0),
+            parts_sent: std::cell::Cell::new(0),
+        }
+    }
+
+    /// A job with owned partitions for the I/O loop's tests; no chunk of it runs.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Strips;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Strip(Vec<u64>);
+
+    impl Job for Strips {
+        const NAME: &'static str = "strips";
+        const OWNERSHIP: crate::Ownership<Self> = crate::Ownership::PARTITIONS;
+        type Chunk = Strip;
+        type Reducer = crate::reduce::Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            4
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> Strip {
+            Strip(Vec::new())
+        }
+        fn reducer(&self) -> Self::Reducer {
+            crate::reduce::Sum::new()
+        }
+    }
+
+    impl crate::Chunk for Strip {
+        type Job = Strips;
+        type Output = u64;
+        fn step(&mut self, _: &Strips, _: &()) -> crate::Step<u64> {
+            crate::Step::Done(0)
+        }
+    }
+
+    impl crate::Partition for Strip {
+        type Halo = u64;
+        fn export(&self, _: &Strips) -> (u64, u64) {
+            (self.0[0], self.0[self.0.len() - 1])
+        }
+        fn begin_phase(&mut self, _: &Strips, _: Option<u64>, _: Option<u64>) {}
+    }
+
+    /// Partitions placed on a process, as a coordinator after a rollback places them: one as
+    /// bytes is held (a `CaptureHeld` about it gets the same bytes back, so it waited for
+    /// it); one whose bytes do not decode, and one sent as a part to a process without a
+    /// store, are answered by `FailedHeld` at once, although nothing else asks about them;
+    /// and `End` still ends the loop well.
+    #[test]
+    fn placed_partitions_are_held_or_refused_at_once() {
+        runtime().block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let good = bytes::Bytes::from(
+                crate::codec::encode("a chunk state", &Strip((0..100_000).collect())).unwrap(),
+            );
+            let sent = good.clone();
+            let coordinator = tokio::spawn(async move {
+                let (socket, _) = listener.accept().await.unwrap();
+                let mut framed = Framed::new(socket, frame::codec(1 << 20));
+                let part = crate::snapshot::PartRef {
+                    chunk: 3,
+                    key: "strips/00000000000000000001/parts/0-3-0000000000000001".to_owned(),
+                    size: 8,
+                    crc32c: 0,
+                };
+                for msg in [
+                    ToWorker::Place {
+                        chunk: 1,
+                        state: sent,
+                    },
+                    ToWorker::Place {
+                        chunk: 2,
+                        state: Bytes::from_static(&[0xff; 3]),
+                    },
+                    ToWorker::PlacePart { chunk: 3, part },
+                    ToWorker::CaptureHeld {
+                        chunk: 1,
+                        folder: 1,
+                    },
+                ] {
+                    SinkExt::<Bytes>::send(&mut framed, frame::encode(&msg))
+                        .await
+                        .unwrap();
+                }
+                let mut got = Vec::new();
+                while got.len() < 3 {
+                    let f = framed.next().await.unwrap().unwrap();
+                    match frame::decode_to_coordinator("worker", &f).unwrap() {
+                        ToCoordinator::Heartbeat { .. } => {}
+                        msg => got.push(msg),
+                    }
+                }
+                SinkExt::<Bytes>::send(&mut framed, frame::encode(&ToWorker::End))
+                    .await
+                    .unwrap();
+                while framed.next().await.is_some() {}
+                got
+            });
+            let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let io = io_of(addr, Duration::from_millis(50));
+            let (_out_tx, out_rx) = unbounded_channel();
+            let held = HeldParts::<Strip>::default();
+            let framed = Framed::new(socket, frame::codec(1 << 20));
+            let ended = io.run::<Strips>(framed, &mut [], &held, out_rx).await;
+            assert!(matches!(ended, Ok(false)), "{ended:?}");
+            let mut got = coordinator.await.unwrap();
+            got.sort_by_key(|m| chunk_of(m).unwrap_or(u64::MAX));
+            let [captured, undecodable, unread] = &got[..] else {
+                panic!("{got:?}");
+            };
+            assert_eq!(
+                captured,
+                &ToCoordinator::CapturedHeld {
+                    chunk: 1,
+                    state: good
+                }
+            );
+            assert!(
+                matches!(
+                    undecodable,
+                    ToCoordinator::FailedHeld {
+                        chunk: 2,
+                        failure: Failure::Codec { .. }
+                    }
+                ),
+                "{undecodable:?}"
+            );
+            assert!(
+                matches!(
+                    unread,
+                    ToCoordinator::FailedHeld {
+                        chunk: 3,
+                        failure: Failure::Store { .. }
+                    }
+                ),
+                "{unread:?}"
+            );
+            assert_eq!(lock(&held).keys().copied().collect::<Vec<_>>(), vec![1]);
+        });
+    }
+
     /// The coordinator sends `End` and closes its socket with this process's heartbeats
     /// unread, which resets the connection: a write of this process then fails with a broken
     /// pipe or a reset, although `End` waits to be read. The job still ended as it should,
@@ -978,20 +1191,7 @@ mod tests {
                 let dialling = tokio::net::TcpSocket::new_v4().unwrap();
                 dialling.set_send_buffer_size(4096).unwrap();
                 let socket = dialling.connect(addr).await.unwrap();
-                let io = Io {
-                    peer: addr.to_string(),
-                    heartbeat: Duration::from_micros(1),
-                    lease: Duration::from_secs(10),
-                    max_frame: 1 << 20,
-                    max_message: 1 << 20,
-                    stop: None,
-                    signals: false,
-                    grace: None,
-                    dialled: std::time::Instant::now(),
-                    first_run: std::cell::Cell::new(None),
-                    parts_written: std::cell::Cell::new(0),
-                    parts_sent: std::cell::Cell::new(0),
-                };
+                let io = io_of(addr, Duration::from_micros(1));
                 let (_out_tx, out_rx) = unbounded_channel();
                 let held = HeldParts::<IdleChunk>::default();
                 let framed = Framed::new(socket, frame::codec(1 << 20));
