@@ -3,7 +3,8 @@
 //!
 //! - the coordinator, facing an HTTP request (`not_a_peer`, not `frame_too_large`), a
 //!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), a
-//!   `CapturedHeldPart` for a partition it was not asked for (`rejected`), and a `Done`
+//!   `CapturedHeldPart` for a partition it was not asked for (`rejected`), `Exported` halos
+//!   of a partition it was not given to export them (`rejected`), and a `Done`
 //!   whose output does not decode although the job versions match, or a worker's
 //!   report that it could not decode the job value (`undecodable`, with the advice to bump
 //!   `Job::VERSION`); the job goes on to its exact value;
@@ -239,6 +240,30 @@ fn the_coordinator_names_what_it_refuses() {
         .expect("a record of the refused part");
     assert!(
         text.ends_with("that is refused here: chunk 5 was not asked of this process"),
+        "{text}"
+    );
+
+    // Halos for a partition this peer was never given to export them (the answer to a
+    // partition placed after a rollback): refused as `rejected`.
+    let mut s = authenticated(&addr);
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::Exported {
+            chunk: 5,
+            halos: (Bytes::from_static(b"\x01"), Bytes::from_static(b"\x02")),
+        }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    counted.until("rejected", 3);
+    let text = exec
+        .peer_errors()
+        .iter()
+        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .map(|e| e.to_string())
+        .find(|t| t.contains("halos for chunk 5"))
+        .expect("a record of the refused halos");
+    assert!(
+        text.ends_with("halos for chunk 5, which was not placed there to export them"),
         "{text}"
     );
 

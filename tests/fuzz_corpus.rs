@@ -182,6 +182,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             ToWorker::Place {
                 chunk: 14,
                 state: Bytes::from_static(b"\x05state"),
+                export: false,
             },
         ),
         (
@@ -194,6 +195,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                     size: 4096,
                     crc32c: 0x1234_5678,
                 },
+                export: true,
             },
         ),
         (
@@ -376,6 +378,16 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                     what: "a chunk state".to_owned(),
                     error: postcard::Error::DeserializeUnexpectedEnd,
                 },
+            },
+        ),
+        (
+            "exported",
+            ToCoordinator::Exported {
+                chunk: 14,
+                halos: (
+                    Bytes::from_static(b"\x02up"),
+                    Bytes::from_static(b"\x04down"),
+                ),
             },
         ),
         (

@@ -38,7 +38,8 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// four slots per thread instead of two, and a slot's `busy_ns` is the time since its chunk
 /// reached the thread (see [`SLOTS_PER_THREAD`]). Version 10: after a rollback the
 /// coordinator places restored partitions on the processes that run them next, ahead of
-/// their runs (`Place`, or `PlacePart` for a process that reads them from the store).
+/// their runs (`Place`, or `PlacePart` for a process that reads them from the store), and
+/// those that ended the restored phase export their halos there (`Exported`).
 pub const PROTOCOL_VERSION: u32 = 10;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
@@ -209,6 +210,8 @@ pub enum ToWorker {
         /// The partition's state (postcard), as the snapshot had it.
         #[serde(deserialize_with = "in_frame")]
         state: Bytes,
+        /// The partition ended the restored phase: answer `Exported` with its halos.
+        export: bool,
     },
     /// As `Place`, for a process that writes to the job's store (see `Store`): it reads the
     /// partition's state from the snapshot's part itself, size and checksum checked, instead
@@ -218,6 +221,8 @@ pub enum ToWorker {
         chunk: u64,
         /// The part of the snapshot rolled back to.
         part: crate::snapshot::PartRef,
+        /// As in `Place`.
+        export: bool,
     },
 }
 
@@ -358,6 +363,14 @@ pub enum ToCoordinator {
         chunk: u64,
         /// The part, as a manifest lists it.
         part: crate::snapshot::PartRef,
+    },
+    /// Owned partitions: the halos the partition of `chunk`, placed here with `export`,
+    /// exported (postcard), for the chunk before and the chunk after.
+    Exported {
+        /// The chunk.
+        chunk: u64,
+        /// The halos.
+        halos: (Bytes, Bytes),
     },
 }
 

@@ -84,9 +84,9 @@ pub(crate) struct State<J: Job> {
     /// before, for the chunk after)`, handed to the neighbours at the barrier.
     pub(crate) exports: Vec<Option<(Halo, Halo)>>,
     /// Owned partitions restored by a rollback and done in the snapshot's phase, placed on
-    /// a worker process (`rollback.rs`): the snapshot's bytes of each, decoded at the
-    /// barrier only to export its halos.
-    pub(crate) placed: Vec<(ChunkId, bytes::Bytes)>,
+    /// a worker process that exports their halos (`rollback.rs`): the barrier waits for
+    /// them.
+    pub(crate) exporting: std::collections::HashSet<ChunkId>,
     /// Owned partitions: moves the core had counted at the last barrier (for the counter).
     pub(crate) moved: u64,
     /// Owned partitions lost: the rollback under way (`rollback.rs`).
@@ -133,7 +133,7 @@ impl<J: Job> State<J> {
             remote: Remotes::default(),
             snap,
             exports: Vec::new(),
-            placed: Vec::new(),
+            exporting: Default::default(),
             moved: 0,
             rollback: None,
             rollbacks: Vec::new(),
@@ -377,7 +377,9 @@ impl<J: Job> State<J> {
             self.watch_members();
             return;
         }
-        while !self.ended && self.core.phase_complete() {
+        // Partitions placed after a rollback export their halos where they are: the barrier
+        // waits for them.
+        while !self.ended && self.core.phase_complete() && self.exporting.is_empty() {
             self.end_phase(shared);
         }
         self.reconcile(shared);
@@ -494,20 +496,6 @@ impl<J: Job> State<J> {
         let len = plan.len() as usize;
         self.exports.resize_with(len, || None);
         let phase = next - 1;
-        // Restored partitions placed on worker processes: decoded here only to export their
-        // halos (the processes decoded them too, and hold them).
-        let placed: Vec<_> = std::mem::take(&mut self.placed)
-            .into_iter()
-            .filter(|(c, _)| self.exports[*c as usize].is_none())
-            .map(|(c, b)| (c, b, true))
-            .collect();
-        if !placed.is_empty() {
-            for (chunk, r) in decode_restored(job, hooks.export, phase, placed)? {
-                if let (_, Some((u, d))) = r? {
-                    self.exports[chunk as usize] = Some((Halo::Live(u), Halo::Live(d)));
-                }
-            }
-        }
         // Restored partitions (still the snapshot's bytes): decoded, and their halos
         // exported, here, on as many threads as the machine has.
         let mut restored = Vec::new();

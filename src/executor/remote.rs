@@ -268,6 +268,16 @@ impl Remotes {
     }
 
     /// Sends `msg` to connection `id`; `None` if it is gone.
+    /// Sends connection `id` the job value of `phase` (`job`), unless it has it.
+    pub(crate) fn send_phase(&mut self, id: ConnId, phase: u64, job: Bytes) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if c.phase_sent != Some(phase) {
+                c.phase_sent = Some(phase);
+                let _ = c.tx.send(ToWorker::Phase { phase, job });
+            }
+        }
+    }
+
     /// Records whether connection `id` sent its last snapshot part as a reference.
     fn reads_store(&mut self, id: ConnId, reads: bool) {
         if let Some(c) = self.conns.get_mut(&id) {
@@ -569,14 +579,8 @@ impl<J: Job> State<J> {
             // A partition moving into this process.
             self.remote.sent += b.len() as u64;
         }
+        self.remote.send_phase(conn_id, phase, job_bytes);
         if let Some(c) = self.remote.conns.get_mut(&conn_id) {
-            if c.phase_sent != Some(phase) {
-                c.phase_sent = Some(phase);
-                let _ = c.tx.send(ToWorker::Phase {
-                    phase,
-                    job: job_bytes,
-                });
-            }
             tracing::debug!(conn = conn_id, slot, chunk, held, phase, "run");
             let _ = c.tx.send(ToWorker::Run {
                 slot,
@@ -1129,6 +1133,7 @@ impl<J: Job> State<J> {
             let (what, chunk) = match &msg {
                 ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
                 ToCoordinator::Surrendered { chunk, .. } => ("surrendered", Some(*chunk)),
+                ToCoordinator::Exported { chunk, .. } => ("exported", Some(*chunk)),
                 ToCoordinator::CapturedHeld { chunk, .. } => ("captured held", Some(*chunk)),
                 ToCoordinator::CapturedHeldPart { chunk, .. } => {
                     ("captured held part", Some(*chunk))
@@ -1179,6 +1184,25 @@ impl<J: Job> State<J> {
                 .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
         };
         let event = match msg {
+            ToCoordinator::Exported {
+                chunk,
+                halos: (up, down),
+            } => {
+                // Only for a partition placed there to export them, once.
+                let placed_here = self.remote.fetching_from(chunk) == Some(id)
+                    || self
+                        .core
+                        .kept()
+                        .any(|(c, h)| c == chunk && h.elsewhere() == Some(id));
+                if !placed_here || !self.exporting.remove(&chunk) {
+                    return Err(bad(format!(
+                        "halos for chunk {chunk}, which was not placed there to export them"
+                    )));
+                }
+                self.keep_halos(chunk, (Halo::Bytes(up), Halo::Bytes(down)));
+                self.settle(shared);
+                return Ok(());
+            }
             ToCoordinator::Piece { .. } => {
                 return Err(PeerError::Malformed {
                     peer: peer.to_string(),

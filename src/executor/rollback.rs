@@ -220,7 +220,7 @@ impl<J: Job> State<J> {
         self.phase = manifest.phase;
         self.iterations_before = manifest.iterations_before;
         self.exports.clear();
-        self.placed.clear();
+        self.exporting.clear();
         self.moved = 0;
         self.remote.forget_partitions();
         self.end_drained_remotes();
@@ -287,6 +287,16 @@ impl<J: Job> State<J> {
         if !self.core.is_partitioned() || self.members.local_count() > 0 {
             return;
         }
+        // The job value goes first: a partition that ended the snapshot's phase exports its
+        // halos with it. (It was decoded from the snapshot; one that does not encode again
+        // stays here, and the first run that sends it fails the job.)
+        let Some(Ok(job)) = self
+            .job
+            .as_deref()
+            .map(|j| crate::codec::encode("the job", j).map(bytes::Bytes::from))
+        else {
+            return;
+        };
         // Where each pending or running chunk runs: (chunk, worker, process), and how soon
         // (its place in its slot's queue).
         let mut at: Vec<(ChunkId, WorkerId, ConnId)> = Vec::new();
@@ -331,7 +341,7 @@ impl<J: Job> State<J> {
             if let Held::Bytes(b) = &*held {
                 let (worker, conn) = near(chunk);
                 places.push((conn, usize::MAX, chunk, b.clone()));
-                self.placed.push((chunk, b.clone()));
+                self.exporting.insert(chunk);
                 holds.push((chunk, worker));
                 *held = Held::Elsewhere(conn);
             }
@@ -342,7 +352,11 @@ impl<J: Job> State<J> {
         places.sort_unstable_by_key(|&(conn, rank, chunk, _)| (conn, rank, chunk));
         let count = places.len();
         let (mut bytes, mut by_part) = (0, 0);
-        for (conn, _, chunk, state) in places {
+        for (conn, rank, chunk, state) in places {
+            let export = rank == usize::MAX;
+            if export {
+                self.remote.send_phase(conn, self.phase, job.clone());
+            }
             // A process that writes to the store reads its parts from there: the control
             // stream does not carry the grid, and a `Run` waits behind no partition's bytes.
             let msg = match parts.get(&chunk) {
@@ -351,11 +365,16 @@ impl<J: Job> State<J> {
                     ToWorker::PlacePart {
                         chunk,
                         part: part.clone(),
+                        export,
                     }
                 }
                 _ => {
                     bytes += state.len() as u64;
-                    ToWorker::Place { chunk, state }
+                    ToWorker::Place {
+                        chunk,
+                        state,
+                        export,
+                    }
                 }
             };
             let _ = self.remote.send_to(conn, msg);

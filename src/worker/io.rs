@@ -101,6 +101,7 @@ fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::CapturedHeldPart { chunk, .. }
         | ToCoordinator::Missing { chunk }
         | ToCoordinator::FailedHeld { chunk, .. }
+        | ToCoordinator::Exported { chunk, .. }
         | ToCoordinator::Yielded { chunk, .. }
         | ToCoordinator::Captured { chunk, .. }
         | ToCoordinator::CapturedPart { chunk, .. }
@@ -284,17 +285,23 @@ impl Io {
         sink: &mut S,
         held: &HeldParts<C>,
         chunk: u64,
-        placed: Result<C, Failure>,
+        placed: Result<Placed<C>, Failure>,
     ) -> Result<(), Error>
     where
         S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
     {
         match placed {
-            Ok(part) => {
+            Ok((part, halos)) => {
                 if lock(held).insert(chunk, part).is_some() {
                     tracing::warn!(chunk, "a partition placed here replaced the one held");
                 }
-                Ok(())
+                match halos {
+                    Some(halos) => {
+                        self.send_all(sink, [ToCoordinator::Exported { chunk, halos }])
+                            .await
+                    }
+                    None => Ok(()),
+                }
             }
             Err(failure) => {
                 tracing::warn!(chunk, ?failure, "a partition placed here could not be held");
@@ -373,7 +380,7 @@ impl Io {
         // those that run first; all at once, they all ended late; one at a time, the
         // process's threads waited for them). A later message about one of them waits for
         // it (`held_chunk`).
-        let mut placing: Placements<J::Chunk> = Placements::new();
+        let mut placing: Placements<J> = Placements::new();
         let ended: Result<bool, Error> = async { loop {
             let phase = job.as_ref().map(|(p, _)| *p);
             let stop_now = tokio::select! {
@@ -404,9 +411,8 @@ impl Io {
                                 }
                             }
                             if J::OWNERSHIP.is_partitioned() {
-                                let phase = job.as_ref().map_or(0, |(p, _)| *p);
                                 let store = parts.store.as_ref().map(|(s, _)| s.clone());
-                                if placing.start::<J>(&msg, phase, store) {
+                                if placing.start(&msg, job.clone(), store) {
                                     continue;
                                 }
                             }
@@ -743,13 +749,19 @@ fn dispatch<J: Job>(
 /// read from the store if they came as parts, then decoded on the blocking pool, two at a
 /// time in the order they came (the coordinator sends first those that run first; all at
 /// once, they all ended late; one at a time, the process's threads waited for them).
-struct Placements<C> {
-    tasks: tokio::task::JoinSet<(u64, Result<C, Failure>)>,
+struct Placements<J: Job> {
+    tasks: tokio::task::JoinSet<Settled<J::Chunk>>,
     chunks: HashMap<tokio::task::Id, u64>,
     turns: Arc<tokio::sync::Semaphore>,
 }
 
-impl<C: serde::de::DeserializeOwned + Send + 'static> Placements<C> {
+/// A placed partition, decoded, and the halos it exported if it was asked to.
+type Placed<C> = (C, Option<(bytes::Bytes, bytes::Bytes)>);
+
+/// A placement's end: its chunk, and its partition or why not.
+type Settled<C> = (u64, Result<Placed<C>, Failure>);
+
+impl<J: Job> Placements<J> {
     fn new() -> Self {
         Placements {
             tasks: tokio::task::JoinSet::new(),
@@ -767,16 +779,25 @@ impl<C: serde::de::DeserializeOwned + Send + 'static> Placements<C> {
         self.chunks.values().any(|&c| c == chunk)
     }
 
-    /// Starts placing the partition `msg` brings, if it is a `Place` or a `PlacePart`.
-    fn start<J: Job<Chunk = C>>(
+    /// Starts placing the partition `msg` brings, if it is a `Place` or a `PlacePart`;
+    /// `job` is the phase's job value, to export its halos with.
+    fn start(
         &mut self,
         msg: &ToWorker,
-        phase: u64,
+        job: Option<(u64, Arc<J>)>,
         store: Option<crate::snapshot::Store>,
     ) -> bool {
-        let (chunk, from) = match msg {
-            ToWorker::Place { chunk, state } => (*chunk, Ok(state.clone())),
-            ToWorker::PlacePart { chunk, part } => (*chunk, Err(part.clone())),
+        let (chunk, from, export) = match msg {
+            ToWorker::Place {
+                chunk,
+                state,
+                export,
+            } => (*chunk, Ok(state.clone()), *export),
+            ToWorker::PlacePart {
+                chunk,
+                part,
+                export,
+            } => (*chunk, Err(part.clone()), *export),
             _ => return false,
         };
         let turn = Arc::clone(&self.turns).acquire_owned();
@@ -789,15 +810,10 @@ impl<C: serde::de::DeserializeOwned + Send + 'static> Placements<C> {
                     Err(failure) => return (chunk, Err(failure)),
                 },
             };
-            let decoded = tokio::task::spawn_blocking(move || {
-                let site = crate::Site::Chunk { phase, chunk };
-                crate::run::catch(site, J::NAME, || {
-                    codec::decode::<J::Chunk>("a chunk state", &state)
-                })
-                .and_then(|r| r.map_err(crate::Error::from))
-            })
-            .await;
-            let r = match decoded {
+            let placed =
+                tokio::task::spawn_blocking(move || decode_placed(chunk, &state, export, job))
+                    .await;
+            let r = match placed {
                 Ok(r) => r.map_err(super::thread::failure_of),
                 Err(e) => Err(stopped(&e)),
             };
@@ -808,7 +824,7 @@ impl<C: serde::de::DeserializeOwned + Send + 'static> Placements<C> {
     }
 
     /// The next partition read and decoded (or that could not be).
-    async fn next(&mut self) -> Option<(u64, Result<C, Failure>)> {
+    async fn next(&mut self) -> Option<Settled<J::Chunk>> {
         match self.tasks.join_next_with_id().await? {
             Ok((id, done)) => {
                 self.chunks.remove(&id);
@@ -820,6 +836,35 @@ impl<C: serde::de::DeserializeOwned + Send + 'static> Placements<C> {
             }
         }
     }
+}
+
+/// A placed partition's state decoded, and its halos exported with the phase's job value
+/// if `export`.
+fn decode_placed<J: Job>(
+    chunk: u64,
+    state: &[u8],
+    export: bool,
+    job: Option<(u64, Arc<J>)>,
+) -> Result<Placed<J::Chunk>, crate::Error> {
+    let phase = job.as_ref().map_or(0, |(p, _)| *p);
+    let site = crate::Site::Chunk { phase, chunk };
+    let part = crate::run::catch(site.clone(), J::NAME, || {
+        codec::decode::<J::Chunk>("a chunk state", state)
+    })??;
+    let (true, Some(hooks)) = (export, J::OWNERSHIP.hooks) else {
+        return Ok((part, None));
+    };
+    let Some((_, job)) = job else {
+        return Err(crate::Error::Internal(
+            "a partition to export its halos came before the job value".into(),
+        ));
+    };
+    let (up, down) = crate::run::catch(site, J::NAME, || (hooks.export)(&part, &job))?;
+    let halos = (
+        (hooks.encode_halo)(&up)?.into(),
+        (hooks.encode_halo)(&down)?.into(),
+    );
+    Ok((part, Some(halos)))
 }
 
 /// A placement's task that stopped before its end.
@@ -1064,10 +1109,10 @@ mod tests {
     }
 
     /// Partitions placed on a process, as a coordinator after a rollback places them: one as
-    /// bytes is held (a `CaptureHeld` about it gets the same bytes back, so it waited for
-    /// it); one whose bytes do not decode, and one sent as a part to a process without a
-    /// store, are answered by `FailedHeld` at once, although nothing else asks about them;
-    /// and `End` still ends the loop well.
+    /// bytes is held and exports its halos as asked (a `CaptureHeld` about it then gets the
+    /// same bytes back, so it waited for it); one whose bytes do not decode, and one sent as
+    /// a part to a process without a store, are answered by `FailedHeld` at once, although
+    /// nothing else asks about them; and `End` still ends the loop well.
     #[test]
     fn placed_partitions_are_held_or_refused_at_once() {
         runtime().block_on(async {
@@ -1086,16 +1131,27 @@ mod tests {
                     size: 8,
                     crc32c: 0,
                 };
+                let job = crate::codec::encode("the job", &Strips).unwrap();
                 for msg in [
+                    ToWorker::Phase {
+                        phase: 5,
+                        job: job.into(),
+                    },
                     ToWorker::Place {
                         chunk: 1,
                         state: sent,
+                        export: true,
                     },
                     ToWorker::Place {
                         chunk: 2,
                         state: Bytes::from_static(&[0xff; 3]),
+                        export: false,
                     },
-                    ToWorker::PlacePart { chunk: 3, part },
+                    ToWorker::PlacePart {
+                        chunk: 3,
+                        part,
+                        export: false,
+                    },
                     ToWorker::CaptureHeld {
                         chunk: 1,
                         folder: 1,
@@ -1106,7 +1162,7 @@ mod tests {
                         .unwrap();
                 }
                 let mut got = Vec::new();
-                while got.len() < 3 {
+                while got.len() < 4 {
                     let f = framed.next().await.unwrap().unwrap();
                     match frame::decode_to_coordinator("worker", &f).unwrap() {
                         ToCoordinator::Heartbeat { .. } => {}
@@ -1127,10 +1183,19 @@ mod tests {
             let ended = io.run::<Strips>(framed, &mut [], &held, out_rx).await;
             assert!(matches!(ended, Ok(false)), "{ended:?}");
             let mut got = coordinator.await.unwrap();
+            // Chunk 1's answers in the order sent, before the others'.
             got.sort_by_key(|m| chunk_of(m).unwrap_or(u64::MAX));
-            let [captured, undecodable, unread] = &got[..] else {
+            let [exported, captured, undecodable, unread] = &got[..] else {
                 panic!("{got:?}");
             };
+            let halo = |h: u64| Bytes::from(crate::codec::encode("a halo", &h).unwrap());
+            assert_eq!(
+                exported,
+                &ToCoordinator::Exported {
+                    chunk: 1,
+                    halos: (halo(0), halo(99_999)),
+                }
+            );
             assert_eq!(
                 captured,
                 &ToCoordinator::CapturedHeld {
