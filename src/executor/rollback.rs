@@ -20,6 +20,15 @@
 //!    partitions it holds (`Forget`) and gets the job value again before its next chunk;
 //!    every worker joins the restored ledger, which hands out chunks at once. Requests
 //!    waiting for a snapshot (or a suspend) are asked again of the restored run.
+//! 5. *Place.* With worker processes only, every restored partition that does not run at
+//!    once goes ahead of its run to the process that runs it next (`Place`; `PlacePart`, a
+//!    reference to the snapshot's part, for a process that writes to the store, so that the
+//!    grid does not cross the control stream), and those that ended the snapshot's phase
+//!    export their halos there (`Exported`); the barrier waits for them. (At first the
+//!    restored partitions stayed here: each went to the process with its `Run`, one per
+//!    slot at a time, and those done in the snapshot's phase were decoded here to export
+//!    their halos, then encoded again for their next run. A restored phase and the one after
+//!    it took 5-6 times a normal one.)
 //!
 //! The value stays exact: the restored run is the run a `resume` of that snapshot would be,
 //! with the same workers (see `io.rs`). A run that committed no snapshot yet (none taken,
