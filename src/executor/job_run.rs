@@ -208,6 +208,12 @@ impl<J: Job> State<J> {
         me: Option<WorkerId>,
         output_bytes: Option<bytes::Bytes>,
     ) -> std::result::Result<Option<Msg<J>>, crate::schedule::Rejected> {
+        if let Event::Joined { worker } = &event {
+            // The slots of one worker process are balanced as one (`schedule/owned.rs`).
+            if let Some(Member::Remote(slot)) = self.members.get(*worker) {
+                self.core.set_group(*worker, 1 << 63 | slot.conn);
+            }
+        }
         if self.snap.cut.is_open() {
             // Protocol step 2 of `schedule/cut.rs`: the output or handed-back state of a chunk
             // the cut waits for, from the worker the marker saw it on (an event the ledger

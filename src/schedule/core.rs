@@ -721,6 +721,15 @@ impl<R: Reducer, S> Core<R, S> {
         }
     }
 
+    /// Owned partitions: `worker` is one of several slots of `group` (a worker process), so
+    /// partitions are balanced between groups and move between its slots for free. Set it
+    /// before the worker joins.
+    pub(crate) fn set_group(&mut self, worker: WorkerId, group: u64) {
+        if let Pending::Owned(o) = &mut self.pending {
+            o.set_group(worker, group);
+        }
+    }
+
     /// The chunk `worker` runs, if any.
     pub(crate) fn running_on(&self, worker: WorkerId) -> Option<ChunkId> {
         self.workers.get(&worker).and_then(|s| s.running)
