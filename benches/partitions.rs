@@ -66,6 +66,9 @@ mod kernels;
 
 mod support;
 
+#[path = "../tests/common/log.rs"]
+mod log;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -138,25 +141,6 @@ impl Sizes {
     }
 }
 
-/// Logs to standard error at the level `PARTITIONS_LOG` names (`debug`, `info`, ...), if it
-/// is set, with the process id: the coordinator and the worker processes, which inherit it.
-fn log_if_asked() {
-    let Some(level) = std::env::var("PARTITIONS_LOG")
-        .ok()
-        .and_then(|l| l.parse::<tracing::Level>().ok())
-    else {
-        return;
-    };
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
-        .finish();
-    let _ = tracing::subscriber::set_global_default(subscriber);
-    tracing::info!(pid = std::process::id(), "logging");
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--worker") {
@@ -165,7 +149,7 @@ fn main() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
-    log_if_asked();
+    log::log_if_asked("PARTITIONS_LOG", "coordinator");
     // `cargo bench` passes `--bench`; `cargo test` does not, and wants a quick pass.
     let quick = !args.iter().any(|a| a == "--bench");
     let s = Sizes::new(quick);
@@ -360,7 +344,7 @@ fn manifests(dir: &Path, job_id: &str) -> Vec<PathBuf> {
 
 /// Worker mode: serve the coordinator at `addr` with one thread until its job ends.
 fn worker(addr: &str) {
-    log_if_asked();
+    log::log_if_asked("PARTITIONS_LOG", "worker process");
     let registry = Registry::new().register::<Banded<Heat>>();
     let options = WorkerOptions::default().threads(1);
     // Started before its job is submitted: until the job runs, the coordinator refuses it

@@ -34,20 +34,7 @@ const REFUSED: Duration = Duration::from_secs(3);
 
 /// Logs to standard error at the level `MALLEABLE_TEST_LOG` names, if it is set.
 fn log_if_asked(who: &'static str) {
-    let Some(level) = std::env::var("MALLEABLE_TEST_LOG")
-        .ok()
-        .and_then(|l| l.parse::<tracing::Level>().ok())
-    else {
-        return;
-    };
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
-        .finish();
-    let _ = tracing::subscriber::set_global_default(subscriber);
-    tracing::info!(who, pid = std::process::id(), "logging");
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", who);
 }
 
 #[test]

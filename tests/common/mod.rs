@@ -2,6 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod grid;
+pub mod log;
 pub mod procs;
 pub mod raw;
 pub mod slow;
