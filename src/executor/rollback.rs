@@ -20,8 +20,8 @@
 //!    partitions it holds (`Forget`) and gets the job value again before its next chunk;
 //!    every worker joins the restored ledger, which hands out chunks at once. Requests
 //!    waiting for a snapshot (or a suspend) are asked again of the restored run.
-//! 5. *Place.* With worker processes only, every restored partition that does not run at
-//!    once goes ahead of its run to the process that runs it next (`Place`; `PlacePart`, a
+//! 5. *Place.* Every restored partition that does not run at once and that a worker process
+//!    runs next goes ahead of its run to that process (`Place`; `PlacePart`, a
 //!    reference to the snapshot's part, for a process that writes to the store, so that the
 //!    grid does not cross the control stream), and those that ended the snapshot's phase
 //!    export their halos there (`Exported`); the barrier waits for them. (At first the
@@ -280,8 +280,8 @@ impl<J: Job> State<J> {
         self.settle(shared);
     }
 
-    /// Step 5, *place*: with worker processes only, every restored partition that is not
-    /// running yet goes to the process that runs it next (`Place`), at once and in one go,
+    /// Step 5, *place*: every restored partition that is not running yet and that a worker
+    /// process runs next goes to that process (`Place`), at once and in one go,
     /// instead of one `Run` at a time: a process's slot asks for its next chunk only when
     /// the last one is done, and a partition that travels with its `Run` leaves the thread
     /// waiting for its bytes (a restored phase ran 5-6 times slower than a normal one). A
@@ -290,10 +290,10 @@ impl<J: Job> State<J> {
     /// for the next phase (`Core::hold`). The ledger records them as held there, so a
     /// process lost with them rolls the job back again, as for any partition it holds.
     ///
-    /// With local workers, restored partitions stay here as before: a local thread decodes
-    /// one when it runs it.
+    /// Those that local workers run next stay here as before: a local thread decodes one
+    /// when it runs it, and one done in the snapshot's phase is decoded at the barrier.
     fn place_restored(&mut self, parts: &HashMap<ChunkId, PartRef>) {
-        if !self.core.is_partitioned() || self.members.local_count() > 0 {
+        if !self.core.is_partitioned() || self.remote.conns.is_empty() {
             return;
         }
         // The job value goes first: a partition that ended the snapshot's phase exports its
@@ -306,26 +306,30 @@ impl<J: Job> State<J> {
         else {
             return;
         };
-        // Where each pending or running chunk runs: (chunk, worker, process), and how soon
-        // (its place in its slot's queue).
-        let mut at: Vec<(ChunkId, WorkerId, ConnId)> = Vec::new();
+        // Where each pending or running chunk runs: (chunk, worker, process or none for a
+        // local worker), and how soon (its place in its slot's queue).
+        let mut at: Vec<(ChunkId, WorkerId, Option<ConnId>)> = Vec::new();
         let mut soon: std::collections::HashMap<ChunkId, (ConnId, usize)> = Default::default();
         for worker in self.members.ids() {
-            let Some(Member::Remote(slot)) = self.members.get(worker) else {
-                continue;
+            let conn = match self.members.get(worker) {
+                Some(Member::Remote(slot)) => Some(slot.conn),
+                _ => None,
             };
-            let conn = slot.conn;
             at.extend(self.core.running_on(worker).map(|c| (c, worker, conn)));
             for (rank, c) in self.core.queued(worker).into_iter().enumerate() {
                 at.push((c, worker, conn));
-                soon.insert(c, (conn, rank));
+                if let Some(conn) = conn {
+                    soon.insert(c, (conn, rank));
+                }
             }
         }
         if at.is_empty() {
             return;
         }
         at.sort_unstable_by_key(|&(c, ..)| c);
-        let near = |chunk: ChunkId| -> (WorkerId, ConnId) {
+        // A partition done in the snapshot's phase goes where its nearest neighbour runs;
+        // next to a local worker's, it stays here, decoded at the barrier as before.
+        let near = |chunk: ChunkId| -> (WorkerId, Option<ConnId>) {
             let i = at.partition_point(|&(c, ..)| c < chunk);
             let pick = match (i.checked_sub(1).map(|j| at[j]), at.get(i).copied()) {
                 (Some(a), Some(b)) if chunk - a.0 <= b.0 - chunk => a,
@@ -348,7 +352,9 @@ impl<J: Job> State<J> {
         let mut holds = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             if let Held::Bytes(b) = &*held {
-                let (worker, conn) = near(chunk);
+                let (worker, Some(conn)) = near(chunk) else {
+                    continue;
+                };
                 places.push((conn, usize::MAX, chunk, b.clone()));
                 self.exporting.insert(chunk);
                 holds.push((chunk, worker));
@@ -357,6 +363,9 @@ impl<J: Job> State<J> {
         }
         for (chunk, worker) in holds {
             self.core.hold(chunk, worker);
+        }
+        if places.is_empty() {
+            return;
         }
         places.sort_unstable_by_key(|&(conn, rank, chunk, _)| (conn, rank, chunk));
         let count = places.len();
