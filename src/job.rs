@@ -335,3 +335,42 @@ where
     crate::codec::decode::<<J::Chunk as Partition>::Halo>("a halo", b)
         .map(|h| Box::new(h) as AnyHalo)
 }
+
+/// Jobs for the crate's unit tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::{Chunk, Job, Step};
+
+    /// A job of one chunk that is done at its first step: for tests of what surrounds a
+    /// job (the wire, errors), not of its chunks.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    pub(crate) struct Idle;
+
+    /// The chunk of [`Idle`].
+    #[derive(serde::Serialize, serde::Deserialize)]
+    pub(crate) struct IdleChunk;
+
+    impl Job for Idle {
+        const NAME: &'static str = "idle";
+        type Chunk = IdleChunk;
+        type Reducer = crate::reduce::Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            1
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> IdleChunk {
+            IdleChunk
+        }
+        fn reducer(&self) -> Self::Reducer {
+            crate::reduce::Sum::new()
+        }
+    }
+
+    impl Chunk for IdleChunk {
+        type Job = Idle;
+        type Output = u64;
+        fn step(&mut self, _: &Idle, _: &()) -> Step<u64> {
+            Step::Done(0)
+        }
+    }
+}

@@ -52,7 +52,8 @@ fn start(addr: &str) -> Child {
     start_worker(ADDR_ENV, addr)
 }
 
-/// A worker process whose standard output goes to a file, for its `SERVED` line.
+/// A worker process whose standard output goes to a file, for its `SERVED` line. It may dial
+/// before the test submits its job (it did, under load, and ended refused): it waits for it.
 fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
     let out = std::env::temp_dir().join(format!(
         "malleable-partitions-remote-{name}-{}.out",
@@ -62,6 +63,7 @@ fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
         .args(["--exact", "worker_process", "--ignored", "--nocapture"])
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, addr)
+        .env(cluster::WAIT_FOR_JOB_ENV, "20")
         .env_remove(TOKEN_ENV)
         .stdout(std::fs::File::create(&out).unwrap())
         .spawn()

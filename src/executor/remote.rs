@@ -267,7 +267,6 @@ impl Remotes {
         self.fetches.get_mut(&chunk).map(|(_, f, _)| f)
     }
 
-    /// Sends `msg` to connection `id`; `None` if it is gone.
     /// Sends connection `id` the job value of `phase` (`job`), unless it has it.
     pub(crate) fn send_phase(&mut self, id: ConnId, phase: u64, job: Bytes) {
         if let Some(c) = self.conns.get_mut(&id) {
@@ -278,18 +277,12 @@ impl Remotes {
         }
     }
 
-    /// Records whether connection `id` sent its last snapshot part as a reference.
-    fn reads_store(&mut self, id: ConnId, reads: bool) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            c.reads_store = reads;
-        }
-    }
-
     /// Whether connection `id` reads the job's store (see `Conn::reads_store`).
     pub(crate) fn conn_reads_store(&self, id: ConnId) -> bool {
         self.conns.get(&id).is_some_and(|c| c.reads_store)
     }
 
+    /// Sends `msg` to connection `id`; `None` if it is gone.
     pub(crate) fn send_to(&self, id: ConnId, msg: ToWorker) -> Option<()> {
         self.conns.get(&id).and_then(|c| c.tx.send(msg).ok())
     }
@@ -447,6 +440,23 @@ async fn connection<J: Job>(
 const LINGER: Duration = Duration::from_secs(1);
 
 impl<J: Job> State<J> {
+    /// The phase's job value as sent to worker processes, encoded once per phase.
+    pub(crate) fn job_bytes(&mut self) -> crate::Result<Bytes> {
+        let phase = self.phase;
+        if let Some((p, b)) = &self.remote.job_bytes {
+            if *p == phase {
+                return Ok(b.clone());
+            }
+        }
+        let job = self
+            .job
+            .as_deref()
+            .ok_or_else(|| Error::Internal("no job value to send".into()))?;
+        let b = Bytes::from(codec::encode("the job", job)?);
+        self.remote.job_bytes = Some((phase, b.clone()));
+        Ok(b)
+    }
+
     /// Protocol step 1: each slot of the connection joins the core.
     fn join_remote(
         &mut self,
@@ -527,18 +537,7 @@ impl<J: Job> State<J> {
         state: Option<Held<J::Chunk>>,
     ) {
         let phase = self.phase;
-        let job_bytes = match &self.remote.job_bytes {
-            Some((p, b)) if *p == phase => Ok(b.clone()),
-            _ => match self.job.as_deref().map(|j| codec::encode("the job", j)) {
-                Some(Ok(b)) => {
-                    let b = Bytes::from(b);
-                    self.remote.job_bytes = Some((phase, b.clone()));
-                    Ok(b)
-                }
-                Some(Err(e)) => Err(e.into()),
-                None => Err(Error::Internal("no job value to send".into())),
-            },
-        };
+        let job_bytes = self.job_bytes();
         // An owned partition: run where it is held, or fetch it from there first. One that
         // its process was already asked to hand back (it is retired, and the core gives the
         // partition to another of its slots before that slot retires too) is not there any
@@ -1106,9 +1105,13 @@ impl<J: Job> State<J> {
         self.settle(shared);
     }
 
-    /// Counts a snapshot part received from a worker process
-    /// ([`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS)).
-    fn remote_parts(&self, of: RemotePart, by_reference: bool) {
+    /// Counts a snapshot part received from worker process `id`
+    /// ([`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS)), and records whether it came as a
+    /// reference (see `Conn::reads_store`).
+    fn remote_parts(&mut self, id: ConnId, of: RemotePart, by_reference: bool) {
+        if let Some(c) = self.remote.conns.get_mut(&id) {
+            c.reads_store = by_reference;
+        }
         let of = match of {
             RemotePart::Running => "running",
             RemotePart::Held => "held",
@@ -1241,8 +1244,7 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
-                self.remote_parts(RemotePart::Running, false);
-                self.remote.reads_store(id, false);
+                self.remote_parts(id, RemotePart::Running, false);
                 self.captured(shared, w, chunk, Ok(Captured::State(Part::New(state))));
                 self.settle(shared);
                 return Ok(());
@@ -1251,8 +1253,7 @@ impl<J: Job> State<J> {
                 let w = slot_of(conn, slot)?;
                 let job_id = shared.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, None).map_err(bad)?;
-                self.remote_parts(RemotePart::Running, true);
-                self.remote.reads_store(id, true);
+                self.remote_parts(id, RemotePart::Running, true);
                 self.captured(shared, w, chunk, Ok(Captured::State(Part::Reuse(part))));
                 self.settle(shared);
                 return Ok(());
@@ -1283,8 +1284,7 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::CapturedHeld { chunk, state } => {
                 self.held_answer(id, chunk).map_err(bad)?;
-                self.remote_parts(RemotePart::Held, false);
-                self.remote.reads_store(id, false);
+                self.remote_parts(id, RemotePart::Held, false);
                 self.captured_held(shared, id, chunk, Part::New(state));
                 return Ok(());
             }
@@ -1292,8 +1292,7 @@ impl<J: Job> State<J> {
                 let folder = self.held_answer(id, chunk).map_err(bad)?;
                 let job_id = shared.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, Some(folder)).map_err(bad)?;
-                self.remote_parts(RemotePart::Held, true);
-                self.remote.reads_store(id, true);
+                self.remote_parts(id, RemotePart::Held, true);
                 self.captured_held(shared, id, chunk, Part::Reuse(part));
                 return Ok(());
             }
@@ -1531,37 +1530,6 @@ mod tests {
     use super::{Failure, check_part, error_of};
     use crate::snapshot::PartRef;
 
-    /// A job for the error's name.
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct Grid;
-
-    impl crate::Job for Grid {
-        const NAME: &'static str = "grid";
-        type Chunk = Band;
-        type Reducer = crate::reduce::Sum<u64>;
-        type Input = ();
-        fn iterations(&self) -> u64 {
-            1
-        }
-        fn chunk(&self, _: std::ops::Range<u64>) -> Band {
-            Band
-        }
-        fn reducer(&self) -> Self::Reducer {
-            crate::reduce::Sum::new()
-        }
-    }
-
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct Band;
-
-    impl crate::Chunk for Band {
-        type Job = Grid;
-        type Output = u64;
-        fn step(&mut self, _: &Grid, _: &()) -> crate::Step<u64> {
-            crate::Step::Done(0)
-        }
-    }
-
     /// A process that could not read a placed partition's part: the job's error names the
     /// chunk and the process, and keeps the process's error chain as its sources.
     #[test]
@@ -1569,7 +1537,7 @@ mod tests {
         let failure = Failure::Store {
             chain: vec!["get of part x failed".to_owned(), "no such file".to_owned()],
         };
-        let e = error_of::<Grid>(failure, 4, 3, "127.0.0.1:9");
+        let e = error_of::<crate::job::fixtures::Idle>(failure, 4, 3, "127.0.0.1:9");
         let crate::Error::PartUnreadable { chunk: 3, peer, .. } = &e else {
             panic!("{e:?}");
         };

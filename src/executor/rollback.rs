@@ -299,17 +299,13 @@ impl<J: Job> State<J> {
         // The job value goes first: a partition that ended the snapshot's phase exports its
         // halos with it. (It was decoded from the snapshot; one that does not encode again
         // stays here, and the first run that sends it fails the job.)
-        let Some(Ok(job)) = self
-            .job
-            .as_deref()
-            .map(|j| crate::codec::encode("the job", j).map(bytes::Bytes::from))
-        else {
+        let Ok(job) = self.job_bytes() else {
             return;
         };
         // Where each pending or running chunk runs: (chunk, worker, process or none for a
         // local worker), and how soon (its place in its slot's queue).
         let mut at: Vec<(ChunkId, WorkerId, Option<ConnId>)> = Vec::new();
-        let mut soon: std::collections::HashMap<ChunkId, (ConnId, usize)> = Default::default();
+        let mut soon: HashMap<ChunkId, (ConnId, usize)> = HashMap::new();
         for worker in self.members.ids() {
             let conn = match self.members.get(worker) {
                 Some(Member::Remote(slot)) => Some(slot.conn),

@@ -888,13 +888,9 @@ async fn read_placed(
     };
     store.get_part(part).await.map_err(|e| {
         tracing::warn!(chunk = part.chunk, key = %part.key, error = &e as &dyn std::error::Error, "the part of a placed partition could not be read");
-        let mut chain = vec![e.to_string()];
-        let mut next = std::error::Error::source(&e);
-        while let Some(s) = next {
-            chain.push(s.to_string());
-            next = s.source();
+        Failure::Store {
+            chain: super::thread::chain_of(&e),
         }
-        Failure::Store { chain }
     })
 }
 
@@ -916,6 +912,7 @@ fn held_chunk(msg: &ToWorker) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::fixtures::{Idle, IdleChunk};
     use bytes::Bytes;
 
     fn done(chunk: u64) -> ToCoordinator {
@@ -1017,37 +1014,6 @@ mod tests {
             assert_eq!(reply, held(3, b"state"));
             assert!(parts.written(3, &tx).is_empty());
         });
-    }
-
-    /// A job for the I/O loop's tests; no chunk of it runs.
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct Idle;
-
-    #[derive(serde::Serialize, serde::Deserialize)]
-    struct IdleChunk;
-
-    impl Job for Idle {
-        const NAME: &'static str = "idle";
-        type Chunk = IdleChunk;
-        type Reducer = crate::reduce::Sum<u64>;
-        type Input = ();
-        fn iterations(&self) -> u64 {
-            1
-        }
-        fn chunk(&self, _: std::ops::Range<u64>) -> IdleChunk {
-            IdleChunk
-        }
-        fn reducer(&self) -> Self::Reducer {
-            crate::reduce::Sum::new()
-        }
-    }
-
-    impl crate::Chunk for IdleChunk {
-        type Job = Idle;
-        type Output = u64;
-        fn step(&mut self, _: &Idle, _: &()) -> crate::Step<u64> {
-            crate::Step::Done(0)
-        }
     }
 
     /// The I/O loop of a process connected to `addr`, with a long lease.

@@ -376,6 +376,18 @@ pub(super) fn main<J: Job>(
     }
 }
 
+/// The text of `e` and of each of its sources, outermost first: an error as it crosses the
+/// wire.
+pub(super) fn chain_of(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut chain = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        chain.push(s.to_string());
+        next = s.source();
+    }
+    chain
+}
+
 /// The wire's form of an error that lost a chunk here; the coordinator turns it back into
 /// the same [`Error`] variant (see `executor/remote.rs`).
 pub(super) fn failure_of(e: Error) -> Failure {
@@ -384,15 +396,9 @@ pub(super) fn failure_of(e: Error) -> Failure {
             input: site == Site::Input,
             message,
         },
-        Error::Input { source, .. } => {
-            let mut chain = vec![source.to_string()];
-            let mut next = source.source();
-            while let Some(e) = next {
-                chain.push(e.to_string());
-                next = e.source();
-            }
-            Failure::Input { chain }
-        }
+        Error::Input { source, .. } => Failure::Input {
+            chain: chain_of(&*source),
+        },
         Error::Codec { what, source } => Failure::Codec {
             what: what.to_owned(),
             error: source,
