@@ -39,8 +39,9 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// reached the thread (see [`SLOTS_PER_THREAD`]). Version 10: after a rollback the
 /// coordinator places restored partitions on the processes that run them next, ahead of
 /// their runs (`Place`, or `PlacePart` for a process that reads them from the store), and
-/// those that ended the restored phase export their halos there (`Exported`).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// those that ended the restored phase export their halos there (`Exported`). Version 11: a
+/// slot's `busy_ns` is its thread's time on its chunk times [`SLOTS_PER_THREAD`].
+pub const PROTOCOL_VERSION: u32 = 11;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -57,14 +58,19 @@ pub const PROTOCOL_VERSION: u32 = 10;
 ///
 /// Slots share their thread, and the coordinator shares work by each worker's measured
 /// throughput (a static deal, owned partitions, the autoscaler). A slot therefore reports as
-/// busy the time from its chunk reaching the thread to its end (`busy_ns` of `Done` and
-/// `Yielded`), waiting behind the thread's other slots included, not the time in its own
-/// steps only: measured over its steps, every slot ran at its thread's full speed, and a
-/// process's thread took as many local threads' shares of a grid as it had slots (two
-/// before this version, with the phase waiting for it). The first chunks of a phase wait
-/// behind fewer others, so a slot still measures a little above its share: one process of
-/// one thread beside one local thread, on rows paced alike, ran 0.59 of the chunk runs
-/// (0.80 measured over steps; `tests/partitions_remote.rs`).
+/// busy (`busy_ns` of `Done` and `Yielded`) its thread's time on its chunk times
+/// `SLOTS_PER_THREAD`, so that the slots of a thread add up to the thread. The thread's time
+/// on a chunk runs from the chunk reaching the thread, or the thread ending its previous
+/// chunk if that came later, to the chunk's end.
+///
+/// Two measures came before. Measured over its own steps, every slot ran at its thread's
+/// full speed, and a process's thread took as many local threads' shares of a grid as it had
+/// slots. Measured from its chunk reaching the thread, its wait behind the thread's other
+/// slots included (version 9), a slot measured its share only while the thread's slots were
+/// all full: the first chunks of a phase waited behind fewer others and measured up to the
+/// thread's full speed. One process of one thread beside one local thread, on rows paced
+/// alike, ran 0.59 of the chunk runs, and up to 0.69 once the slots of a process were
+/// balanced as one (`tests/partitions_remote.rs`).
 pub const SLOTS_PER_THREAD: u32 = 4;
 /// The default maximum frame length: 64 MiB. A longer message is sent in pieces.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;

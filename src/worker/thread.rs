@@ -32,9 +32,8 @@ pub(super) struct Run<J: Job> {
     pub(super) held: bool,
     pub(super) job: Arc<J>,
     pub(super) phase: u64,
-    /// When the `Run` reached the thread's queue: a slot reports as busy the time since
-    /// (its wait behind the thread's other slots included), so that the coordinator sees
-    /// the slot's share of the thread (see `SLOTS_PER_THREAD`).
+    /// When the `Run` reached the thread's queue: the thread's time on a chunk starts then,
+    /// or when the thread ended its previous chunk if that was later (see [`main`]).
     pub(super) queued: std::time::Instant,
 }
 
@@ -239,6 +238,12 @@ impl<J: Job> Host for Slot<'_, '_, J> {
 
 /// A compute thread: runs its slots' chunks one at a time, in the order they came, until its
 /// queue closes. Returns the chunks finished and handed back.
+///
+/// A slot reports as busy ([`ToCoordinator::Done`]'s `busy_ns`) the thread's time on its
+/// chunk (from the chunk reaching the thread, or the thread ending its previous chunk if that
+/// came later, to its end: state decoding and output encoding included) times
+/// [`SLOTS_PER_THREAD`]: each slot measures a quarter of its thread's speed, and a process's
+/// slots add up to its threads, however many of them hold a chunk.
 pub(super) fn main<J: Job>(
     rx: &Receiver<SlotMsg<J>>,
     cell: &Cell,
@@ -256,6 +261,8 @@ pub(super) fn main<J: Job>(
         done: 0,
         yielded: 0,
     };
+    // When the thread ended its last chunk.
+    let mut free = std::time::Instant::now();
     loop {
         // Between chunks (step 4 of the flag contract): take the bits, then the queue.
         cell.take();
@@ -311,6 +318,7 @@ pub(super) fn main<J: Job>(
         };
         let ran = run::run(&*job, inputs, assignment, cell, &mut stats, &mut host);
         cell.publish(0);
+        let began = queued.max(free);
         if queue.gone {
             // The job ended for this process: nobody waits for this chunk.
             return (queue.done, queue.yielded);
@@ -343,7 +351,7 @@ pub(super) fn main<J: Job>(
         };
         let msg = match encoded {
             Ok((done, bytes, work)) => {
-                let busy = work.busy.max(queued.elapsed());
+                let busy = work.busy.max(began.elapsed()) * SLOTS_PER_THREAD;
                 let (iterations, busy_ns) = (work.iterations, busy.as_nanos() as u64);
                 if done {
                     queue.done += 1;
@@ -373,6 +381,7 @@ pub(super) fn main<J: Job>(
             },
         };
         let _ = out.send(msg);
+        free = std::time::Instant::now();
     }
 }
 
@@ -408,5 +417,96 @@ pub(super) fn failure_of(e: Error) -> Failure {
             input: false,
             message: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::{Chunk, Step};
+
+    /// A job whose chunks each sleep `NAP` in their one step.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Nap;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct NapChunk;
+
+    const NAP: Duration = Duration::from_millis(20);
+
+    impl Job for Nap {
+        const NAME: &'static str = "nap";
+        type Chunk = NapChunk;
+        type Reducer = crate::reduce::Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            SLOTS_PER_THREAD as u64
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> NapChunk {
+            NapChunk
+        }
+        fn reducer(&self) -> Self::Reducer {
+            crate::reduce::Sum::new()
+        }
+    }
+
+    impl Chunk for NapChunk {
+        type Job = Nap;
+        type Output = u64;
+        fn step(&mut self, _: &Nap, _: &()) -> Step<u64> {
+            std::thread::sleep(NAP);
+            Step::Done(1)
+        }
+    }
+
+    /// Every slot of a thread gets a chunk at once: the busy times they report add up to
+    /// the thread's time (times `SLOTS_PER_THREAD`), however long each waited behind the
+    /// others. Measured from each chunk's arrival (protocol 9), they added up to 2.5 naps
+    /// of the thread's 4, and the slot that waited least measured the thread's full speed.
+    #[test]
+    fn the_slots_of_a_thread_add_up_to_the_thread() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (out, mut reports) = tokio::sync::mpsc::unbounded_channel();
+        let (cell, inputs) = (Cell::default(), Inputs::<Nap>::default());
+        let held = HeldParts::<NapChunk>::default();
+        let job = Arc::new(Nap);
+        let start = Instant::now();
+        for slot in 0..SLOTS_PER_THREAD {
+            let chunk = u64::from(slot);
+            let run = Run {
+                slot,
+                chunk,
+                range: chunk..chunk + 1,
+                state: None,
+                held: false,
+                job: Arc::clone(&job),
+                phase: 0,
+                queued: Instant::now(),
+            };
+            tx.send(SlotMsg::Run(run)).unwrap();
+        }
+        let thread = std::thread::spawn(move || main::<Nap>(&rx, &cell, &out, &inputs, &held));
+        let mut busy = Vec::new();
+        while busy.len() < SLOTS_PER_THREAD as usize {
+            match reports.blocking_recv() {
+                Some(ToCoordinator::Done { busy_ns, .. }) => {
+                    busy.push(Duration::from_nanos(busy_ns));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let wall = start.elapsed();
+        drop(tx);
+        assert_eq!(thread.join().unwrap(), (u64::from(SLOTS_PER_THREAD), 0));
+        for b in &busy {
+            assert!(*b >= NAP * SLOTS_PER_THREAD, "{busy:?}");
+        }
+        let thread: Duration = busy.iter().sum::<Duration>() / SLOTS_PER_THREAD;
+        assert!(
+            thread <= wall,
+            "{busy:?} add up to {thread:?}, more than {wall:?}"
+        );
     }
 }
