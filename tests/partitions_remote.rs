@@ -29,6 +29,7 @@ fn worker_process() {
     let Ok(addr) = std::env::var(ADDR_ENV) else {
         return;
     };
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "worker process");
     let mut options = WorkerOptions::from_env().unwrap().threads(1);
     if std::env::var_os(cluster::GRACE_ENV).is_some() {
         options = options.stop_on_signals();
@@ -90,6 +91,20 @@ fn served(mut child: Child, out: &std::path::Path) -> (u64, u64, u64) {
         digits.parse().unwrap()
     };
     (count("parts"), count("sent"), count("done"))
+}
+
+/// Whether every thread of process `pid` is stopped (by a signal: state `T`).
+fn stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
 }
 
 fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -383,6 +398,7 @@ fn a_drained_process_hands_its_partitions_back_within_its_grace_period() {
 /// period ends: its partitions are recovered from the latest snapshot, and the grid is exact.
 #[test]
 fn a_drained_process_that_outlives_its_grace_period_is_let_go() {
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
     let (dir, url) = folder("drain-overrun");
     let exec = coordinator_with_snapshots(1, &url);
     let addr = exec.local_addr().unwrap().to_string();
@@ -402,6 +418,10 @@ fn a_drained_process_that_outlives_its_grace_period_is_let_go() {
         assert!(s.success());
     };
     stop("STOP");
+    // The signal stops the process's threads as each is next scheduled; on busy cores one
+    // of them answered the drain's `Surrender`s first, and the process handed its
+    // partitions back.
+    until("the process stopped", || stopped(a.id()));
     // Shorter than the lease (3 s): it is the drain that lets it go.
     let t = Instant::now();
     h.drain_remote(1, Duration::from_secs(1));
@@ -599,10 +619,11 @@ fn snapshots_during_retires_take_the_partitions_on_their_way_back() {
 /// A process's thread runs its slots' chunks one after the other: it must get the share of
 /// the grid of one thread, not of one thread per slot. One local worker and one process of
 /// one thread, whose rows pace the same (sleeps): the process finishes about half the chunk
-/// runs (0.59 in one run on a loaded machine: the first chunks of a phase wait behind fewer
-/// others, so slots still measure a little above their share). When each slot was measured
-/// at its thread's full speed the process took two thirds of the grid with two slots per
-/// thread and four fifths with four (0.80 in a run), and phases waited for it.
+/// runs (0.50 in seven of eight runs beside a loaded machine, 0.59 in the eighth). When each
+/// slot was measured at its thread's full speed the process took two thirds of the grid with
+/// two slots per thread and four fifths with four, and phases waited for it; when a slot was
+/// measured from its chunk reaching the thread, 0.59 to 0.69 (the first chunks of a phase
+/// waited behind fewer others).
 #[test]
 fn a_process_thread_gets_one_thread_s_share_of_the_grid() {
     let exec = coordinator(1);
@@ -623,7 +644,7 @@ fn a_process_thread_gets_one_thread_s_share_of_the_grid() {
         job.bands * job.phases
     );
     assert!(
-        (0.3..=0.68).contains(&share),
+        (0.38..=0.62).contains(&share),
         "the process ran {done} of {} chunk runs ({share:.2})",
         job.bands * job.phases
     );
