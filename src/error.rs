@@ -193,6 +193,19 @@ pub enum Error {
         /// The chunks whose partitions were lost.
         chunks: Vec<u64>,
     },
+    /// The owned partition of `chunk` was lost with the worker process that held it before
+    /// it was taken: the cause of a snapshot that needed it (the job itself rolls back, see
+    /// [`JobHandle::rollbacks`](crate::JobHandle::rollbacks)), or of a local worker's wait
+    /// for it. ([`Error::PartitionsLost`] is the end of a job with nothing to roll back to.)
+    #[error(
+        "job {job} lost the owned partition of chunk {chunk} with its worker before it was taken"
+    )]
+    PartitionGone {
+        /// The job's name.
+        job: &'static str,
+        /// The chunk whose partition was lost.
+        chunk: u64,
+    },
     /// Owned partitions were lost with their worker and the snapshot to roll back to could
     /// not be read back (the source says why: the store, a damaged part, a job that does not
     /// decode). The snapshot stays in the store.
@@ -510,6 +523,7 @@ mod tests {
             | Error::Internal(_)
             | Error::PartitionsChanged { .. }
             | Error::PartitionsLost { .. }
+            | Error::PartitionGone { .. }
             | Error::ShutdownTimedOut { .. } => false,
         };
         let mut all = vec![

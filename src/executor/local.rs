@@ -224,7 +224,7 @@ fn abandon<J: Job>(
 ) -> Option<Msg<J>> {
     // A partition on its way from a process that was lost: the rollback under way replaces
     // it (and this worker).
-    let replaced = st.rolling_back() && matches!(error, Error::PartitionsLost { .. });
+    let replaced = st.rolling_back() && matches!(error, Error::PartitionGone { .. });
     if !replaced {
         st.fail(shared, error);
     }

@@ -895,8 +895,19 @@ impl<J: Job> State<J> {
                 }
             }
         }
-        for w in slots {
-            let _ = self.feed(shared, Event::Retire { worker: w }, None);
+        // All at once: retired one by one, its later slots were handed its earlier ones'
+        // chunks.
+        let mut out = std::mem::take(&mut self.out);
+        match self.core.retire_all(&slots, &mut out) {
+            Ok(()) => {
+                let mine = self.execute(&mut out, None);
+                debug_assert!(mine.is_none());
+                self.out = out;
+            }
+            Err(rejected) => {
+                self.out = out;
+                self.fail(shared, Error::Internal(rejected.to_string()));
+            }
         }
         self.settle(shared);
     }
@@ -1003,18 +1014,23 @@ impl<J: Job> State<J> {
                 self.remote.begins.remove(&chunk);
                 match self.remote.fetches.remove(&chunk) {
                     Some((_, Fetch::Local(tx), _)) => {
-                        let _ = tx.send(Err(Error::PartitionsLost {
+                        let _ = tx.send(Err(Error::PartitionGone {
                             job: J::NAME,
-                            chunks: vec![chunk],
+                            chunk,
                         }));
                     }
-                    Some((_, Fetch::Forward { worker, .. }, _)) => stranded.push(worker),
+                    // A slot of this process (retired, it was given a partition the
+                    // process was already handing back) is lost with the others below.
+                    Some((_, Fetch::Forward { worker, slot, .. }, _)) if slot.conn != id => {
+                        stranded.push(worker);
+                    }
                     _ => {}
                 }
                 lost.push(chunk);
             }
             if !lost.is_empty() {
                 lost.sort_unstable();
+                lost.dedup();
                 tracing::warn!(job = J::NAME, peer = %c.peer, ?lost, "a worker process was lost with the only copy of owned partitions");
                 self.core.lose(&lost);
                 // Halted before its slots leave, so that no chunk goes to a worker meanwhile.
@@ -1035,9 +1051,9 @@ impl<J: Job> State<J> {
             let fallback = running.map(|c| {
                 self.core.fallback(c).map(|s| match s.to_bytes() {
                     Some(b) => b.map_err(Error::from),
-                    None => Err(Error::PartitionsLost {
+                    None => Err(Error::PartitionGone {
                         job: J::NAME,
-                        chunks: vec![c],
+                        chunk: c,
                     }),
                 })
             });
@@ -1066,9 +1082,9 @@ impl<J: Job> State<J> {
             Some(bytes) => bytes.map(|b| Captured::State(Part::New(b))),
             // A partition whose only state was on the lost worker (the core counts it lost):
             // from scratch would be a partition made anew in a later phase, a wrong part.
-            None if self.core.lost_partitions().contains(&chunk) => Err(Error::PartitionsLost {
+            None if self.core.lost_partitions().contains(&chunk) => Err(Error::PartitionGone {
                 job: J::NAME,
-                chunks: vec![chunk],
+                chunk,
             }),
             None => Ok(Captured::Scratch),
         };

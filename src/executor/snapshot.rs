@@ -542,9 +542,9 @@ impl<J: Job> State<J> {
             Some(()) => {}
             None => {
                 let mut out = Vec::new();
-                let error = Error::PartitionsLost {
+                let error = Error::PartitionGone {
                     job: J::NAME,
-                    chunks: vec![chunk],
+                    chunk,
                 };
                 self.snap.cut.captured_held(chunk, Err(error), &mut out);
                 self.cut_commands(shared, &mut out);
@@ -578,9 +578,9 @@ impl<J: Job> State<J> {
         self.snap.held_on_arrival.remove(&chunk);
         if self.snap.cut.waits_for_held(chunk) {
             let mut out = std::mem::take(&mut self.snap.out);
-            let error = Error::PartitionsLost {
+            let error = Error::PartitionGone {
                 job: J::NAME,
-                chunks: vec![chunk],
+                chunk,
             };
             self.snap.cut.captured_held(chunk, Err(error), &mut out);
             self.cut_commands(shared, &mut out);

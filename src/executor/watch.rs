@@ -233,6 +233,9 @@ impl<J: Job> State<J> {
             Ok(Outcome::Suspended(id)) => (Ending::Suspended, Some(id.epoch), None),
             Err(e) => (Ending::Failed, None, Some(chain(e))),
         };
+        if let Some(error) = &error {
+            tracing::warn!(job = J::NAME, phase = self.phase, %error, "the job ends with an error");
+        }
         self.record(Event::End {
             outcome,
             phase: self.phase,

@@ -457,25 +457,7 @@ impl<R: Reducer, S> Core<R, S> {
                 self.check_running(worker, chunk)?;
                 self.known.insert(chunk, state);
             }
-            Event::Retire { worker } => {
-                let slot = self.workers.get_mut(&worker).ok_or(Rejected {
-                    worker,
-                    reason: "unknown worker",
-                })?;
-                if slot.retiring {
-                    return Ok(());
-                }
-                slot.retiring = true;
-                if slot.running.is_some() {
-                    out.push(Command::Interrupt { worker });
-                } else {
-                    self.remove(worker);
-                    out.push(Command::Release { worker });
-                }
-                self.membership_changed();
-                // The static deal may have given the leaver's queue to an idle worker.
-                self.dispatch(out);
-            }
+            Event::Retire { worker } => self.retire_all(&[worker], out)?,
             Event::Lost { worker } => {
                 let slot = self.remove(worker).ok_or(Rejected {
                     worker,
@@ -501,6 +483,49 @@ impl<R: Reducer, S> Core<R, S> {
                 self.membership_changed();
                 self.dispatch(out);
             }
+        }
+        Ok(())
+    }
+
+    /// Retires `workers` together ([`Event::Retire`] for each, with one reassignment and one
+    /// dispatch after the last): the slots of a worker process leave at once, and none of
+    /// them is handed a chunk that another of them gave up. (Retired one at a time, the
+    /// process's later slots were given the chunks of its earlier ones, a partition the
+    /// process had just been asked to hand back among them.)
+    ///
+    /// # Errors
+    ///
+    /// A worker the ledger does not know is rejected, and nothing changes.
+    pub fn retire_all(
+        &mut self,
+        workers: &[WorkerId],
+        out: &mut Vec<Command<S>>,
+    ) -> Result<(), Rejected> {
+        if let Some(&worker) = workers.iter().find(|w| !self.workers.contains_key(w)) {
+            return Err(Rejected {
+                worker,
+                reason: "unknown worker",
+            });
+        }
+        let mut changed = false;
+        for &worker in workers {
+            let slot = self.workers.get_mut(&worker).expect("checked above");
+            if slot.retiring {
+                continue;
+            }
+            slot.retiring = true;
+            changed = true;
+            if slot.running.is_some() {
+                out.push(Command::Interrupt { worker });
+            } else {
+                self.remove(worker);
+                out.push(Command::Release { worker });
+            }
+        }
+        if changed {
+            self.membership_changed();
+            // The static deal may have given the leavers' queues to an idle worker.
+            self.dispatch(out);
         }
         Ok(())
     }

@@ -562,6 +562,63 @@ fn static_retire_wakes_an_idle_worker_that_inherits_chunks() {
     );
 }
 
+#[test]
+fn workers_retired_together_are_handed_nothing_the_others_gave_up() {
+    // Three workers, chunks 0..6 dealt 0,3 → worker 0; 1,4 → worker 1; 2,5 → worker 2.
+    // Worker 2 finishes its queue and idles. Workers 1 and 2 (the slots of one process)
+    // retire together: worker 1's pending chunk goes to worker 0, not to worker 2, which is
+    // released.
+    let plan = Plan::new(6, Schedule::Static, Chunking::Size(1));
+    let retire = |together: bool| {
+        let mut core: Core<Sum<u64>, u32> = Core::new(Schedule::Static, plan.clone(), Sum::new());
+        let mut out = Vec::new();
+        for worker in 0..3 {
+            core.handle(Event::Joined { worker }, &mut out).unwrap();
+        }
+        for chunk in [2, 5] {
+            let done = Event::Done {
+                kept: None,
+                worker: 2,
+                chunk,
+                output: 1,
+                work: Work::default(),
+            };
+            core.handle(done, &mut out).unwrap();
+        }
+        out.clear();
+        if together {
+            core.retire_all(&[1, 2], &mut out).unwrap();
+        } else {
+            for worker in [1, 2] {
+                core.handle(Event::Retire { worker }, &mut out).unwrap();
+            }
+        }
+        out
+    };
+    let out = retire(true);
+    assert!(out.contains(&Command::Interrupt { worker: 1 }), "{out:?}");
+    assert!(out.contains(&Command::Release { worker: 2 }), "{out:?}");
+    assert!(
+        !out.iter()
+            .any(|c| matches!(c, Command::Run { worker: 2, .. })),
+        "{out:?}"
+    );
+    // One at a time, worker 2 was handed a chunk of the redeal before it retired in turn.
+    let out = retire(false);
+    assert!(
+        out.iter()
+            .any(|c| matches!(c, Command::Run { worker: 2, .. })),
+        "{out:?}"
+    );
+    // An unknown worker among them: nothing changes.
+    let mut core: Core<Sum<u64>, u32> = Core::new(Schedule::Static, plan.clone(), Sum::new());
+    let mut out = Vec::new();
+    core.handle(Event::Joined { worker: 0 }, &mut out).unwrap();
+    out.clear();
+    assert!(core.retire_all(&[0, 9], &mut out).is_err());
+    assert!(out.is_empty(), "{out:?}");
+}
+
 /// An owned partition in the simulation: its range, its progress in the phase, the indices
 /// of this phase it covered, and how many phases it finished.
 #[derive(Debug, Clone, PartialEq)]
