@@ -334,6 +334,18 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// The text of `e` and of each of its sources, outermost first: an error as the log, the
+/// timeline and the wire carry it.
+pub(crate) fn chain_texts(e: &dyn std::error::Error) -> Vec<String> {
+    let mut texts = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        texts.push(s.to_string());
+        next = s.source();
+    }
+    texts
+}
+
 #[cfg(test)]
 mod tests {
     //! Chained `Display`: a variant that exposes its cause through `source()` does not print
@@ -346,20 +358,9 @@ mod tests {
     use crate::snapshot::Error as SnapshotError;
     use crate::wire::Error as ClusterError;
 
-    /// The `Display` of `e` and of each of its sources, outermost first.
-    fn chain(e: &dyn StdError) -> Vec<String> {
-        let mut texts = vec![e.to_string()];
-        let mut next = e.source();
-        while let Some(s) = next {
-            texts.push(s.to_string());
-            next = s.source();
-        }
-        texts
-    }
-
     /// Whether no link of `e`'s chain prints its source's message; if one does, which.
     fn no_repeats(e: &dyn StdError) -> Result<(), String> {
-        let texts = chain(e);
+        let texts = super::chain_texts(e);
         if texts.len() < 2 {
             return Err(format!("{e:?} has no source"));
         }
@@ -626,7 +627,7 @@ mod tests {
         assert_eq!(io.to_string(), "connection with 127.0.0.1:7070");
         assert_eq!(address.to_string(), "address example.invalid:7070");
         assert_eq!(
-            chain(&Error::SnapshotFailed(Cause::new(Error::Cluster(io)))),
+            super::chain_texts(&Error::SnapshotFailed(Cause::new(Error::Cluster(io)))),
             [
                 "snapshot failed",
                 "connection with 127.0.0.1:7070",

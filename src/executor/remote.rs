@@ -897,17 +897,10 @@ impl<J: Job> State<J> {
         }
         // All at once: retired one by one, its later slots were handed its earlier ones'
         // chunks.
-        let mut out = std::mem::take(&mut self.out);
-        match self.core.retire_all(&slots, &mut out) {
-            Ok(()) => {
-                let mine = self.execute(&mut out, None);
-                debug_assert!(mine.is_none());
-                self.out = out;
-            }
-            Err(rejected) => {
-                self.out = out;
-                self.fail(shared, Error::Internal(rejected.to_string()));
-            }
+        let mut refused = None;
+        self.drive_core(|core, out| refused = core.retire_all(&slots, out).err());
+        if let Some(rejected) = refused {
+            self.fail(shared, Error::Internal(rejected.to_string()));
         }
         self.settle(shared);
     }

@@ -247,12 +247,5 @@ impl<J: Job> State<J> {
 
 /// An error and its causes on one line.
 fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+    crate::error::chain_texts(e).join(": ")
 }

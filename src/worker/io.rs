@@ -889,7 +889,7 @@ async fn read_placed(
     store.get_part(part).await.map_err(|e| {
         tracing::warn!(chunk = part.chunk, key = %part.key, error = &e as &dyn std::error::Error, "the part of a placed partition could not be read");
         Failure::Store {
-            chain: super::thread::chain_of(&e),
+            chain: crate::error::chain_texts(&e),
         }
     })
 }

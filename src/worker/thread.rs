@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::codec;
-use crate::error::{Error, Site};
+use crate::error::{Error, Site, chain_texts};
 use crate::job::Job;
 use crate::metrics::StepStats;
 use crate::run::{self, Assignment, Attend, Cell, Held, Host, Inputs, MAIL, Ran};
@@ -385,18 +385,6 @@ pub(super) fn main<J: Job>(
     }
 }
 
-/// The text of `e` and of each of its sources, outermost first: an error as it crosses the
-/// wire.
-pub(super) fn chain_of(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
-    let mut chain = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        chain.push(s.to_string());
-        next = s.source();
-    }
-    chain
-}
-
 /// The wire's form of an error that lost a chunk here; the coordinator turns it back into
 /// the same [`Error`] variant (see `executor/remote.rs`).
 pub(super) fn failure_of(e: Error) -> Failure {
@@ -406,7 +394,7 @@ pub(super) fn failure_of(e: Error) -> Failure {
             message,
         },
         Error::Input { source, .. } => Failure::Input {
-            chain: chain_of(&*source),
+            chain: chain_texts(&*source),
         },
         Error::Codec { what, source } => Failure::Codec {
             what: what.to_owned(),
