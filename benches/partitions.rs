@@ -186,7 +186,7 @@ fn main() {
         summary.extend(doubling(s, &snapshotter, &reference_for(s.phases)));
     }
     if part("remote") {
-        summary.extend(remote_vs_local(s));
+        summary.extend(remote_vs_local(s, &snapshotter));
     }
     if part("pause") {
         summary.extend(pause(s, &snapshotter));
@@ -312,6 +312,26 @@ fn counter(snapshotter: &Snapshotter, name: &str) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+/// A counter's values by one of its labels, summed over the others, since the last snapshot
+/// (the debugging recorder's snapshot takes its counters' values, so one snapshot must
+/// serve every label).
+fn counter_by(
+    snapshotter: &Snapshotter,
+    name: &str,
+    label: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut by = std::collections::BTreeMap::new();
+    for (key, .., value) in snapshotter.snapshot().into_vec() {
+        let (DebugValue::Counter(c), true) = (value, key.key().name() == name) else {
+            continue;
+        };
+        for l in key.key().labels().filter(|l| l.key() == label) {
+            *by.entry(l.value().to_owned()).or_insert(0) += c;
+        }
+    }
+    by
 }
 
 /// A fresh folder for a snapshot store: its URL and path.
@@ -457,7 +477,7 @@ fn doubling(s: Sizes, snapshotter: &Snapshotter, reference: &Solution) -> Vec<St
 // ---------------------------------------------------------------------------------------
 // 2. Remote vs local.
 
-fn remote_vs_local(s: Sizes) -> Vec<String> {
+fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     let phases = s.remote_phases;
     println!(
         "\n== 2 worker processes over loopback vs 2 local threads, {phases} phases, {} pairs",
@@ -480,6 +500,8 @@ fn remote_vs_local(s: Sizes) -> Vec<String> {
         let workers = [spawn_worker(&addr), spawn_worker(&addr)];
         // Let them start before the clock does.
         std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
+        // Only this job's halos from here on.
+        let _ = counter_by(snapshotter, malleable::metrics::HALOS, "route");
         let t = Instant::now();
         let done = finish(exec.submit(job()).expect("submit"));
         let r = t.elapsed();
@@ -487,12 +509,17 @@ fn remote_vs_local(s: Sizes) -> Vec<String> {
             let _ = w.wait();
         }
         check("remote", &Heat::solution(&done), &expected);
+        let halos = counter_by(snapshotter, malleable::metrics::HALOS, "route");
+        let halos = |route| halos.get(route).copied().unwrap_or(0);
         println!(
-            "pair {}: local {:.3} s, remote {:.3} s: {:.2}x",
+            "pair {}: local {:.3} s, remote {:.3} s: {:.2}x; halos kept in the processes {}, \
+             relayed by the coordinator {}",
             pair + 1,
             l.as_secs_f64(),
             r.as_secs_f64(),
-            l.as_secs_f64() / r.as_secs_f64()
+            l.as_secs_f64() / r.as_secs_f64(),
+            halos("kept"),
+            halos("relayed"),
         );
         ratios.push(l.as_secs_f64() / r.as_secs_f64());
         tl.push(l);

@@ -17,6 +17,7 @@
 //! | `malleable_remote_workers` | gauge | connections | worker processes connected to a job (label `job`) |
 //! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
+//! | `malleable_halos_total` | counter | halos | halos exported by owned partitions in worker processes, counted at each barrier (label `route`: `kept`, stayed in the process for a partition there; `relayed`, sent to the coordinator, for a partition elsewhere or whose place was not known) |
 //! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
 //! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
 //! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (asked for, periodic or a suspend's), whatever the cause; each is also logged and kept on the handle ([`JobHandle::last_snapshot_error`](crate::JobHandle::last_snapshot_error)) |
@@ -67,6 +68,8 @@ pub const REMOTE_WORKERS: &str = "malleable_remote_workers";
 pub const PEER_ERRORS: &str = "malleable_peer_errors_total";
 /// Owned partitions handed to a worker other than the one that held them.
 pub const PARTITIONS_MOVED: &str = "malleable_partitions_moved_total";
+/// Halos exported by partitions in worker processes (label `route`: `kept`, `relayed`).
+pub const HALOS: &str = "malleable_halos_total";
 /// Rollbacks to the latest committed snapshot after owned partitions were lost.
 pub const ROLLBACKS: &str = "malleable_rollbacks_total";
 /// What a graceful shutdown gave up waiting for, by kind (`connection`: a worker process not

@@ -250,7 +250,10 @@ fn the_coordinator_names_what_it_refuses() {
         &mut s,
         &frame::encode(&frame::ToCoordinator::Exported {
             chunk: 5,
-            halos: (Bytes::from_static(b"\x01"), Bytes::from_static(b"\x02")),
+            halos: (
+                frame::Halo::Sent(Bytes::from_static(b"\x01")),
+                frame::Halo::Sent(Bytes::from_static(b"\x02")),
+            ),
         }),
     );
     assert!(closed_by_other_side(&mut s));

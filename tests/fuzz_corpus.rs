@@ -172,8 +172,16 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             "begin",
             ToWorker::Begin {
                 chunk: 16,
-                before: Some(Bytes::from_static(b"\x03a halo")),
+                before: Some(frame::Halo::Sent(Bytes::from_static(b"\x03a halo"))),
                 after: None,
+            },
+        ),
+        (
+            "begin-kept",
+            ToWorker::Begin {
+                chunk: 17,
+                before: Some(frame::Halo::Kept),
+                after: Some(frame::Halo::Sent(Bytes::from_static(b"\x01h"))),
             },
         ),
         ("surrender", ToWorker::Surrender { chunk: 16 }),
@@ -268,7 +276,10 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                 slot: 0,
                 chunk: 16,
                 output: Bytes::from_static(b"\x08an output"),
-                halos: Some((Bytes::from_static(b"\x01u"), Bytes::from_static(b"\x01d"))),
+                halos: Some((
+                    frame::Halo::Sent(Bytes::from_static(b"\x01u")),
+                    frame::Halo::Kept,
+                )),
                 iterations: 1_000,
                 busy_ns: 5,
             },
@@ -385,9 +396,17 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::Exported {
                 chunk: 14,
                 halos: (
-                    Bytes::from_static(b"\x02up"),
-                    Bytes::from_static(b"\x04down"),
+                    frame::Halo::Sent(Bytes::from_static(b"\x02up")),
+                    frame::Halo::Sent(Bytes::from_static(b"\x04down")),
                 ),
+            },
+        ),
+        (
+            "released",
+            ToCoordinator::Released {
+                chunk: 15,
+                before: Some(Bytes::from_static(b"\x02up")),
+                after: None,
             },
         ),
         (

@@ -40,8 +40,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// coordinator places restored partitions on the processes that run them next, ahead of
 /// their runs (`Place`, or `PlacePart` for a process that reads them from the store), and
 /// those that ended the restored phase export their halos there (`Exported`). Version 11: a
-/// slot's `busy_ns` is its thread's time on its chunk times [`SLOTS_PER_THREAD`].
-pub const PROTOCOL_VERSION: u32 = 11;
+/// slot's `busy_ns` is its thread's time on its chunk times [`SLOTS_PER_THREAD`]. Version 12:
+/// a halo whose neighbour is in the same process stays there ([`Halo::Kept`] in `Done`,
+/// `Exported` and `Begin`), and goes up with `Released` before that neighbour leaves.
+pub const PROTOCOL_VERSION: u32 = 12;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -122,16 +124,15 @@ pub enum ToWorker {
         held: bool,
     },
     /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos the
-    /// neighbours of `chunk` exported, for the partition this process holds.
+    /// neighbours of `chunk` exported, for the partition this process holds. [`Halo::Kept`]
+    /// names the one this process kept when the neighbour's `Done` (or `Exported`) said so.
     Begin {
         /// The chunk.
         chunk: u64,
-        /// What the chunk before exported for it (postcard), none for the first chunk.
-        #[serde(deserialize_with = "in_frame_opt")]
-        before: Option<Bytes>,
-        /// What the chunk after exported for it (postcard), none for the last chunk.
-        #[serde(deserialize_with = "in_frame_opt")]
-        after: Option<Bytes>,
+        /// What the chunk before exported for it, none for the first chunk.
+        before: Option<Halo>,
+        /// What the chunk after exported for it, none for the last chunk.
+        after: Option<Halo>,
     },
     /// Owned partitions: send the partition of `chunk` this process holds and forget it (it
     /// moves to another worker, or this process leaves). Answered by `Surrendered`.
@@ -244,9 +245,10 @@ pub enum ToCoordinator {
         /// The chunk's output (postcard).
         #[serde(deserialize_with = "in_frame")]
         output: Bytes,
-        /// Owned partitions: the halos the partition exported (postcard), for the chunk
-        /// before and the chunk after; the partition stays in this process.
-        halos: Option<(Bytes, Bytes)>,
+        /// Owned partitions: the halos the partition exported, for the chunk before and the
+        /// chunk after; the partition stays in this process. A halo for a partition that is
+        /// in this process too is [`Halo::Kept`].
+        halos: Option<(Halo, Halo)>,
         /// Iterations done in this run of the chunk.
         iterations: u64,
         /// The time from the chunk's `Run` reaching its thread to this message, in
@@ -371,13 +373,44 @@ pub enum ToCoordinator {
         part: crate::snapshot::PartRef,
     },
     /// Owned partitions: the halos the partition of `chunk`, placed here with `export`,
-    /// exported (postcard), for the chunk before and the chunk after.
+    /// exported, for the chunk before and the chunk after (as in `Done`).
     Exported {
         /// The chunk.
         chunk: u64,
         /// The halos.
-        halos: (Bytes, Bytes),
+        halos: (Halo, Halo),
     },
+    /// Owned partitions: the halos this process kept ([`Halo::Kept`]) for the partition of
+    /// `chunk`, which leaves it: sent right before the message that hands the partition
+    /// back (`Surrendered`, `Yielded`, `Failed`, `FailedHeld`, `Missing`), so that a kept
+    /// halo is always where its partition is.
+    Released {
+        /// The chunk the halos are for.
+        chunk: u64,
+        /// What the chunk before exported for it (postcard), if this process kept it.
+        #[serde(deserialize_with = "in_frame_opt")]
+        before: Option<Bytes>,
+        /// What the chunk after exported for it (postcard), if this process kept it.
+        #[serde(deserialize_with = "in_frame_opt")]
+        after: Option<Bytes>,
+    },
+}
+
+/// One halo of an owned partition on the wire.
+///
+/// Halos between two partitions of one worker process stay in that process: it answers
+/// `Kept` in `Done` (or `Exported`) for a halo whose partition is there (held, placed, or
+/// queued on one of its threads), and the coordinator names it back with `Kept` in that
+/// partition's `Begin`. The process keeps the bytes until then; if the partition leaves it
+/// first, the bytes go up in `Released` before the partition does. Only halos between
+/// processes, or to and from the coordinator's own workers, cross the connection: on the
+/// stencil of `benches/partitions.rs` (32 bands on two processes), 2 of 64 per phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Halo {
+    /// The halo's bytes (postcard of the job's `Partition::Halo`).
+    Sent(#[serde(deserialize_with = "in_frame")] Bytes),
+    /// Kept by the worker process, for its partition's next `Begin`.
+    Kept,
 }
 
 /// A message of the protocol, which may travel in pieces.

@@ -35,11 +35,69 @@ use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
 use crate::schedule::{ChunkId, Command, Core, Event, Plan, WorkerId};
 use crate::wire::listener::Listener;
 
-/// A halo as it reached the coordinator: exported by a local worker, or as bytes from a worker
-/// process.
+/// A halo as it reached the coordinator: exported by a local worker, as bytes from a worker
+/// process, or kept by a worker process for its own partition (protocol 12, see
+/// [`frame::Halo`](crate::wire::frame::Halo)) until that partition's `Begin` names it, or
+/// until the process sends it up (`Released`) before the partition leaves it.
 pub(crate) enum Halo {
     Live(AnyHalo),
     Bytes(bytes::Bytes),
+    Kept(super::remote::ConnId),
+}
+
+impl Halo {
+    /// A halo from worker process `conn`.
+    pub(crate) fn from_wire(h: crate::wire::frame::Halo, conn: super::remote::ConnId) -> Halo {
+        match h {
+            crate::wire::frame::Halo::Sent(b) => Halo::Bytes(b),
+            crate::wire::frame::Halo::Kept => Halo::Kept(conn),
+        }
+    }
+
+    /// The halo, to begin partition `chunk` here. A halo still kept by a worker process
+    /// never reached here: that process let the partition go without it.
+    pub(crate) fn live<J: Job>(
+        h: Option<Halo>,
+        hooks: &crate::job::Hooks<J>,
+        chunk: ChunkId,
+    ) -> Result<Option<AnyHalo>> {
+        Ok(match h {
+            None => None,
+            Some(Halo::Live(h)) => Some(h),
+            Some(Halo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
+            Some(Halo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
+        })
+    }
+
+    /// The halo on the wire, for partition `chunk` held by worker process `holder`.
+    pub(crate) fn wire<J: Job>(
+        h: Option<Halo>,
+        hooks: &crate::job::Hooks<J>,
+        chunk: ChunkId,
+        holder: super::remote::ConnId,
+    ) -> Result<Option<crate::wire::frame::Halo>> {
+        use crate::wire::frame::Halo as Wire;
+        Ok(match h {
+            None => None,
+            Some(Halo::Bytes(b)) => Some(Wire::Sent(b)),
+            Some(Halo::Live(h)) => Some(Wire::Sent((hooks.encode_halo)(&h)?.into())),
+            Some(Halo::Kept(conn)) if conn == holder => Some(Wire::Kept),
+            Some(Halo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
+        })
+    }
+}
+
+/// A halo kept by worker process `conn` is needed for partition `chunk`, which is no longer
+/// there: the process handed the partition back without the halo (`Released`).
+fn kept_astray(conn: super::remote::ConnId, chunk: ChunkId) -> Error {
+    Error::Cluster(crate::wire::Error::Rejected {
+        peer: format!("worker process {conn}"),
+        what: "a kept halo",
+        reason: format!(
+            "it kept a halo for partition {chunk} and handed the partition back without it"
+        ),
+        source: None,
+    })
 }
 
 /// Everything one job run shares between its workers and its handle.
@@ -545,20 +603,6 @@ impl<J: Job> State<J> {
             up.push(u);
             down.push(d);
         }
-        let live = |h: Option<Halo>| -> Result<Option<AnyHalo>> {
-            Ok(match h {
-                None => None,
-                Some(Halo::Live(h)) => Some(h),
-                Some(Halo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
-            })
-        };
-        let bytes = |h: Option<Halo>| -> Result<Option<bytes::Bytes>> {
-            Ok(match h {
-                None => None,
-                Some(Halo::Bytes(b)) => Some(b),
-                Some(Halo::Live(h)) => Some((hooks.encode_halo)(&h)?.into()),
-            })
-        };
         let mut remote_begins = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             let c = chunk as usize;
@@ -568,7 +612,8 @@ impl<J: Job> State<J> {
             let after = up.get_mut(c + 1).and_then(Option::take);
             match held {
                 Held::Live(part) => {
-                    let (before, after) = (live(before)?, live(after)?);
+                    let before = Halo::live(before, &hooks, chunk)?;
+                    let after = Halo::live(after, &hooks, chunk)?;
                     catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
                         (hooks.begin)(part, job, before, after)
                     })?;
@@ -577,7 +622,12 @@ impl<J: Job> State<J> {
                 // its way back here (its holder leaves) takes them when it arrives.
                 Held::Elsewhere(conn) => match self.remote.fetching(chunk) {
                     Some(fetch) => *fetch = Fetch::Begin(before, after),
-                    None => remote_begins.push((*conn, chunk, bytes(before)?, bytes(after)?)),
+                    None => remote_begins.push((
+                        *conn,
+                        chunk,
+                        Halo::wire(before, &hooks, chunk, *conn)?,
+                        Halo::wire(after, &hooks, chunk, *conn)?,
+                    )),
                 },
                 Held::Bytes(_) | Held::Fetch(_) => {
                     return Err(Error::Internal(format!(
@@ -596,6 +646,13 @@ impl<J: Job> State<J> {
         metrics::counter!(crate::metrics::PARTITIONS_MOVED, "job" => J::NAME)
             .increment(moved - self.moved);
         self.moved = moved;
+        let (kept, relayed) = std::mem::take(&mut self.remote.halos);
+        if kept + relayed > 0 {
+            metrics::counter!(crate::metrics::HALOS, "job" => J::NAME, "route" => "kept")
+                .increment(kept);
+            metrics::counter!(crate::metrics::HALOS, "job" => J::NAME, "route" => "relayed")
+                .increment(relayed);
+        }
         Ok(())
     }
 
@@ -826,5 +883,37 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    /// A halo kept by a worker process goes back to it as `Kept` only for a partition it
+    /// still holds: needed here, or by another process, it is a typed error naming the
+    /// process (it handed the partition back without the halo), never a silent stale halo.
+    #[test]
+    fn a_kept_halo_is_named_back_only_to_its_keeper() {
+        use crate::wire::frame::Halo as Wire;
+        let hooks = crate::job::Ownership::<Strips>::PARTITIONS.hooks.unwrap();
+        let wire = |h, holder| Halo::wire(Some(h), &hooks, 5, holder);
+        assert_eq!(wire(Halo::Kept(3), 3).unwrap(), Some(Wire::Kept));
+        let sent = wire(Halo::Live(Box::new(7u64)), 3).unwrap();
+        assert_eq!(
+            sent,
+            Some(Wire::Sent(crate::codec::encode("h", &7u64).unwrap().into()))
+        );
+        let astray = |r: Result<_>| match r {
+            Err(Error::Cluster(crate::wire::Error::Rejected {
+                peer, what, reason, ..
+            })) => {
+                assert_eq!(peer, "worker process 3");
+                assert_eq!(what, "a kept halo");
+                assert!(reason.contains("partition 5"), "{reason}");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("accepted"),
+        };
+        astray(wire(Halo::Kept(3), 4).map(|_| ()));
+        astray(Halo::live(Some(Halo::Kept(3)), &hooks, 5).map(|_| ()));
+        let bytes = crate::codec::encode("h", &9u64).unwrap();
+        let live = Halo::live(Some(Halo::Bytes(bytes.into())), &hooks, 5).unwrap();
+        assert_eq!(*live.unwrap().downcast::<u64>().unwrap(), 9);
     }
 }

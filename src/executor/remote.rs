@@ -65,12 +65,24 @@
 //! back to its latest committed snapshot (`rollback.rs`: the other processes `Forget` theirs),
 //! or ends it with `Error::PartitionsLost` if none was committed.
 //!
-//! Halos go through the coordinator, not worker to worker: every process already has one
-//! authenticated connection to it, halos are small (two rows per boundary; today they
-//! cross for every boundary, also between two partitions of one process, which could keep
-//! them), and the coordinator needs them anyway when the neighbour is a local worker or the partition
-//! moves at the barrier. A direct mesh would add a connection and a handshake per pair of
-//! processes; it has not been measured against the relay here.
+//! A halo between two partitions of one process stays in that process (protocol 12,
+//! [`frame::Halo`]): `Done` says `Kept`, the coordinator records `Halo::Kept(conn)` and
+//! names it back in the partition's `Begin`; a process hands a kept halo up (`Released`)
+//! before the partition it is for leaves it, so a kept halo is always where its partition
+//! is (one needed elsewhere is a typed error naming the process). The first phase deals
+//! each process one contiguous block (`schedule/owned.rs`), so only the halos of the
+//! boundaries between processes cross: on 32 bands over two processes, 4 of 64 a phase
+//! (the two between them and the outer two, which the process cannot tell apart), where
+//! all 64 crossed; two processes went from 0.69-0.79x to 0.79-0.89x two local threads
+//! (`benches/partitions.rs`).
+//!
+//! Those that cross go through the coordinator, not worker to worker: every process
+//! already has one authenticated connection to it, halos are small (two rows per
+//! boundary), and the coordinator needs them anyway when the neighbour is a local worker
+//! or the partition moves at the barrier. A direct mesh would add a connection and a
+//! handshake per pair of processes to save one hop for two rows per boundary and phase;
+//! with the relay, what is left of the gap to local threads is not the halos (4 of them a
+//! phase) but the round trips of each chunk's `Run` and `Done` on two shared cores.
 //!
 //! Why the value stays exact: the core sees a remote slot exactly as a local worker, with the
 //! same events in the same per-worker order (one connection, one task, messages in order), so
@@ -195,6 +207,9 @@ pub(crate) struct Remotes {
     /// Bytes of owned partitions sent to worker processes since the autoscaler last looked
     /// (untimed: nothing answers their arrival).
     pub(crate) sent: u64,
+    /// Halos from worker processes since the last barrier: kept there for a partition there,
+    /// and sent here (for [`HALOS`](crate::metrics::HALOS)).
+    pub(crate) halos: (u64, u64),
 }
 
 impl Remotes {
@@ -214,7 +229,7 @@ impl Remotes {
         &mut self,
         phase: u64,
         job: Bytes,
-        begins: Vec<(ConnId, ChunkId, Option<Bytes>, Option<Bytes>)>,
+        begins: Vec<(ConnId, ChunkId, Option<frame::Halo>, Option<frame::Halo>)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
         for (id, chunk, before, after) in begins {
@@ -234,6 +249,17 @@ impl Remotes {
                 });
             }
         }
+    }
+
+    /// The halos a partition in worker process `id` exported, counted.
+    fn count_halos(&mut self, id: ConnId, up: frame::Halo, down: frame::Halo) -> (Halo, Halo) {
+        for h in [&up, &down] {
+            match h {
+                frame::Halo::Kept => self.halos.0 += 1,
+                frame::Halo::Sent(_) => self.halos.1 += 1,
+            }
+        }
+        (Halo::from_wire(up, id), Halo::from_wire(down, id))
     }
 
     /// Whether no partition is on its way from a worker process.
@@ -816,6 +842,50 @@ impl<J: Job> State<J> {
         self.end_if_drained(id);
     }
 
+    /// Halos worker process `id` kept for the partition of `chunk`, which leaves it
+    /// (`Released`): wherever they are still recorded as kept there (this phase's exports, or
+    /// the halos of a phase that began while the partition was on its way), they are these
+    /// bytes now. One nobody waits for (the job rolled back meanwhile) is dropped.
+    fn released(
+        &mut self,
+        id: ConnId,
+        chunk: ChunkId,
+        mut before: Option<Bytes>,
+        mut after: Option<Bytes>,
+    ) {
+        let fill = |h: Option<&mut Halo>, bytes: &mut Option<Bytes>| {
+            if let Some(h) = h {
+                if matches!(h, Halo::Kept(c) if *c == id) {
+                    if let Some(b) = bytes.take() {
+                        *h = Halo::Bytes(b);
+                    }
+                }
+            }
+        };
+        if let Some((_, Fetch::Begin(b, a), _)) = self.remote.fetches.get_mut(&chunk) {
+            fill(b.as_mut(), &mut before);
+            fill(a.as_mut(), &mut after);
+        }
+        if let Some((b, a)) = self.remote.begins.get_mut(&chunk) {
+            fill(b.as_mut(), &mut before);
+            fill(a.as_mut(), &mut after);
+        }
+        let c = chunk as usize;
+        if let Some(Some((_, down))) = c.checked_sub(1).and_then(|p| self.exports.get_mut(p)) {
+            fill(Some(down), &mut before);
+        }
+        if let Some(Some((up, _))) = self.exports.get_mut(c + 1) {
+            fill(Some(up), &mut after);
+        }
+        if before.is_some() || after.is_some() {
+            tracing::debug!(
+                conn = id,
+                chunk,
+                "released halos nobody waits for are dropped"
+            );
+        }
+    }
+
     /// A partition that came back after its phase began: decoded, and given its halos here.
     fn begin_here(
         &self,
@@ -828,14 +898,8 @@ impl<J: Job> State<J> {
             return Err(Error::Internal("halos for a job without partitions".into()));
         };
         let mut part: J::Chunk = codec::decode("a chunk state", &state)?;
-        let live = |h: Option<Halo>| -> crate::Result<Option<crate::job::AnyHalo>> {
-            Ok(match h {
-                None => None,
-                Some(Halo::Live(h)) => Some(h),
-                Some(Halo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
-            })
-        };
-        let (before, after) = (live(before)?, live(after)?);
+        let before = Halo::live(before, &hooks, chunk)?;
+        let after = Halo::live(after, &hooks, chunk)?;
         let site = Site::Chunk {
             phase: self.phase,
             chunk,
@@ -1146,6 +1210,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
                 ToCoordinator::Surrendered { chunk, .. } => ("surrendered", Some(*chunk)),
                 ToCoordinator::Exported { chunk, .. } => ("exported", Some(*chunk)),
+                ToCoordinator::Released { chunk, .. } => ("released", Some(*chunk)),
                 ToCoordinator::CapturedHeld { chunk, .. } => ("captured held", Some(*chunk)),
                 ToCoordinator::CapturedHeldPart { chunk, .. } => {
                     ("captured held part", Some(*chunk))
@@ -1196,6 +1261,14 @@ impl<J: Job> State<J> {
                 .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
         };
         let event = match msg {
+            ToCoordinator::Released {
+                chunk,
+                before,
+                after,
+            } => {
+                self.released(id, chunk, before, after);
+                return Ok(());
+            }
             ToCoordinator::Exported {
                 chunk,
                 halos: (up, down),
@@ -1211,7 +1284,8 @@ impl<J: Job> State<J> {
                         "halos for chunk {chunk}, which was not placed there to export them"
                     )));
                 }
-                self.keep_halos(chunk, (Halo::Bytes(up), Halo::Bytes(down)));
+                let halos = self.remote.count_halos(id, up, down);
+                self.keep_halos(chunk, halos);
                 self.settle(shared);
                 return Ok(());
             }
@@ -1338,7 +1412,8 @@ impl<J: Job> State<J> {
                 let kept = match (J::OWNERSHIP.is_partitioned(), halos) {
                     (true, Some((up, down))) => {
                         // Kept by that process, with its halos here for the barrier.
-                        self.keep_halos(chunk, (Halo::Bytes(up), Halo::Bytes(down)));
+                        let halos = self.remote.count_halos(id, up, down);
+                        self.keep_halos(chunk, halos);
                         Some(Held::Elsewhere(id))
                     }
                     (false, None) => None,

@@ -143,6 +143,24 @@ impl Owners {
         if k == 0 {
             return;
         }
+        // While no pending chunk was ever given to a worker (the first phase, or a
+        // restore), none has a partition anywhere: they are dealt again with every
+        // membership change, so that workers joining one at a time (a worker process's
+        // slots join one by one, processes join when they dial) still get contiguous
+        // blocks. Dealt once, at the first join, and then balanced by moving ends, two
+        // processes held interleaved blocks and 24 of the 64 halos of each phase crossed
+        // between them instead of 2.
+        let fresh = self
+            .queues
+            .values()
+            .flatten()
+            .chain(&self.orphans)
+            .all(|&c| self.holder(c).is_none());
+        if fresh {
+            for (_, q) in self.queues.iter_mut() {
+                self.orphans.extend(q.drain(..));
+            }
+        }
         // Orphans whose holder is present go home.
         let orphans = std::mem::take(&mut self.orphans);
         let mut homeless = Vec::new();
@@ -166,18 +184,42 @@ impl Owners {
         // Step 1.
         let never_held = homeless.iter().all(|&c| self.holder(c).is_none());
         if never_held {
-            // The first phase (or a restore): contiguous blocks in worker order, sized by
-            // speed.
-            let total: f64 = homeless.iter().map(|&c| len_of(plan, c)).sum();
+            // The first phase (or a restore): a contiguous block per group (a worker process's
+            // slots, or a worker of its own) in worker order, sized so that each group's
+            // load (what it runs now and its block) is its share by speed; within a group, its block dealt to its slots in turn, so that the
+            // process runs it in order and what it has taken when another joins is a prefix
+            // of its block (the rest is re-dealt above, and stays contiguous).
             let speeds: f64 = (0..k).map(speed).sum();
-            let mut i = 0;
-            let mut filled = 0.0;
-            for c in homeless {
-                let share = total * speed(i) / speeds;
-                if filled >= share && i + 1 < k {
-                    i += 1;
-                    filled = 0.0;
+            let mut order: Vec<usize> = (0..k).collect();
+            order.sort_by_key(|&i| (self.group_of(ids[i]), ids[i]));
+            let mut blocks: Vec<(Vec<usize>, f64)> = Vec::new();
+            for &i in &order {
+                match blocks.last_mut() {
+                    Some((members, s))
+                        if self.group_of(ids[members[0]]) == self.group_of(ids[i]) =>
+                    {
+                        members.push(i);
+                        *s += speed(i);
+                    }
+                    _ => blocks.push((vec![i], speed(i))),
                 }
+            }
+            // What each group runs now: the loads balanced below count it.
+            let taken: Vec<f64> = blocks
+                .iter()
+                .map(|(members, _)| members.iter().map(|&i| workers[i].2 as f64).sum())
+                .collect();
+            let total: f64 =
+                homeless.iter().map(|&c| len_of(plan, c)).sum::<f64>() + taken.iter().sum::<f64>();
+            let (mut b, mut turn, mut filled) = (0, 0, taken[0]);
+            for c in homeless {
+                while filled >= total * blocks[b].1 / speeds && b + 1 < blocks.len() {
+                    (b, turn) = (b + 1, 0);
+                    filled = taken[b];
+                }
+                let members = &blocks[b].0;
+                let i = members[turn % members.len()];
+                turn += 1;
                 filled += len_of(plan, c);
                 load[i] += len_of(plan, c) / speed(i);
                 push_sorted(self.queues.entry(ids[i]).or_default(), c);
@@ -387,6 +429,73 @@ mod tests {
         o.start_phase(&[(3, 1.0, 0), (7, 1.0, 0)], &plan(8));
         assert_eq!(o.queue(3), vec![0, 1, 2, 3]);
         assert_eq!(o.queue(7), vec![4, 5, 6, 7]);
+    }
+
+    /// Two worker processes whose slots join one at a time, their ids interleaved, before
+    /// any chunk has run: each process gets one contiguous block, so only one boundary's
+    /// halos cross between them. (Dealt at the first join and balanced by moving ends, the
+    /// blocks interleaved: 0-3, 8, 11-13, … on one process.)
+    #[test]
+    fn slots_joining_one_by_one_get_one_block_per_process() {
+        let mut o = Owners::new(32);
+        o.start_phase(&[], &plan(32));
+        let mut workers = Vec::new();
+        // Each slot takes a chunk as it joins, as the core's dispatch does (`take`, then
+        // `ran`).
+        let mut taken = Vec::new();
+        for w in 0..8 {
+            o.set_group(w, 100 + w % 2);
+            workers.push((w, 1.0, 0));
+            o.reassign(&workers, &plan(32), 0.0);
+            let c = o.take(w).expect("a chunk for each slot");
+            o.ran(c, w);
+            workers[w as usize].2 = 1;
+            taken.push((w, c));
+        }
+        let of = |g: u64| {
+            let mut v: Vec<ChunkId> = (0..8)
+                .filter(|w| w % 2 == g)
+                .flat_map(|w| o.queue(w))
+                .chain(taken.iter().filter(|(w, _)| w % 2 == g).map(|&(_, c)| c))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(of(0), (0..16).collect::<Vec<_>>());
+        assert_eq!(of(1), (16..32).collect::<Vec<_>>());
+        // A process that ran chunks before the other joined keeps them, and its block is
+        // the rest of its share of what is left: chunks 0-5 done and 6-9 running on
+        // process 100, 22 left for both.
+        let mut o = Owners::new(32);
+        o.start_phase(&[], &plan(32));
+        let mut workers: Vec<_> = (0..4).map(|w| (w, 1.0, 1)).collect();
+        for w in 0..4 {
+            o.set_group(w, 100);
+        }
+        o.reassign(&workers, &plan(32), 0.0);
+        let mut took = Vec::new();
+        for _ in 0..10 {
+            let w = took.len() as u64 % 4;
+            let c = o.take(w).expect("a chunk");
+            o.ran(c, w);
+            took.push(c);
+        }
+        assert_eq!(
+            took,
+            (0..10).collect::<Vec<_>>(),
+            "a process runs its block in order"
+        );
+        for w in 4..8 {
+            o.set_group(w, 101);
+            workers.push((w, 1.0, 0));
+        }
+        o.reassign(&workers, &plan(32), 0.0);
+        let mut first: Vec<ChunkId> = (0..4).flat_map(|w| o.queue(w)).collect();
+        first.sort_unstable();
+        assert_eq!(first, (10..19).collect::<Vec<_>>());
+        let mut second: Vec<ChunkId> = (4..8).flat_map(|w| o.queue(w)).collect();
+        second.sort_unstable();
+        assert_eq!(second, (19..32).collect::<Vec<_>>());
     }
 
     /// One worker holds every partition and three others hold none (after a rollback, or

@@ -9,6 +9,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::codec::Framed;
 
+use super::halos::Keeper;
 use super::thread::{HeldParts, Run, SlotMsg, Thread, lock};
 use crate::codec;
 use crate::job::Job;
@@ -29,6 +30,8 @@ pub(super) struct Io {
     pub(super) first_run: std::cell::Cell<Option<Duration>>,
     pub(super) parts_written: std::cell::Cell<u64>,
     pub(super) parts_sent: std::cell::Cell<u64>,
+    /// The partitions here and the halos kept for them (`halos.rs`).
+    pub(super) keeper: std::cell::RefCell<Keeper>,
 }
 
 /// What background tasks of the I/O loop report.
@@ -102,6 +105,7 @@ fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Missing { chunk }
         | ToCoordinator::FailedHeld { chunk, .. }
         | ToCoordinator::Exported { chunk, .. }
+        | ToCoordinator::Released { chunk, .. }
         | ToCoordinator::Yielded { chunk, .. }
         | ToCoordinator::Captured { chunk, .. }
         | ToCoordinator::CapturedPart { chunk, .. }
@@ -260,7 +264,8 @@ impl Io {
         counter.set(counter.get() + 1);
     }
 
-    /// Sends `msgs` to the coordinator (in pieces where they are long), then flushes.
+    /// Sends `msgs` to the coordinator (in pieces where they are long), then flushes. Halos
+    /// for partitions here are kept on the way ([`Keeper::outgoing`]).
     async fn send_all<S>(
         &self,
         sink: &mut S,
@@ -269,6 +274,14 @@ impl Io {
     where
         S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
     {
+        let msgs = {
+            let mut keeper = self.keeper.borrow_mut();
+            let mut out = Vec::new();
+            for msg in msgs {
+                keeper.outgoing(msg, &mut out);
+            }
+            out
+        };
         for msg in msgs {
             self.tally(&msg);
             for f in frame::Frames::new(&msg, self.max_frame) {
@@ -296,7 +309,8 @@ impl Io {
                     tracing::warn!(chunk, "a partition placed here replaced the one held");
                 }
                 match halos {
-                    Some(halos) => {
+                    Some((up, down)) => {
+                        let halos = (frame::Halo::Sent(up), frame::Halo::Sent(down));
                         self.send_all(sink, [ToCoordinator::Exported { chunk, halos }])
                             .await
                     }
@@ -404,6 +418,17 @@ impl Io {
                         }
                         msg @ ToWorker::Store { .. } => parts.offered(msg, &bg_tx),
                         msg => {
+                            if J::OWNERSHIP.is_partitioned() {
+                                self.keeper.borrow_mut().arrived(&msg);
+                            }
+                            let Some(msg) = self.keeper.borrow_mut().begin(msg) else {
+                                return Err(Error::Rejected {
+                                    peer: peer.clone(),
+                                    what: "a message to a worker",
+                                    reason: "a partition's halo kept here that this process did not keep".into(),
+                                    source: None,
+                                });
+                            };
                             if let Some(chunk) = held_chunk(&msg) {
                                 while placing.places(chunk) {
                                     let Some((c, r)) = placing.next().await else { break };
@@ -667,10 +692,13 @@ fn dispatch<J: Job>(
                     "a partition's halos for a job without partitions".into()
                 ));
             };
-            let halo = |b: Option<bytes::Bytes>| {
-                b.map(|b| (hooks.decode_halo)(&b))
-                    .transpose()
-                    .map_err(|e| undecodable("a halo", e))
+            let halo = |h: Option<frame::Halo>| match h {
+                None => Ok(None),
+                Some(frame::Halo::Sent(b)) => (hooks.decode_halo)(&b)
+                    .map(Some)
+                    .map_err(|e| undecodable("a halo", e)),
+                // `run` gave the kept ones back (`Keeper::begin`).
+                Some(frame::Halo::Kept) => Err(bad("a kept halo that was not given back".into())),
             };
             let (before, after) = (halo(before)?, halo(after)?);
             let mut parts = lock(held);
@@ -1031,6 +1059,7 @@ mod tests {
             first_run: std::cell::Cell::new(None),
             parts_written: std::cell::Cell::new(0),
             parts_sent: std::cell::Cell::new(0),
+            keeper: std::cell::RefCell::default(),
         }
     }
 
@@ -1159,7 +1188,7 @@ mod tests {
                 exported,
                 &ToCoordinator::Exported {
                     chunk: 1,
-                    halos: (halo(0), halo(99_999)),
+                    halos: (frame::Halo::Sent(halo(0)), frame::Halo::Sent(halo(99_999))),
                 }
             );
             assert_eq!(

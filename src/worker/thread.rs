@@ -20,7 +20,7 @@ use crate::error::{Error, Site, chain_texts};
 use crate::job::Job;
 use crate::metrics::StepStats;
 use crate::run::{self, Assignment, Attend, Cell, Held, Host, Inputs, MAIL, Ran};
-use crate::wire::frame::{Failure, SLOTS_PER_THREAD, ToCoordinator};
+use crate::wire::frame::{Failure, Halo, SLOTS_PER_THREAD, ToCoordinator};
 
 /// A chunk to run in a slot.
 pub(super) struct Run<J: Job> {
@@ -333,7 +333,9 @@ pub(super) fn main<J: Job>(
                             .and_then(|a| (hooks.encode_halo)(&k.halos.1).map(|b| (a, b)));
                         lock(held).insert(chunk, k.state);
                         bytes
-                            .map(|(a, b)| halos = Some((Bytes::from(a), Bytes::from(b))))
+                            .map(|(a, b)| {
+                                halos = Some((Halo::Sent(a.into()), Halo::Sent(b.into())));
+                            })
                             .map_err(Error::from)
                     }
                     _ => Ok(()),
