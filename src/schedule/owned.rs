@@ -279,19 +279,22 @@ impl Owners {
             if ghi == glo {
                 break;
             }
-            // The giver: the most loaded worker of the group with a chunk queued; the
-            // receiver: the least loaded of the other.
-            let members = |g: usize| groups[g].1.iter().copied();
-            let Some(hi) = members(ghi)
-                .filter(|&i| self.queues.get(&ids[i]).is_some_and(|q| !q.is_empty()))
-                .max_by(|&a, &b| load[a].total_cmp(&load[b]))
-            else {
+            // The chunk: an end of the giving group's chunks (all its members' queues), next
+            // to the receiving group's if it can be, so that each group's chunks stay one
+            // block (a process's slots hold its block in turn, so the ends of one slot's
+            // queue are not the ends of its process's block); the receiver: the least
+            // loaded member of the other group.
+            let members = |g: usize| groups[g].1.iter().map(|&i| ids[i]).collect::<Vec<_>>();
+            let Some((giver, c)) = self.group_end_for(&members(ghi), &members(glo), plan) else {
                 break;
             };
-            let lo = members(glo)
+            let hi = ids.iter().position(|&w| w == giver).expect("a member");
+            let lo = groups[glo]
+                .1
+                .iter()
+                .copied()
                 .min_by(|&a, &b| load[a].total_cmp(&load[b]))
                 .expect("a group has members");
-            let c = self.end_for(ids[hi], ids[lo], plan);
             let len = len_of(plan, c);
             let (new_hi, new_lo) = (
                 gload[ghi] - len / gspeed[ghi],
@@ -330,6 +333,45 @@ impl Owners {
                 self.shift(ids[hi], ids[lo], c);
                 load[hi] = new_hi;
                 load[lo] = new_lo;
+            }
+        }
+    }
+
+    /// The end of group `giver`'s queued chunks to give group `taker`, and the member whose
+    /// queue has it: the one next to the taker's chunks if any, else the one nearer to
+    /// them; `None` if the giver has nothing queued.
+    fn group_end_for(
+        &self,
+        giver: &[WorkerId],
+        taker: &[WorkerId],
+        plan: &Plan,
+    ) -> Option<(WorkerId, ChunkId)> {
+        let ends = |ws: &[WorkerId]| {
+            let mut first: Option<(WorkerId, ChunkId)> = None;
+            let mut last: Option<(WorkerId, ChunkId)> = None;
+            for &w in ws {
+                let Some(q) = self.queues.get(&w).filter(|q| !q.is_empty()) else {
+                    continue;
+                };
+                if first.is_none_or(|(_, c)| q[0] < c) {
+                    first = Some((w, q[0]));
+                }
+                if last.is_none_or(|(_, c)| q[q.len() - 1] > c) {
+                    last = Some((w, q[q.len() - 1]));
+                }
+            }
+            first.zip(last)
+        };
+        let (first, last) = ends(giver)?;
+        let taker_holds = |x: ChunkId| taker.iter().any(|&w| self.holds(w, x));
+        if last.1 + 1 < plan.len() && taker_holds(last.1 + 1) {
+            Some(last)
+        } else if first.1 > 0 && taker_holds(first.1 - 1) {
+            Some(first)
+        } else {
+            match ends(taker) {
+                Some(((_, t), _)) if t < first.1 => Some(first),
+                _ => Some(last),
             }
         }
     }
@@ -496,6 +538,31 @@ mod tests {
         let mut second: Vec<ChunkId> = (4..8).flat_map(|w| o.queue(w)).collect();
         second.sort_unstable();
         assert_eq!(second, (19..32).collect::<Vec<_>>());
+    }
+
+    /// A process that ran the whole first phase alone holds its block in turn over its
+    /// slots; a process that joins later takes one contiguous half at the next phase start
+    /// (taking the ends of the giving slots' queues, it took every fourth chunk).
+    #[test]
+    fn a_process_joining_late_takes_one_block() {
+        let mut o = Owners::new(32);
+        for w in 0..8 {
+            o.set_group(w, 100 + w / 4);
+        }
+        for c in 0..32 {
+            o.ran(c, c % 4);
+        }
+        // Slots measured behind each other on one thread differ in speed.
+        let speeds = [1.0, 1.3, 0.8, 1.1, 0.9, 1.2, 1.0, 0.95];
+        let eight: Vec<_> = (0..8).map(|w| (w, speeds[w as usize], 0)).collect();
+        o.start_phase(&eight, &plan(32));
+        let of = |ws: std::ops::Range<u64>| {
+            let mut v: Vec<ChunkId> = ws.flat_map(|w| o.queue(w)).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(of(0..4), (0..16).collect::<Vec<_>>());
+        assert_eq!(of(4..8), (16..32).collect::<Vec<_>>());
     }
 
     /// One worker holds every partition and three others hold none (after a rollback, or
