@@ -279,17 +279,13 @@ impl super::Executor {
     }
 }
 
-/// Reads committed snapshot `id` of job `J`: its manifest and the bytes of its parts (the
-/// states of pending chunks, then the kept partitions), each checked against its checksum
-/// (a missing or corrupt one is [`Damaged`](crate::snapshot::Error::Damaged)).
-pub(crate) async fn read_snapshot<J: Job>(
-    store: &Store,
-    id: &SnapshotId,
-) -> Result<(Manifest, Vec<bytes::Bytes>)> {
-    let (m, parts) = store.read(id).await?;
+/// Reads the manifest of committed snapshot `id` of job `J`, not its parts (a rollback reads
+/// the parts it needs itself, `rollback.rs`).
+pub(crate) async fn read_manifest<J: Job>(store: &Store, id: &SnapshotId) -> Result<Manifest> {
+    let m = store.read_manifest(id).await?;
     m.check_job(J::NAME)?;
     m.check_job_version(J::VERSION)?;
-    Ok((m, parts))
+    Ok(m)
 }
 
 /// A job run restored from a snapshot: the job value, its ledger, how it was cut.

@@ -13,22 +13,29 @@
 //!    workers (`Surrender`) and no snapshot is being written (a write in flight that commits
 //!    is a newer restore point, and it is the one taken). Local workers whose partition was on
 //!    its way from the lost process leave and are replaced.
-//! 3. *Read.* The snapshot the run last committed (or resumed from) is read on the I/O
-//!    runtime, outside the lock, with every part's checksum checked.
+//! 3. *Read.* The manifest of the snapshot the run last committed (or resumed from) is read
+//!    on the I/O runtime, outside the lock; the parts stay in the store for now.
 //! 4. *Reset.* Under the lock the ledger, the job value, the phase and the snapshot
-//!    bookkeeping are replaced by the snapshot's; every worker process is told to forget the
-//!    partitions it holds (`Forget`) and gets the job value again before its next chunk;
-//!    every worker joins the restored ledger, which hands out chunks at once. Requests
+//!    bookkeeping are replaced by the snapshot's, and the restored ledger is halted; every
+//!    worker process is told to forget the partitions it holds (`Forget`) and gets the job
+//!    value again before its next chunk; every worker joins the restored ledger. Requests
 //!    waiting for a snapshot (or a suspend) are asked again of the restored run.
-//! 5. *Place.* Every restored partition that does not run at once and that a worker process
-//!    runs next goes ahead of its run to that process (`Place`; `PlacePart`, a
-//!    reference to the snapshot's part, for a process that writes to the store, so that the
-//!    grid does not cross the control stream), and those that ended the snapshot's phase
-//!    export their halos there (`Exported`); the barrier waits for them. (At first the
-//!    restored partitions stayed here: each went to the process with its `Run`, one per
-//!    slot at a time, and those done in the snapshot's phase were decoded here to export
-//!    their halos, then encoded again for their next run. A restored phase and the one after
-//!    it took 5-6 times a normal one.)
+//! 5. *Place.* Every restored partition that a process which reads the store runs next goes
+//!    to it as a reference to the snapshot's part (`PlacePart`): the process reads it, size
+//!    and checksum checked, while the coordinator goes on.
+//! 6. *Read the rest.* The coordinator reads the parts it hands out itself (those of local
+//!    workers, and of processes that do not read the store), checked; those processes get
+//!    theirs as bytes (`Place`); then the restored ledger hands out chunks. Those that ended
+//!    the snapshot's phase export their halos where they are placed (`Exported`); the
+//!    barrier waits for them. A loss before this step ends reads the snapshot again.
+//!
+//! Why in this order: at first the coordinator read the whole snapshot before anything
+//! else, and the processes then read their parts again, so the loss-to-phase time held two
+//! reads of the grid; the processes now read theirs while the coordinator reads only what
+//! it needs. (Before that, restored partitions went to the processes with their `Run`, one
+//! per slot at a time, and those done in the snapshot's phase were decoded here to export
+//! their halos, then encoded again for their next run: a restored phase and the one after
+//! it took 5-6 times a normal one.)
 //!
 //! The value stays exact: the restored run is the run a `resume` of that snapshot would be,
 //! with the same workers (see `io.rs`). A run that committed no snapshot yet (none taken,
@@ -40,7 +47,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::io::{Restored, read_snapshot, restore};
+use super::io::{Restored, read_manifest, restore};
 use super::job_run::{Shared, State};
 use super::members::Member;
 use super::remote::ConnId;
@@ -66,7 +73,9 @@ pub struct Rollback {
     pub to_phase: u64,
     /// From the loss until no chunk of the lost run was running any more.
     pub quiesce: Duration,
-    /// Reading the snapshot back from the store (manifest and parts, checksums checked).
+    /// Reading the snapshot back from the store at the coordinator: the manifest, and the
+    /// parts it hands out itself (checksums checked). Worker processes that read the store
+    /// read their own parts meanwhile, and those are not in it.
     pub read: Duration,
     /// From the loss until the restored run handed out its first chunks.
     pub restart: Duration,
@@ -82,6 +91,13 @@ pub(crate) struct RollingBack {
     since: Instant,
     /// When the run was quiet and the read started.
     reading: Option<Instant>,
+    /// The restored run is placed and waits for the parts the coordinator itself needs
+    /// (step 3b); a loss meanwhile starts the rollback again.
+    filling: bool,
+    /// Tries so far: a read that ends after the rollback started again is dropped.
+    attempt: u64,
+    /// How long the manifest's read took.
+    read: Duration,
 }
 
 impl<J: Job> State<J> {
@@ -105,6 +121,14 @@ impl<J: Job> State<J> {
             rb.lost.extend(chunks);
             rb.lost.sort_unstable();
             rb.lost.dedup();
+            if rb.filling {
+                // The restored run lost partitions placed on a process: read the snapshot
+                // again and place them on the workers left.
+                tracing::warn!(job = J::NAME, lost = ?rb.lost, "owned partitions were lost while the job rolled back: rolling back again");
+                rb.filling = false;
+                rb.reading = None;
+                rb.attempt += 1;
+            }
             return;
         }
         let Some(epoch) = self.snap.last_epoch else {
@@ -126,6 +150,9 @@ impl<J: Job> State<J> {
             epoch,
             since: Instant::now(),
             reading: None,
+            filling: false,
+            attempt: 0,
+            read: Duration::ZERO,
         });
         self.drive_core(crate::schedule::Core::halt);
     }
@@ -142,25 +169,27 @@ impl<J: Job> State<J> {
         // A write that committed meanwhile is the newest restore point.
         let epoch = self.snap.last_epoch.unwrap_or(rb.epoch).max(rb.epoch);
         rb.epoch = epoch;
-        rb.reading = Some(Instant::now());
+        let started = Instant::now();
+        rb.reading = Some(started);
+        let attempt = rb.attempt;
         let cfg = shared.config.snapshots.clone();
         let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
         let shared2 = Arc::clone(shared);
         shared.io.handle().spawn(async move {
             let read = match cfg.store() {
-                Ok(store) => read_snapshot::<J>(&store, &id).await,
+                Ok(store) => read_manifest::<J>(&store, &id).await.map(|m| (m, store)),
                 Err(e) => Err(e),
             };
-            let read_took = shared2
-                .lock()
-                .rollback
-                .as_ref()
-                .and_then(|rb| rb.reading)
-                .map(|t| t.elapsed())
-                .unwrap_or_default();
-            // Decoding runs user code (`iterations`, `reducer`): off the I/O thread.
+            let read_took = started.elapsed();
+            // Decoding runs user code (`iterations`, `reducer`): off the I/O thread. The
+            // states stay in the store for now (empty bytes in the ledger): a process that
+            // reads the store reads its own, and the coordinator reads the rest (step 3b)
+            // before anything runs.
             let restored = tokio::task::spawn_blocking(move || {
-                read.and_then(|(m, parts)| restore::<J>(m, parts))
+                read.and_then(|(m, store)| {
+                    let empty = vec![bytes::Bytes::new(); m.all_parts().count()];
+                    restore::<J>(m, empty).map(|r| (r, store))
+                })
             })
             .await
             .unwrap_or_else(|e| {
@@ -169,54 +198,49 @@ impl<J: Job> State<J> {
                 )))
             });
             let mut st = shared2.lock();
-            st.rolled_back(&shared2, restored, read_took);
+            st.rolled_back(&shared2, restored, read_took, attempt);
         });
     }
 
-    /// Step 4: the snapshot is read (or could not be); the run restarts from it.
+    /// Step 4: the snapshot's manifest is read (or could not be); the run is reset to it,
+    /// halted, its workers join and its partitions are placed on the processes that read
+    /// them from the store themselves (step 5); then the coordinator reads the parts it
+    /// needs (step 3b: those of local workers and of processes that do not read the store).
     fn rolled_back(
         &mut self,
         shared: &Arc<Shared<J>>,
-        restored: crate::Result<Restored<J>>,
+        restored: crate::Result<(Restored<J>, crate::snapshot::Store)>,
         read: Duration,
+        attempt: u64,
     ) {
-        let Some(rb) = self.rollback.take() else {
+        let Some(rb) = self.rollback.as_mut() else {
             return;
         };
-        if self.ended {
+        if self.ended || rb.attempt != attempt {
             return;
         }
-        let quiesce = rb
-            .reading
-            .map_or(Duration::ZERO, |r| r.duration_since(rb.since));
-        let Restored {
-            job,
-            core,
-            manifest,
-            ..
-        } = match restored {
+        rb.read = read;
+        let (
+            Restored {
+                job,
+                core,
+                manifest,
+                ..
+            },
+            store,
+        ) = match restored {
             Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(job = J::NAME, epoch = rb.epoch, error = %e, "the snapshot to roll back to could not be read: the job ends");
-                return self.fail(
-                    shared,
-                    Error::RollbackFailed {
-                        job: J::NAME,
-                        lost: rb.lost,
-                        epoch: rb.epoch,
-                        source: Box::new(e),
-                    },
-                );
-            }
+            Err(e) => return self.rollback_failed(shared, e),
         };
-        // Each restored partition's part, for the processes that read them themselves.
+        // Each restored partition's part.
         let parts: HashMap<ChunkId, PartRef> = manifest
             .parts
             .iter()
             .chain(&manifest.kept)
             .map(|p| (p.chunk, p.clone()))
             .collect();
-        // Requests waiting for a snapshot are asked again of the restored run.
+        // Requests waiting for a snapshot are asked again of the restored run (below; no cut
+        // starts while the rollback lasts).
         let (requests, suspend) = self.snap.cut.take_requests();
         let old = std::mem::replace(&mut self.snap, Snapshots::restored(&manifest));
         self.snap.longest = old.longest;
@@ -233,28 +257,8 @@ impl<J: Job> State<J> {
         self.moved = 0;
         self.remote.forget_partitions();
         self.end_drained_remotes();
-        let restart = rb.since.elapsed();
-        tracing::info!(
-            job = J::NAME,
-            epoch = rb.epoch,
-            phase = self.phase,
-            lost = ?rb.lost,
-            quiesce_ms = quiesce.as_millis() as u64,
-            read_ms = read.as_millis() as u64,
-            "rolled back to a committed snapshot"
-        );
-        self.rollbacks.push(Rollback {
-            lost: rb.lost,
-            from_phase: rb.from_phase,
-            epoch: rb.epoch,
-            to_phase: manifest.phase,
-            quiesce,
-            read,
-            restart,
-            recovered: None,
-        });
-        self.recovering = Some(rb.since);
-        self.watch_rolled_back();
+        // Nothing runs until every state the coordinator hands out is read.
+        self.drive_core(crate::schedule::Core::halt);
         // A suspend asked for halts the restored ledger before anyone joins it.
         if let Some(replies) = suspend {
             let mut out = std::mem::take(&mut self.snap.out);
@@ -276,7 +280,122 @@ impl<J: Job> State<J> {
                 let _ = self.feed(shared, Event::Retire { worker }, None);
             }
         }
-        self.place_restored(&parts);
+        self.place_restored(&parts, true);
+        // Step 3b: the parts still to read here.
+        let mut need: Vec<PartRef> = Vec::new();
+        for (chunk, held) in self.core.suspended_mut() {
+            if matches!(held, Held::Bytes(_)) {
+                need.extend(parts.get(&chunk).cloned());
+            }
+        }
+        for (chunk, held) in self.core.kept_mut() {
+            if matches!(held, Held::Bytes(_)) {
+                need.extend(parts.get(&chunk).cloned());
+            }
+        }
+        let Some(rb) = self.rollback.as_mut() else {
+            return;
+        };
+        rb.filling = true;
+        if need.is_empty() {
+            return self.restart_restored(shared, Vec::new(), Duration::ZERO);
+        }
+        self.settle(shared);
+        let started = Instant::now();
+        let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+        let shared2 = Arc::clone(shared);
+        shared.io.handle().spawn(async move {
+            let read = store.read_parts(&id, need.iter()).await;
+            let took = started.elapsed();
+            let mut st = shared2.lock();
+            let current = st
+                .rollback
+                .as_ref()
+                .is_some_and(|rb| rb.filling && rb.attempt == attempt);
+            if !current || st.ended {
+                return;
+            }
+            match read {
+                Ok(bytes) => {
+                    let got = need.into_iter().map(|p| p.chunk).zip(bytes).collect();
+                    st.restart_restored(&shared2, got, took);
+                }
+                Err(e) => st.rollback_failed(&shared2, e.into()),
+            }
+            st.settle(&shared2);
+        });
+    }
+
+    /// The snapshot to roll back to could not be read: the job ends.
+    fn rollback_failed(&mut self, shared: &Arc<Shared<J>>, e: Error) {
+        let Some(rb) = self.rollback.take() else {
+            return;
+        };
+        tracing::warn!(job = J::NAME, epoch = rb.epoch, error = %e, "the snapshot to roll back to could not be read: the job ends");
+        self.fail(
+            shared,
+            Error::RollbackFailed {
+                job: J::NAME,
+                lost: rb.lost,
+                epoch: rb.epoch,
+                source: Box::new(e),
+            },
+        );
+    }
+
+    /// Step 3b done: the states the coordinator needed are in the ledger (`got`, read in
+    /// `read`); the rest of the restored partitions is placed, and the run goes on.
+    fn restart_restored(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        got: Vec<(ChunkId, bytes::Bytes)>,
+        read: Duration,
+    ) {
+        let Some(rb) = self.rollback.take() else {
+            return;
+        };
+        let mut got: HashMap<ChunkId, bytes::Bytes> = got.into_iter().collect();
+        for (chunk, held) in self.core.suspended_mut() {
+            if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
+                *b = bytes;
+            }
+        }
+        for (chunk, held) in self.core.kept_mut() {
+            if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
+                *b = bytes;
+            }
+        }
+        self.place_restored(&HashMap::new(), false);
+        let quiesce = rb
+            .reading
+            .map_or(Duration::ZERO, |r| r.duration_since(rb.since));
+        let read = rb.read + read;
+        let restart = rb.since.elapsed();
+        tracing::info!(
+            job = J::NAME,
+            epoch = rb.epoch,
+            phase = self.phase,
+            lost = ?rb.lost,
+            quiesce_ms = quiesce.as_millis() as u64,
+            read_ms = read.as_millis() as u64,
+            "rolled back to a committed snapshot"
+        );
+        self.rollbacks.push(Rollback {
+            lost: rb.lost,
+            from_phase: rb.from_phase,
+            epoch: rb.epoch,
+            to_phase: self.phase,
+            quiesce,
+            read,
+            restart,
+            recovered: None,
+        });
+        self.recovering = Some(rb.since);
+        self.watch_rolled_back();
+        // A suspend asked for keeps it halted until its snapshot is written.
+        if !self.snap.cut.suspending() {
+            self.drive_core(crate::schedule::Core::unhalt);
+        }
         self.settle(shared);
     }
 
@@ -292,7 +411,11 @@ impl<J: Job> State<J> {
     ///
     /// Those that local workers run next stay here as before: a local thread decodes one
     /// when it runs it, and one done in the snapshot's phase is decoded at the barrier.
-    fn place_restored(&mut self, parts: &HashMap<ChunkId, PartRef>) {
+    ///
+    /// Called twice: with `by_part_only` before the coordinator read any part (only what
+    /// goes to processes that read the store, as part references), then once the rest is
+    /// read (the bytes for the other processes).
+    fn place_restored(&mut self, parts: &HashMap<ChunkId, PartRef>, by_part_only: bool) {
         if !self.core.is_partitioned() || self.remote.conns.is_empty() {
             return;
         }
@@ -339,8 +462,15 @@ impl<J: Job> State<J> {
         // slots' queues, then the second, and so on; the partitions done in the snapshot's
         // phase, which run in the next one, last.
         let mut places: Vec<(ConnId, usize, ChunkId, bytes::Bytes)> = Vec::new();
+        // On the first pass only what goes by part: the other states are not read yet.
+        let by_part = |conn: ConnId, chunk: ChunkId| {
+            parts.contains_key(&chunk) && self.remote.conn_reads_store(conn)
+        };
         for (chunk, held) in self.core.suspended_mut() {
             if let (Some(&(conn, rank)), Held::Bytes(b)) = (soon.get(&chunk), &*held) {
+                if by_part_only && !by_part(conn, chunk) {
+                    continue;
+                }
                 places.push((conn, rank, chunk, b.clone()));
                 *held = Held::Elsewhere(conn);
             }
@@ -351,6 +481,9 @@ impl<J: Job> State<J> {
                 let (worker, Some(conn)) = near(chunk) else {
                     continue;
                 };
+                if by_part_only && !by_part(conn, chunk) {
+                    continue;
+                }
                 places.push((conn, usize::MAX, chunk, b.clone()));
                 self.exporting.insert(chunk);
                 holds.push((chunk, worker));

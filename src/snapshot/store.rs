@@ -477,18 +477,32 @@ impl Store {
     /// [`Error::UnsupportedVersion`] for a snapshot of another format version; the store's
     /// failure ([`Error::Store`], [`Error::Denied`]) if it cannot be reached or refuses.
     pub async fn read(&self, id: &SnapshotId) -> Result<(Manifest, Vec<Bytes>)> {
-        let manifest = match self.manifest(id).await {
-            Ok(m) => m,
-            Err(e @ Error::NotFound { .. }) => return Err(e),
-            Err(e) => return Err(e.damage(id, &manifest_key(id))),
-        };
-        let parts = futures::future::try_join_all(
-            manifest
-                .all_parts()
-                .map(|p| async move { self.get_part(p).await.map_err(|e| e.damage(id, &p.key)) }),
-        )
-        .await?;
+        let manifest = self.read_manifest(id).await?;
+        let parts = self.read_parts(id, manifest.all_parts()).await?;
         Ok((manifest, parts))
+    }
+
+    /// The manifest of committed snapshot `id`, as [`Store::read`] reads it: one that does
+    /// not decode is [`Error::Damaged`].
+    pub(crate) async fn read_manifest(&self, id: &SnapshotId) -> Result<Manifest> {
+        match self.manifest(id).await {
+            Ok(m) => Ok(m),
+            Err(e @ Error::NotFound { .. }) => Err(e),
+            Err(e) => Err(e.damage(id, &manifest_key(id))),
+        }
+    }
+
+    /// Parts of snapshot `id`, read at once, each checked (a missing or corrupt one is
+    /// [`Error::Damaged`]).
+    pub(crate) async fn read_parts<'a>(
+        &self,
+        id: &SnapshotId,
+        parts: impl Iterator<Item = &'a PartRef>,
+    ) -> Result<Vec<Bytes>> {
+        futures::future::try_join_all(
+            parts.map(|p| async move { self.get_part(p).await.map_err(|e| e.damage(id, &p.key)) }),
+        )
+        .await
     }
 
     /// Reads the newest *restorable* committed snapshot of `job_id` (see [`Store::read`]):
