@@ -362,6 +362,76 @@ fn a_damaged_snapshot_fails_the_rollback_with_its_cause() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every part of the snapshot to roll back to is damaged, and only worker processes that
+/// read the store are left: the coordinator reads no part (the process reads its own), and
+/// the job ends with `PartUnreadable` from that process, its cause kept (the checksum), not
+/// with a wrong grid.
+#[test]
+fn a_damaged_part_a_process_reads_back_ends_the_job_with_its_cause() {
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
+    let (dir, url) = folder("rollback-damaged-by-part");
+    let exec = coordinator_with_snapshots(0, &url);
+    let addr = exec.local_addr().unwrap().to_string();
+    let h = exec.submit(Banded(grid(2_000))).unwrap();
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 10", || phase_of(&h) >= 10);
+    // Before any commit, parts go as bytes; this one shows the processes the store, and
+    // the next ones they write themselves.
+    h.snapshot().wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    h.snapshot().wait().unwrap();
+    let id = h.snapshot().wait().unwrap();
+    let mut damaged = 0;
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().contains("/part") {
+                let mut bytes = std::fs::read(&p).unwrap();
+                let last = bytes.len() - 1;
+                bytes[last] ^= 0x5a;
+                std::fs::write(&p, bytes).unwrap();
+                damaged += 1;
+            }
+        }
+    }
+    assert!(damaged > 0, "no part found under {}", dir.display());
+    b.kill().unwrap();
+    let _ = b.wait();
+    // Not `wait` at once: with no local worker, the waiting thread would run the job inline,
+    // and the coordinator would read that worker's parts itself.
+    until("the job ends", || h.is_finished());
+    match h.clone().wait() {
+        Err(Error::PartUnreadable { source, .. }) => {
+            let chain = malleable_error_chain(&*source);
+            assert!(chain.contains("checksum"), "{chain}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let rb = h.rollbacks();
+    assert_eq!(rb.len(), 1, "{rb:?}");
+    assert_eq!(rb[0].epoch, id.epoch);
+    let _ = a.kill();
+    let _ = a.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An error and its sources, one line.
+fn malleable_error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        next = s.source();
+    }
+    text
+}
+
 /// A wide grid: each of its 12 bands holds 2 × 20 rows of 8192 cells (2.6 MB).
 fn wide(phases: u64) -> Grid {
     Grid {

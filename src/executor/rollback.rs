@@ -297,6 +297,11 @@ impl<J: Job> State<J> {
             return;
         };
         rb.filling = true;
+        tracing::debug!(
+            job = J::NAME,
+            need = ?need.iter().map(|p| p.chunk).collect::<Vec<_>>(),
+            "parts the coordinator reads itself"
+        );
         if need.is_empty() {
             return self.restart_restored(shared, Vec::new(), Duration::ZERO);
         }
@@ -440,6 +445,34 @@ impl<J: Job> State<J> {
                 if let Some(conn) = conn {
                     soon.insert(c, (conn, rank));
                 }
+            }
+        }
+        if at.is_empty() {
+            // A snapshot taken at a barrier: every partition ended the snapshot's phase and
+            // nothing is queued yet. They are dealt in contiguous blocks over the workers,
+            // local ones first and a process's slots together, as a first phase is
+            // (`schedule/owned.rs`), and each is held where it is dealt.
+            let mut workers: Vec<(WorkerId, Option<ConnId>)> = self
+                .core
+                .throughputs()
+                .map(|(w, _)| {
+                    let conn = match self.members.get(w) {
+                        Some(Member::Remote(slot)) => Some(slot.conn),
+                        _ => None,
+                    };
+                    (w, conn)
+                })
+                .collect();
+            workers.sort_unstable_by_key(|&(w, conn)| (conn, w));
+            let mut kept: Vec<ChunkId> = self.core.kept().map(|(c, _)| c).collect();
+            kept.sort_unstable();
+            let (n, k) = (kept.len(), workers.len());
+            if k == 0 {
+                return;
+            }
+            for (i, chunk) in kept.into_iter().enumerate() {
+                let (w, conn) = workers[i * k / n];
+                at.push((chunk, w, conn));
             }
         }
         if at.is_empty() {
