@@ -73,6 +73,11 @@ mod support;
 #[path = "../tests/common/log.rs"]
 mod log;
 
+#[cfg(feature = "s3")]
+#[allow(dead_code)]
+#[path = "../tests/support/seaweed.rs"]
+mod seaweed;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -388,11 +393,60 @@ fn worker(addr: &str) {
 }
 
 fn spawn_worker(addr: &str) -> Child {
+    spawn_worker_env(addr, &[])
+}
+
+/// As [`spawn_worker`], with more environment (an S3 store's credentials).
+fn spawn_worker_env(addr: &str, env: &[(String, String)]) -> Child {
     Command::new(std::env::current_exe().expect("the bench binary"))
         .args(["--worker", addr])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .spawn()
         .expect("a worker process")
+}
+
+/// The recovery's snapshot store: a local folder, or with `PARTITIONS_STORE=s3` (and the
+/// feature `s3`) a SeaweedFS S3 server started here, as the tests start it: its URL, the
+/// store options, the worker processes' environment (the keys: a process takes its
+/// credentials from its own environment), and the folder (for a raw read of its files).
+#[allow(clippy::type_complexity)]
+fn recovery_store(
+    run: usize,
+) -> (
+    String,
+    Vec<(String, String)>,
+    Vec<(String, String)>,
+    Option<PathBuf>,
+) {
+    if std::env::var("PARTITIONS_STORE").as_deref() != Ok("s3") {
+        let (url, dir) = folder("recovery");
+        return (url, Vec::new(), Vec::new(), Some(dir));
+    }
+    #[cfg(feature = "s3")]
+    {
+        let server = seaweed::server();
+        let url = format!(
+            "s3://{}/bench-recovery-{}-{run}",
+            seaweed::BUCKET,
+            std::process::id()
+        );
+        let env = vec![
+            (
+                "AWS_ACCESS_KEY_ID".to_owned(),
+                seaweed::ACCESS_KEY.to_owned(),
+            ),
+            (
+                "AWS_SECRET_ACCESS_KEY".to_owned(),
+                seaweed::SECRET_KEY.to_owned(),
+            ),
+        ];
+        (url, server.options(), env, None)
+    }
+    #[cfg(not(feature = "s3"))]
+    panic!(
+        "PARTITIONS_STORE=s3 needs the feature s3 (cargo bench --features s3 --bench partitions); run {run}"
+    )
 }
 
 /// An executor with no local worker that listens on loopback.
@@ -808,19 +862,29 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
         s.period
     );
     let mut ratios = Vec::new();
+    let io = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
     for run in 0..s.recoveries {
-        let (url, dir) = folder("recovery");
+        let (url, options, env, dir) = recovery_store(run);
         let job_id = format!("recovery-{run}");
-        let exec = coordinator()
+        let mut builder = coordinator()
             .snapshots(&url)
             .job_id(&job_id)
             .snapshot_every(s.period)
-            // Keeps the snapshot rolled back to, for the raw read below.
-            .keep_snapshots(1000)
-            .build()
-            .expect("a coordinator");
+            // Keeps the snapshot rolled back to, for the reads below.
+            .keep_snapshots(1000);
+        for (k, v) in &options {
+            builder = builder.snapshot_option(k, v);
+        }
+        let exec = builder.build().expect("a coordinator");
+        let store =
+            malleable::snapshot::Store::open_with(&url, options.clone()).expect("the store");
+        let commits = || io.block_on(store.epochs(&job_id)).map_or(0, |e| e.len());
         let addr = exec.local_addr().expect("listening").to_string();
-        let mut workers = [spawn_worker(&addr), spawn_worker(&addr)];
+        let mut workers = [spawn_worker_env(&addr, &env), spawn_worker_env(&addr, &env)];
         std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
         let started = Instant::now();
         let mut log = Phases::watch(started);
@@ -833,7 +897,7 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
         while let Some(e) = log.next(&h) {
             // The kill lands right after a commit, while no cut is open: see `recovery`'s
             // docs for why.
-            let now = manifests(&dir, &job_id).len();
+            let now = commits();
             let fresh = now > committed;
             committed = now;
             match killed {
@@ -859,34 +923,29 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
         let rb = &rollbacks[0];
         let recovered = rb.recovered.expect("a phase done after the rollback");
 
-        // The same files read raw (manifest and parts), warm in the page cache as the
-        // rollback's read most likely was.
-        let manifest_path = dir
-            .join(&job_id)
-            .join(format!("{:020}", rb.epoch))
-            .join("manifest");
-        let raw = median(
-            (0..5)
-                .map(|_| {
-                    let t = Instant::now();
-                    let bytes = std::fs::read(&manifest_path).expect("the manifest");
-                    let m = malleable::snapshot::decode_manifest(&bytes).expect("a manifest");
-                    for p in m.parts.iter().chain(&m.kept) {
-                        std::hint::black_box(std::fs::read(dir.join(&p.key)).expect("a part"));
-                    }
-                    t.elapsed()
-                })
-                .collect(),
-        );
+        // A folder's files read raw (manifest and parts), warm in the page cache.
+        let raw = dir.as_ref().map(|dir| {
+            let manifest_path = dir
+                .join(&job_id)
+                .join(format!("{:020}", rb.epoch))
+                .join("manifest");
+            median(
+                (0..5)
+                    .map(|_| {
+                        let t = Instant::now();
+                        let bytes = std::fs::read(&manifest_path).expect("the manifest");
+                        let m = malleable::snapshot::decode_manifest(&bytes).expect("a manifest");
+                        for p in m.parts.iter().chain(&m.kept) {
+                            std::hint::black_box(std::fs::read(dir.join(&p.key)).expect("a part"));
+                        }
+                        t.elapsed()
+                    })
+                    .collect(),
+            )
+        });
         // The target's measure: the same snapshot read from the store through the library,
         // manifest and every part, checksums checked (what a resume reads), warm as well.
         let id = malleable::snapshot::SnapshotId::new(job_id.clone(), rb.epoch);
-        let store = malleable::snapshot::Store::open(&url).expect("the store");
-        let io = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
         let full = median(
             (0..5)
                 .map(|_| {
@@ -897,7 +956,9 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
                 })
                 .collect(),
         );
-        let _ = std::fs::remove_dir_all(&dir);
+        if let Some(dir) = &dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         // The phase after the one recovered: the restored bands that were done in the
         // snapshot's phase run there first (decoded at the barrier, then sent to the process
         // left), so it is part of the rollback's cost; and a phase on the one process left.
@@ -915,7 +976,7 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
              {:.1} ms, read {:.1} ms, running again {:.1} ms, a phase done again {:.1} ms \
              (from the kill, seen from here: {}), the phase after it {next} (a phase on the \
              process left: {steady}); the snapshot read from the store {:.1} ms (raw read of \
-             its files {:.1} ms); check ok",
+             its files: {}); check ok",
             run + 1,
             rb.lost.len(),
             rb.from_phase,
@@ -927,7 +988,7 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
             ms(recovered),
             back.map_or("-".to_owned(), |b| format!("{:.1} ms", ms(b - killed))),
             ms(full),
-            ms(raw)
+            raw.map_or("-".to_owned(), |r| format!("{:.1} ms", ms(r))),
         );
         ratios.push(recovered.as_secs_f64() / full.as_secs_f64().max(1e-9));
     }
