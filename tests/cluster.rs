@@ -317,6 +317,9 @@ fn a_stalled_worker_is_given_up_when_its_lease_expires() {
     until("remote chunks", || h.progress().done > 2 * CHUNK);
     // Frozen: its socket stays open, but nothing comes from it.
     a.signal("STOP");
+    until("the process stopped", || {
+        common::procs::stopped(a.pid() as u32)
+    });
     until_remote(&h, 0);
     let errors = exec.peer_errors();
     assert!(
@@ -512,8 +515,12 @@ fn a_lost_workers_chunks_fall_back_to_the_states_they_were_sent_with() {
     until_remote(&h, 1);
     let at_resume = h.progress().done;
     until("remote progress", || h.progress().done > at_resume);
-    // Frozen, it cannot answer the snapshot's capture; killed, its slots are lost.
+    // Frozen, it cannot answer the snapshot's capture; killed, its slots are lost. (Every
+    // thread of it is stopped before the snapshot is asked: one still running could answer.)
     w.signal("STOP");
+    until("the process stopped", || {
+        common::procs::stopped(w.pid() as u32)
+    });
     let request = h.snapshot();
     w.signal("KILL");
     let s1 = request.wait().unwrap();

@@ -10,6 +10,8 @@
 //! ignored test, so a normal run skips it); the worker is [`cluster::serve`] on a thread of
 //! the test itself.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::ops::Range;
 use std::process::{Child, Command, Stdio};
@@ -234,8 +236,18 @@ fn silenced(job: &str) -> (Result<cluster::Served, cluster::Error>, Duration) {
     });
     coordinator.expect("JOINED");
 
-    // The coordinator stops: its socket stays open, nothing comes from it any more.
+    // The coordinator stops: its socket stays open, nothing comes from it any more. The
+    // clock starts once every thread of it is stopped (one may still send a heartbeat
+    // right after the signal).
     coordinator.signal(libc::SIGSTOP);
+    let stopping = Instant::now();
+    while !common::procs::stopped(coordinator.child.id()) {
+        assert!(
+            stopping.elapsed() < PATIENCE,
+            "the coordinator did not stop in {PATIENCE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let silent_since = Instant::now();
     let (served, at) = rx.recv_timeout(PATIENCE).unwrap_or_else(|_| {
         panic!(

@@ -93,20 +93,6 @@ fn served(mut child: Child, out: &std::path::Path) -> (u64, u64, u64) {
     (count("parts"), count("sent"), count("done"))
 }
 
-/// Whether every thread of process `pid` is stopped (by a signal: state `T`).
-fn stopped(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().all(|t| {
-        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
-            // The state follows the command's closing parenthesis.
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T'))
-        })
-    })
-}
-
 fn until(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -491,7 +477,7 @@ fn a_drained_process_that_outlives_its_grace_period_is_let_go() {
     // The signal stops the process's threads as each is next scheduled; on busy cores one
     // of them answered the drain's `Surrender`s first, and the process handed its
     // partitions back.
-    until("the process stopped", || stopped(a.id()));
+    until("the process stopped", || common::procs::stopped(a.id()));
     // Shorter than the lease (3 s): it is the drain that lets it go.
     let t = Instant::now();
     h.drain_remote(1, Duration::from_secs(1));

@@ -44,3 +44,20 @@ pub fn serve_and_exit(
         }
     }
 }
+
+/// Whether every thread of process `pid` is stopped (by a signal: state `T`). `kill -STOP`
+/// returns before the process's threads have all stopped: each stops when it is next
+/// scheduled, and on busy cores one may still answer a message first. A test that relies on
+/// the stop waits for this.
+pub fn stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
+    })
+}
