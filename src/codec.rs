@@ -41,6 +41,18 @@ pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> R
     postcard::from_bytes(bytes).map_err(|source| Error { what, source })
 }
 
+/// Decodes `bytes` into `place`, reusing what it holds where its type can (serde's
+/// `deserialize_in_place`: [`crate::rows::Band`] decodes into its own buffers; other types
+/// are decoded anew and replace it).
+pub(crate) fn decode_into<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+    place: &mut T,
+) -> Result<(), Error> {
+    let mut de = postcard::Deserializer::from_bytes(bytes);
+    T::deserialize_in_place(&mut de, place).map_err(|source| Error { what, source })
+}
+
 /// The static name of what a peer said it could not encode or decode (the wire carries it
 /// as text); anything unknown is "a value".
 pub(crate) fn what_of(text: &str) -> &'static str {

@@ -38,7 +38,6 @@
 //! rows more.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -436,6 +435,69 @@ impl<'de, R: Rows> Deserialize<'de> for Band<R> {
         let b = BandData::<R>::deserialize(d)?;
         b.into_band().map_err(serde::de::Error::custom)
     }
+
+    /// Decodes a band into `place`, reusing its buffers (a worker process decodes a
+    /// restored band into the one it held before the rollback: the grid's pages are
+    /// already mapped, where fresh ones fault in one by one, 128 MB in 40-74 ms on the
+    /// machine of `BENCHMARKS.md` against 7-8 ms warm). On an error `place` is left with
+    /// buffers of unspecified content.
+    fn deserialize_in_place<D: Deserializer<'de>>(d: D, place: &mut Self) -> Result<(), D::Error> {
+        let take = |c: &mut Cells<R::Element>| std::mem::take(&mut c.0);
+        let bufs = [
+            take(&mut place.cur),
+            take(&mut place.new),
+            take(&mut place.before),
+            take(&mut place.after),
+        ];
+        let b = d.deserialize_struct("BandData", BAND_FIELDS, BandInto::<R> { bufs })?;
+        *place = b.into_band().map_err(serde::de::Error::custom)?;
+        Ok(())
+    }
+}
+
+/// The fields of [`BandData`], in order.
+const BAND_FIELDS: &[&str] = &[
+    "start", "end", "width", "next", "cur", "new", "before", "after", "acc", "fresh",
+];
+
+/// Decodes a [`BandData`] whose cells go into these buffers (`cur`, `new`, `before`,
+/// `after`), as [`Band::deserialize_in_place`] does.
+struct BandInto<R: Rows> {
+    bufs: [Vec<R::Element>; 4],
+}
+
+impl<'de, R: Rows> Visitor<'de> for BandInto<R> {
+    type Value = BandData<R>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a band")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<BandData<R>, A::Error> {
+        use serde::de::Error as _;
+        let [cur, new, before, after] = self.bufs;
+        let short = |at: usize| A::Error::invalid_length(at, &"a band's 10 fields");
+        Ok(BandData {
+            start: seq.next_element()?.ok_or_else(|| short(0))?,
+            end: seq.next_element()?.ok_or_else(|| short(1))?,
+            width: seq.next_element()?.ok_or_else(|| short(2))?,
+            next: seq.next_element()?.ok_or_else(|| short(3))?,
+            cur: seq
+                .next_element_seed(CellsVisitor(cur))?
+                .ok_or_else(|| short(4))?,
+            new: seq
+                .next_element_seed(CellsVisitor(new))?
+                .ok_or_else(|| short(5))?,
+            before: seq
+                .next_element_seed(CellsVisitor(before))?
+                .ok_or_else(|| short(6))?,
+            after: seq
+                .next_element_seed(CellsVisitor(after))?
+                .ok_or_else(|| short(7))?,
+            acc: seq.next_element()?.ok_or_else(|| short(8))?,
+            fresh: seq.next_element()?.ok_or_else(|| short(9))?,
+        })
+    }
 }
 
 impl<R: Rows> BandData<R> {
@@ -485,9 +547,11 @@ impl<R: Rows> BandData<R> {
             ));
         }
         if let Some(s @ 1..) = short {
-            let mut whole = vec![R::Element::default(); full];
-            whole[s..].copy_from_slice(&cur.0);
-            cur = Cells(whole);
+            // The tail moves to the end of the band, in its own buffer when that holds it.
+            let tail = cur.0.len();
+            cur.0.resize(full, R::Element::default());
+            cur.0.copy_within(0..tail, s);
+            cur.0[..s].fill(R::Element::default());
         }
         Ok(Band {
             start,
@@ -709,11 +773,22 @@ impl<E: Element> Serialize for CellSlice<'_, E> {
 
 impl<'de, E: Element> Deserialize<'de> for Cells<E> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_bytes(CellsVisitor(PhantomData))
+        d.deserialize_bytes(CellsVisitor(Vec::new()))
     }
 }
 
-struct CellsVisitor<E>(PhantomData<E>);
+/// Decodes cells into a buffer: one whose capacity holds them is reused (its memory is
+/// already mapped: a restored band decoded into the one it replaces touches no fresh page),
+/// else a new one is made.
+struct CellsVisitor<E>(Vec<E>);
+
+impl<'de, E: Element> serde::de::DeserializeSeed<'de> for CellsVisitor<E> {
+    type Value = Cells<E>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cells<E>, D::Error> {
+        d.deserialize_bytes(self)
+    }
+}
 
 impl<E: Element> Visitor<'_> for CellsVisitor<E> {
     type Value = Cells<E>;
@@ -726,7 +801,15 @@ impl<E: Element> Visitor<'_> for CellsVisitor<E> {
         if E::SIZE == 0 || v.len() % E::SIZE != 0 {
             return Err(Er::invalid_length(v.len(), &self));
         }
-        let mut cells = vec![E::default(); v.len() / E::SIZE];
+        let n = v.len() / E::SIZE;
+        let mut cells = self.0;
+        if cells.capacity() >= n {
+            cells.clear();
+            cells.resize(n, E::default());
+        } else {
+            // A fresh buffer of zero pages (`calloc`): the copy below is its first touch.
+            cells = vec![E::default(); n];
+        }
         match E::le_bytes_mut(&mut cells) {
             Some(bytes) => bytes.copy_from_slice(v),
             None => E::from_le(v, &mut cells),
@@ -797,11 +880,29 @@ mod tests {
         }
     }
 
-    /// A band's encoding, then the band decoded from it.
+    /// A band's encoding, then the band decoded from it into the buffers of another
+    /// (`Band::deserialize_in_place`, as a worker process decodes a restored band into the
+    /// one it held): the same band as decoded anew, whatever the other held.
     fn round_trip<R: Rows>(band: &Band<R>) -> (usize, Band<R>) {
         let bytes = crate::codec::encode("a chunk state", band).expect("encodes");
-        let back = crate::codec::decode("a chunk state", &bytes).expect("decodes");
-        (bytes.len(), back)
+        let back: Band<R> = crate::codec::decode("a chunk state", &bytes).expect("decodes");
+        // Another band's buffers: longer, shorter, stale.
+        let mut into: Band<R> = crate::codec::decode("a chunk state", &bytes).expect("decodes");
+        into.cur
+            .0
+            .resize(into.cur.0.len() + 17, R::Element::default());
+        into.new.0 = vec![R::Element::default(); 5];
+        into.before.0.clear();
+        into.after.0.resize(3, R::Element::default());
+        into.next = into.end;
+        crate::codec::decode_into("a chunk state", &bytes, &mut into).expect("decodes");
+        let again = crate::codec::encode("a chunk state", &into).expect("encodes");
+        assert_eq!(again, bytes, "decoded in place, the band encodes the same");
+        assert_eq!(into.cur.0.len(), back.cur.0.len());
+        assert_eq!(into.new.0.len(), back.new.0.len());
+        assert_eq!(into.before.0.len(), back.before.0.len());
+        assert_eq!(into.after.0.len(), back.after.0.len());
+        (bytes.len(), into)
     }
 
     /// Steps `band` to the end of its phase; its output.

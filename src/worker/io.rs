@@ -442,7 +442,19 @@ impl Io {
                                 }
                             }
                             if matches!(msg, ToWorker::Forget) {
+                                // No thread runs one of them: the coordinator waited for
+                                // every chunk to come back before it rolled the job back.
+                                // They are decoded into by the restored ones (`spares`).
+                                let dropped = std::mem::take(&mut *lock(held));
+                                tracing::info!(
+                                    partitions = dropped.len(),
+                                    "the job rolled back: held partitions dropped"
+                                );
                                 placing = Placements::new();
+                                placing.spares = dropped;
+                            } else if matches!(msg, ToWorker::Begin { .. }) {
+                                // The restored phase ended: every placement has started.
+                                placing.spares.clear();
                             }
                             if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
                                 self.first_run.set(Some(self.dialled.elapsed()));
@@ -755,15 +767,8 @@ fn dispatch<J: Job>(
                 },
             }));
         }
-        ToWorker::Forget => {
-            // No thread runs one of them: the coordinator waited for every chunk to come
-            // back before it rolled the job back.
-            let dropped = std::mem::take(&mut *lock(held));
-            tracing::info!(
-                partitions = dropped.len(),
-                "the job rolled back: held partitions dropped"
-            );
-        }
+        // `run` drops the held partitions (they are the spares of the restored ones).
+        ToWorker::Forget => {}
         // `run` places the partitions of a job with partitions, off this loop.
         ToWorker::Place { .. } | ToWorker::PlacePart { .. } => {
             return Err(bad("a partition placed for a job without partitions".into()));
@@ -783,6 +788,10 @@ struct Placements<J: Job> {
     turns: Arc<tokio::sync::Semaphore>,
     /// Reads from the store under way at once (see [`PLACE_READS`]).
     reads: Arc<tokio::sync::Semaphore>,
+    /// The partitions this process held before a rollback (`Forget`), by chunk: a restored
+    /// one is decoded into one of them, the same chunk's if there, so that its buffers are
+    /// reused ([`codec::decode_into`]). Dropped once the restored phase ended.
+    spares: HashMap<u64, J::Chunk>,
 }
 
 /// Parts of placed partitions read from the store at once. Decoding goes two at a time, in
@@ -805,6 +814,7 @@ impl<J: Job> Placements<J> {
             chunks: HashMap::new(),
             turns: Arc::new(tokio::sync::Semaphore::new(2)),
             reads: Arc::new(tokio::sync::Semaphore::new(PLACE_READS)),
+            spares: HashMap::new(),
         }
     }
 
@@ -838,6 +848,10 @@ impl<J: Job> Placements<J> {
             } => (*chunk, Err(part.clone()), *export),
             _ => return false,
         };
+        let spare = self.spares.remove(&chunk).or_else(|| {
+            let any = *self.spares.keys().next()?;
+            self.spares.remove(&any)
+        });
         let read_turn = Arc::clone(&self.reads).acquire_owned();
         let turn = Arc::clone(&self.turns).acquire_owned();
         let task = self.tasks.spawn(async move {
@@ -852,9 +866,10 @@ impl<J: Job> Placements<J> {
                 }
             };
             let _turn = turn.await;
-            let placed =
-                tokio::task::spawn_blocking(move || decode_placed(chunk, &state, export, job))
-                    .await;
+            let placed = tokio::task::spawn_blocking(move || {
+                decode_placed(chunk, &state, export, job, spare)
+            })
+            .await;
             let r = match placed {
                 Ok(r) => r.map_err(super::thread::failure_of),
                 Err(e) => Err(stopped(&e)),
@@ -880,18 +895,20 @@ impl<J: Job> Placements<J> {
     }
 }
 
-/// A placed partition's state decoded, and its halos exported with the phase's job value
-/// if `export`.
+/// A placed partition's state decoded (into `spare` if there is one), and its halos
+/// exported with the phase's job value if `export`.
 fn decode_placed<J: Job>(
     chunk: u64,
     state: &[u8],
     export: bool,
     job: Option<(u64, Arc<J>)>,
+    spare: Option<J::Chunk>,
 ) -> Result<Placed<J::Chunk>, crate::Error> {
     let phase = job.as_ref().map_or(0, |(p, _)| *p);
     let site = crate::Site::Chunk { phase, chunk };
-    let part = crate::run::catch(site.clone(), J::NAME, || {
-        codec::decode::<J::Chunk>("a chunk state", state)
+    let part = crate::run::catch(site.clone(), J::NAME, || match spare {
+        Some(mut part) => codec::decode_into("a chunk state", state, &mut part).map(|()| part),
+        None => codec::decode::<J::Chunk>("a chunk state", state),
     })??;
     let (true, Some(hooks)) = (export, J::OWNERSHIP.hooks) else {
         return Ok((part, None));
