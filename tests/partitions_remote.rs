@@ -313,23 +313,11 @@ fn a_damaged_snapshot_fails_the_rollback_with_its_cause() {
     until("phase 10", || phase_of(&h) >= 10);
     let id = h.snapshot().wait().unwrap();
     // Every part of that snapshot gets one byte flipped.
-    let mut damaged = 0;
-    let mut stack = vec![dir.clone()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.to_string_lossy().contains("/part") {
-                let mut bytes = std::fs::read(&p).unwrap();
-                let last = bytes.len() - 1;
-                bytes[last] ^= 0x5a;
-                std::fs::write(&p, bytes).unwrap();
-                damaged += 1;
-            }
-        }
-    }
-    assert!(damaged > 0, "no part found under {}", dir.display());
+    assert!(
+        damage_every_part(&dir) > 0,
+        "no part found under {}",
+        dir.display()
+    );
     a.kill().unwrap();
     let _ = a.wait();
     match h.wait() {
@@ -369,8 +357,35 @@ fn a_damaged_part_a_process_reads_back_ends_the_job_with_its_cause() {
     std::thread::sleep(Duration::from_millis(300));
     h.snapshot().wait().unwrap();
     let id = h.snapshot().wait().unwrap();
+    assert!(
+        damage_every_part(&dir) > 0,
+        "no part found under {}",
+        dir.display()
+    );
+    b.kill().unwrap();
+    let _ = b.wait();
+    // Not `wait` at once: with no local worker, the waiting thread would run the job inline,
+    // and the coordinator would read that worker's parts itself.
+    until("the job ends", || h.is_finished());
+    match h.clone().wait() {
+        Err(Error::PartUnreadable { source, .. }) => {
+            let chain = common::chain(&*source).join(": ");
+            assert!(chain.contains("checksum"), "{chain}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let rb = h.rollbacks();
+    assert_eq!(rb.len(), 1, "{rb:?}");
+    assert_eq!(rb[0].epoch, id.epoch);
+    let _ = a.kill();
+    let _ = a.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Flips one byte of every snapshot part under `dir`; how many.
+fn damage_every_part(dir: &std::path::Path) -> usize {
     let mut damaged = 0;
-    let mut stack = vec![dir.clone()];
+    let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).unwrap() {
             let p = e.unwrap().path();
@@ -385,37 +400,7 @@ fn a_damaged_part_a_process_reads_back_ends_the_job_with_its_cause() {
             }
         }
     }
-    assert!(damaged > 0, "no part found under {}", dir.display());
-    b.kill().unwrap();
-    let _ = b.wait();
-    // Not `wait` at once: with no local worker, the waiting thread would run the job inline,
-    // and the coordinator would read that worker's parts itself.
-    until("the job ends", || h.is_finished());
-    match h.clone().wait() {
-        Err(Error::PartUnreadable { source, .. }) => {
-            let chain = malleable_error_chain(&*source);
-            assert!(chain.contains("checksum"), "{chain}");
-        }
-        other => panic!("{other:?}"),
-    }
-    let rb = h.rollbacks();
-    assert_eq!(rb.len(), 1, "{rb:?}");
-    assert_eq!(rb[0].epoch, id.epoch);
-    let _ = a.kill();
-    let _ = a.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// An error and its sources, one line.
-fn malleable_error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(s) = next {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        next = s.source();
-    }
-    text
+    damaged
 }
 
 /// A wide grid: each of its 12 bands holds 2 × 20 rows of 8192 cells (2.6 MB).

@@ -7,11 +7,14 @@
 //! Worker processes are this test binary, re-executed to run [`worker_process`] (an ignored
 //! test, so a normal run skips it) with the coordinator's address in [`ADDR_ENV`].
 
+mod common;
+
 use std::io::Read;
 use std::ops::Range;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::chain;
 use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
 use malleable::reduce::Sum;
 use malleable::{
@@ -458,17 +461,6 @@ fn run_remote<J: Job>(job: J) -> Error {
     let e = failure(h, "remote");
     worker.assert_served("remote");
     e
-}
-
-/// The `Display` of `e` and of each of its sources, outermost first.
-fn chain(e: &dyn std::error::Error) -> Vec<String> {
-    let mut texts = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        texts.push(s.to_string());
-        next = s.source();
-    }
-    texts
 }
 
 /// What a test compares of an error: its variant and fields (a source as its chain of texts,

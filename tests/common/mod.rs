@@ -175,3 +175,14 @@ pub fn sequential(job: &Kernel, chunking: Chunking) -> SumSteps {
     }
     total
 }
+
+/// An error's text and its sources' texts, outermost first.
+pub fn chain(e: &dyn std::error::Error) -> Vec<String> {
+    let mut texts = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        texts.push(s.to_string());
+        next = s.source();
+    }
+    texts
+}
