@@ -4,7 +4,8 @@
 //! - the coordinator, facing an HTTP request (`not_a_peer`, not `frame_too_large`), a
 //!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), a
 //!   `CapturedHeldPart` for a partition it was not asked for (`rejected`), `Exported` halos
-//!   of a partition it was not given to export them (`rejected`), and a `Done`
+//!   of a partition it was not given to export them (`rejected`), kept halos handed up
+//!   (`Released`) for a job without partitions (`rejected`), and a `Done`
 //!   whose output does not decode although the job versions match, or a worker's
 //!   report that it could not decode the job value (`undecodable`, with the advice to bump
 //!   `Job::VERSION`); the job goes on to its exact value;
@@ -269,6 +270,28 @@ fn the_coordinator_names_what_it_refuses() {
         text.ends_with("halos for chunk 5, which was not placed there to export them"),
         "{text}"
     );
+
+    // Kept halos handed up (`Released`) for a job without partitions, for the last chunk
+    // number there is: refused as `rejected`, nothing indexed past the end.
+    let mut s = authenticated(&addr);
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::Released {
+            chunk: u64::MAX,
+            before: Some(Bytes::from_static(b"\x01")),
+            after: Some(Bytes::from_static(b"\x02")),
+        }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    counted.until("rejected", 4);
+    let text = exec
+        .peer_errors()
+        .iter()
+        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .map(|e| e.to_string())
+        .find(|t| t.contains(&format!("halos for chunk {}", u64::MAX)))
+        .expect("a record of the refused release");
+    assert!(text.ends_with("of a job without partitions"), "{text}");
 
     // A `Done` whose output does not decode although both sides have version 1 of the job:
     // the message says the serialized form differs and how to have such a worker refused.

@@ -874,7 +874,7 @@ impl<J: Job> State<J> {
         if let Some(Some((_, down))) = c.checked_sub(1).and_then(|p| self.exports.get_mut(p)) {
             fill(Some(down), &mut before);
         }
-        if let Some(Some((up, _))) = self.exports.get_mut(c + 1) {
+        if let Some(Some((up, _))) = c.checked_add(1).and_then(|n| self.exports.get_mut(n)) {
             fill(Some(up), &mut after);
         }
         if before.is_some() || after.is_some() {
@@ -1266,6 +1266,11 @@ impl<J: Job> State<J> {
                 before,
                 after,
             } => {
+                if !J::OWNERSHIP.is_partitioned() {
+                    return Err(bad(format!(
+                        "halos for chunk {chunk} of a job without partitions"
+                    )));
+                }
                 self.released(id, chunk, before, after);
                 return Ok(());
             }
@@ -1411,6 +1416,13 @@ impl<J: Job> State<J> {
                 conn.ended_in(slot);
                 let kept = match (J::OWNERSHIP.is_partitioned(), halos) {
                     (true, Some((up, down))) => {
+                        // The ledger takes a `Done` only for the chunk the slot runs: one for
+                        // another chunk must not replace that chunk's halos first.
+                        if self.core.running_on(w) != Some(chunk) {
+                            return Err(bad(format!(
+                                "chunk {chunk} ended in slot {slot}, which does not run it"
+                            )));
+                        }
                         // Kept by that process, with its halos here for the barrier.
                         let halos = self.remote.count_halos(id, up, down);
                         self.keep_halos(chunk, halos);
