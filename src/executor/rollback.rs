@@ -92,7 +92,7 @@ pub(crate) struct RollingBack {
     /// When the run was quiet and the read started.
     reading: Option<Instant>,
     /// The restored run is placed and waits for the parts the coordinator itself needs
-    /// (step 3b); a loss meanwhile starts the rollback again.
+    /// (step 6); a loss meanwhile starts the rollback again.
     filling: bool,
     /// Tries so far: a read that ends after the rollback started again is dropped.
     attempt: u64,
@@ -183,7 +183,7 @@ impl<J: Job> State<J> {
             let read_took = started.elapsed();
             // Decoding runs user code (`iterations`, `reducer`): off the I/O thread. The
             // states stay in the store for now (empty bytes in the ledger): a process that
-            // reads the store reads its own, and the coordinator reads the rest (step 3b)
+            // reads the store reads its own, and the coordinator reads the rest (step 6)
             // before anything runs.
             let restored = tokio::task::spawn_blocking(move || {
                 read.and_then(|(m, store)| {
@@ -205,7 +205,7 @@ impl<J: Job> State<J> {
     /// Step 4: the snapshot's manifest is read (or could not be); the run is reset to it,
     /// halted, its workers join and its partitions are placed on the processes that read
     /// them from the store themselves (step 5); then the coordinator reads the parts it
-    /// needs (step 3b: those of local workers and of processes that do not read the store).
+    /// needs (step 6: those of local workers and of processes that do not read the store).
     fn rolled_back(
         &mut self,
         shared: &Arc<Shared<J>>,
@@ -281,18 +281,13 @@ impl<J: Job> State<J> {
             }
         }
         self.place_restored(&parts, true);
-        // Step 3b: the parts still to read here.
-        let mut need: Vec<PartRef> = Vec::new();
-        for (chunk, held) in self.core.suspended_mut() {
-            if matches!(held, Held::Bytes(_)) {
-                need.extend(parts.get(&chunk).cloned());
-            }
-        }
-        for (chunk, held) in self.core.kept_mut() {
-            if matches!(held, Held::Bytes(_)) {
-                need.extend(parts.get(&chunk).cloned());
-            }
-        }
+        // Step 6: the parts still to read here.
+        let need: Vec<PartRef> = self
+            .core
+            .states_mut()
+            .filter(|(_, held)| matches!(held, Held::Bytes(_)))
+            .filter_map(|(chunk, _)| parts.get(&chunk).cloned())
+            .collect();
         let Some(rb) = self.rollback.as_mut() else {
             return;
         };
@@ -327,7 +322,6 @@ impl<J: Job> State<J> {
                 }
                 Err(e) => st.rollback_failed(&shared2, e.into()),
             }
-            st.settle(&shared2);
         });
     }
 
@@ -348,7 +342,7 @@ impl<J: Job> State<J> {
         );
     }
 
-    /// Step 3b done: the states the coordinator needed are in the ledger (`got`, read in
+    /// Step 6 done: the states the coordinator needed are in the ledger (`got`, read in
     /// `read`); the rest of the restored partitions is placed, and the run goes on.
     fn restart_restored(
         &mut self,
@@ -360,12 +354,7 @@ impl<J: Job> State<J> {
             return;
         };
         let mut got: HashMap<ChunkId, bytes::Bytes> = got.into_iter().collect();
-        for (chunk, held) in self.core.suspended_mut() {
-            if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
-                *b = bytes;
-            }
-        }
-        for (chunk, held) in self.core.kept_mut() {
+        for (chunk, held) in self.core.states_mut() {
             if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
                 *b = bytes;
             }

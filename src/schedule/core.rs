@@ -776,6 +776,18 @@ impl<R: Reducer, S> Core<R, S> {
         self.kept.iter_mut().map(|(&c, s)| (c, s))
     }
 
+    /// The states of pending chunks, then the partitions kept between phases, to change them
+    /// in place (a rollback fills in the ones it read itself).
+    pub(crate) fn states_mut(&mut self) -> impl Iterator<Item = (ChunkId, &mut S)> {
+        let Core {
+            suspended, kept, ..
+        } = self;
+        suspended
+            .iter_mut()
+            .chain(kept.iter_mut())
+            .map(|(&c, s)| (c, s))
+    }
+
     /// The states of pending chunks, to change them in place (the snapshot writer takes them
     /// out to serialize them on several threads, and puts them back).
     pub(crate) fn suspended_mut(&mut self) -> impl Iterator<Item = (ChunkId, &mut S)> {

@@ -186,9 +186,10 @@ impl Owners {
         if never_held {
             // The first phase (or a restore): a contiguous block per group (a worker process's
             // slots, or a worker of its own) in worker order, sized so that each group's
-            // load (what it runs now and its block) is its share by speed; within a group, its block dealt to its slots in turn, so that the
-            // process runs it in order and what it has taken when another joins is a prefix
-            // of its block (the rest is re-dealt above, and stays contiguous).
+            // load (what it runs now and its block) is its share by speed; within a group,
+            // its block dealt to its slots in turn, so that the process runs it in order and
+            // what it has taken when another joins is a prefix of its block (the rest is
+            // re-dealt above, and stays contiguous).
             let speeds: f64 = (0..k).map(speed).sum();
             let mut order: Vec<usize> = (0..k).collect();
             order.sort_by_key(|&i| (self.group_of(ids[i]), ids[i]));
@@ -274,6 +275,10 @@ impl Owners {
             load.clone(),
             gload.iter().copied().fold(0.0, f64::max),
         );
+        let member_ids: Vec<Vec<WorkerId>> = groups
+            .iter()
+            .map(|(_, m)| m.iter().map(|&i| ids[i]).collect())
+            .collect();
         loop {
             let (ghi, glo) = extremes(&gload);
             if ghi == glo {
@@ -284,8 +289,7 @@ impl Owners {
             // block (a process's slots hold its block in turn, so the ends of one slot's
             // queue are not the ends of its process's block); the receiver: the least
             // loaded member of the other group.
-            let members = |g: usize| groups[g].1.iter().map(|&i| ids[i]).collect::<Vec<_>>();
-            let Some((giver, c)) = self.group_end_for(&members(ghi), &members(glo), plan) else {
+            let Some((giver, c)) = self.end_for(&member_ids[ghi], &member_ids[glo], plan) else {
                 break;
             };
             let hi = ids.iter().position(|&w| w == giver).expect("a member");
@@ -321,10 +325,12 @@ impl Owners {
                 let by_load = |a: &usize, b: &usize| load[*a].total_cmp(&load[*b]);
                 let hi = members.iter().copied().max_by(by_load).expect("members");
                 let lo = members.iter().copied().min_by(by_load).expect("members");
-                if hi == lo || self.queues.get(&ids[hi]).is_none_or(VecDeque::is_empty) {
+                if hi == lo {
                     break;
                 }
-                let c = self.end_for(ids[hi], ids[lo], plan);
+                let Some((_, c)) = self.end_for(&[ids[hi]], &[ids[lo]], plan) else {
+                    break;
+                };
                 let len = len_of(plan, c);
                 let (new_hi, new_lo) = (load[hi] - len / speed(hi), load[lo] + len / speed(lo));
                 if new_hi.max(new_lo) >= load[hi] {
@@ -337,10 +343,11 @@ impl Owners {
         }
     }
 
-    /// The end of group `giver`'s queued chunks to give group `taker`, and the member whose
-    /// queue has it: the one next to the taker's chunks if any, else the one nearer to
-    /// them; `None` if the giver has nothing queued.
-    fn group_end_for(
+    /// The end of group `giver`'s queued chunks (all its members' queues) to give group
+    /// `taker`, and the member whose queue has it: the one next to the taker's chunks if
+    /// any, else the one nearer to them; `None` if the giver has nothing queued. A worker
+    /// alone is a group of one.
+    fn end_for(
         &self,
         giver: &[WorkerId],
         taker: &[WorkerId],
@@ -372,25 +379,6 @@ impl Owners {
             match ends(taker) {
                 Some(((_, t), _)) if t < first.1 => Some(first),
                 _ => Some(last),
-            }
-        }
-    }
-
-    /// The end of `hi`'s queue (not empty) to give `lo`: the one next to `lo`'s chunks if
-    /// any, else the one nearer to them.
-    fn end_for(&self, hi: WorkerId, lo: WorkerId, plan: &Plan) -> ChunkId {
-        let q = &self.queues[&hi];
-        let (first, last) = (q[0], q[q.len() - 1]);
-        let lo_holds = |x: ChunkId| self.holds(lo, x);
-        let lo_first = self.queues.get(&lo).and_then(|q| q.front().copied());
-        if last + 1 < plan.len() && lo_holds(last + 1) {
-            last
-        } else if first > 0 && lo_holds(first - 1) {
-            first
-        } else {
-            match lo_first {
-                Some(l) if l < first => first,
-                _ => last,
             }
         }
     }

@@ -83,39 +83,27 @@ impl Keeper {
     /// A message on its way to the coordinator, pushed onto `out`: halos for partitions here
     /// are kept; a message that hands a partition back goes after a `Released` with what was
     /// kept for it.
-    pub(super) fn outgoing(&mut self, msg: ToCoordinator, out: &mut Vec<ToCoordinator>) {
-        match msg {
+    pub(super) fn outgoing(&mut self, mut msg: ToCoordinator, out: &mut Vec<ToCoordinator>) {
+        match &mut msg {
             ToCoordinator::Done {
-                slot,
                 chunk,
-                output,
-                halos: Some((up, down)),
-                iterations,
-                busy_ns,
+                halos: Some(halos),
+                ..
             } => {
-                self.here.insert(chunk);
-                let halos = Some(self.keep(chunk, up, down));
-                out.push(ToCoordinator::Done {
-                    slot,
-                    chunk,
-                    output,
-                    halos,
-                    iterations,
-                    busy_ns,
-                });
+                self.here.insert(*chunk);
+                self.keep(*chunk, halos);
+                out.push(msg);
             }
-            ToCoordinator::Exported {
-                chunk,
-                halos: (up, down),
-            } => {
-                let halos = self.keep(chunk, up, down);
-                out.push(ToCoordinator::Exported { chunk, halos });
+            ToCoordinator::Exported { chunk, halos } => {
+                self.keep(*chunk, halos);
+                out.push(msg);
             }
             ToCoordinator::Surrendered { chunk, .. }
             | ToCoordinator::Yielded { chunk, .. }
             | ToCoordinator::Failed { chunk, .. }
             | ToCoordinator::FailedHeld { chunk, .. }
             | ToCoordinator::Missing { chunk } => {
+                let chunk = *chunk;
                 self.here.remove(&chunk);
                 let before = self.kept.remove(&(chunk, From::Before));
                 let after = self.kept.remove(&(chunk, From::After));
@@ -128,23 +116,24 @@ impl Keeper {
                 }
                 out.push(msg);
             }
-            msg => out.push(msg),
+            _ => out.push(msg),
         }
     }
 
-    /// The halos `chunk` exported (`up` for the chunk before, `down` for the chunk after),
-    /// kept where that chunk's partition is here.
-    fn keep(&mut self, chunk: u64, up: Halo, down: Halo) -> (Halo, Halo) {
-        let mut keep = |h: Halo, to: Option<u64>, from: From| match (h, to) {
-            (Halo::Sent(b), Some(to)) if self.here.contains(&to) => {
-                self.kept.insert((to, from), b);
-                Halo::Kept
+    /// The halos `chunk` exported (the one for the chunk before, the one for the chunk
+    /// after), each kept, and replaced by [`Halo::Kept`], where that chunk's partition is
+    /// here.
+    fn keep(&mut self, chunk: u64, (up, down): &mut (Halo, Halo)) {
+        for (h, to, from) in [
+            (up, chunk.checked_sub(1), From::After),
+            (down, chunk.checked_add(1), From::Before),
+        ] {
+            if let Some(to) = to.filter(|to| self.here.contains(to)) {
+                if let Halo::Sent(b) = std::mem::replace(h, Halo::Kept) {
+                    self.kept.insert((to, from), b);
+                }
             }
-            (h, _) => h,
-        };
-        let up = keep(up, chunk.checked_sub(1), From::After);
-        let down = keep(down, chunk.checked_add(1), From::Before);
-        (up, down)
+        }
     }
 
     /// How many halos are kept here.

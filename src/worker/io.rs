@@ -780,8 +780,9 @@ fn dispatch<J: Job>(
 
 /// Partitions placed on this process (`Place`, `PlacePart`) on their way to the held ones:
 /// read from the store if they came as parts ([`PLACE_READS`] at a time), then decoded on
-/// the blocking pool, two at a time in the order they came (the coordinator sends first those that run first; all at
-/// once, they all ended late; one at a time, the process's threads waited for them).
+/// the blocking pool, two at a time in the order they came (the coordinator sends first
+/// those that run first; all at once, they all ended late; one at a time, the process's
+/// threads waited for them).
 struct Placements<J: Job> {
     tasks: tokio::task::JoinSet<Settled<J::Chunk>>,
     chunks: HashMap<tokio::task::Id, u64>,
