@@ -976,7 +976,7 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
              {:.1} ms, read {:.1} ms, running again {:.1} ms, a phase done again {:.1} ms \
              (from the kill, seen from here: {}), the phase after it {next} (a phase on the \
              process left: {steady}); the snapshot read from the store {:.1} ms (raw read of \
-             its files: {}); check ok",
+             its files: {}): {:.2}x; check ok",
             run + 1,
             rb.lost.len(),
             rb.from_phase,
@@ -989,6 +989,7 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
             back.map_or("-".to_owned(), |b| format!("{:.1} ms", ms(b - killed))),
             ms(full),
             raw.map_or("-".to_owned(), |r| format!("{:.1} ms", ms(r))),
+            recovered.as_secs_f64() / full.as_secs_f64().max(1e-9),
         );
         ratios.push(recovered.as_secs_f64() / full.as_secs_f64().max(1e-9));
     }
