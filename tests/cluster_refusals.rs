@@ -5,7 +5,8 @@
 //!   well-formed `Done` for a chunk the peer was not given (`rejected`, not `malformed`), a
 //!   `CapturedHeldPart` for a partition it was not asked for (`rejected`), `Exported` halos
 //!   of a partition it was not given to export them (`rejected`), kept halos handed up
-//!   (`Released`) for a job without partitions (`rejected`), and a `Done`
+//!   (`Released`) for a job without partitions (`rejected`), a `Done` with halos for a
+//!   chunk its slot does not run (`rejected` before its halos replace that chunk's), and a `Done`
 //!   whose output does not decode although the job versions match, or a worker's
 //!   report that it could not decode the job value (`undecodable`, with the advice to bump
 //!   `Job::VERSION`); the job goes on to its exact value;
@@ -23,11 +24,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use malleable::cluster::{self, Registry, Token, WorkerOptions, frame, handshake};
-use malleable::{Chunking, Executor, JobHandle, Outcome};
+use malleable::{Banded, Chunking, Executor, JobHandle, Outcome};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
 mod common;
 
+use common::grid::{self, Grid};
 use common::raw::{self, mac, read_frame, send_frame, versioned};
 use common::walk::{Total, Walk, pace};
 
@@ -348,6 +350,76 @@ fn the_coordinator_names_what_it_refuses() {
 
     // None of this disturbed the job.
     finished_exactly(h, &job);
+}
+
+/// A `Done` with halos for a chunk that its slot does not run, here one that the local
+/// worker ended in this phase, is refused before its halos are kept: they would have
+/// replaced that chunk's, which its neighbours take at the next phase. The job, a grid on
+/// owned partitions, ends with the sequential loop's bits.
+#[test]
+fn a_done_with_halos_for_a_chunk_its_slot_does_not_run_replaces_no_halo() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut counted = PeerErrors::default();
+    counted.take();
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    // 12 bands of 4 rows, 10 ms a row: the first phase takes about half a second on the
+    // local worker, which runs the bands in order, and a partition lost in the first phase
+    // is made again (the hand-written peer is dropped with the chunks it was given).
+    let g = Grid {
+        pace_us: 10_000,
+        pace_every: 1,
+        ..Grid::new(48, 16, 3)
+    };
+    let want = grid::sequential(&g);
+    let h = exec.submit(Banded(g)).unwrap();
+    let start = Instant::now();
+    while h.progress().done < 8 {
+        assert!(start.elapsed() < PATIENCE, "{:?}", h.progress());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        h.progress().phase,
+        0,
+        "the first phase ended before the peer came"
+    );
+
+    let mut s = raw::authenticated_as(&addr, TOKEN, "test-grid");
+    let garbage = || frame::Halo::Sent(Bytes::from_static(&[0xff; 9]));
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::Done {
+            slot: 0,
+            chunk: 0,
+            output: frame::encode(&Vec::<u64>::new()),
+            halos: Some((garbage(), garbage())),
+            iterations: 4,
+            busy_ns: 1,
+        }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    let fin = match h.wait().unwrap() {
+        Outcome::Finished(f) => f,
+        other => panic!("not finished: {other:?}"),
+    };
+    assert_eq!(fin.value, want);
+    counted.until("rejected", 1);
+    let text = exec
+        .peer_errors()
+        .iter()
+        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .map(|e| e.to_string())
+        .next()
+        .expect("a Rejected record");
+    assert!(
+        text.ends_with("chunk 0 ended in slot 0, which does not run it"),
+        "{text}"
+    );
 }
 
 /// A "coordinator" written by hand: shakes hands with one worker as the coordinator of job

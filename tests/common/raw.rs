@@ -37,11 +37,16 @@ pub fn versioned<T: serde::Serialize>(version: u32, body: &T) -> Vec<u8> {
 
 /// A worker's hello for the job `walk` in version 1, one thread, nonce `[7; 32]`.
 pub fn hello_frame(version: u32) -> Vec<u8> {
+    hello_frame_for(version, "walk")
+}
+
+/// A worker's hello for the job `job` in version 1, one thread, nonce `[7; 32]`.
+pub fn hello_frame_for(version: u32, job: &str) -> Vec<u8> {
     versioned(
         version,
         &handshake::Hello {
             jobs: vec![handshake::JobType {
-                name: "walk".into(),
+                name: job.into(),
                 version: 1,
             }],
             threads: 1,
@@ -63,8 +68,13 @@ pub fn mac(token: &str, label: &[u8], a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
 /// (version 1, one thread), by hand: the worker's proof is `HMAC-SHA256(token, "malleable
 /// worker v1" ‖ nc ‖ nw)`.
 pub fn authenticated(addr: &str, token: &str) -> TcpStream {
+    authenticated_as(addr, token, "walk")
+}
+
+/// As [`authenticated`], as a worker of the job `job` (version 1, one thread).
+pub fn authenticated_as(addr: &str, token: &str, job: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
-    send_frame(&mut s, &hello_frame(frame::PROTOCOL_VERSION));
+    send_frame(&mut s, &hello_frame_for(frame::PROTOCOL_VERSION, job));
     let challenge = read_frame(&mut s).expect("a challenge");
     let handshake::Reply::Challenge { nonce: nc, .. } =
         handshake::decode_reply("coordinator", &challenge).unwrap()
