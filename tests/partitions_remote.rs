@@ -690,3 +690,157 @@ fn a_process_thread_gets_one_thread_s_share_of_the_grid() {
         job.bands * job.phases
     );
 }
+
+/// A folder store whose reads of a snapshot's parts, at the coordinator, wait while the gate
+/// is shut; the test sees them waiting. It shows itself as the folder's URL, which
+/// `Store::from_object_store` hands the worker processes: they read and write the folder
+/// directly, ungated.
+#[derive(Debug)]
+struct GatedReads {
+    inner: object_store::local::LocalFileSystem,
+    url: String,
+    open: tokio::sync::watch::Sender<bool>,
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl std::fmt::Display for GatedReads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for GatedReads {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        if location.as_ref().contains("/parts/") {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut open = self.open.subscribe();
+            self.waiting.fetch_add(1, SeqCst);
+            let _ = open.wait_for(|open| *open).await;
+            self.waiting.fetch_sub(1, SeqCst);
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A second process is lost while the coordinator reads back the parts of the snapshot it
+/// rolls back to (step 6 of the rollback: the restored run is placed, the process has read
+/// the parts placed on it, and the run waits for the local worker's parts, which the store
+/// here holds until the test lets them go). The rollback starts again with the local
+/// worker alone, and the grid is exact.
+#[test]
+fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::SeqCst;
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
+    let (dir, url) = folder("rollback-again");
+    std::fs::create_dir_all(&dir).unwrap();
+    let gated = Arc::new(GatedReads {
+        inner: object_store::local::LocalFileSystem::new_with_prefix(&dir).unwrap(),
+        url: url.clone(),
+        open: tokio::sync::watch::Sender::new(true),
+        waiting: 0.into(),
+    });
+    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
+    assert!(store.url().starts_with(&url), "{}", store.url());
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshot_store(store)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(1000);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    let mut b = start(&addr);
+    until("two processes", || h.remote_workers() == 2);
+    until("phase 10", || phase_of(&h) >= 10);
+    // The processes check that they reach the store when their job begins; a snapshot
+    // taken later has their parts as references, so the rollback places restored partitions
+    // on them by reference (`PlacePart`).
+    h.snapshot().wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let at = phase_of(&h);
+    until("five more phases", || phase_of(&h) >= at + 5);
+    let id = h.snapshot().wait().unwrap();
+    until("ten more phases", || phase_of(&h) >= at + 15);
+    gated.open.send_replace(false);
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("the rollback's read of a part", || {
+        assert!(
+            h.rollbacks().is_empty(),
+            "the rollback ended without reading a part here"
+        );
+        gated.waiting.load(SeqCst) > 0
+    });
+    b.kill().unwrap();
+    let _ = b.wait();
+    until("the second loss", || h.remote_workers() == 0);
+    gated.open.send_replace(true);
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let rollbacks = h.rollbacks();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    let r = &rollbacks[0];
+    assert_eq!(r.epoch, id.epoch);
+    assert_eq!(r.started_over, 1, "{r:?}");
+    assert!(r.recovered.is_some(), "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

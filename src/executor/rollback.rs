@@ -81,6 +81,10 @@ pub struct Rollback {
     pub restart: Duration,
     /// From the loss until the restored run finished a phase again; `None` until then.
     pub recovered: Option<Duration>,
+    /// Times the rollback started over because a worker process was lost with restored
+    /// partitions before the coordinator had read its own parts (step 6); 0 mostly. `lost`
+    /// counts the partitions of every loss.
+    pub started_over: u64,
 }
 
 /// A rollback under way.
@@ -383,6 +387,7 @@ impl<J: Job> State<J> {
             read,
             restart,
             recovered: None,
+            started_over: rb.attempt,
         });
         self.recovering = Some(rb.since);
         self.watch_rolled_back();
@@ -398,9 +403,9 @@ impl<J: Job> State<J> {
     /// instead of one `Run` at a time: a process's slot asks for its next chunk only when
     /// the last one is done, and a partition that travels with its `Run` leaves the thread
     /// waiting for its bytes (a restored phase ran 5-6 times slower than a normal one). A
-    /// pending partition goes to the process of the slot whose queue has it; one done in the
-    /// snapshot's phase to the process of the nearest pending chunk, and it is held there
-    /// for the next phase (`Core::hold`). The ledger records them as held there, so a
+    /// pending partition goes to the process of the slot whose queue has it; those done in
+    /// the snapshot's phase are dealt in contiguous blocks over the workers, and one dealt to
+    /// a process is held there for the next phase (`Core::hold`). The ledger records them as held there, so a
     /// process lost with them rolls the job back again, as for any partition it holds.
     ///
     /// Those that local workers run next stay here as before: a local thread decodes one
@@ -419,67 +424,40 @@ impl<J: Job> State<J> {
         let Ok(job) = self.job_bytes() else {
             return;
         };
-        // Where each pending or running chunk runs: (chunk, worker, process or none for a
-        // local worker), and how soon (its place in its slot's queue).
-        let mut at: Vec<(ChunkId, WorkerId, Option<ConnId>)> = Vec::new();
+        // Where each pending chunk queued on a process runs, and how soon (its place in its
+        // slot's queue).
         let mut soon: HashMap<ChunkId, (ConnId, usize)> = HashMap::new();
         for worker in self.members.ids() {
-            let conn = match self.members.get(worker) {
-                Some(Member::Remote(slot)) => Some(slot.conn),
-                _ => None,
-            };
-            at.extend(self.core.running_on(worker).map(|c| (c, worker, conn)));
-            for (rank, c) in self.core.queued(worker).into_iter().enumerate() {
-                at.push((c, worker, conn));
-                if let Some(conn) = conn {
+            if let Some(Member::Remote(slot)) = self.members.get(worker) {
+                let conn = slot.conn;
+                for (rank, c) in self.core.queued(worker).into_iter().enumerate() {
                     soon.insert(c, (conn, rank));
                 }
             }
         }
-        if at.is_empty() {
-            // A snapshot taken at a barrier: every partition ended the snapshot's phase and
-            // nothing is queued yet. They are dealt in contiguous blocks over the workers,
-            // local ones first and a process's slots together, as a first phase is
-            // (`schedule/owned.rs`), and each is held where it is dealt.
-            let mut workers: Vec<(WorkerId, Option<ConnId>)> = self
-                .core
-                .throughputs()
-                .map(|(w, _)| {
-                    let conn = match self.members.get(w) {
-                        Some(Member::Remote(slot)) => Some(slot.conn),
-                        _ => None,
-                    };
-                    (w, conn)
-                })
-                .collect();
-            workers.sort_unstable_by_key(|&(w, conn)| (conn, w));
-            let mut kept: Vec<ChunkId> = self.core.kept().map(|(c, _)| c).collect();
-            kept.sort_unstable();
-            let (n, k) = (kept.len(), workers.len());
-            if k == 0 {
-                return;
-            }
-            for (i, chunk) in kept.into_iter().enumerate() {
-                let (w, conn) = workers[i * k / n];
-                at.push((chunk, w, conn));
-            }
-        }
-        if at.is_empty() {
+        // A partition done in the snapshot's phase runs next in the phase after it: it is
+        // dealt in contiguous blocks over the workers by its place in the plan, local ones
+        // first and a process's slots together, as a first phase is (`schedule/owned.rs`),
+        // and held where it is dealt. (It used to go where its nearest pending neighbour
+        // runs: a snapshot cut near a phase's end, with one chunk pending, sent every
+        // partition to that one slot's process, and the next phase moved them back.)
+        let mut workers: Vec<(WorkerId, Option<ConnId>)> = self
+            .core
+            .throughputs()
+            .map(|(w, _)| {
+                let conn = match self.members.get(w) {
+                    Some(Member::Remote(slot)) => Some(slot.conn),
+                    _ => None,
+                };
+                (w, conn)
+            })
+            .collect();
+        workers.sort_unstable_by_key(|&(w, conn)| (conn, w));
+        let (n, k) = (self.core.plan().len() as usize, workers.len());
+        if k == 0 || n == 0 {
             return;
         }
-        at.sort_unstable_by_key(|&(c, ..)| c);
-        // A partition done in the snapshot's phase goes where its nearest neighbour runs;
-        // next to a local worker's, it stays here, decoded at the barrier as before.
-        let near = |chunk: ChunkId| -> (WorkerId, Option<ConnId>) {
-            let i = at.partition_point(|&(c, ..)| c < chunk);
-            let pick = match (i.checked_sub(1).map(|j| at[j]), at.get(i).copied()) {
-                (Some(a), Some(b)) if chunk - a.0 <= b.0 - chunk => a,
-                (Some(a), None) => a,
-                (_, Some(b)) => b,
-                (None, None) => unreachable!("`at` is not empty"),
-            };
-            (pick.1, pick.2)
-        };
+        let dealt = |chunk: ChunkId| workers[(chunk as usize).min(n - 1) * k / n];
         // (process, rank, chunk, state): each process gets the first chunk of each of its
         // slots' queues, then the second, and so on; the partitions done in the snapshot's
         // phase, which run in the next one, last.
@@ -500,7 +478,7 @@ impl<J: Job> State<J> {
         let mut holds = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             if let Held::Bytes(b) = &*held {
-                let (worker, Some(conn)) = near(chunk) else {
+                let (worker, Some(conn)) = dealt(chunk) else {
                     continue;
                 };
                 if by_part_only && !by_part(conn, chunk) {
