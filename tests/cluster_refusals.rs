@@ -6,10 +6,11 @@
 //!   `CapturedHeldPart` for a partition it was not asked for (`rejected`), `Exported` halos
 //!   of a partition it was not given to export them (`rejected`), kept halos handed up
 //!   (`Released`) for a job without partitions (`rejected`), a `Done` with halos for a
-//!   chunk its slot does not run (`rejected` before its halos replace that chunk's), and a `Done`
-//!   whose output does not decode although the job versions match, or a worker's
+//!   chunk its slot does not run (`rejected` before its halos replace that chunk's), and a
+//!   `Done` whose output does not decode although the job versions match, or a worker's
 //!   report that it could not decode the job value (`undecodable`, with the advice to bump
-//!   `Job::VERSION`); the job goes on to its exact value;
+//!   `Job::VERSION`); the job goes on to its exact value. It also drains processes that
+//!   leave with any grace period the message can carry, from none to `u64::MAX` ms;
 //! - a worker process, facing a coordinator that sends a `Run` before the job value or for a
 //!   slot it does not have (`rejected`), a job value that does not decode (`undecodable`,
 //!   and the coordinator is told), or a welcome to the job in another version
@@ -420,6 +421,73 @@ fn a_done_with_halos_for_a_chunk_its_slot_does_not_run_replaces_no_halo() {
         text.ends_with("chunk 0 ended in slot 0, which does not run it"),
         "{text}"
     );
+}
+
+/// Panics anywhere in this process (the coordinator's tasks too) since the first call.
+fn panics() -> &'static std::sync::atomic::AtomicU64 {
+    static PANICS: OnceLock<std::sync::atomic::AtomicU64> = OnceLock::new();
+    PANICS.get_or_init(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            panics().fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            previous(info);
+        }));
+        0.into()
+    })
+}
+
+/// Worker processes that leave with a grace period of their own, one that claims the
+/// longest one the message can say (`u64::MAX` ms) and goes as soon as it is told to hand
+/// its chunks back, one that claims none (0 ms) and stays: the second is let go at once
+/// (its lease would have taken seconds), nothing panics, and the job ends with its exact
+/// value.
+#[test]
+fn a_leave_with_any_grace_period_is_drained() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let before = panics().load(SeqCst);
+    let mut counted = PeerErrors::default();
+    counted.take();
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Size(CHUNK))
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .heartbeat(Duration::from_millis(100), PATIENCE)
+        .snapshots("memory://")
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = walk(12);
+    let h = exec.submit(job.clone()).unwrap();
+    let leave = |grace_ms| frame::encode(&frame::ToCoordinator::Leave { grace_ms });
+
+    let mut longest = authenticated(&addr);
+    send_frame(&mut longest, &leave(Some(u64::MAX)));
+    longest.set_read_timeout(Some(PATIENCE)).unwrap();
+    loop {
+        let f = read_frame(&mut longest).expect("an Interrupt or an End");
+        match frame::decode_to_worker("coordinator", &f).unwrap() {
+            frame::ToWorker::Interrupt { .. } | frame::ToWorker::End => break,
+            _ => {}
+        }
+    }
+    drop(longest);
+
+    let mut none = authenticated(&addr);
+    send_frame(&mut none, &leave(Some(0)));
+    let start = Instant::now();
+    assert!(closed_by_other_side(&mut none));
+    let took = start.elapsed();
+    finished_exactly(h, &job);
+    counted.take();
+    assert_eq!(
+        counted.get("lease_expired"),
+        0,
+        "{:?} after {took:?}",
+        counted.0
+    );
+    assert_eq!(panics().load(SeqCst), before);
 }
 
 /// A "coordinator" written by hand: shakes hands with one worker as the coordinator of job
