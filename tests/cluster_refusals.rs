@@ -9,9 +9,11 @@
 //!   chunk its slot does not run (`rejected` before its halos replace that chunk's), and a
 //!   `Done` whose output does not decode although the job versions match, or a worker's
 //!   report that it could not decode the job value (`undecodable`, with the advice to bump
-//!   `Job::VERSION`); the job goes on to its exact value. It also drains processes that
+//!   `Job::VERSION`), and an `Abandoned` when no rollback asked for it (`rejected`); the job
+//!   goes on to its exact value. It also drains processes that
 //!   leave with any grace period the message can carry, from none to `u64::MAX` ms;
-//! - a worker process, facing a coordinator that sends a `Run` before the job value or for a
+//! - a worker process, which drops a chunk a rollback abandons (running or waiting) with no
+//!   state, and which faces a coordinator that sends a `Run` before the job value or for a
 //!   slot it does not have (`rejected`), a job value that does not decode (`undecodable`,
 //!   and the coordinator is told), or a welcome to the job in another version
 //!   (`job_version`).
@@ -296,6 +298,26 @@ fn the_coordinator_names_what_it_refuses() {
         .expect("a record of the refused release");
     assert!(text.ends_with("of a job without partitions"), "{text}");
 
+    // An `Abandoned` while the job does not roll back: refused as `rejected`.
+    let mut s = authenticated(&addr);
+    send_frame(
+        &mut s,
+        &frame::encode(&frame::ToCoordinator::Abandoned { slot: 0, chunk: 0 }),
+    );
+    assert!(closed_by_other_side(&mut s));
+    counted.until("rejected", 5);
+    let text = exec
+        .peer_errors()
+        .iter()
+        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .map(|e| e.to_string())
+        .find(|t| t.contains("abandoned"))
+        .expect("a record of the refused Abandoned");
+    assert!(
+        text.ends_with("chunk 0 was abandoned in slot 0, which was not asked to"),
+        "{text}"
+    );
+
     // A `Done` whose output does not decode although both sides have version 1 of the job:
     // the message says the serialized form differs and how to have such a worker refused.
     let mut s = authenticated(&addr);
@@ -497,6 +519,15 @@ fn fake_coordinator(
     version: u32,
     then: Vec<frame::ToWorker>,
 ) -> (String, std::thread::JoinHandle<Vec<frame::ToCoordinator>>) {
+    fake_coordinator_until(version, then, |_| false)
+}
+
+/// As [`fake_coordinator`], hanging up as soon as what the worker sent satisfies `enough`.
+fn fake_coordinator_until(
+    version: u32,
+    then: Vec<frame::ToWorker>,
+    enough: fn(&[frame::ToCoordinator]) -> bool,
+) -> (String, std::thread::JoinHandle<Vec<frame::ToCoordinator>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let thread = std::thread::spawn(move || {
@@ -527,6 +558,9 @@ fn fake_coordinator(
         let mut got = Vec::new();
         while let Some(f) = read_frame(&mut s) {
             got.push(frame::decode_to_coordinator("worker", &f).unwrap());
+            if enough(&got) {
+                break;
+            }
         }
         got
     });
@@ -553,6 +587,53 @@ fn run(slot: u32) -> frame::ToWorker {
         state: None,
         held: false,
     }
+}
+
+/// A rollback's `Abandon`, for the chunk a worker's thread runs and for one that waits behind
+/// it: both are dropped and answered by `Abandoned`, with no state, and neither runs to its
+/// end.
+#[test]
+fn a_worker_drops_what_a_rollback_abandons() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let job = walk(13);
+    let phase = frame::ToWorker::Phase {
+        phase: 0,
+        job: Bytes::from(frame::encode(&job).to_vec()),
+    };
+    let run = |slot: u32, chunk: u64| frame::ToWorker::Run {
+        slot,
+        chunk,
+        start: chunk * 10_000,
+        end: (chunk + 1) * 10_000,
+        state: None,
+        held: false,
+    };
+    let abandon = |slot, chunk| frame::ToWorker::Abandon { slot, chunk };
+    let two_abandoned = |got: &[frame::ToCoordinator]| {
+        got.iter()
+            .filter(|m| matches!(m, frame::ToCoordinator::Abandoned { .. }))
+            .count()
+            == 2
+    };
+    let (addr, fake) = fake_coordinator_until(
+        1,
+        vec![phase, run(0, 0), run(1, 1), abandon(1, 1), abandon(0, 0)],
+        two_abandoned,
+    );
+    let _ = serve_walk(&addr);
+    let got = fake.join().unwrap();
+    let ended: Vec<_> = got
+        .iter()
+        .filter(|m| !matches!(m, frame::ToCoordinator::Heartbeat { .. }))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            &frame::ToCoordinator::Abandoned { slot: 1, chunk: 1 },
+            &frame::ToCoordinator::Abandoned { slot: 0, chunk: 0 },
+        ],
+        "{got:?}"
+    );
 }
 
 #[test]

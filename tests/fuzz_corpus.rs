@@ -185,6 +185,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             },
         ),
         ("surrender", ToWorker::Surrender { chunk: 16 }),
+        ("abandon", ToWorker::Abandon { slot: 2, chunk: 18 }),
         (
             "place",
             ToWorker::Place {
@@ -401,6 +402,7 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                 ),
             },
         ),
+        ("abandoned", ToCoordinator::Abandoned { slot: 2, chunk: 18 }),
         (
             "released",
             ToCoordinator::Released {

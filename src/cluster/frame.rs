@@ -43,7 +43,9 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// slot's `busy_ns` is its thread's time on its chunk times [`SLOTS_PER_THREAD`]. Version 12:
 /// a halo whose neighbour is in the same process stays there ([`Halo::Kept`] in `Done`,
 /// `Exported` and `Begin`), and goes up with `Released` before that neighbour leaves.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// Version 13: a rollback stops the chunks a process runs or has queued with `Abandon`,
+/// answered by `Abandoned`, with no state: they are dropped, not handed back.
+pub const PROTOCOL_VERSION: u32 = 13;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -231,6 +233,17 @@ pub enum ToWorker {
         /// As in `Place`.
         export: bool,
     },
+    /// The job rolls back: stop `chunk` in `slot` at its next adjustment point (at once if it
+    /// waits to run) and drop it, with the partition it runs; answer `Abandoned`, with no
+    /// state. Unlike `Interrupt`, nothing comes back: a partition's state is megabytes that
+    /// the rollback would throw away, and the rollback waits until no chunk runs. One that
+    /// ended meanwhile is answered by its `Done` as usual.
+    Abandon {
+        /// The slot.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -393,6 +406,13 @@ pub enum ToCoordinator {
         /// What the chunk after exported for it (postcard), if this process kept it.
         #[serde(deserialize_with = "in_frame_opt")]
         after: Option<Bytes>,
+    },
+    /// Slot `slot` stopped and dropped `chunk` after an `Abandon`.
+    Abandoned {
+        /// The slot.
+        slot: u32,
+        /// The chunk.
+        chunk: u64,
     },
 }
 

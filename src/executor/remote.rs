@@ -643,10 +643,19 @@ impl<J: Job> State<J> {
         if let (Some(chunk), Some(c)) =
             (self.core.running_on(worker), self.remote.conns.get(&r.conn))
         {
-            let _ = c.tx.send(ToWorker::Interrupt {
-                slot: r.slot,
-                chunk,
-            });
+            // A rollback throws the chunk away: it is dropped there, not handed back.
+            let msg = if self.rolling_back() {
+                ToWorker::Abandon {
+                    slot: r.slot,
+                    chunk,
+                }
+            } else {
+                ToWorker::Interrupt {
+                    slot: r.slot,
+                    chunk,
+                }
+            };
+            let _ = c.tx.send(msg);
         }
     }
 
@@ -1218,6 +1227,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Missing { chunk } => ("missing", Some(*chunk)),
                 ToCoordinator::FailedHeld { chunk, .. } => ("failed held", Some(*chunk)),
                 ToCoordinator::Yielded { chunk, .. } => ("yielded", Some(*chunk)),
+                ToCoordinator::Abandoned { chunk, .. } => ("abandoned", Some(*chunk)),
                 ToCoordinator::Captured { chunk, .. } => ("captured", Some(*chunk)),
                 ToCoordinator::CapturedPart { chunk, .. } => ("captured part", Some(*chunk)),
                 ToCoordinator::Failed { chunk, .. } => ("failed", Some(*chunk)),
@@ -1473,6 +1483,26 @@ impl<J: Job> State<J> {
                     work: work(iterations, busy_ns),
                 };
                 (event, None, "a Yielded", slot, chunk)
+            }
+            ToCoordinator::Abandoned { slot, chunk } => {
+                let w = slot_of(conn, slot)?;
+                // Only a rollback abandons chunks, those its slots run.
+                if self.rollback.is_none() || self.core.running_on(w) != Some(chunk) {
+                    return Err(bad(format!(
+                        "chunk {chunk} was abandoned in slot {slot}, which was not asked to"
+                    )));
+                }
+                conn.ended_in(slot);
+                // The ledger is replaced by the snapshot's before anything runs again: this
+                // one only learns that the slot is free (no cut starts during a rollback,
+                // so the empty state is never read).
+                let event = Event::Yielded {
+                    worker: w,
+                    chunk,
+                    state: Held::Bytes(Bytes::new()),
+                    work: work(0, 0),
+                };
+                (event, None, "an Abandoned", slot, chunk)
             }
         };
         let (event, output_bytes, kind, slot, chunk) = event;

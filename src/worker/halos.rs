@@ -100,6 +100,7 @@ impl Keeper {
             }
             ToCoordinator::Surrendered { chunk, .. }
             | ToCoordinator::Yielded { chunk, .. }
+            | ToCoordinator::Abandoned { chunk, .. }
             | ToCoordinator::Failed { chunk, .. }
             | ToCoordinator::FailedHeld { chunk, .. }
             | ToCoordinator::Missing { chunk } => {

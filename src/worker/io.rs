@@ -107,6 +107,7 @@ fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Exported { chunk, .. }
         | ToCoordinator::Released { chunk, .. }
         | ToCoordinator::Yielded { chunk, .. }
+        | ToCoordinator::Abandoned { chunk, .. }
         | ToCoordinator::Captured { chunk, .. }
         | ToCoordinator::CapturedPart { chunk, .. }
         | ToCoordinator::Failed { chunk, .. } => Some(*chunk),
@@ -671,14 +672,15 @@ fn dispatch<J: Job>(
                     queued: std::time::Instant::now(),
                 }));
         }
-        ToWorker::Interrupt { slot, chunk } | ToWorker::Capture { slot, chunk, .. } => {
-            let capture = matches!(msg, ToWorker::Capture { .. });
+        ToWorker::Interrupt { slot, chunk }
+        | ToWorker::Capture { slot, chunk, .. }
+        | ToWorker::Abandon { slot, chunk } => {
             let (t, _) = thread_of(threads, slot)?;
             let th = &threads[t];
-            let m = if capture {
-                SlotMsg::Capture { slot, chunk }
-            } else {
-                SlotMsg::Interrupt { slot, chunk }
+            let m = match msg {
+                ToWorker::Capture { .. } => SlotMsg::Capture { slot, chunk },
+                ToWorker::Abandon { .. } => SlotMsg::Abandon { slot, chunk },
+                _ => SlotMsg::Interrupt { slot, chunk },
             };
             let _ = th.tx.as_ref().expect("live").send(m);
             // After the send (step 1 of the flag contract in `run/cell.rs`): the thread that

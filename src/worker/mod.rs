@@ -33,7 +33,8 @@
 //!    its state (`Captured`); for a chunk still waiting, it does so at once with the state the
 //!    chunk came with (from scratch: a new chunk's state); for a chunk it no longer holds it
 //!    does nothing (the chunk ended first and its `Done` crossed the request on the wire; the
-//!    coordinator takes the `Done`).
+//!    coordinator takes the `Done`). `Abandon` (a rollback) stops the chunk the same way but
+//!    drops it, with its partition, and answers `Abandoned` with no state.
 //! 4. *Heartbeats* go both ways every heartbeat period, with each slot's progress. A side that
 //!    hears nothing for a lease gives the other up: the coordinator puts the slots' chunks back
 //!    with the last state it holds; the worker stops computing and returns an error.

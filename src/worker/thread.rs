@@ -53,8 +53,19 @@ pub(super) fn lock<C>(
 /// What the I/O task queues for a thread.
 pub(super) enum SlotMsg<J: Job> {
     Run(Run<J>),
-    Interrupt { slot: u32, chunk: u64 },
-    Capture { slot: u32, chunk: u64 },
+    Interrupt {
+        slot: u32,
+        chunk: u64,
+    },
+    Capture {
+        slot: u32,
+        chunk: u64,
+    },
+    /// `ToWorker::Abandon`: stop and drop, answer `Abandoned`.
+    Abandon {
+        slot: u32,
+        chunk: u64,
+    },
 }
 
 /// A compute thread, as the I/O task sees it.
@@ -103,6 +114,8 @@ struct Queue<'a, J: Job> {
     gone: bool,
     done: u64,
     yielded: u64,
+    /// The running chunk was abandoned (a rollback): it stops, and nothing of it goes back.
+    abandoned: bool,
 }
 
 /// What a thread was asked about the chunk it runs.
@@ -113,6 +126,30 @@ struct Asked {
 }
 
 impl<J: Job> Queue<'_, J> {
+    /// An `Abandon` of `chunk` in `slot`: the running chunk stops at its next adjustment
+    /// point (`abandoned`), one that waits to run is dropped at once with its partition;
+    /// either is answered by `Abandoned`. One that ended here already was answered by its
+    /// `Done`.
+    fn abandon(&mut self, running: Option<(u32, u64)>, slot: u32, chunk: u64) {
+        if running == Some((slot, chunk)) {
+            self.abandoned = true;
+            return;
+        }
+        let Some(at) = self
+            .waiting
+            .iter()
+            .position(|r| r.slot == slot && r.chunk == chunk)
+        else {
+            return;
+        };
+        if let Some(r) = self.waiting.remove(at) {
+            if r.held {
+                lock(self.held).remove(&chunk);
+            }
+        }
+        let _ = self.out.send(ToCoordinator::Abandoned { slot, chunk });
+    }
+
     /// Takes the queued messages: runs join `waiting`; a request for a waiting chunk is
     /// answered at once (it has the state it came with); one for `running` (slot, chunk) is
     /// returned; others are for chunks that ended here and are dropped.
@@ -126,6 +163,10 @@ impl<J: Job> Queue<'_, J> {
                 }
                 Ok(SlotMsg::Interrupt { slot, chunk }) => (slot, chunk, false),
                 Ok(SlotMsg::Capture { slot, chunk }) => (slot, chunk, true),
+                Ok(SlotMsg::Abandon { slot, chunk }) => {
+                    self.abandon(running, slot, chunk);
+                    continue;
+                }
                 Err(TryRecvError::Empty) => return asked,
                 Err(TryRecvError::Disconnected) => {
                     self.gone = true;
@@ -210,7 +251,7 @@ impl<J: Job> Host for Slot<'_, '_, J> {
     fn attend(&mut self, cell: &Cell) -> Attend {
         cell.take();
         let asked = self.queue.take(Some((self.slot, self.chunk)));
-        if self.queue.gone || asked.interrupt {
+        if self.queue.gone || asked.interrupt || self.queue.abandoned {
             Attend::Stop
         } else if asked.capture {
             Attend::Capture
@@ -260,6 +301,7 @@ pub(super) fn main<J: Job>(
         gone: false,
         done: 0,
         yielded: 0,
+        abandoned: false,
     };
     // When the thread ended its last chunk.
     let mut free = std::time::Instant::now();
@@ -322,6 +364,12 @@ pub(super) fn main<J: Job>(
         if queue.gone {
             // The job ended for this process: nobody waits for this chunk.
             return (queue.done, queue.yielded);
+        }
+        if std::mem::take(&mut queue.abandoned) && matches!(ran, Ran::Yielded { .. }) {
+            // Dropped with its state; one that ended before it stopped goes up as usual.
+            let _ = out.send(ToCoordinator::Abandoned { slot, chunk });
+            free = std::time::Instant::now();
+            continue;
         }
         let mut halos = None;
         let encoded = match ran {
