@@ -456,6 +456,7 @@ impl Io {
                             } else if matches!(msg, ToWorker::Begin { .. }) {
                                 // The restored phase ended: every placement has started.
                                 placing.spares.clear();
+                                *lock_buffers(&placing.buffers) = None;
                             }
                             if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
                                 self.first_run.set(Some(self.dialled.elapsed()));
@@ -795,6 +796,10 @@ struct Placements<J: Job> {
     /// one is decoded into one of them, the same chunk's if there, so that its buffers are
     /// reused ([`codec::decode_into`]). Dropped once the restored phase ended.
     spares: HashMap<u64, J::Chunk>,
+    /// Buffers that parts are read into, reused from part to part (see
+    /// `Store::get_part_into`): as many as reads and decodes under way at once, until the
+    /// restored phase ends (`None`: a buffer is dropped after its decode).
+    buffers: Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
 }
 
 /// Parts of placed partitions read from the store at once. Decoding goes two at a time, in
@@ -818,6 +823,7 @@ impl<J: Job> Placements<J> {
             turns: Arc::new(tokio::sync::Semaphore::new(2)),
             reads: Arc::new(tokio::sync::Semaphore::new(PLACE_READS)),
             spares: HashMap::new(),
+            buffers: Arc::new(std::sync::Mutex::new(Some(Vec::new()))),
         }
     }
 
@@ -857,20 +863,40 @@ impl<J: Job> Placements<J> {
         });
         let read_turn = Arc::clone(&self.reads).acquire_owned();
         let turn = Arc::clone(&self.turns).acquire_owned();
+        let buffers = Arc::clone(&self.buffers);
         let task = self.tasks.spawn(async move {
             let state = match from {
-                Ok(state) => state,
+                Ok(state) => Placing::Sent(state),
                 Err(part) => {
                     let _read = read_turn.await;
-                    match read_placed(store, &part).await {
-                        Ok(state) => state,
+                    let started = std::time::Instant::now();
+                    let buf = lock_buffers(&buffers)
+                        .as_mut()
+                        .and_then(Vec::pop)
+                        .unwrap_or_default();
+                    match read_placed(store, &part, buf).await {
+                        Ok(state) => {
+                            tracing::debug!(chunk, took = ?started.elapsed(), "a placed partition's part read");
+                            Placing::Read(state)
+                        }
                         Err(failure) => return (chunk, Err(failure)),
                     }
                 }
             };
             let _turn = turn.await;
             let placed = tokio::task::spawn_blocking(move || {
-                decode_placed(chunk, &state, export, job, spare)
+                let started = std::time::Instant::now();
+                let spared = spare.is_some();
+                let bytes: &[u8] = match &state {
+                    Placing::Sent(b) => b,
+                    Placing::Read(b) => b,
+                };
+                let placed = decode_placed(chunk, bytes, export, job, spare);
+                if let (Placing::Read(buf), Some(pool)) = (state, &mut *lock_buffers(&buffers)) {
+                    pool.push(buf);
+                }
+                tracing::debug!(chunk, spared, took = ?started.elapsed(), "a placed partition decoded");
+                placed
             })
             .await;
             let r = match placed {
@@ -896,6 +922,20 @@ impl<J: Job> Placements<J> {
             }
         }
     }
+}
+
+/// A placed partition's state: sent with its `Place`, or read from the store into a buffer
+/// of [`Placements::buffers`].
+enum Placing {
+    Sent(bytes::Bytes),
+    Read(Vec<u8>),
+}
+
+/// The read buffers of placements, locked (a poisoned lock still holds whole buffers).
+fn lock_buffers(
+    buffers: &std::sync::Mutex<Option<Vec<Vec<u8>>>>,
+) -> std::sync::MutexGuard<'_, Option<Vec<Vec<u8>>>> {
+    buffers.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A placed partition's state decoded (into `spare` if there is one), and its halos
@@ -941,14 +981,15 @@ fn stopped(e: &tokio::task::JoinError) -> Failure {
 async fn read_placed(
     store: Option<crate::snapshot::Store>,
     part: &crate::snapshot::PartRef,
-) -> Result<bytes::Bytes, Failure> {
+    buf: Vec<u8>,
+) -> Result<Vec<u8>, Failure> {
     let Some(store) = store else {
         tracing::warn!(chunk = part.chunk, key = %part.key, "a partition was placed as a part, but this process has no usable store");
         return Err(Failure::Store {
             chain: vec!["this worker process has no usable snapshot store".to_owned()],
         });
     };
-    store.get_part(part).await.map_err(|e| {
+    store.get_part_into(part, buf).await.map_err(|e| {
         tracing::warn!(chunk = part.chunk, key = %part.key, error = &e as &dyn std::error::Error, "the part of a placed partition could not be read");
         Failure::Store {
             chain: crate::error::chain_texts(&e),
