@@ -140,6 +140,28 @@ fn authenticated(addr: &str) -> TcpStream {
     raw::authenticated(addr, TOKEN)
 }
 
+/// Sends `msg` from a fresh peer of `exec`, which closes the connection and counts it as the
+/// `n`th `rejected`; returns the text of the record that contains `needle`.
+fn refused(
+    exec: &Executor,
+    counted: &mut PeerErrors,
+    n: u64,
+    msg: frame::ToCoordinator,
+    needle: &str,
+) -> String {
+    let addr = exec.local_addr().unwrap().to_string();
+    let mut s = authenticated(&addr);
+    send_frame(&mut s, &frame::encode(&msg));
+    assert!(closed_by_other_side(&mut s));
+    counted.until("rejected", n);
+    exec.peer_errors()
+        .iter()
+        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
+        .map(|e| e.to_string())
+        .find(|t| t.contains(needle))
+        .unwrap_or_else(|| panic!("no record of a refusal with {needle:?}"))
+}
+
 fn done(chunk: u64, output: Bytes) -> Vec<u8> {
     frame::encode(&frame::ToCoordinator::Done {
         slot: 0,
@@ -222,28 +244,19 @@ fn the_coordinator_names_what_it_refuses() {
 
     // A part of a held partition that this peer was never asked for (the reference names
     // this job's folder): refused as `rejected`, with what was wrong.
-    let mut s = authenticated(&addr);
-    send_frame(
-        &mut s,
-        &frame::encode(&frame::ToCoordinator::CapturedHeldPart {
-            chunk: 5,
-            part: malleable::snapshot::PartRef {
-                chunk: 5,
-                key: "walk/00000000000000000000/parts/0-5-00000000000000ff".to_owned(),
-                size: 8,
-                crc32c: 0,
-            },
-        }),
+    let part = malleable::snapshot::PartRef {
+        chunk: 5,
+        key: "walk/00000000000000000000/parts/0-5-00000000000000ff".to_owned(),
+        size: 8,
+        crc32c: 0,
+    };
+    let text = refused(
+        &exec,
+        &mut counted,
+        2,
+        frame::ToCoordinator::CapturedHeldPart { chunk: 5, part },
+        "chunk 5",
     );
-    assert!(closed_by_other_side(&mut s));
-    counted.until("rejected", 2);
-    let errors = exec.peer_errors();
-    let text = errors
-        .iter()
-        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
-        .map(|e| e.to_string())
-        .find(|t| t.contains("chunk 5"))
-        .expect("a record of the refused part");
     assert!(
         text.ends_with("that is refused here: chunk 5 was not asked of this process"),
         "{text}"
@@ -251,26 +264,17 @@ fn the_coordinator_names_what_it_refuses() {
 
     // Halos for a partition this peer was never given to export them (the answer to a
     // partition placed after a rollback): refused as `rejected`.
-    let mut s = authenticated(&addr);
-    send_frame(
-        &mut s,
-        &frame::encode(&frame::ToCoordinator::Exported {
-            chunk: 5,
-            halos: (
-                frame::Halo::Sent(Bytes::from_static(b"\x01")),
-                frame::Halo::Sent(Bytes::from_static(b"\x02")),
-            ),
-        }),
+    let halos = (
+        frame::Halo::Sent(Bytes::from_static(b"\x01")),
+        frame::Halo::Sent(Bytes::from_static(b"\x02")),
     );
-    assert!(closed_by_other_side(&mut s));
-    counted.until("rejected", 3);
-    let text = exec
-        .peer_errors()
-        .iter()
-        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
-        .map(|e| e.to_string())
-        .find(|t| t.contains("halos for chunk 5"))
-        .expect("a record of the refused halos");
+    let text = refused(
+        &exec,
+        &mut counted,
+        3,
+        frame::ToCoordinator::Exported { chunk: 5, halos },
+        "halos for chunk 5",
+    );
     assert!(
         text.ends_with("halos for chunk 5, which was not placed there to export them"),
         "{text}"
@@ -278,41 +282,23 @@ fn the_coordinator_names_what_it_refuses() {
 
     // Kept halos handed up (`Released`) for a job without partitions, for the last chunk
     // number there is: refused as `rejected`, nothing indexed past the end.
-    let mut s = authenticated(&addr);
-    send_frame(
-        &mut s,
-        &frame::encode(&frame::ToCoordinator::Released {
-            chunk: u64::MAX,
-            before: Some(Bytes::from_static(b"\x01")),
-            after: Some(Bytes::from_static(b"\x02")),
-        }),
+    let released = frame::ToCoordinator::Released {
+        chunk: u64::MAX,
+        before: Some(Bytes::from_static(b"\x01")),
+        after: Some(Bytes::from_static(b"\x02")),
+    };
+    let text = refused(
+        &exec,
+        &mut counted,
+        4,
+        released,
+        &format!("halos for chunk {}", u64::MAX),
     );
-    assert!(closed_by_other_side(&mut s));
-    counted.until("rejected", 4);
-    let text = exec
-        .peer_errors()
-        .iter()
-        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
-        .map(|e| e.to_string())
-        .find(|t| t.contains(&format!("halos for chunk {}", u64::MAX)))
-        .expect("a record of the refused release");
     assert!(text.ends_with("of a job without partitions"), "{text}");
 
     // An `Abandoned` while the job does not roll back: refused as `rejected`.
-    let mut s = authenticated(&addr);
-    send_frame(
-        &mut s,
-        &frame::encode(&frame::ToCoordinator::Abandoned { slot: 0, chunk: 0 }),
-    );
-    assert!(closed_by_other_side(&mut s));
-    counted.until("rejected", 5);
-    let text = exec
-        .peer_errors()
-        .iter()
-        .filter(|e| matches!(***e, cluster::Error::Rejected { .. }))
-        .map(|e| e.to_string())
-        .find(|t| t.contains("abandoned"))
-        .expect("a record of the refused Abandoned");
+    let abandoned = frame::ToCoordinator::Abandoned { slot: 0, chunk: 0 };
+    let text = refused(&exec, &mut counted, 5, abandoned, "abandoned");
     assert!(
         text.ends_with("chunk 0 was abandoned in slot 0, which was not asked to"),
         "{text}"

@@ -124,6 +124,18 @@ fn finished(h: JobHandle<Banded<Grid>>) -> Vec<u64> {
     }
 }
 
+/// Takes a snapshot and waits five phases more. Worker processes check whether they reach
+/// the job's store when the job begins, and until that check ends their parts go as bytes;
+/// after this, those that reach it write their parts themselves (and a rollback places
+/// restored partitions on them by reference). Returns the phase the wait began at.
+fn show_the_store(h: &JobHandle<Banded<Grid>>) -> u64 {
+    h.snapshot().wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let at = phase_of(h);
+    until("five more phases", || phase_of(h) >= at + 5);
+    at
+}
+
 fn assert_same(got: &[u64], want: &[u64]) {
     assert_eq!(got.len(), want.len());
     if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
@@ -533,11 +545,7 @@ fn processes_write_the_parts_of_the_partitions_they_hold() {
     let b = start_logged(&addr, "held-parts-b");
     until("two processes", || h.remote_workers() == 2);
     until("phase 10", || phase_of(&h) >= 10);
-    // Before any commit, parts go as bytes; this one shows the processes the store.
-    h.snapshot().wait().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let at = phase_of(&h);
-    until("five more phases", || phase_of(&h) >= at + 5);
+    show_the_store(&h);
     let id = h.suspend().wait().unwrap();
     assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
     let (mut written, mut sent) = (0, 0);
@@ -590,10 +598,7 @@ fn processes_that_cannot_reach_the_store_send_their_held_partitions() {
     let b = start_logged(&addr, "held-fallback-b");
     until("two processes", || h.remote_workers() == 2);
     until("phase 10", || phase_of(&h) >= 10);
-    h.snapshot().wait().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let at = phase_of(&h);
-    until("five more phases", || phase_of(&h) >= at + 5);
+    show_the_store(&h);
     let id = h.snapshot().wait().unwrap();
     assert_same(&finished(h), &sequential(&job));
     let (mut written, mut sent) = (0, 0);
@@ -811,13 +816,9 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
     let mut b = start(&addr);
     until("two processes", || h.remote_workers() == 2);
     until("phase 10", || phase_of(&h) >= 10);
-    // The processes check that they reach the store when their job begins; a snapshot
-    // taken later has their parts as references, so the rollback places restored partitions
-    // on them by reference (`PlacePart`).
-    h.snapshot().wait().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let at = phase_of(&h);
-    until("five more phases", || phase_of(&h) >= at + 5);
+    // A snapshot taken now has the processes' parts as references, so the rollback places
+    // restored partitions on them by reference (`PlacePart`).
+    let at = show_the_store(&h);
     let id = h.snapshot().wait().unwrap();
     until("ten more phases", || phase_of(&h) >= at + 15);
     gated.open.send_replace(false);

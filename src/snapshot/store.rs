@@ -379,11 +379,7 @@ impl Store {
         let got = self.inner.store.get(&path).await.map_err(get_error)?;
         // Refuse a wrong size before downloading it.
         if got.meta.size != part.size {
-            return Err(Error::Size {
-                what: format!("part {:?} (chunk {})", part.key, part.chunk),
-                expected: part.size,
-                found: got.meta.size,
-            });
+            return Err(wrong_size(part, got.meta.size));
         }
         let bytes = got.bytes().await.map_err(get_error)?;
         check_part(&bytes, part)?;
@@ -401,18 +397,14 @@ impl Store {
     pub(crate) async fn get_part_into(&self, part: &PartRef, mut buf: Vec<u8>) -> Result<Vec<u8>> {
         check_part_key(&part.key)?;
         let path = self.path(&part.key)?;
-        let size = usize::try_from(part.size).map_err(|_| Error::Size {
-            what: format!("part {:?} (chunk {})", part.key, part.chunk),
-            expected: part.size,
-            found: 0,
-        })?;
+        let size = usize::try_from(part.size).map_err(|_| wrong_size(part, 0))?;
         buf.clear();
         if let Some(root) = &self.inner.local_root {
             // The key is checked above: relative, levels without `.` or `..`.
             let file = root.join(path.as_ref());
             let key = part.key.clone();
             let part = part.clone();
-            return tokio::task::spawn_blocking(move || {
+            let read = move || {
                 use std::io::Read;
                 let io = |source: std::io::Error| {
                     if source.kind() == std::io::ErrorKind::NotFound {
@@ -429,31 +421,26 @@ impl Store {
                 let f = std::fs::File::open(&file).map_err(io)?;
                 let found = f.metadata().map_err(io)?.len();
                 if found != part.size {
-                    return Err(Error::Size {
-                        what: format!("part {:?} (chunk {})", part.key, part.chunk),
-                        expected: part.size,
-                        found,
-                    });
+                    return Err(wrong_size(&part, found));
                 }
                 buf.reserve_exact(size);
                 f.take(part.size).read_to_end(&mut buf).map_err(io)?;
                 check_part(&buf, &part)?;
                 Ok(buf)
-            })
-            .await
-            .map_err(|e| Error::Io {
-                what: format!("reading part {key:?} stopped"),
-                source: std::io::Error::other(e.to_string()),
-            })?;
+            };
+            // Off the runtime's threads when there is one, as `object_store` reads files.
+            return match tokio::runtime::Handle::try_current() {
+                Ok(rt) => rt.spawn_blocking(read).await.map_err(|e| Error::Io {
+                    what: format!("reading part {key:?} stopped"),
+                    source: std::io::Error::other(e.to_string()),
+                })?,
+                Err(_) => read(),
+            };
         }
         let get_error = |e| Error::store("get", &part.key, e);
         let got = self.inner.store.get(&path).await.map_err(get_error)?;
         if got.meta.size != part.size {
-            return Err(Error::Size {
-                what: format!("part {:?} (chunk {})", part.key, part.chunk),
-                expected: part.size,
-                found: got.meta.size,
-            });
+            return Err(wrong_size(part, got.meta.size));
         }
         buf.reserve_exact(size);
         let mut stream = got.into_stream();
@@ -461,11 +448,7 @@ impl Store {
             let chunk = chunk.map_err(get_error)?;
             // A store that sends more than it said is refused before it takes memory.
             if buf.len() + chunk.len() > size {
-                return Err(Error::Size {
-                    what: format!("part {:?} (chunk {})", part.key, part.chunk),
-                    expected: part.size,
-                    found: (buf.len() + chunk.len()) as u64,
-                });
+                return Err(wrong_size(part, (buf.len() + chunk.len()) as u64));
             }
             buf.extend_from_slice(&chunk);
         }
@@ -1069,6 +1052,15 @@ impl Store {
         Ok(Path::from_iter(
             self.inner.prefix.parts().chain(relative.parts()),
         ))
+    }
+}
+
+/// A part whose object has `found` bytes where its reference records another size.
+fn wrong_size(part: &PartRef, found: u64) -> Error {
+    Error::Size {
+        what: format!("part {:?} (chunk {})", part.key, part.chunk),
+        expected: part.size,
+        found,
     }
 }
 
