@@ -121,6 +121,14 @@ fn finished_exactly(h: JobHandle<Walk>, job: &Walk) {
     assert_eq!(fin.job.history, history);
 }
 
+/// A coordinator with one local worker, listening on loopback with the shared token.
+fn coordinator() -> malleable::Builder {
+    Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+}
+
 /// Whether the other side closes the connection within [`PATIENCE`].
 fn closed_by_other_side(s: &mut TcpStream) -> bool {
     s.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -179,11 +187,8 @@ fn the_coordinator_names_what_it_refuses() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut counted = PeerErrors::default();
     counted.take();
-    let exec = Executor::builder()
-        .local_workers(1)
+    let exec = coordinator()
         .chunking(Chunking::Size(CHUNK))
-        .listen("127.0.0.1:0")
-        .cluster_token(Token::new(TOKEN).unwrap())
         .build()
         .unwrap();
     let addr = exec.local_addr().unwrap().to_string();
@@ -370,12 +375,7 @@ fn a_done_with_halos_for_a_chunk_its_slot_does_not_run_replaces_no_halo() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut counted = PeerErrors::default();
     counted.take();
-    let exec = Executor::builder()
-        .local_workers(1)
-        .listen("127.0.0.1:0")
-        .cluster_token(Token::new(TOKEN).unwrap())
-        .build()
-        .unwrap();
+    let exec = coordinator().build().unwrap();
     let addr = exec.local_addr().unwrap().to_string();
     // 12 bands of 4 rows, 10 ms a row: the first phase takes about half a second on the
     // local worker, which runs the bands in order, and a partition lost in the first phase
@@ -456,11 +456,8 @@ fn a_leave_with_any_grace_period_is_drained() {
     let before = panics().load(SeqCst);
     let mut counted = PeerErrors::default();
     counted.take();
-    let exec = Executor::builder()
-        .local_workers(1)
+    let exec = coordinator()
         .chunking(Chunking::Size(CHUNK))
-        .listen("127.0.0.1:0")
-        .cluster_token(Token::new(TOKEN).unwrap())
         .heartbeat(Duration::from_millis(100), PATIENCE)
         .snapshots("memory://")
         .build()

@@ -325,11 +325,7 @@ fn a_damaged_snapshot_fails_the_rollback_with_its_cause() {
     until("phase 10", || phase_of(&h) >= 10);
     let id = h.snapshot().wait().unwrap();
     // Every part of that snapshot gets one byte flipped.
-    assert!(
-        damage_every_part(&dir) > 0,
-        "no part found under {}",
-        dir.display()
-    );
+    damage_every_part(&dir);
     a.kill().unwrap();
     let _ = a.wait();
     match h.wait() {
@@ -363,17 +359,9 @@ fn a_damaged_part_a_process_reads_back_ends_the_job_with_its_cause() {
     let mut b = start(&addr);
     until("two processes", || h.remote_workers() == 2);
     until("phase 10", || phase_of(&h) >= 10);
-    // Before any commit, parts go as bytes; this one shows the processes the store, and
-    // the next ones they write themselves.
-    h.snapshot().wait().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    h.snapshot().wait().unwrap();
+    show_the_store(&h);
     let id = h.snapshot().wait().unwrap();
-    assert!(
-        damage_every_part(&dir) > 0,
-        "no part found under {}",
-        dir.display()
-    );
+    damage_every_part(&dir);
     b.kill().unwrap();
     let _ = b.wait();
     // Not `wait` at once: with no local worker, the waiting thread would run the job inline,
@@ -394,8 +382,8 @@ fn a_damaged_part_a_process_reads_back_ends_the_job_with_its_cause() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Flips one byte of every snapshot part under `dir`; how many.
-fn damage_every_part(dir: &std::path::Path) -> usize {
+/// Flips one byte of every snapshot part under `dir`, of which there is at least one.
+fn damage_every_part(dir: &std::path::Path) {
     let mut damaged = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -412,7 +400,7 @@ fn damage_every_part(dir: &std::path::Path) -> usize {
             }
         }
     }
-    damaged
+    assert!(damaged > 0, "no part found under {}", dir.display());
 }
 
 /// A wide grid: each of its 12 bands holds 2 × 20 rows of 8192 cells (2.6 MB).

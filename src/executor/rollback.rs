@@ -240,12 +240,8 @@ impl<J: Job> State<J> {
             Err(e) => return self.rollback_failed(shared, e),
         };
         // Each restored partition's part.
-        let parts: HashMap<ChunkId, PartRef> = manifest
-            .parts
-            .iter()
-            .chain(&manifest.kept)
-            .map(|p| (p.chunk, p.clone()))
-            .collect();
+        let parts: HashMap<ChunkId, PartRef> =
+            manifest.all_parts().map(|p| (p.chunk, p.clone())).collect();
         // Requests waiting for a snapshot are asked again of the restored run (below; no cut
         // starts while the rollback lasts).
         let (requests, suspend) = self.snap.cut.take_requests();
