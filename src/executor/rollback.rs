@@ -403,9 +403,10 @@ impl<J: Job> State<J> {
     /// the last one is done, and a partition that travels with its `Run` leaves the thread
     /// waiting for its bytes (a restored phase ran 5-6 times slower than a normal one). A
     /// pending partition goes to the process of the slot whose queue has it; those done in
-    /// the snapshot's phase are dealt in contiguous blocks over the workers, and one dealt to
-    /// a process is held there for the next phase (`Core::hold`). The ledger records them as held there, so a
-    /// process lost with them rolls the job back again, as for any partition it holds.
+    /// the snapshot's phase are dealt by the ledger as a first phase deals chunks
+    /// (`Core::deal_unheld_kept`), held where they are dealt, and those dealt to a process go
+    /// there. The ledger records them as held there, so a process lost with them rolls the
+    /// job back again, as for any partition it holds.
     ///
     /// Those that local workers run next stay here as before: a local thread decodes one
     /// when it runs it, and one done in the snapshot's phase is decoded at the barrier.
@@ -434,29 +435,25 @@ impl<J: Job> State<J> {
                 }
             }
         }
-        // A partition done in the snapshot's phase runs next in the phase after it: it is
-        // dealt in contiguous blocks over the workers by its place in the plan, local ones
-        // first and a process's slots together, as a first phase is (`schedule/owned.rs`),
-        // and held where it is dealt. (It used to go where its nearest pending neighbour
-        // runs: a snapshot cut near a phase's end, with one chunk pending, sent every
-        // partition to that one slot's process, and the next phase moved them back.)
-        let mut workers: Vec<(WorkerId, Option<ConnId>)> = self
-            .core
-            .throughputs()
-            .map(|(w, _)| {
-                let conn = match self.members.get(w) {
-                    Some(Member::Remote(slot)) => Some(slot.conn),
-                    _ => None,
-                };
-                (w, conn)
-            })
-            .collect();
-        workers.sort_unstable_by_key(|&(w, conn)| (conn, w));
-        let (n, k) = (self.core.plan().len() as usize, workers.len());
-        if k == 0 || n == 0 {
-            return;
+        // A partition done in the snapshot's phase runs next in the phase after it: the
+        // ledger deals those that no worker holds as a first phase deals chunks (a block per
+        // process or worker, `schedule/owned.rs`) and holds each where it is dealt; those of
+        // processes are placed there. (They used to go where their nearest pending neighbour
+        // ran: a snapshot cut near a phase's end, with one chunk pending, sent every partition
+        // to that one slot's process, and the next phase moved them back.)
+        if by_part_only {
+            self.core.deal_unheld_kept();
         }
-        let dealt = |chunk: ChunkId| workers[(chunk as usize).min(n - 1) * k / n];
+        let holders: HashMap<ChunkId, ConnId> = self
+            .core
+            .kept()
+            .filter_map(
+                |(chunk, _)| match self.members.get(self.core.holder(chunk)?) {
+                    Some(Member::Remote(slot)) => Some((chunk, slot.conn)),
+                    _ => None,
+                },
+            )
+            .collect();
         // (process, rank, chunk, state): each process gets the first chunk of each of its
         // slots' queues, then the second, and so on; the partitions done in the snapshot's
         // phase, which run in the next one, last.
@@ -474,23 +471,15 @@ impl<J: Job> State<J> {
                 *held = Held::Elsewhere(conn);
             }
         }
-        let mut holds = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
-            if let Held::Bytes(b) = &*held {
-                let (worker, Some(conn)) = dealt(chunk) else {
-                    continue;
-                };
+            if let (Some(&conn), Held::Bytes(b)) = (holders.get(&chunk), &*held) {
                 if by_part_only && !by_part(conn, chunk) {
                     continue;
                 }
                 places.push((conn, usize::MAX, chunk, b.clone()));
                 self.exporting.insert(chunk);
-                holds.push((chunk, worker));
                 *held = Held::Elsewhere(conn);
             }
-        }
-        for (chunk, worker) in holds {
-            self.core.hold(chunk, worker);
         }
         if places.is_empty() {
             return;

@@ -738,20 +738,34 @@ impl<R: Reducer, S> Core<R, S> {
         }
     }
 
-    /// Owned partitions: `worker` holds the partition of `chunk` from now on (it was placed
-    /// there ahead of its next run), so a phase start queues `chunk` on it.
-    pub(crate) fn hold(&mut self, chunk: ChunkId, worker: WorkerId) {
-        if let Pending::Owned(o) = &mut self.pending {
-            o.ran(chunk, worker);
-        }
-    }
-
     /// Owned partitions: `worker` is one of several slots of `group` (a worker process), so
     /// partitions are balanced between groups and move between its slots for free. Set it
     /// before the worker joins.
     pub(crate) fn set_group(&mut self, worker: WorkerId, group: u64) {
         if let Pending::Owned(o) = &mut self.pending {
             o.set_group(worker, group);
+        }
+    }
+
+    /// Owned partitions: the partitions kept between phases that no worker holds (a
+    /// rollback's restored ones) are dealt over the workers as a first phase deals chunks, in
+    /// a contiguous block per worker process or worker, and held where they are dealt: the
+    /// next phase runs each there ([`Core::holder`]).
+    pub(crate) fn deal_unheld_kept(&mut self) {
+        let workers = self.owner_view();
+        let mut chunks: Vec<ChunkId> = self.kept.keys().copied().collect();
+        chunks.sort_unstable();
+        if let Pending::Owned(o) = &mut self.pending {
+            chunks.retain(|&c| o.holder(c).is_none());
+            o.deal_unheld(&workers, chunks, &self.plan);
+        }
+    }
+
+    /// Owned partitions: the worker that holds the partition of `chunk`, if one does.
+    pub(crate) fn holder(&self, chunk: ChunkId) -> Option<WorkerId> {
+        match &self.pending {
+            Pending::Owned(o) => o.holder(chunk),
+            _ => None,
         }
     }
 

@@ -121,6 +121,79 @@ impl Owners {
         }
     }
 
+    /// Step 1 of a first phase (or a restore), for `chunks` that no worker ever held: a
+    /// contiguous block per group (a worker process's slots, or a worker of its own) in
+    /// worker order, sized so that each group's load (what it runs now and its block) is its
+    /// share by speed; within a group, its block dealt to its slots in turn, so that the
+    /// process runs it in order and what it has taken when another joins is a prefix of its
+    /// block (the rest is re-dealt by `reassign`, and stays contiguous). Returns each chunk
+    /// with the index of its worker in `workers`.
+    fn deal_blocks(
+        &self,
+        workers: &[(WorkerId, f64, u64)],
+        chunks: Vec<ChunkId>,
+        plan: &Plan,
+    ) -> Vec<(ChunkId, usize)> {
+        let k = workers.len();
+        if k == 0 {
+            return Vec::new();
+        }
+        let ids: Vec<WorkerId> = workers.iter().map(|&(w, _, _)| w).collect();
+        let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
+        let speeds: f64 = (0..k).map(speed).sum();
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by_key(|&i| (self.group_of(ids[i]), ids[i]));
+        let mut blocks: Vec<(Vec<usize>, f64)> = Vec::new();
+        for &i in &order {
+            match blocks.last_mut() {
+                Some((members, s)) if self.group_of(ids[members[0]]) == self.group_of(ids[i]) => {
+                    members.push(i);
+                    *s += speed(i);
+                }
+                _ => blocks.push((vec![i], speed(i))),
+            }
+        }
+        // What each group runs now: the loads count it.
+        let taken: Vec<f64> = blocks
+            .iter()
+            .map(|(members, _)| members.iter().map(|&i| workers[i].2 as f64).sum())
+            .collect();
+        let total: f64 =
+            chunks.iter().map(|&c| len_of(plan, c)).sum::<f64>() + taken.iter().sum::<f64>();
+        let (mut b, mut turn, mut filled) = (0, 0, taken[0]);
+        let mut dealt = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            while filled >= total * blocks[b].1 / speeds && b + 1 < blocks.len() {
+                (b, turn) = (b + 1, 0);
+                filled = taken[b];
+            }
+            let members = &blocks[b].0;
+            let i = members[turn % members.len()];
+            turn += 1;
+            filled += len_of(plan, c);
+            dealt.push((c, i));
+        }
+        dealt
+    }
+
+    /// Partitions kept between phases that no worker holds (a rollback's restored ones,
+    /// `chunks`, in order) are dealt over `workers` as a first phase deals them
+    /// ([`Owners::deal_blocks`]), and each is held where it is dealt: the next phase runs
+    /// it there.
+    pub(super) fn deal_unheld(
+        &mut self,
+        workers: &[(WorkerId, f64, u64)],
+        chunks: Vec<ChunkId>,
+        plan: &Plan,
+    ) {
+        if workers.is_empty() {
+            return;
+        }
+        for (c, i) in self.deal_blocks(workers, chunks, plan) {
+            self.ran(c, workers[i].0);
+        }
+    }
+
     /// Steps 1 and 2 over `workers` (sorted by id, with their throughputs and the iterations
     /// of the chunk each runs): queues of workers that left become orphans, orphans are
     /// placed, then loads are balanced. The moves between groups must save more than `slack`
@@ -184,44 +257,7 @@ impl Owners {
         // Step 1.
         let never_held = homeless.iter().all(|&c| self.holder(c).is_none());
         if never_held {
-            // The first phase (or a restore): a contiguous block per group (a worker process's
-            // slots, or a worker of its own) in worker order, sized so that each group's
-            // load (what it runs now and its block) is its share by speed; within a group,
-            // its block dealt to its slots in turn, so that the process runs it in order and
-            // what it has taken when another joins is a prefix of its block (the rest is
-            // re-dealt above, and stays contiguous).
-            let speeds: f64 = (0..k).map(speed).sum();
-            let mut order: Vec<usize> = (0..k).collect();
-            order.sort_by_key(|&i| (self.group_of(ids[i]), ids[i]));
-            let mut blocks: Vec<(Vec<usize>, f64)> = Vec::new();
-            for &i in &order {
-                match blocks.last_mut() {
-                    Some((members, s))
-                        if self.group_of(ids[members[0]]) == self.group_of(ids[i]) =>
-                    {
-                        members.push(i);
-                        *s += speed(i);
-                    }
-                    _ => blocks.push((vec![i], speed(i))),
-                }
-            }
-            // What each group runs now: the loads balanced below count it.
-            let taken: Vec<f64> = blocks
-                .iter()
-                .map(|(members, _)| members.iter().map(|&i| workers[i].2 as f64).sum())
-                .collect();
-            let total: f64 =
-                homeless.iter().map(|&c| len_of(plan, c)).sum::<f64>() + taken.iter().sum::<f64>();
-            let (mut b, mut turn, mut filled) = (0, 0, taken[0]);
-            for c in homeless {
-                while filled >= total * blocks[b].1 / speeds && b + 1 < blocks.len() {
-                    (b, turn) = (b + 1, 0);
-                    filled = taken[b];
-                }
-                let members = &blocks[b].0;
-                let i = members[turn % members.len()];
-                turn += 1;
-                filled += len_of(plan, c);
+            for (c, i) in self.deal_blocks(workers, homeless, plan) {
                 load[i] += len_of(plan, c) / speed(i);
                 push_sorted(self.queues.entry(ids[i]).or_default(), c);
             }
@@ -551,6 +587,27 @@ mod tests {
         };
         assert_eq!(of(0..4), (0..16).collect::<Vec<_>>());
         assert_eq!(of(4..8), (16..32).collect::<Vec<_>>());
+    }
+
+    /// A rollback's restored partitions that ended the snapshot's phase, which no worker
+    /// holds, are dealt as a first phase deals chunks, speeds unknown: a contiguous block for
+    /// the local worker, then one for the process's four slots together (a share per slot),
+    /// each partition held where it is dealt.
+    #[test]
+    fn restored_partitions_are_dealt_in_blocks_and_held_there() {
+        let mut o = Owners::new(12);
+        for w in 1..5 {
+            o.set_group(w, 100);
+        }
+        let workers: Vec<_> = (0..5).map(|w| (w, 0.0, 0)).collect();
+        o.deal_unheld(&workers, (0..12).collect(), &plan(12));
+        let held: Vec<WorkerId> = (0..12).map(|c| o.holder(c).unwrap()).collect();
+        assert_eq!(&held[..3], &[0, 0, 0], "{held:?}");
+        assert!(held[3..].iter().all(|w| (1..5).contains(w)), "{held:?}");
+        // Each slot of the process got its turn.
+        for w in 1..5 {
+            assert!(held.contains(&w), "{held:?}");
+        }
     }
 
     /// One worker holds every partition and three others hold none (after a rollback, or
