@@ -18,6 +18,7 @@
 //! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
 //! | `malleable_halos_total` | counter | halos | halos exported by owned partitions in worker processes, counted at each barrier (label `route`: `kept`, stayed in the process for a partition there; `relayed`, sent to the coordinator, for a partition elsewhere or whose place was not known) |
+//! | `malleable_stale_events_total` | counter | events | events from a worker the job's ledger no longer has (a thread or slot already lost, retired or left behind by a rollback), dropped: such a worker's news is late, not wrong |
 //! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
 //! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
 //! | `malleable_snapshot_failures_total` | counter | snapshots | snapshots that failed (asked for, periodic or a suspend's), whatever the cause; each is also logged and kept on the handle ([`JobHandle::last_snapshot_error`](crate::JobHandle::last_snapshot_error)) |
@@ -72,6 +73,8 @@ pub const PARTITIONS_MOVED: &str = "malleable_partitions_moved_total";
 pub const HALOS: &str = "malleable_halos_total";
 /// Rollbacks to the latest committed snapshot after owned partitions were lost.
 pub const ROLLBACKS: &str = "malleable_rollbacks_total";
+/// Events from a worker that the job's ledger no longer has, dropped.
+pub const STALE_EVENTS: &str = "malleable_stale_events_total";
 /// What a graceful shutdown gave up waiting for, by kind (`connection`: a worker process not
 /// yet sent its `End`; `snapshot_write`: a write in flight).
 pub const SHUTDOWN_ABANDONED: &str = "malleable_shutdown_abandoned_total";

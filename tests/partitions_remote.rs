@@ -53,6 +53,29 @@ fn start(addr: &str) -> Child {
     start_worker(ADDR_ENV, addr)
 }
 
+/// A worker process whose steps wait while file `stall` exists (its I/O goes on).
+fn start_stalling(addr: &str, stall: &std::path::Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, addr)
+        .env(common::grid::STALL_ENV, stall)
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A file for [`start_stalling`], not there yet.
+fn stall_file(name: &str) -> std::path::PathBuf {
+    let stall = std::env::temp_dir().join(format!(
+        "malleable-partitions-remote-stall-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&stall);
+    stall
+}
+
 /// A worker process whose standard output goes to a file, for its `SERVED` line. It may dial
 /// before the test submits its job (it did, under load, and ended refused): it waits for it.
 fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
@@ -685,7 +708,8 @@ fn a_process_thread_gets_one_thread_s_share_of_the_grid() {
 }
 
 /// A folder store whose reads of a snapshot's parts, at the coordinator, wait while the gate
-/// is shut; the test sees them waiting. It shows itself as the folder's URL, which
+/// `open` is shut, its reads of manifests while `manifests` is shut, and whose commits (a manifest's write) wait while `commits` is shut; the
+/// test sees them waiting. It shows itself as the folder's URL, which
 /// `Store::from_object_store` hands the worker processes: they read and write the folder
 /// directly, ungated.
 #[derive(Debug)]
@@ -694,6 +718,25 @@ struct GatedReads {
     url: String,
     open: tokio::sync::watch::Sender<bool>,
     waiting: std::sync::atomic::AtomicUsize,
+    commits: tokio::sync::watch::Sender<bool>,
+    committing: std::sync::atomic::AtomicUsize,
+    manifests: tokio::sync::watch::Sender<bool>,
+    reading_manifests: std::sync::atomic::AtomicUsize,
+}
+
+impl GatedReads {
+    fn new(dir: &std::path::Path, url: &str) -> GatedReads {
+        GatedReads {
+            inner: object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap(),
+            url: url.to_owned(),
+            open: tokio::sync::watch::Sender::new(true),
+            waiting: 0.into(),
+            commits: tokio::sync::watch::Sender::new(true),
+            committing: 0.into(),
+            manifests: tokio::sync::watch::Sender::new(true),
+            reading_manifests: 0.into(),
+        }
+    }
 }
 
 impl std::fmt::Display for GatedReads {
@@ -710,6 +753,13 @@ impl object_store::ObjectStore for GatedReads {
         payload: object_store::PutPayload,
         opts: object_store::PutOptions,
     ) -> object_store::Result<object_store::PutResult> {
+        if location.as_ref().ends_with("/manifest") {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut open = self.commits.subscribe();
+            self.committing.fetch_add(1, SeqCst);
+            let _ = open.wait_for(|open| *open).await;
+            self.committing.fetch_sub(1, SeqCst);
+        }
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -726,12 +776,19 @@ impl object_store::ObjectStore for GatedReads {
         location: &object_store::path::Path,
         options: object_store::GetOptions,
     ) -> object_store::Result<object_store::GetResult> {
-        if location.as_ref().contains("/parts/") {
-            use std::sync::atomic::Ordering::SeqCst;
-            let mut open = self.open.subscribe();
-            self.waiting.fetch_add(1, SeqCst);
+        use std::sync::atomic::Ordering::SeqCst;
+        let gate = if location.as_ref().contains("/parts/") {
+            Some((&self.open, &self.waiting))
+        } else if location.as_ref().ends_with("/manifest") {
+            Some((&self.manifests, &self.reading_manifests))
+        } else {
+            None
+        };
+        if let Some((gate, waiting)) = gate {
+            let mut open = gate.subscribe();
+            waiting.fetch_add(1, SeqCst);
             let _ = open.wait_for(|open| *open).await;
-            self.waiting.fetch_sub(1, SeqCst);
+            waiting.fetch_sub(1, SeqCst);
         }
         self.inner.get_opts(location, options).await
     }
@@ -782,12 +839,7 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
     common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
     let (dir, url) = folder("rollback-again");
     std::fs::create_dir_all(&dir).unwrap();
-    let gated = Arc::new(GatedReads {
-        inner: object_store::local::LocalFileSystem::new_with_prefix(&dir).unwrap(),
-        url: url.clone(),
-        open: tokio::sync::watch::Sender::new(true),
-        waiting: 0.into(),
-    });
+    let gated = Arc::new(GatedReads::new(&dir, &url));
     let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
     assert!(store.url().starts_with(&url), "{}", store.url());
     let exec = Executor::builder()
@@ -831,5 +883,186 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
     assert_eq!(r.epoch, id.epoch);
     assert_eq!(r.started_over, 1, "{r:?}");
     assert!(r.recovered.is_some(), "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process is lost while the job's first snapshot is being written (its commit held by the
+/// store): the loss waits for the write's outcome instead of ending the job with "no
+/// snapshot was committed", and the job rolls back to that snapshot once it commits, exact.
+#[test]
+fn a_loss_during_the_first_snapshots_write_waits_for_its_commit() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::SeqCst;
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
+    let (dir, url) = folder("first-write");
+    std::fs::create_dir_all(&dir).unwrap();
+    let gated = Arc::new(GatedReads::new(&dir, &url));
+    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshot_store(store)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(400);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    until("a process", || h.remote_workers() == 1);
+    until("phase 5", || phase_of(&h) >= 5);
+    gated.commits.send_replace(false);
+    let asked = h.snapshot();
+    until("the first snapshot's commit", || {
+        gated.committing.load(SeqCst) > 0
+    });
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("the loss", || h.remote_workers() == 0);
+    // The job waits for the write: it has not ended.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!h.is_finished(), "the job ended before the write's outcome");
+    gated.commits.send_replace(true);
+    let id = asked.wait().unwrap();
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let rollbacks = h.rollbacks();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    assert_eq!(rollbacks[0].epoch, id.epoch);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A snapshot's marker is out and the cut waits only for a band that process `b` runs (its
+/// steps stall on a file), when process `a`, whose parts the cut already has, is killed. The
+/// rollback makes `b` drop that band (`Abandon`, answered with no state): the cut gives way
+/// at the loss, its requester gets the restored run's snapshot, and no committed snapshot
+/// holds an empty state (one did, and neither the rollback nor a resume could decode it).
+/// The grid is exact.
+#[test]
+fn a_cut_open_at_a_loss_commits_nothing_the_rollback_dropped() {
+    let (dir, url) = folder("cut-at-loss");
+    let stall = stall_file("cut-at-loss");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshots(url.as_str())
+        .keep_snapshots(10_000)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(200);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut a = start(&addr);
+    let mut b = start_stalling(&addr, &stall);
+    until("two processes", || h.remote_workers() == 2);
+    show_the_store(&h);
+    // `b` stalls in its band; everyone else ends the phase's bands and waits at the barrier.
+    std::fs::write(&stall, b"").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = h.snapshot();
+    // The marker asks `a` for its parts and `b` for its running band; `a` answers.
+    std::thread::sleep(Duration::from_millis(500));
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("the loss", || h.remote_workers() == 1);
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::remove_file(&stall).unwrap();
+    let id = asked.wait().unwrap();
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let rollbacks = h.rollbacks();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    assert!(
+        id.epoch > rollbacks[0].epoch,
+        "asked again of the restored run"
+    );
+    let _ = b.kill();
+    let _ = b.wait();
+    let store = malleable::snapshot::BlockingStore::open(&url).unwrap();
+    for info in store
+        .snapshots(<Banded<Grid> as malleable::Job>::NAME)
+        .unwrap()
+    {
+        let m = store.manifest(&info.id).unwrap();
+        for p in m.parts.iter().chain(m.kept.iter()) {
+            assert!(
+                p.size > 0,
+                "epoch {} chunk {}: an empty state",
+                m.epoch,
+                p.chunk
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Process `b` (the only worker: none is local) is frozen past its lease while a slot of
+/// process `a`, which joined meanwhile, waits for a partition `b` was asked to hand over: `b`'s loss leaves that slot out of the
+/// ledger (it never got its `Run`). Then `a` is killed while the rollback reads the snapshot
+/// back (the store holds the manifest's read): the loss of that slot is news from a worker
+/// the ledger no longer has, dropped and counted, never an internal error that ends the job
+/// (it did: "event from worker 5 rejected: unknown worker"). The grid is exact.
+#[test]
+fn a_loss_of_a_slot_the_ledger_already_dropped_is_not_an_error() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::SeqCst;
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
+    let (dir, url) = folder("stale-slot");
+    std::fs::create_dir_all(&dir).unwrap();
+    let gated = Arc::new(GatedReads::new(&dir, &url));
+    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .snapshot_store(store)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    // Slow rows (a band takes about 10 ms), so that the stall can catch a phase's start.
+    let job = Grid {
+        pace_us: 1000,
+        pace_every: 2,
+        ..Grid::new(240, 64, 40)
+    };
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let stall = stall_file("stale-slot");
+    let mut b = start_stalling(&addr, &stall);
+    until("a process", || h.remote_workers() == 1);
+    show_the_store(&h);
+    let signal = |child: &Child, sig: &str| {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig}");
+    };
+    // Its steps stall, its slots each in a band, the rest of its partitions queued; then it
+    // freezes whole.
+    until("a phase's start", || h.progress().done == 0);
+    std::fs::write(&stall, b"").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&b, "STOP");
+    until("b stopped", || common::procs::stopped(b.id()));
+    gated.manifests.send_replace(false);
+    let mut a = start(&addr);
+    until("a joined", || h.remote_workers() == 2);
+    until("b's lease ran out and the rollback reads", || {
+        gated.reading_manifests.load(SeqCst) > 0
+    });
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("a's loss", || h.remote_workers() == 0);
+    gated.manifests.send_replace(true);
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    assert!(!h.rollbacks().is_empty());
+    assert!(h.stale_events() > 0, "the stranded slot's loss was dropped");
+    let _ = std::fs::remove_file(&stall);
+    signal(&b, "CONT");
+    let _ = b.kill();
+    let _ = b.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -134,6 +134,14 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().rollbacks.clone()
     }
 
+    /// Events that came from a worker the job no longer had (a thread or a worker process's
+    /// slot already lost, retired, or left behind by a rollback) and were dropped: news that
+    /// arrived late, not a fault. Each is also logged at debug level and counted in
+    /// [`STALE_EVENTS`](crate::metrics::STALE_EVENTS).
+    pub fn stale_events(&self) -> u64 {
+        self.shared.lock().stale_events
+    }
+
     /// What the job's autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) has
     /// decided and measured so far: its decisions (each also logged and counted in
     /// [`AUTOSCALE_DECISIONS`](crate::metrics::AUTOSCALE_DECISIONS)), the last one with its

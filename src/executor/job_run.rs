@@ -154,6 +154,8 @@ pub(crate) struct State<J: Job> {
     /// What the autoscaler did and learned, for the handle (`autoscale.rs`); `None` without
     /// a policy or before its first measurement.
     pub(crate) autoscale: Option<super::AutoscaleStatus>,
+    /// Events from workers the ledger no longer had, dropped (`stale_event`).
+    pub(crate) stale_events: u64,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Instant>,
     /// Progress: the rate meter and the updates (`progress.rs`).
@@ -196,6 +198,7 @@ impl<J: Job> State<J> {
             rollback: None,
             rollbacks: Vec::new(),
             autoscale: None,
+            stale_events: 0,
             recovering: None,
             published,
             watch: super::watch::Watch::new(J::NAME),
@@ -266,6 +269,12 @@ impl<J: Job> State<J> {
         me: Option<WorkerId>,
         output_bytes: Option<bytes::Bytes>,
     ) -> std::result::Result<Option<Msg<J>>, crate::schedule::Rejected> {
+        // A worker the ledger no longer has (lost, retired, left behind by a rollback) may
+        // still have news on its way: it is late, not wrong, and is dropped and counted.
+        if !matches!(event, Event::Joined { .. }) && !self.core.knows(event.worker()) {
+            self.stale_event(&event);
+            return Ok(None);
+        }
         if let Event::Joined { worker } = &event {
             // The slots of one worker process are balanced as one (`schedule/owned.rs`).
             if let Some(Member::Remote(slot)) = self.members.get(*worker) {
@@ -350,6 +359,26 @@ impl<J: Job> State<J> {
             Some(r) => Err(r),
             None => Ok(mine),
         }
+    }
+
+    /// An event from a worker the ledger no longer has: dropped, logged and counted.
+    fn stale_event(&mut self, event: &Event<Held<J::Chunk>, Value<J>>) {
+        self.stale_events += 1;
+        metrics::counter!(crate::metrics::STALE_EVENTS, "job" => J::NAME).increment(1);
+        let kind = match event {
+            Event::Joined { .. } => "joined",
+            Event::Done { .. } => "done",
+            Event::Yielded { .. } => "yielded",
+            Event::StateReport { .. } => "state report",
+            Event::Retire { .. } => "retire",
+            Event::Lost { .. } => "lost",
+        };
+        tracing::debug!(
+            job = J::NAME,
+            worker = event.worker(),
+            kind,
+            "an event from a worker the ledger no longer has: dropped"
+        );
     }
 
     /// Carries out core commands; returns the one addressed to `me`.

@@ -304,6 +304,11 @@ impl Remotes {
     }
 
     /// Whether connection `id` reads the job's store (see `Conn::reads_store`).
+    /// Whether connection `id` is retiring (its slots leave at their next adjustment point).
+    pub(crate) fn is_retiring(&self, id: ConnId) -> bool {
+        self.conns.get(&id).is_some_and(|c| c.retiring)
+    }
+
     pub(crate) fn conn_reads_store(&self, id: ConnId) -> bool {
         self.conns.get(&id).is_some_and(|c| c.reads_store)
     }
@@ -958,7 +963,15 @@ impl<J: Job> State<J> {
             return;
         }
         c.retiring = true;
-        let slots: Vec<WorkerId> = c.slots.iter().flatten().copied().collect();
+        // A slot the ledger no longer has (stranded by a loss, see `drop_conn`) is retired
+        // when it joins the restored ledger (`rolled_back`).
+        let slots: Vec<WorkerId> = c
+            .slots
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&w| self.core.knows(w))
+            .collect();
         tracing::debug!(conn = id, ?slots, "retiring a worker process");
         // Its partitions come back into the ledger before it ends.
         if self.core.is_partitioned() {

@@ -94,7 +94,9 @@ pub struct Rollback {
 pub(crate) struct RollingBack {
     lost: Vec<ChunkId>,
     from_phase: u64,
-    epoch: u64,
+    /// The snapshot to go back to; `None` while the first snapshot is being written (its
+    /// outcome decides, step 2).
+    epoch: Option<u64>,
     since: Instant,
     /// When the run was quiet and the read started.
     reading: Option<Instant>,
@@ -105,6 +107,14 @@ pub(crate) struct RollingBack {
     attempt: u64,
     /// How long the manifest's read took.
     read: Duration,
+}
+
+impl RollingBack {
+    /// The epoch gone back to: decided at step 2, before anything is read, so every step
+    /// after it sees `Some`.
+    fn to(&self) -> u64 {
+        self.epoch.unwrap_or_default()
+    }
 }
 
 impl<J: Job> State<J> {
@@ -138,19 +148,20 @@ impl<J: Job> State<J> {
             }
             return;
         }
-        let Some(epoch) = self.snap.last_epoch else {
-            tracing::warn!(job = J::NAME, lost = ?chunks, "owned partitions were lost and no snapshot was committed: the job ends");
-            return self.fail(
-                shared,
-                Error::PartitionsLost {
-                    job: J::NAME,
-                    chunks,
-                },
-            );
-        };
-        tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, epoch, "owned partitions were lost: rolling back to the latest committed snapshot");
-        metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
-        self.watch_rollback(&chunks, epoch);
+        let epoch = self.snap.last_epoch;
+        if epoch.is_none() && !self.snap.cut.is_writing() {
+            return self.nothing_to_roll_back_to(shared, chunks);
+        }
+        match epoch {
+            Some(epoch) => {
+                tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, epoch, "owned partitions were lost: rolling back to the latest committed snapshot");
+                self.rollback_started(&chunks, epoch);
+            }
+            // The first snapshot is being written: its outcome decides (step 2).
+            None => {
+                tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, "owned partitions were lost while the first snapshot is written: rolling back to it if it commits");
+            }
+        }
         self.rollback = Some(RollingBack {
             lost: chunks,
             from_phase: self.phase,
@@ -161,7 +172,32 @@ impl<J: Job> State<J> {
             attempt: 0,
             read: Duration::ZERO,
         });
+        // A cut whose marker is out cannot complete: the chunks it waits for are dropped
+        // (step 1), and what a dropped chunk leaves is no state.
+        let mut out = std::mem::take(&mut self.snap.out);
+        self.snap.cut.give_way(&mut out);
+        self.cut_commands(shared, &mut out);
+        self.snap.out = out;
         self.drive_core(crate::schedule::Core::halt);
+    }
+
+    /// A rollback to `epoch` is decided: counted and on the timeline.
+    fn rollback_started(&mut self, lost: &[ChunkId], epoch: u64) {
+        metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
+        self.watch_rollback(lost, epoch);
+    }
+
+    /// Owned partitions were lost and no snapshot was committed (nor is one being written):
+    /// the job ends with [`Error::PartitionsLost`].
+    fn nothing_to_roll_back_to(&mut self, shared: &Arc<Shared<J>>, chunks: Vec<ChunkId>) {
+        tracing::warn!(job = J::NAME, lost = ?chunks, "owned partitions were lost and no snapshot was committed: the job ends");
+        self.fail(
+            shared,
+            Error::PartitionsLost {
+                job: J::NAME,
+                chunks,
+            },
+        );
     }
 
     /// Step 2: once the run is quiet, reads the snapshot back (step 3) on the I/O runtime.
@@ -173,9 +209,27 @@ impl<J: Job> State<J> {
         if self.ended || rb.reading.is_some() || !quiet {
             return;
         }
-        // A write that committed meanwhile is the newest restore point.
-        let epoch = self.snap.last_epoch.unwrap_or(rb.epoch).max(rb.epoch);
-        rb.epoch = epoch;
+        // A write that committed meanwhile is the newest restore point; a loss during the
+        // first snapshot's write waited for its outcome, and without a commit there is
+        // nothing to go back to.
+        let decided = rb.epoch.is_some();
+        let Some(epoch) = self.snap.last_epoch.max(rb.epoch) else {
+            let lost = std::mem::take(&mut rb.lost);
+            self.rollback = None;
+            return self.nothing_to_roll_back_to(shared, lost);
+        };
+        rb.epoch = Some(epoch);
+        if !decided {
+            let lost = rb.lost.clone();
+            tracing::warn!(
+                job = J::NAME,
+                ?lost,
+                epoch,
+                "the first snapshot committed: rolling back to it"
+            );
+            self.rollback_started(&lost, epoch);
+        }
+        let Some(rb) = &mut self.rollback else { return };
         let started = Instant::now();
         rb.reading = Some(started);
         let attempt = rb.attempt;
@@ -278,8 +332,14 @@ impl<J: Job> State<J> {
         let members: Vec<WorkerId> = self.members.ids().collect();
         for worker in members {
             let _ = self.feed(shared, Event::Joined { worker }, None);
-            // A thread retired during the rollback leaves the restored ledger too.
-            if self.members.local(worker).is_some_and(|l| l.retiring) {
+            // A thread or a worker process retired during the rollback leaves the restored
+            // ledger too.
+            let retiring = match self.members.get(worker) {
+                Some(Member::Local(l)) => l.retiring,
+                Some(Member::Remote(slot)) => self.remote.is_retiring(slot.conn),
+                None => false,
+            };
+            if retiring {
                 let _ = self.feed(shared, Event::Retire { worker }, None);
             }
         }
@@ -333,13 +393,13 @@ impl<J: Job> State<J> {
         let Some(rb) = self.rollback.take() else {
             return;
         };
-        tracing::warn!(job = J::NAME, epoch = rb.epoch, error = %e, "the snapshot to roll back to could not be read: the job ends");
+        tracing::warn!(job = J::NAME, epoch = rb.to(), error = %e, "the snapshot to roll back to could not be read: the job ends");
         self.fail(
             shared,
             Error::RollbackFailed {
                 job: J::NAME,
+                epoch: rb.to(),
                 lost: rb.lost,
-                epoch: rb.epoch,
                 source: Box::new(e),
             },
         );
@@ -370,7 +430,7 @@ impl<J: Job> State<J> {
         let restart = rb.since.elapsed();
         tracing::info!(
             job = J::NAME,
-            epoch = rb.epoch,
+            epoch = rb.to(),
             phase = self.phase,
             lost = ?rb.lost,
             quiesce_ms = quiesce.as_millis() as u64,
@@ -378,9 +438,9 @@ impl<J: Job> State<J> {
             "rolled back to a committed snapshot"
         );
         self.rollbacks.push(Rollback {
+            epoch: rb.to(),
             lost: rb.lost,
             from_phase: rb.from_phase,
-            epoch: rb.epoch,
             to_phase: self.phase,
             quiesce,
             read,

@@ -116,6 +116,20 @@ pub enum Command<S> {
     Release { worker: WorkerId },
 }
 
+impl<S, O> Event<S, O> {
+    /// The worker the event is about.
+    pub fn worker(&self) -> WorkerId {
+        match self {
+            Event::Joined { worker }
+            | Event::Done { worker, .. }
+            | Event::Yielded { worker, .. }
+            | Event::StateReport { worker, .. }
+            | Event::Retire { worker }
+            | Event::Lost { worker } => *worker,
+        }
+    }
+}
+
 /// An event that does not fit the ledger (a report of a chunk the worker does not run, an
 /// unknown worker). The core's state is unchanged; a remote peer that sends it is faulty.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -816,6 +830,11 @@ impl<R: Reducer, S> Core<R, S> {
                 self.lost.push(c);
             }
         }
+    }
+
+    /// Whether `worker` is a member of this ledger (joined, and neither lost nor released).
+    pub fn knows(&self, worker: WorkerId) -> bool {
+        self.workers.contains_key(&worker)
     }
 
     /// Owned partitions lost with their worker after the first phase: the phase cannot

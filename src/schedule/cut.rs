@@ -444,6 +444,28 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         replies
     }
 
+    /// The job rolls back (owned partitions were lost with their worker): a cut whose marker
+    /// is out cannot complete any more, because the rollback drops the chunks it waits for
+    /// (a worker process answers `Abandon` with no state) and a state that is not a chunk's
+    /// must never become a part. Its captures are withdrawn and its requesters wait with the
+    /// queued ones for the restored run's cut ([`Cut::take_requests`]). A cut already being
+    /// written completes: everything in it was taken before the loss.
+    pub fn give_way<E>(&mut self, out: &mut Vec<CutCommand<H, P, O, R, E>>) {
+        let Some(open) = self.open.take() else { return };
+        for &worker in open.waiting.values() {
+            out.push(CutCommand::Withdraw { worker });
+        }
+        if open.suspend {
+            self.suspend
+                .get_or_insert_with(Vec::new)
+                .extend(open.replies);
+        } else {
+            self.queued.extend(open.replies);
+        }
+        self.suspended_at_marker.clear();
+        self.ran.clear();
+    }
+
     /// The job rolls back to a snapshot: every requester not yet answered is taken out, to
     /// ask again of the restored run's cut: `(snapshot requesters, a suspend's requesters if
     /// one was asked for)`. An open cut is dropped (what it waited for is discarded with the

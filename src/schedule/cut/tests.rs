@@ -1780,3 +1780,47 @@ fn a_rollback_takes_every_unanswered_request_out_of_the_cut() {
     assert!(!x.cut.is_open());
     assert!(!x.cut.waits_for(a, 0));
 }
+
+/// A rollback drops the chunks an open cut waits for, and what a dropped chunk leaves is no
+/// state: the cut gives way at the loss, so that nothing a rollback abandons ever becomes a
+/// part (a snapshot that committed empty states did not restore). Its requesters wait for
+/// the restored run's cut; a cut already written completes.
+#[test]
+fn a_rollback_withdraws_an_open_cut_before_anything_is_abandoned() {
+    let mut x = Exec::dynamic(2, 10);
+    let (a, b) = (x.join(), x.join());
+    x.step(a, 4);
+    x.step(b, 3);
+    let r = x.request();
+    x.poll();
+    assert_eq!(x.take().len(), 2, "captures of chunks 0 and 1");
+    x.adjust(a); // chunk 0 captured before the loss
+    assert!(x.cut.is_open(), "still waits for chunk 1");
+    let mut out = Vec::new();
+    x.cut.give_way::<String>(&mut out);
+    x.carry_out(out);
+    assert_eq!(x.take(), vec![Did::Withdraw(b)]);
+    assert!(!x.cut.is_open() && !x.cut.is_writing());
+    // The abandoned chunk's empty answer reaches a cut that no longer waits for it.
+    x.captured(b, 1, Ok(Captured::State(Part::New(Vec::new()))));
+    assert!(x.take().is_empty());
+    assert!(x.write.is_none(), "nothing is written");
+    let (snapshots, suspend) = x.cut.take_requests();
+    assert_eq!((snapshots, suspend), (vec![r], None));
+
+    // A cut being written is not touched.
+    let mut x = Exec::dynamic(1, 10);
+    let a = x.join();
+    x.step(a, 2);
+    let r = x.request();
+    x.poll();
+    x.take();
+    x.adjust(a);
+    assert!(x.cut.is_writing());
+    let mut out = Vec::new();
+    x.cut.give_way::<String>(&mut out);
+    assert!(out.is_empty());
+    assert!(x.cut.is_writing());
+    x.written(Written::Committed);
+    assert_eq!(x.answered[&r], Answer::Committed);
+}
