@@ -275,8 +275,9 @@ impl From<crate::codec::Error> for Error {
 ///
 /// It is the error itself through [`std::error::Error::source`] and [`Cause::error`], so a
 /// report walks the whole chain once. It also derefs to the chain's text, `"outer: inner:
-/// …"` (what this variant carried as a `String` before it kept its cause), so
-/// `cause.contains("credentials")` still finds a word anywhere in the chain.
+/// …"`, each cause said once as [`error_chain`] prints it (what this variant carried as a
+/// `String` before it kept its cause), so `cause.contains("credentials")` still finds a word
+/// anywhere in the chain.
 #[derive(Debug, Clone)]
 pub struct Cause {
     error: std::sync::Arc<Error>,
@@ -290,13 +291,7 @@ impl Cause {
     }
 
     pub(crate) fn new(error: Error) -> Cause {
-        let mut text = error.to_string();
-        let mut next = std::error::Error::source(&error);
-        while let Some(e) = next {
-            text.push_str(": ");
-            text.push_str(&e.to_string());
-            next = e.source();
-        }
+        let text = error_chain(&error);
         Cause {
             error: std::sync::Arc::new(error),
             text,
@@ -334,16 +329,40 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The text of `e` and of each of its sources, outermost first: an error as the log, the
-/// timeline and the wire carry it.
+/// The text of `e` and of each of its sources, outermost first, each said once: an error as
+/// the log, the timeline and the wire carry it.
+///
+/// This crate's errors do not print their source in their own message, but other crates'
+/// do: `object_store`'s S3 errors print theirs, which print theirs, so a refused connection
+/// read three times over. A source whose text the link before it already contains is left
+/// out (its own sources are still walked).
 pub(crate) fn chain_texts(e: &dyn std::error::Error) -> Vec<String> {
     let mut texts = vec![e.to_string()];
     let mut next = e.source();
     while let Some(s) = next {
-        texts.push(s.to_string());
+        let text = s.to_string();
+        if !texts.last().is_some_and(|said| said.contains(&text)) {
+            texts.push(text);
+        }
         next = s.source();
     }
     texts
+}
+
+/// An error and its causes on one line, `error: cause: cause of the cause`, each said once
+/// (a cause whose text the one before it already contains, as `object_store`'s errors
+/// contain their sources', is left out): how the `snapshots` command prints an error, and
+/// the text a [`Cause`] derefs to.
+///
+/// ```
+/// let e = malleable::snapshot::Store::open("ftp://host/x").unwrap_err();
+/// assert_eq!(
+///     malleable::error_chain(&e),
+///     "invalid store URL \"ftp://host/x\": unsupported scheme \"ftp\": use file://, memory:// or s3://"
+/// );
+/// ```
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    chain_texts(e).join(": ")
 }
 
 #[cfg(test)]
@@ -358,9 +377,21 @@ mod tests {
     use crate::snapshot::Error as SnapshotError;
     use crate::wire::Error as ClusterError;
 
+    /// The text of `e` and of every source, none left out (`chain_texts` leaves out those
+    /// their parent repeats, which is what this test looks for).
+    fn raw_texts(e: &dyn StdError) -> Vec<String> {
+        let mut texts = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(s) = next {
+            texts.push(s.to_string());
+            next = s.source();
+        }
+        texts
+    }
+
     /// Whether no link of `e`'s chain prints its source's message; if one does, which.
     fn no_repeats(e: &dyn StdError) -> Result<(), String> {
-        let texts = super::chain_texts(e);
+        let texts = raw_texts(e);
         if texts.len() < 2 {
             return Err(format!("{e:?} has no source"));
         }
@@ -634,6 +665,53 @@ mod tests {
                 "the peer reset the socket"
             ]
         );
+    }
+
+    /// An error of another crate that prints its source in its own message, as
+    /// `object_store`'s and its HTTP client's do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("tcp connect error: {source}")]
+    struct Loud {
+        source: io::Error,
+    }
+
+    /// A store error as an S3 endpoint that refuses connections gives it: every level of
+    /// `object_store` prints the one below. Each is said once.
+    #[test]
+    fn a_cause_its_parent_already_says_is_said_once() {
+        let refused = || SnapshotError::Store {
+            op: "list",
+            key: String::new(),
+            source: object_store::Error::Generic {
+                store: "S3",
+                source: Box::new(Loud {
+                    source: io::Error::new(
+                        io::ErrorKind::ConnectionRefused,
+                        "Connection refused (os error 111)",
+                    ),
+                }),
+            },
+        };
+        let once = "object store list of \"\" failed: Generic S3 error: tcp connect error: \
+                    Connection refused (os error 111)";
+        assert_eq!(raw_texts(&refused()).len(), 4);
+        assert_eq!(super::error_chain(&refused()), once);
+        assert_eq!(super::chain_texts(&refused()).len(), 2);
+        let cause = Cause::new(Error::Snapshot(refused()));
+        assert_eq!(&*cause, once);
+        assert_eq!(
+            super::error_chain(&Error::SnapshotFailed(cause)),
+            format!("snapshot failed: {once}")
+        );
+        // The sources are all still there, for code that looks for the refused connection.
+        let error = refused();
+        let mut next: Option<&dyn StdError> = Some(&error);
+        let mut io_found = false;
+        while let Some(e) = next {
+            io_found |= e.downcast_ref::<io::Error>().is_some();
+            next = e.source();
+        }
+        assert!(io_found);
     }
 
     #[test]

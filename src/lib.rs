@@ -128,7 +128,7 @@ pub mod cluster {
     pub use crate::worker::{GRACE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve};
 }
 
-pub use error::{Cause, Error, Result, Site};
+pub use error::{Cause, Error, Result, Site, error_chain};
 pub use executor::{
     At, AutoscaleStatus, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress,
     ProgressUpdates, Resumed, Rollback, SnapshotRequest,

@@ -174,3 +174,60 @@ fn an_unreachable_store_ends_the_job_when_asked_to() {
         other => panic!("expected SnapshotsFailing, got {other:?}"),
     }
 }
+
+/// The store options of an endpoint nobody listens on, failing at the first refusal.
+const UNREACHABLE: [(&str, &str); 6] = [
+    ("endpoint", "http://127.0.0.1:1"),
+    ("allow_http", "true"),
+    ("region", "us-east-1"),
+    ("access_key_id", "key"),
+    ("secret_access_key", "secret"),
+    ("max_retries", "0"),
+];
+
+/// How often `needle` occurs in `text`.
+fn count(text: &str, needle: &str) -> usize {
+    text.matches(needle).count()
+}
+
+/// An endpoint that refuses connections: the error keeps every cause (the refused
+/// connection is in its chain), and printed as a chain it says each thing once. (Each level
+/// of `object_store`'s error printed the level below, so the refusal read three times.)
+#[tokio::test]
+async fn an_unreachable_endpoint_is_reported_once() {
+    let options = UNREACHABLE.map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let store = snapshot::Store::open_with("s3://bucket/prefix", options).unwrap();
+    let e = store.jobs().await.unwrap_err();
+    assert!(matches!(e, snapshot::Error::Store { .. }), "{e:?}");
+    assert!(refused(&e), "the refused connection is lost: {e:?}");
+    for text in [
+        malleable::error_chain(&e),
+        malleable::error_chain(&Error::Snapshot(e)),
+    ] {
+        assert_eq!(count(&text, "error sending request"), 1, "{text}");
+        assert_eq!(count(&text, "127.0.0.1:1"), 1, "{text}");
+        assert!(
+            text.starts_with("object store list of \"\" failed: "),
+            "{text}"
+        );
+    }
+}
+
+/// The same through the `snapshots` command: one line, each thing once.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_reports_an_unreachable_endpoint_once() {
+    let mut args = vec!["ls".to_owned(), "s3://bucket/prefix".to_owned()];
+    for (k, v) in UNREACHABLE {
+        args.extend(["-o".to_owned(), format!("{k}={v}")]);
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapshots"))
+        .args(&args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(count(&err, "error sending request"), 1, "{err}");
+    assert_eq!(count(&err, "127.0.0.1:1"), 1, "{err}");
+}

@@ -14,7 +14,6 @@
 //! `region`, `allow_http`, …). Every error prints one line (with its causes) to stderr and
 //! exits with status 1.
 
-use std::error::Error as _;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -114,16 +113,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// An error and its causes on one line.
+/// An error and its causes on one line, each said once.
 fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    malleable::error_chain(e)
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
