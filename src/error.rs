@@ -497,7 +497,8 @@ mod tests {
             | SnapshotError::InvalidJobId { .. }
             | SnapshotError::InvalidId { .. }
             | SnapshotError::InvalidUrl { .. }
-            | SnapshotError::InvalidOption { .. } => false,
+            | SnapshotError::InvalidOption { .. }
+            | SnapshotError::NoSuchStore { .. } => false,
         };
         let all = vec![
             SnapshotError::Decode {

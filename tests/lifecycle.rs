@@ -314,3 +314,53 @@ fn a_snapshot_of_another_job_version_is_refused_naming_both() {
     assert_eq!(sum, (0..200_000_000u64).sum::<u64>());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A plain path is a folder store, for the builder and for `resume`: relative ones under the
+/// current directory.
+#[test]
+fn plain_paths_are_folder_stores() {
+    let (url, dir) = folder("plain");
+    // Relative to the current directory (tests run in the crate's folder).
+    let cwd = std::env::current_dir().unwrap();
+    let relative = pathdiff(&dir, &cwd);
+    let e = exec(&relative, 2).build().unwrap();
+    let h = e.submit_or_resume(job()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let id = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    assert!(
+        dir.join("lifecycle").is_dir(),
+        "written under {}",
+        dir.display()
+    );
+    // Resumed through the file:// URL, the absolute path and the relative one.
+    for store in [url.clone(), dir.display().to_string(), relative.clone()] {
+        let e = Executor::builder()
+            .local_workers(1)
+            .chunking(CHUNKING)
+            .job_id("lifecycle")
+            .build()
+            .unwrap();
+        let h = e
+            .resume::<Kernel>(&store, malleable::At::Epoch(id.epoch))
+            .unwrap();
+        assert_eq!(h.resumed().map(|r| r.from), Some(id.clone()), "{store}");
+        h.cancel();
+        let _ = h.wait();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `to` as a path relative to `from` (both absolute): `../../target/…`.
+fn pathdiff(to: &std::path::Path, from: &std::path::Path) -> String {
+    let to: Vec<_> = to.components().collect();
+    let from: Vec<_> = from.components().collect();
+    let common = to.iter().zip(&from).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".to_owned(); from.len() - common];
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}

@@ -515,7 +515,7 @@ async fn file_store() {
 #[test]
 fn bad_urls_and_options() {
     for (url, what) in [
-        ("not a url", "relative"),
+        ("", "empty"),
         ("ftp://host/x", "unsupported scheme"),
         ("file://otherhost/x", "host"),
     ] {
@@ -841,4 +841,79 @@ async fn cli() {
     let (code, _, err) = run(&["gc", &url, "job-b"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("format version 7"), "{err}");
+}
+
+/// Runs the `snapshots` command: exit code, standard output, standard error.
+#[cfg(feature = "cli")]
+fn snapshots_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapshots"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The command reads stores, it never creates one: every subcommand given a folder that does
+/// not exist (as a `file://` URL or a path) fails with "no such store" and leaves no folder.
+#[cfg(feature = "cli")]
+#[test]
+fn cli_never_creates_a_store() {
+    let tmp = TempDir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(unique("cli-typo")));
+    let missing = tmp.0.join("typo");
+    let url = format!("file://{}", missing.display());
+    let path = missing.display().to_string();
+    for store in [&url, &path] {
+        for args in [
+            &["ls", store][..],
+            &["show", store, "job"],
+            &["verify", store, "job@1"],
+            &["rm", store, "job@1"],
+            &["gc", store, "job"],
+            &["gc", store, "job", "--keep", "1", "--uncommitted"],
+        ] {
+            let (code, _, err) = snapshots_cli(args);
+            assert_eq!(code, Some(1), "{args:?}: {err}");
+            assert!(err.contains("no such store"), "{args:?}: {err}");
+            assert!(err.contains("does not exist"), "{args:?}: {err}");
+            assert!(!missing.exists(), "{args:?} created {}", missing.display());
+            assert!(!tmp.0.exists(), "{args:?} created {}", tmp.0.display());
+        }
+    }
+}
+
+/// A plain path names a folder store, relative to the current directory.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn cli_takes_plain_paths() {
+    let tmp = TempDir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(unique("cli-path")));
+    let store = Store::open(&tmp.0.display().to_string()).unwrap();
+    assert_eq!(
+        store.url(),
+        url::Url::from_file_path(&tmp.0).unwrap().as_str()
+    );
+    let part = store
+        .put_part("job-p", 1, 0, 5, bytes_of(5, 30))
+        .await
+        .unwrap();
+    store
+        .commit(&manifest("job-p", 1, vec![part]))
+        .await
+        .unwrap();
+    let (code, out, err) = snapshots_cli(&["ls", &tmp.0.display().to_string()]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("job-p"), "{out}");
+    // Relative: run from the folder's parent.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapshots"))
+        .args([
+            "show",
+            tmp.0.file_name().unwrap().to_str().unwrap(),
+            "job-p",
+        ])
+        .current_dir(tmp.0.parent().unwrap())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("job-p@1"), "{text}");
 }

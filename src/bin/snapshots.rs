@@ -37,7 +37,7 @@ struct Cli {
 enum Command {
     /// List every job and its committed snapshots, with size and age.
     Ls {
-        /// The store: file:///path, s3://bucket/prefix.
+        /// The store: a folder's path, file:///path, s3://bucket/prefix.
         url: String,
     },
     /// Show what a snapshot holds: job, phase, progress, chunks, parts.
@@ -119,7 +119,8 @@ fn chain(e: &Error) -> String {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
-    let open = |url: &str| Store::open_with(url, cli.options.clone());
+    // A reader's open: a folder that does not exist is an error, never created.
+    let open = |url: &str| Store::open_existing(url, cli.options.clone());
     match &cli.command {
         Command::Ls { url } => ls(&open(url)?).await,
         Command::Show { url, id } => {

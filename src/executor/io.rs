@@ -184,7 +184,8 @@ pub(crate) fn block_on_io<T: Send + 'static>(
 }
 
 impl super::Executor {
-    /// Resumes a job from a committed snapshot in the store at `url` (under the job id of
+    /// Resumes a job from a committed snapshot in the store at `url` (a store URL or a
+    /// folder's path, as [`Builder::snapshots`](crate::Builder::snapshots) takes; under the job id of
     /// this executor's builder, by default [`Job::NAME`]), with this executor's workers: any
     /// number, on any machine. The chunking and schedule are the snapshot's, so the value is
     /// bit-identical to an uninterrupted run. Later snapshots go to this executor's store if

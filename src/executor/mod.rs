@@ -300,8 +300,10 @@ impl Builder {
         self
     }
 
-    /// Where snapshots go: `file:///path`, `memory://`, or `s3://bucket/prefix` (feature
-    /// `s3`). The default is the local folder `./snapshots`, created at the first snapshot.
+    /// Where snapshots go: `file:///path`, a folder's path (`snaps`, `./snaps`,
+    /// `/scratch/snaps`; a relative one resolved against the current directory when the
+    /// store is opened), `memory://`, or `s3://bucket/prefix` (feature `s3`). The default is
+    /// the local folder `./snapshots`, created at the first snapshot.
     pub fn snapshots(mut self, url: impl Into<String>) -> Self {
         self.config.snapshots.url = Some(url.into());
         self

@@ -3,7 +3,8 @@
 //! Three answers a reader must tell apart: *no snapshot* ([`Error::NotFound`]: nothing was
 //! committed there), *a damaged snapshot* ([`Error::Damaged`]: committed, but an object it
 //! needs is missing or wrong, named with the check that failed), and *a store that cannot be
-//! reached or refuses* ([`Error::Store`], [`Error::Denied`], [`Error::Io`]).
+//! reached or refuses* ([`Error::Store`], [`Error::Denied`], [`Error::Io`]). A store that is
+//! not there at all, for a reader, is [`Error::NoSuchStore`].
 
 use super::store::SnapshotId;
 
@@ -165,6 +166,16 @@ pub enum Error {
         /// The URL given (without credentials).
         url: String,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// A store that is only read (by the `snapshots` command, or
+    /// [`Store::open_existing`](super::Store::open_existing)) does not exist: a `file://`
+    /// folder that is missing or is a file. Nothing was created.
+    #[error("no such store {url}: {reason}")]
+    NoSuchStore {
+        /// The URL given (without credentials).
+        url: String,
+        /// What is there instead.
         reason: String,
     },
     /// A store option that the store does not know or accept.

@@ -4,7 +4,11 @@
 //! a URL maps to a backend and a prefix (percent escapes in the path decoded). What this
 //! module adds on top:
 //!
-//! - `file://`: the folder is created if missing, and the store is built here rather than by
+//! - A plain path (`snaps`, `./snaps`, `/tmp/snaps`: text without a scheme) is a folder
+//!   store, a relative one resolved against the current directory, as `file://` with the
+//!   absolute path (which is what [`Store::url`](super::Store::url) then shows).
+//! - `file://`: the folder is created if missing (unless the caller only reads, see
+//!   [`Create`]), and the store is built here rather than by
 //!   `parse_url_opts`, which returns a plain `LocalFileSystem::new()` (rooted at `/`, no
 //!   fsync, no cleanup of empty folders) that cannot be configured once boxed. Ours is rooted
 //!   at the folder (cleanup sweeps that folder, see [`Opened::local_root`]), fsyncs every
@@ -30,6 +34,16 @@ use url::Url;
 
 use super::error::{Error, Result};
 
+/// Whether opening a `file://` store may create its folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Create {
+    /// Create it if missing: for a writer (the executor), whose first snapshot goes there.
+    IfMissing,
+    /// It must exist: for a reader (the `snapshots` command), which must not leave a folder
+    /// behind where a misspelt path pointed.
+    Never,
+}
+
 /// A store opened from a URL.
 pub(crate) struct Opened {
     /// The backend.
@@ -50,14 +64,22 @@ pub(crate) struct Opened {
 /// [`Error::InvalidUrl`] for a URL that does not parse, an unknown scheme, a `file://` URL
 /// naming a host, `s3://` without the `s3` feature or an S3 configuration the builder refuses;
 /// [`Error::InvalidOption`] for an option given to `file://` or `memory://`, or an S3 option
-/// `object_store` does not know; [`Error::Io`] if a `file://` folder cannot be created.
+/// `object_store` does not know; [`Error::Io`] if a `file://` folder cannot be created;
+/// [`Error::NoSuchStore`] if it does not exist and `create` is [`Create::Never`].
 ///
 /// [`Store::open_with`]: super::Store::open_with
-pub(crate) fn open(url: &str, options: Vec<(String, String)>) -> Result<Opened> {
-    let parsed = Url::parse(url).map_err(|e| Error::InvalidUrl {
-        url: redact(url),
-        reason: e.to_string(),
-    })?;
+pub(crate) fn open(url: &str, options: Vec<(String, String)>, create: Create) -> Result<Opened> {
+    let parsed = match Url::parse(url) {
+        Ok(parsed) => parsed,
+        // No scheme: a path.
+        Err(url::ParseError::RelativeUrlWithoutBase) => path_url(url)?,
+        Err(e) => {
+            return Err(Error::InvalidUrl {
+                url: redact(url),
+                reason: e.to_string(),
+            });
+        }
+    };
     let shown = redact_url(&parsed);
     let no_options = |scheme: &str| match options.first() {
         Some((key, _)) => Err(Error::InvalidOption {
@@ -69,7 +91,7 @@ pub(crate) fn open(url: &str, options: Vec<(String, String)>) -> Result<Opened> 
     let (store, prefix, local_root) = match parsed.scheme() {
         "file" => {
             no_options("file")?;
-            let (store, root) = open_file(&parsed, &shown)?;
+            let (store, root) = open_file(&parsed, &shown, create)?;
             (store, Path::ROOT, Some(root))
         }
         "memory" => {
@@ -103,13 +125,37 @@ fn invalid(shown: &str, reason: String) -> Error {
     }
 }
 
-/// A `file://` folder, created if missing: the store, rooted at the folder, and the folder.
+/// The `file://` URL of the folder at `path`, a plain path (relative to the current
+/// directory, or absolute).
+fn path_url(path: &str) -> Result<Url> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: redact(path),
+        reason,
+    };
+    if path.is_empty() {
+        return Err(invalid(
+            "an empty store URL: give a folder, file:///path, memory:// or s3://bucket/prefix"
+                .to_owned(),
+        ));
+    }
+    // Lexically: `..` stays (it may cross a symbolic link), the folder need not exist.
+    let absolute = std::path::absolute(path).map_err(|e| {
+        invalid(format!(
+            "a relative path needs the current directory, which is unknown: {e}"
+        ))
+    })?;
+    Url::from_file_path(&absolute)
+        .map_err(|()| invalid(format!("{} is not a folder path", absolute.display())))
+}
+
+/// A `file://` folder, created if missing (if `create` allows): the store, rooted at the
+/// folder, and the folder.
 ///
 /// Built here, not by `parse_url_opts`: that returns `LocalFileSystem::new()`, boxed, so
 /// neither `with_fsync(true)` (a committed manifest must never name parts a power cut lost)
 /// nor `with_automatic_cleanup(true)` (deleting an epoch's last object removes its folders)
 /// can be set on it, and it is rooted at `/` where cleanup wants the snapshot folder.
-fn open_file(url: &Url, shown: &str) -> Result<(Arc<dyn ObjectStore>, PathBuf)> {
+fn open_file(url: &Url, shown: &str, create: Create) -> Result<(Arc<dyn ObjectStore>, PathBuf)> {
     // `object_store` refuses a host too, but as an unrecognised URL; this says what is wrong.
     // (`url` already turns `file://localhost/…` into `file:///…`.)
     if url
@@ -124,10 +170,33 @@ fn open_file(url: &Url, shown: &str) -> Result<(Arc<dyn ObjectStore>, PathBuf)> 
     let dir = url
         .to_file_path()
         .map_err(|()| invalid(shown, "expected file:///absolute/path".to_owned()))?;
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-        what: format!("cannot create the snapshot folder {}", dir.display()),
-        source,
-    })?;
+    match create {
+        Create::IfMissing => std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: format!("cannot create the snapshot folder {}", dir.display()),
+            source,
+        })?,
+        Create::Never => match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::NoSuchStore {
+                    url: shown.to_owned(),
+                    reason: format!("{} is a file, not a folder", dir.display()),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NoSuchStore {
+                    url: shown.to_owned(),
+                    reason: format!("the folder {} does not exist", dir.display()),
+                });
+            }
+            Err(source) => {
+                return Err(Error::Io {
+                    what: format!("cannot read the snapshot folder {}", dir.display()),
+                    source,
+                });
+            }
+        },
+    }
     let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
         .map_err(|e| Error::store("open", "", e))?
         .with_automatic_cleanup(true)
@@ -309,6 +378,11 @@ pub(crate) fn shareable_options(options: &[(String, String)]) -> Vec<(String, St
 mod tests {
     use super::*;
 
+    /// Opens as a writer does (the folder created if missing).
+    fn open(url: &str, options: Vec<(String, String)>) -> Result<Opened> {
+        super::open(url, options, Create::IfMissing)
+    }
+
     fn options(keys: &[&str]) -> Vec<(String, String)> {
         keys.iter()
             .map(|k| ((*k).to_owned(), "value".to_owned()))
@@ -401,10 +475,94 @@ mod tests {
                 r => panic!("{url}: expected InvalidUrl, got {:?}", r.err()),
             }
         }
-        match open("not a url", Vec::new()) {
-            Err(e @ Error::InvalidUrl { .. }) => assert!(e.to_string().contains("relative")),
+        match open("", Vec::new()) {
+            Err(e @ Error::InvalidUrl { .. }) => assert!(e.to_string().contains("empty")),
             r => panic!("expected InvalidUrl, got {:?}", r.err()),
         }
+    }
+
+    /// A path without a scheme is a folder store: a relative one under the current
+    /// directory, shown (and handed to worker processes) as its absolute `file://` URL.
+    #[test]
+    fn plain_paths_are_folder_stores() {
+        /// Removes the folder, also when the test fails.
+        struct Remove(std::path::PathBuf);
+        impl Drop for Remove {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let cwd = std::env::current_dir().unwrap();
+        let base = format!("malleable-plain-{}", std::process::id());
+        let _remove = Remove(cwd.join(&base));
+        let _ = std::fs::remove_dir_all(cwd.join(&base));
+        for (path, folder) in [
+            (format!("{base}/a"), cwd.join(&base).join("a")),
+            (format!("./{base}/b"), cwd.join(&base).join("b")),
+            (
+                format!("{base}/with space"),
+                cwd.join(&base).join("with space"),
+            ),
+        ] {
+            let opened = open(&path, Vec::new()).unwrap();
+            assert!(folder.is_dir(), "{path}");
+            assert_eq!(
+                opened.local_root.as_deref(),
+                Some(folder.as_path()),
+                "{path}"
+            );
+            assert_eq!(
+                opened.url,
+                Url::from_file_path(&folder).unwrap().as_str(),
+                "{path}"
+            );
+            assert_eq!(opened.prefix, Path::ROOT);
+        }
+        let absolute = cwd.join(&base).join("c");
+        let opened = open(absolute.to_str().unwrap(), Vec::new()).unwrap();
+        assert_eq!(opened.local_root.as_deref(), Some(absolute.as_path()));
+        assert!(opened.url.starts_with("file:///"), "{}", opened.url);
+        // The same folder as its file:// URL.
+        let again = open(&opened.url, Vec::new()).unwrap();
+        assert_eq!(again.local_root, opened.local_root);
+    }
+
+    /// A reader's open never creates the folder: a missing one (or a file) is
+    /// `NoSuchStore`, and is still missing afterwards.
+    #[test]
+    fn a_reader_does_not_create_the_folder() {
+        let dir = std::env::temp_dir().join(format!("malleable-reader-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let missing = dir.join("typo");
+        for url in [
+            Url::from_file_path(&missing).unwrap().to_string(),
+            missing.display().to_string(),
+        ] {
+            match super::open(&url, Vec::new(), Create::Never) {
+                Err(e @ Error::NoSuchStore { .. }) => {
+                    let text = e.to_string();
+                    assert!(text.contains("does not exist"), "{text}");
+                    assert!(text.contains("typo"), "{text}");
+                }
+                r => panic!("{url}: expected NoSuchStore, got {:?}", r.err()),
+            }
+            assert!(!missing.exists(), "{url} created {}", missing.display());
+            assert!(!dir.exists(), "{url} created {}", dir.display());
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        match super::open(file.to_str().unwrap(), Vec::new(), Create::Never) {
+            Err(e @ Error::NoSuchStore { .. }) => {
+                assert!(e.to_string().contains("not a folder"), "{e}");
+            }
+            r => panic!("expected NoSuchStore, got {:?}", r.err()),
+        }
+        // An existing folder opens, and memory:// is always there.
+        let opened = super::open(dir.to_str().unwrap(), Vec::new(), Create::Never).unwrap();
+        assert_eq!(opened.local_root.as_deref(), Some(dir.as_path()));
+        super::open("memory://", Vec::new(), Create::Never).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[cfg(not(feature = "s3"))]

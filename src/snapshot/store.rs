@@ -236,10 +236,16 @@ impl Store {
     ///
     /// - `file:///abs/path`: a folder of the local file system (created if missing; writes are
     ///   fsynced, so the commit order survives a power cut);
+    /// - a plain path (`snaps`, `./snaps`, `/tmp/snaps`): the same, a relative path resolved
+    ///   against the current directory ([`Store::url`] then shows the absolute `file://`
+    ///   URL);
     /// - `memory://` or `memory:///prefix`: a fresh in-memory store, shared by the clones of
     ///   the returned value (for tests);
     /// - `s3://bucket/prefix` (feature `s3`): an S3-compatible bucket, configured from the
     ///   usual `AWS_*` environment variables (see [`Store::open_with`] for explicit options).
+    ///
+    /// This is a writer's open: to read a store without creating a folder where a misspelt
+    /// path points, use [`Store::open_existing`].
     ///
     /// # Errors
     ///
@@ -266,15 +272,43 @@ impl Store {
         url: &str,
         options: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Store> {
-        let opened = super::open::open(url, options.into_iter().collect())?;
-        Ok(Store {
+        Ok(Store::opened(super::open::open(
+            url,
+            options.into_iter().collect(),
+            super::open::Create::IfMissing,
+        )?))
+    }
+
+    /// Opens the store at `url` with backend options (see [`Store::open_with`]) to read or
+    /// clean it up: a `file://` folder (or plain path) must exist, and is never created. This
+    /// is how the `snapshots` command opens stores, so that listing a misspelt path says so
+    /// instead of leaving an empty folder there. (An S3 bucket is never created by either
+    /// open; a missing one is an [`Error::Store`] at the first request.)
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::open_with`], and [`Error::NoSuchStore`] for a folder that does not exist
+    /// or is a file.
+    pub fn open_existing(
+        url: &str,
+        options: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Store> {
+        Ok(Store::opened(super::open::open(
+            url,
+            options.into_iter().collect(),
+            super::open::Create::Never,
+        )?))
+    }
+
+    fn opened(opened: super::open::Opened) -> Store {
+        Store {
             inner: Arc::new(Inner {
                 store: opened.store,
                 prefix: opened.prefix,
                 url: opened.url,
                 local_root: opened.local_root,
             }),
-        })
+        }
     }
 
     /// Wraps any object store, with keys under `prefix` (`""` for none). For tests: a store
