@@ -97,6 +97,7 @@ fn key(job: &str, epoch: u64, rest: &str) -> String {
 async fn store_suite(b: &Backend) {
     commit_and_read(b).await;
     cleanup(b).await;
+    uncommitted(b).await;
     remove(b).await;
     corruption(b).await;
 }
@@ -266,6 +267,60 @@ async fn cleanup(b: &Backend) {
     ));
     assert!(b.exists(&e.key).await);
     assert!(b.exists(&key(job, 4, "manifest")).await);
+}
+
+/// Epochs never committed above the newest commit (a writer that crashed between its parts
+/// and its manifest): `gc` leaves recent ones (a snapshot may be under way there) and says
+/// so; `Uncommitted::Delete` deletes them and says which; `Uncommitted::Keep` (retention)
+/// never touches them. A job with nothing committed is the same.
+async fn uncommitted(b: &Backend) {
+    use malleable::snapshot::Uncommitted;
+    let s = &b.store;
+    let job = "crashed";
+    let a = s.put_part(job, 1, 0, 7, bytes_of(1, 100)).await.unwrap();
+    s.commit(&manifest(job, 1, vec![a.clone()])).await.unwrap();
+    let left = s.put_part(job, 2, 0, 7, bytes_of(2, 100)).await.unwrap();
+    let left_too = s.put_part(job, 3, 0, 7, bytes_of(3, 50)).await.unwrap();
+
+    let gc = s.gc(job).await.unwrap();
+    assert!(gc.deleted.is_empty(), "{gc:?}");
+    assert_eq!(gc.left_uncommitted, vec![2, 3]);
+    assert!(gc.removed_uncommitted.is_empty());
+    let kept = s.gc_with(job, Some(1), Uncommitted::Keep).await.unwrap();
+    assert!(kept.deleted.is_empty(), "{kept:?}");
+    assert_eq!(kept.left_uncommitted, vec![2, 3]);
+    // A day is far: still there.
+    let idle = s
+        .gc_with(
+            job,
+            None,
+            Uncommitted::IdleFor(std::time::Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    assert!(idle.deleted.is_empty(), "{idle:?}");
+    assert!(b.exists(&left.key).await && b.exists(&left_too.key).await);
+
+    let gc = s.gc_with(job, None, Uncommitted::Delete).await.unwrap();
+    let mut deleted = gc.deleted.clone();
+    deleted.sort();
+    assert_eq!(deleted, vec![left.key.clone(), left_too.key.clone()]);
+    assert_eq!(gc.removed_uncommitted, vec![2, 3]);
+    assert!(gc.left_uncommitted.is_empty());
+    assert_eq!(gc.kept_epochs, vec![1]);
+    assert_eq!(gc.freed_bytes, 150);
+    assert!(!b.exists(&left.key).await && !b.exists(&left_too.key).await);
+    s.get_part(&a).await.unwrap();
+    assert_eq!(s.epochs(job).await.unwrap(), vec![1]);
+
+    // Nothing committed at all.
+    let never = s.put_part("never", 0, 0, 7, bytes_of(4, 10)).await.unwrap();
+    assert_eq!(s.gc("never").await.unwrap().left_uncommitted, vec![0]);
+    assert!(b.exists(&never.key).await);
+    let gc = s.gc_with("never", None, Uncommitted::Delete).await.unwrap();
+    assert_eq!(gc.deleted, vec![never.key.clone()]);
+    assert_eq!(gc.removed_uncommitted, vec![0]);
+    assert!(!b.exists(&never.key).await);
 }
 
 async fn remove(b: &Backend) {
@@ -510,6 +565,48 @@ async fn file_store() {
         "{gc:?}"
     );
     assert_eq!(again.epochs("staged").await.unwrap(), vec![0, 1]);
+}
+
+/// Sets the modification time of `path` (a file or a folder) to `ago` before now.
+fn age(path: &std::path::Path, ago: std::time::Duration) {
+    let when = std::time::SystemTime::now() - ago;
+    std::fs::File::open(path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+}
+
+/// A crashed writer's epoch above the newest commit, untouched for more than
+/// `ABANDONED_AFTER`, is deleted by a plain `gc`; one with a recent file, even a temporary
+/// file of a put in flight that the store does not list, is not.
+#[tokio::test]
+async fn gc_deletes_abandoned_epochs_above_the_newest_commit() {
+    use malleable::snapshot::ABANDONED_AFTER;
+    let tmp = TempDir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(unique("abandoned")));
+    let store = Store::open(&tmp.0.display().to_string()).unwrap();
+    let job = "old";
+    let a = store.put_part(job, 1, 0, 7, bytes_of(1, 10)).await.unwrap();
+    store.commit(&manifest(job, 1, vec![a])).await.unwrap();
+    let crashed = store.put_part(job, 2, 0, 7, bytes_of(2, 10)).await.unwrap();
+    let busy = store.put_part(job, 3, 0, 7, bytes_of(3, 10)).await.unwrap();
+    let day = ABANDONED_AFTER + std::time::Duration::from_secs(60);
+    for epoch in [2, 3] {
+        let folder = tmp.0.join(job).join(format!("{epoch:020}"));
+        for entry in std::fs::read_dir(folder.join("parts")).unwrap() {
+            age(&entry.unwrap().path(), day);
+        }
+        age(&folder.join("parts"), day);
+    }
+    // Epoch 3: a put under way, its temporary file fresh.
+    let staged = tmp.0.join(job).join(format!("{:020}/parts/x#7", 3));
+    std::fs::write(&staged, b"partial").unwrap();
+    let gc = store.gc(job).await.unwrap();
+    assert_eq!(gc.removed_uncommitted, vec![2], "{gc:?}");
+    assert_eq!(gc.left_uncommitted, vec![3], "{gc:?}");
+    assert_eq!(gc.deleted, vec![crashed.key.clone()]);
+    assert!(!tmp.0.join(&crashed.key).exists());
+    assert!(tmp.0.join(&busy.key).exists() && staged.exists());
+    assert_eq!(store.epochs(job).await.unwrap(), vec![1]);
 }
 
 #[test]
@@ -916,4 +1013,42 @@ async fn cli_takes_plain_paths() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(text.contains("job-p@1"), "{text}");
+}
+
+/// `gc` of a crash's leftovers above the newest commit: recent ones are listed as left (a
+/// snapshot may be under way), `--uncommitted` deletes them and says so.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn cli_gc_of_uncommitted_epochs() {
+    let tmp = TempDir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(unique("cli-gc")));
+    let url = format!("file://{}", tmp.0.display());
+    let store = Store::open(&url).unwrap();
+    let a = store
+        .put_part("job", 1, 0, 5, bytes_of(5, 30))
+        .await
+        .unwrap();
+    store
+        .commit(&manifest("job", 1, vec![a.clone()]))
+        .await
+        .unwrap();
+    let crashed = store
+        .put_part("job", 2, 0, 5, bytes_of(6, 2000))
+        .await
+        .unwrap();
+
+    let (code, out, err) = snapshots_cli(&["gc", &url, "job"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("left uncommitted epochs 2"), "{out}");
+    assert!(out.contains("--uncommitted"), "{out}");
+    assert!(out.contains("0 objects deleted"), "{out}");
+    assert!(tmp.0.join(&crashed.key).exists());
+
+    let (code, out, err) = snapshots_cli(&["gc", &url, "job", "--uncommitted"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("removed uncommitted epochs 2"), "{out}");
+    assert!(out.contains("1 objects deleted, 2.0 KiB freed"), "{out}");
+    assert!(!out.contains("left uncommitted"), "{out}");
+    assert!(!tmp.0.join(&crashed.key).exists());
+    store.get_part(&a).await.unwrap();
+    assert_eq!(store.epochs("job").await.unwrap(), vec![1]);
 }

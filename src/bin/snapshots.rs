@@ -5,20 +5,30 @@
 //! snapshots show URL ID            what a snapshot holds: job, phase, progress, chunks, parts
 //! snapshots verify URL ID          read every part and check every checksum
 //! snapshots rm URL ID              delete one snapshot (and its parts no other one uses)
-//! snapshots gc URL JOB [--keep K]  delete leftovers; with --keep, all but the newest K
+//! snapshots gc URL JOB [--keep K] [--uncommitted]
+//!                                  delete leftovers; with --keep, all but the newest K
 //! ```
 //!
-//! `URL` is a store URL (`file:///path`, `s3://bucket/prefix` with the `s3` feature); `ID` is
-//! `job-id@epoch`, or `job-id` for its newest committed snapshot. S3 stores read the usual
-//! `AWS_*` environment variables, and `-o KEY=VALUE` sets a store option (`endpoint`,
-//! `region`, `allow_http`, …). Every error prints one line (with its causes) to stderr and
-//! exits with status 1.
+//! `URL` is a store URL (`file:///path`, `s3://bucket/prefix` with the `s3` feature) or a
+//! folder's path (`./snapshots`); `ID` is `job-id@epoch`, or `job-id` for its newest
+//! committed snapshot. S3 stores read the usual `AWS_*` environment variables, and
+//! `-o KEY=VALUE` sets a store option (`endpoint`, `region`, `allow_http`, …). The command
+//! never creates a store: a folder that does not exist is an error. Every error prints one
+//! line (with its causes, each once) to stderr and exits with status 1.
+//!
+//! `gc` deletes the leftovers of an epoch that was never committed (a writer that crashed
+//! between its parts and its manifest) when the epoch is below the newest committed one, or
+//! when nothing was written in it for a day ([`ABANDONED_AFTER`]); a more recent one above
+//! the newest commit may be a snapshot being written right now, and is only listed, unless
+//! `--uncommitted` says that no program is writing snapshots of the job.
 
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use malleable::snapshot::{Error, Manifest, SnapshotId, Store, check_job_id};
+use malleable::snapshot::{
+    ABANDONED_AFTER, Error, Manifest, SnapshotId, Store, Uncommitted, check_job_id,
+};
 
 /// List, inspect, verify and delete snapshots of malleable jobs.
 #[derive(Debug, Parser)]
@@ -62,7 +72,10 @@ enum Command {
         id: String,
     },
     /// Delete leftovers of a job (parts of uncommitted or lost snapshots); with --keep K, also
-    /// every committed snapshot but the newest K (the newest is always kept).
+    /// every committed snapshot but the newest K (the newest is always kept). An uncommitted
+    /// epoch above the newest committed one is deleted once nothing was written in it for a
+    /// day; a more recent one may be a snapshot being written, and is kept unless
+    /// --uncommitted is given.
     Gc {
         /// The store.
         url: String,
@@ -71,6 +84,10 @@ enum Command {
         /// How many committed snapshots to keep (at least 1).
         #[arg(long)]
         keep: Option<usize>,
+        /// Also delete every uncommitted epoch above the newest committed one, however
+        /// recent: only when no program is writing snapshots of this job.
+        #[arg(long)]
+        uncommitted: bool,
     },
 }
 
@@ -142,12 +159,19 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Gc { url, job, keep } => {
+        Command::Gc {
+            url,
+            job,
+            keep,
+            uncommitted,
+        } => {
             let store = open(url)?;
-            let cleanup = match keep {
-                Some(keep) => store.retain(job, *keep).await?,
-                None => store.gc(job).await?,
+            let rule = if *uncommitted {
+                Uncommitted::Delete
+            } else {
+                Uncommitted::IdleFor(ABANDONED_AFTER)
             };
+            let cleanup = store.gc_with(job, *keep, rule).await?;
             let epochs = |e: &[u64]| {
                 if e.is_empty() {
                     "none".to_owned()
@@ -157,6 +181,18 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             };
             println!("job {job}: kept epochs {}", epochs(&cleanup.kept_epochs));
             println!("removed epochs {}", epochs(&cleanup.removed_epochs));
+            println!(
+                "removed uncommitted epochs {}",
+                epochs(&cleanup.removed_uncommitted)
+            );
+            if !cleanup.left_uncommitted.is_empty() {
+                println!(
+                    "left uncommitted epochs {}: above the newest commit and written to within \
+                     a day, a snapshot may be being written there (--uncommitted deletes them \
+                     if no program writes snapshots of {job})",
+                    epochs(&cleanup.left_uncommitted)
+                );
+            }
             println!(
                 "{} objects deleted, {} freed",
                 cleanup.deleted.len(),

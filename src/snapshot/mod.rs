@@ -37,6 +37,6 @@ pub use format::{
 };
 pub(crate) use open::shareable_options;
 pub use store::{
-    Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, Skipped, SnapshotId,
-    SnapshotInfo, Store, check_job_id,
+    ABANDONED_AFTER, Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, Skipped,
+    SnapshotId, SnapshotInfo, Store, Uncommitted, check_job_id,
 };

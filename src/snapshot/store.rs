@@ -37,7 +37,10 @@
 //!    reads against the manifest's size and checksum ([`Store::get_part`]).
 //! 5. Cleanup ([`Store::retain`], [`Store::gc`], [`Store::remove`]) deletes manifests
 //!    **before** the parts they reference, deletes only parts that no kept manifest references,
-//!    and never touches an epoch folder above the newest committed epoch.
+//!    and touches an epoch folder above the newest committed epoch only when nothing was
+//!    written there for [`ABANDONED_AFTER`] ([`Store::gc`]) or when told that no snapshot is
+//!    being written ([`Uncommitted::Delete`]); [`Store::retain`] and the executor's retention
+//!    never do.
 //!
 //! Why this is correct:
 //!
@@ -54,6 +57,13 @@
 //!   references (1), which cleanup always keeps. A cleanup that listed the store before a new
 //!   commit still only deletes below the newest epoch it saw, so the same argument holds for
 //!   its stale view.
+//! - *An abandoned folder above the newest commit is garbage.* No manifest references a part
+//!   above its own epoch, so only the snapshot being written in that folder could need its
+//!   objects, and that writer adds an object at least every [`ABANDONED_AFTER`] until its
+//!   commit. A folder whose newest listed object is older was given up; only the objects
+//!   listed are deleted, each one older than that, so a writer that starts over in the same
+//!   epoch (a job resumed from the snapshot below) keeps the parts it writes after the
+//!   listing, and its manifest never references the old ones.
 //!
 //! Backends: `PutMode::Create` works on the local file system, in memory and on S3 (where
 //! `object_store` sends `If-None-Match: *`; the server must honour it, as AWS S3, MinIO and
@@ -64,7 +74,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt, stream};
@@ -175,8 +185,44 @@ pub struct Cleanup {
     pub removed_epochs: Vec<u64>,
     /// Committed epochs kept.
     pub kept_epochs: Vec<u64>,
+    /// Uncommitted epochs (folders without a manifest: a writer that crashed or lost the
+    /// epoch before its commit) whose objects were deleted.
+    pub removed_uncommitted: Vec<u64>,
+    /// Uncommitted epochs above the newest committed one that were left alone: a snapshot
+    /// may be being written there (see [`Uncommitted`]).
+    pub left_uncommitted: Vec<u64>,
     /// Bytes freed (sizes as listed by the store).
     pub freed_bytes: u64,
+}
+
+/// How long nothing must have been written in an uncommitted epoch folder above a job's
+/// newest committed epoch before [`Store::gc`] takes it for abandoned: 24 hours.
+///
+/// A snapshot being written adds objects to its folder until its commit, each one dated by
+/// the store when it lands; one whose newest object is a day old is not being written (a
+/// single part would have to take a day to upload), and a day also covers any skew between
+/// the store's clock and this machine's.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What a cleanup ([`Store::gc_with`]) does with a job's epoch folders above its newest
+/// committed epoch (every folder, for a job with nothing committed). Such a folder holds
+/// either a snapshot being written right now, whose parts must stay, or the leftovers of a
+/// writer that crashed before its commit; the store cannot tell which, only how long ago
+/// something was last written there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Uncommitted {
+    /// Leave them all: [`Store::retain`], and the executor's own retention, which runs while
+    /// the job writes its next snapshot.
+    Keep,
+    /// Delete those in which nothing was written for at least this long (every object in
+    /// them, and in a `file://` store every temporary file of a put, is older): abandoned.
+    /// [`Store::gc`] uses [`ABANDONED_AFTER`].
+    IdleFor(Duration),
+    /// Delete them all, whatever their age. Only when no program is writing a snapshot of
+    /// the job: its snapshot in progress would lose parts and fail to commit (or, worse,
+    /// commit with a part deleted after its upload).
+    Delete,
 }
 
 /// A committed snapshot as listed by the store, without reading its manifest.
@@ -727,7 +773,8 @@ impl Store {
     /// its references are unknown), or the store's failure (what was deleted before it is
     /// not reported; run again).
     pub async fn retain(&self, job_id: &str, keep: usize) -> Result<Cleanup> {
-        self.cleanup(job_id, Some(keep.max(1)), None).await
+        self.cleanup(job_id, Some(keep.max(1)), None, Uncommitted::Keep)
+            .await
     }
 
     /// Retention ([`Store::retain`]) run by the writer of `next`, a snapshot of `job_id`
@@ -741,20 +788,43 @@ impl Store {
         keep: usize,
         next: &Manifest,
     ) -> Result<Cleanup> {
-        self.cleanup(job_id, Some(keep.max(1)), Some(next)).await
+        self.cleanup(job_id, Some(keep.max(1)), Some(next), Uncommitted::Keep)
+            .await
     }
 
     /// Garbage collection: deletes, in epoch folders up to the newest committed epoch of
     /// `job_id`, every object that no committed manifest is or references (leftovers of
     /// uncommitted epochs, parts of a writer that lost an epoch, a `file://` store's
-    /// temporary files of killed puts). Keeps every committed
-    /// snapshot, and never touches a folder above the newest committed epoch.
+    /// temporary files of killed puts), and the uncommitted folders above it in which
+    /// nothing was written for [`ABANDONED_AFTER`] (a crashed writer's, see
+    /// [`Uncommitted::IdleFor`]). Keeps every committed snapshot. Uncommitted folders above
+    /// the newest commit that were written to more recently are left, and listed in
+    /// [`Cleanup::left_uncommitted`]: a snapshot may be being written there
+    /// ([`Store::gc_with`] with [`Uncommitted::Delete`] deletes them when none is).
     ///
     /// # Errors
     ///
     /// As [`Store::retain`].
     pub async fn gc(&self, job_id: &str) -> Result<Cleanup> {
-        self.cleanup(job_id, None, None).await
+        self.gc_with(job_id, None, Uncommitted::IdleFor(ABANDONED_AFTER))
+            .await
+    }
+
+    /// Cleanup with every choice explicit: with `keep` as [`Store::retain`] (`None`: every
+    /// committed snapshot is kept, as [`Store::gc`]), and uncommitted folders above the
+    /// newest committed epoch deleted as `uncommitted` says.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::retain`].
+    pub async fn gc_with(
+        &self,
+        job_id: &str,
+        keep: Option<usize>,
+        uncommitted: Uncommitted,
+    ) -> Result<Cleanup> {
+        self.cleanup(job_id, keep.map(|k| k.max(1)), None, uncommitted)
+            .await
     }
 
     /// Deletes snapshot `id`: its manifest first, then those of its parts that no other
@@ -879,6 +949,12 @@ impl Store {
             cleanup.removed_epochs.push(epoch);
         }
         cleanup.removed_epochs.reverse();
+        cleanup.removed_uncommitted = scan
+            .epochs
+            .iter()
+            .filter(|(_, f)| f.manifest.is_none())
+            .map(|(&e, _)| e)
+            .collect();
         let others = scan
             .epochs
             .values()
@@ -890,19 +966,35 @@ impl Store {
     }
 
     /// Retention (`Some(keep)`, `keep >= 1`) or garbage collection (`None`): see
-    /// [`Store::retain`].
+    /// [`Store::retain`], [`Store::gc_with`].
     async fn cleanup(
         &self,
         job_id: &str,
         keep: Option<usize>,
         next: Option<&Manifest>,
+        uncommitted: Uncommitted,
     ) -> Result<Cleanup> {
         let scan = self.scan(job_id).await?;
         let committed = scan.committed();
-        let Some(&newest) = committed.last() else {
-            // Nothing committed: every folder may be a snapshot in progress.
-            return Ok(Cleanup::default());
-        };
+        let newest = committed.last().copied();
+        // Folders above the newest commit (all of them, with nothing committed): a snapshot
+        // may be in progress there, unless they were abandoned.
+        let mut abandoned = Vec::new();
+        let mut left = Vec::new();
+        for (&epoch, folder) in scan.epochs.range(newest.map_or(0, |n| n + 1)..) {
+            if self.abandoned(job_id, epoch, folder, uncommitted) {
+                abandoned.push(epoch);
+            } else {
+                left.push(epoch);
+            }
+        }
+        if !left.is_empty() {
+            tracing::debug!(
+                job_id,
+                epochs = ?left,
+                "uncommitted epochs above the newest commit left alone"
+            );
+        }
         let split = committed.len() - keep.unwrap_or(usize::MAX).min(committed.len());
         let (removed, kept) = committed.split_at(split);
         // Read every kept manifest before deleting anything.
@@ -914,6 +1006,7 @@ impl Store {
         );
         let mut cleanup = Cleanup {
             kept_epochs: kept.to_vec(),
+            left_uncommitted: left,
             ..Cleanup::default()
         };
         // Manifests first, so that a crash never leaves a manifest without its parts.
@@ -926,28 +1019,73 @@ impl Store {
             .collect();
         self.delete(manifests, &mut cleanup).await?;
         cleanup.removed_epochs = removed.to_vec();
-        // Then everything at or below the newest committed epoch that no kept manifest is or
-        // references.
+        // Then everything at or below the newest committed epoch, and in abandoned folders,
+        // that no kept manifest is or references.
         // (The manifests of kept epochs are not among `others`.)
-        let garbage = scan
+        let swept: Vec<u64> = scan
             .epochs
-            .range(..=newest)
-            .flat_map(|(_, folder)| folder.others.iter().cloned())
+            .keys()
+            .copied()
+            .filter(|&e| newest.is_some_and(|n| e <= n) || abandoned.contains(&e))
+            .collect();
+        let garbage = swept
+            .iter()
+            .flat_map(|e| &scan.epochs[e].others)
             .filter(|(key, _)| !referenced.contains(key.as_str()))
+            .cloned()
             .collect();
         self.delete(garbage, &mut cleanup).await?;
-        self.sweep_staged(
-            job_id,
-            scan.epochs.range(..=newest).map(|(e, _)| *e),
-            &mut cleanup,
-        )?;
+        cleanup.removed_uncommitted = swept
+            .iter()
+            .copied()
+            .filter(|e| {
+                let folder = &scan.epochs[e];
+                folder.manifest.is_none() && !folder.others.is_empty()
+            })
+            .collect();
+        self.sweep_staged(job_id, swept.into_iter(), &mut cleanup)?;
         Ok(cleanup)
+    }
+
+    /// Whether uncommitted epoch folder `epoch` of `job_id`, above the newest committed
+    /// epoch, is to be deleted under `rule`: with [`Uncommitted::IdleFor`], when its newest
+    /// object (listed in `folder`, or in a `file://` store any file under it, temporary
+    /// files of puts in flight included) is at least that old.
+    fn abandoned(&self, job_id: &str, epoch: u64, folder: &Folder, rule: Uncommitted) -> bool {
+        let idle_for = match rule {
+            Uncommitted::Keep => return false,
+            Uncommitted::Delete => return true,
+            Uncommitted::IdleFor(d) => d,
+        };
+        let mut newest = folder.newest;
+        if let Some(root) = &self.inner.local_root {
+            let dir = format!("{job_id}/{epoch:020}");
+            for sub in [dir.clone(), format!("{dir}/parts")] {
+                let Ok(entries) = std::fs::read_dir(root.join(&sub)) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else {
+                        // Unknown: as if written now.
+                        return false;
+                    };
+                    newest = newest.max(Some(modified));
+                }
+            }
+        }
+        // A time in the future (clock skew) is not idle.
+        newest.is_none_or(|t| {
+            SystemTime::now()
+                .duration_since(t)
+                .is_ok_and(|idle| idle >= idle_for)
+        })
     }
 
     /// A `file://` store's temporary files (`NAME#DIGITS`, written before the rename that
     /// completes a put) left in epoch folders `epochs` by a writer that was killed in
     /// between. The store does not list them, so the folders are read directly. Only folders
-    /// up to the newest committed epoch are given, where no write is in flight.
+    /// where no write is in flight are given: up to the newest committed epoch, or
+    /// abandoned.
     fn sweep_staged(
         &self,
         job_id: &str,
@@ -1067,6 +1205,7 @@ impl Store {
                 continue;
             };
             let folder = scan.epochs.entry(epoch).or_default();
+            folder.newest = folder.newest.max(Some(meta.last_modified.into()));
             let relative = std::iter::once(job_id)
                 .chain(rest.iter().map(|p| p.as_ref()))
                 .collect::<Vec<_>>()
@@ -1111,6 +1250,8 @@ struct Folder {
     manifest: Option<ObjectMeta>,
     /// Every other object: relative key and size.
     others: Vec<(String, u64)>,
+    /// When its newest object was written, as the store dates it.
+    newest: Option<SystemTime>,
 }
 
 impl Scan {
