@@ -112,6 +112,22 @@ pub enum Error {
         #[source]
         source: Option<Box<crate::snapshot::Error>>,
     },
+    /// [`Executor::submit_or_resume`](crate::Executor::submit_or_resume) with
+    /// [`Resume::Required`](crate::Resume::Required) found no committed snapshot of the job
+    /// in the store, and did not start it afresh.
+    #[error(
+        "nothing to resume: the store {store} holds no committed snapshot of job id {job_id:?}{}",
+        others_text(others)
+    )]
+    NothingToResume {
+        /// The store's URL (without credentials).
+        store: String,
+        /// The job id looked for.
+        job_id: String,
+        /// Other job ids the store holds, the most alike first (at most 5): a misspelt job
+        /// id shows among them, and none at all hints at a misspelt store URL.
+        others: Vec<String>,
+    },
     /// A cluster error: an address that cannot be listened on or dialled, a missing token,
     /// a refused handshake.
     #[error(transparent)]
@@ -315,6 +331,15 @@ impl fmt::Display for Cause {
 impl std::error::Error for Cause {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.error.source()
+    }
+}
+
+/// The end of [`Error::NothingToResume`]'s message: what else the store holds.
+fn others_text(others: &[String]) -> String {
+    if others.is_empty() {
+        "; it holds no job at all (is its URL right?)".to_owned()
+    } else {
+        format!("; job ids in it: {}", others.join(", "))
     }
 }
 
@@ -557,6 +582,7 @@ mod tests {
             | Error::PartitionsChanged { .. }
             | Error::PartitionsLost { .. }
             | Error::PartitionGone { .. }
+            | Error::NothingToResume { .. }
             | Error::ShutdownTimedOut { .. } => false,
         };
         let mut all = vec![

@@ -315,6 +315,129 @@ fn a_snapshot_of_another_job_version_is_refused_naming_both() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A log that tests can read: what the calling thread logs at info and above while `f` runs.
+fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+
+/// `submit_or_resume` says what it did: no snapshot under the store and job id, so the job
+/// starts afresh; then which snapshot it resumed, and from which store.
+#[test]
+fn submit_or_resume_says_what_it_resumed_or_that_it_starts_afresh() {
+    let (url, dir) = folder("logged");
+    let e = exec(&url, 2).build().unwrap();
+    let (h, log) = logged(|| e.submit_or_resume(job()).unwrap());
+    assert!(
+        log.contains(&format!("no committed snapshot under {url}/lifecycle"))
+            && log.contains("starts from its first phase"),
+        "{log}"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let id = h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    let (h, log) = logged(|| e.submit_or_resume(job()).unwrap());
+    assert!(
+        log.contains(&format!("resumes from snapshot {id} in {url}")),
+        "{log}"
+    );
+    h.wait().unwrap().finished().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `Resume::Required`: a misspelt job id or store path is an error naming both, with the
+/// job ids the store holds; the job does not start, and nothing is written under the id.
+#[test]
+fn resume_required_refuses_to_start_afresh() {
+    use malleable::{Error, Resume};
+    let (url, dir) = folder("required");
+    let id = suspended(&url);
+
+    // A misspelt job id: the store's ids are listed.
+    let e = exec(&url, 2)
+        .job_id("lifecylce")
+        .resume_policy(Resume::Required)
+        .build()
+        .unwrap();
+    match e.submit_or_resume(job()) {
+        Err(err @ Error::NothingToResume { .. }) => {
+            let text = err.to_string();
+            assert!(text.contains(&url), "{text}");
+            assert!(text.contains("\"lifecylce\""), "{text}");
+            assert!(text.contains("job ids in it: lifecycle"), "{text}");
+            let Error::NothingToResume {
+                store,
+                job_id,
+                others,
+            } = err
+            else {
+                unreachable!()
+            };
+            assert_eq!((store, job_id), (url.clone(), "lifecylce".to_owned()));
+            assert_eq!(others, ["lifecycle"]);
+        }
+        other => panic!("expected NothingToResume, got {:?}", other.map(|_| ())),
+    }
+    assert!(!dir.join("lifecylce").exists(), "nothing written");
+
+    // A misspelt store path: an empty store, which says so.
+    let (typo, typo_dir) = folder("requierd");
+    let e = exec(&typo, 2)
+        .resume_policy(Resume::Required)
+        .build()
+        .unwrap();
+    let err = e.submit_or_resume(job()).map(|_| ()).unwrap_err();
+    assert!(
+        matches!(&err, Error::NothingToResume { others, .. } if others.is_empty()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no job at all"), "{err}");
+    assert!(err.to_string().contains(&typo), "{err}");
+
+    // A store URL's credentials stay out of the message.
+    let e = Executor::builder()
+        .local_workers(1)
+        .snapshots("memory://user:secret@x/y?token=abc")
+        .resume_policy(Resume::Required)
+        .build()
+        .unwrap();
+    let err = e.submit_or_resume(job()).map(|_| ()).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("memory://x/y"), "{text}");
+    assert!(!text.contains("secret") && !text.contains("abc"), "{text}");
+
+    // With a snapshot there, Required resumes it.
+    let e = exec(&url, 2)
+        .resume_policy(Resume::Required)
+        .build()
+        .unwrap();
+    let h = e.submit_or_resume(job()).unwrap();
+    assert_eq!(h.resumed().map(|r| r.from), Some(id));
+    let fin = h.wait().unwrap().finished().unwrap();
+    assert_eq!(fin.value.sum.to_bits(), expected().to_bits());
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(typo_dir);
+}
+
 /// A plain path is a folder store, for the builder and for `resume`: relative ones under the
 /// current directory.
 #[test]

@@ -11,41 +11,89 @@ use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::snapshot::Cleanup;
 
+/// Whether [`Executor::submit_or_resume`] may start a job afresh when the store holds no
+/// committed snapshot of it; set with [`Builder::resume_policy`](crate::Builder::resume_policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Resume {
+    /// Resume the newest snapshot if there is one, else start the job from its first phase
+    /// (the default): for a program that is started and restarted the same way.
+    #[default]
+    IfAny,
+    /// Resume the newest snapshot; with none, fail with [`Error::NothingToResume`] (naming
+    /// the store and the job id, and listing the job ids the store holds) instead of
+    /// starting afresh: for a program that is being restarted to go on, where a misspelt
+    /// store path or job id must not silently start from zero.
+    Required,
+}
+
 impl Executor {
     /// Resumes `job`'s newest committed snapshot in this executor's store (under its job id,
     /// by default [`Job::NAME`]) if there is one, else submits `job` from its first phase:
     /// the one call a program that may have been suspended makes.
-    /// [`JobHandle::resumed`] says which it did.
+    /// [`JobHandle::resumed`] says which it did, and the log (`tracing`, info) says it too:
+    /// the snapshot resumed, or that none was found under the store's URL and job id.
     ///
-    /// It starts afresh only when the store holds no committed snapshot of the job at all;
-    /// a snapshot that exists but cannot be restored is an error, never a reason to start
-    /// over (and later commit over it).
+    /// It starts afresh only when the store holds no committed snapshot of the job at all,
+    /// and only under [`Resume::IfAny`] (the default; see
+    /// [`Builder::resume_policy`](crate::Builder::resume_policy)); a snapshot that exists
+    /// but cannot be restored is an error, never a reason to start over (and later commit
+    /// over it).
     ///
     /// # Errors
     ///
     /// As [`Executor::resume`] when a snapshot exists (a damaged one, a store that cannot
-    /// be read, a snapshot of another job), else as [`Executor::submit`].
+    /// be read, a snapshot of another job); [`Error::NothingToResume`] when none does under
+    /// [`Resume::Required`]; else as [`Executor::submit`].
     pub fn submit_or_resume<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
         let store = self.config.snapshots.store()?;
         let job_id = self.config.snapshots.job_id::<J>();
+        let url = store.url().to_owned();
         let latest = super::io::block_on_io(self.io.handle(), {
-            let store = store.clone();
+            let (store, job_id) = (store.clone(), job_id.clone());
             async move { Ok(store.latest(&job_id).await?) }
         })?;
-        match latest {
-            None => {
+        if latest.is_some() {
+            let handle = self.resume_at(At::Latest)?;
+            if let Some(from) = handle.resumed().map(|r| r.from) {
                 tracing::info!(
                     job = J::NAME,
-                    store = store.url(),
-                    "no snapshot: the job starts from its first phase"
+                    store = url,
+                    snapshot = %from,
+                    "the job resumes from snapshot {from} in {url}"
                 );
-                self.submit(job)
             }
-            Some(id) => {
-                tracing::info!(job = J::NAME, snapshot = %id, "the job resumes from its newest snapshot");
-                self.resume_at(At::Latest)
-            }
+            return Ok(handle);
         }
+        let under = format!("{}/{job_id}", url.trim_end_matches('/'));
+        if self.config.resume == Resume::Required {
+            let listed =
+                super::io::block_on_io(self.io.handle(), async move { Ok(store.jobs().await?) });
+            // The list only helps the message: without it, the error is the same.
+            let others = listed.unwrap_or_else(|e| {
+                tracing::debug!(
+                    error = &e as &dyn std::error::Error,
+                    "the store's job ids could not be listed"
+                );
+                Vec::new()
+            });
+            tracing::debug!(
+                job = J::NAME,
+                "no committed snapshot under {under}: not starting afresh"
+            );
+            return Err(Error::NothingToResume {
+                others: alike(&job_id, others),
+                store: url,
+                job_id,
+            });
+        }
+        tracing::info!(
+            job = J::NAME,
+            store = url,
+            job_id,
+            "no committed snapshot under {under}: the job starts from its first phase"
+        );
+        self.submit(job)
     }
 
     /// Resumes a job from a committed snapshot in this executor's own store (the one given
@@ -116,6 +164,32 @@ impl Executor {
     }
 }
 
+/// At most 5 of `ids`, other than `id`, the most alike first (fewest edits, then by name).
+fn alike(id: &str, mut ids: Vec<String>) -> Vec<String> {
+    ids.retain(|other| other != id);
+    ids.sort_by_cached_key(|other| (edits(id, other), other.clone()));
+    ids.truncate(5);
+    ids
+}
+
+/// The edit distance between `a` and `b` (insertions, deletions and substitutions of bytes).
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(x != y));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 /// [`Builder::remove_snapshots_when_finished`](crate::Builder::remove_snapshots_when_finished):
 /// once the job has finished, waits (up to `timeout`) for a snapshot write still in flight,
 /// then removes every snapshot of the job. A failure is logged and counted; the job's value
@@ -158,5 +232,29 @@ pub(super) fn remove_finished<J: Job>(shared: &Arc<Shared<J>>, timeout: Duration
             "the finished job's snapshots were removed"
         ),
         Err(e) => fail("the finished job's snapshots could not be removed", &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn edit_distances() {
+        assert_eq!(super::edits("", ""), 0);
+        assert_eq!(super::edits("heat", "heat"), 0);
+        assert_eq!(super::edits("heat", "heta"), 2);
+        assert_eq!(super::edits("heat", "heat-2"), 2);
+        assert_eq!(super::edits("", "abc"), 3);
+        assert_eq!(super::edits("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn alike_ids_come_first_without_the_id_itself() {
+        let ids = ["zeta", "heat", "heta", "heat-2", "a", "b", "c", "hat"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            super::alike("heat", ids),
+            ["hat", "heat-2", "heta", "a", "zeta"]
+        );
     }
 }

@@ -48,6 +48,7 @@ mod watch;
 
 pub use autoscale::AutoscaleStatus;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
+pub use lifecycle::Resume;
 pub use progress::{Progress, ProgressUpdates};
 pub use rollback::Rollback;
 pub use snapshot::{At, Resumed};
@@ -133,6 +134,8 @@ struct Config {
     check_store: Option<Duration>,
     /// Remove a job's snapshots once it has finished (`lifecycle.rs`).
     remove_when_finished: bool,
+    /// Whether `submit_or_resume` may start a job afresh (`lifecycle.rs`).
+    resume: lifecycle::Resume,
     local_workers: usize,
     schedule: Schedule,
     chunking: Chunking,
@@ -266,6 +269,7 @@ impl Default for Builder {
                 shutdown_timeout: Duration::from_secs(10),
                 check_store: Some(Duration::from_secs(10)),
                 remove_when_finished: false,
+                resume: lifecycle::Resume::default(),
                 local_workers: threads,
                 schedule: Schedule::default(),
                 chunking: Chunking::default(),
@@ -496,6 +500,16 @@ impl Builder {
     /// [`Executor::remove_snapshots`] can finish it.
     pub fn remove_snapshots_when_finished(mut self) -> Self {
         self.config.remove_when_finished = true;
+        self
+    }
+
+    /// Whether [`Executor::submit_or_resume`] (and its async twin) may start a job afresh
+    /// when the store holds no committed snapshot of it (default [`Resume::IfAny`]: yes).
+    /// [`Resume::Required`] refuses to, with [`Error::NothingToResume`], for a program that
+    /// is being restarted and must go on where it stopped: a misspelt store path or job id
+    /// then fails at once instead of computing from the start into a new folder.
+    pub fn resume_policy(mut self, resume: Resume) -> Self {
+        self.config.resume = resume;
         self
     }
 
