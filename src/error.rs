@@ -44,7 +44,24 @@ impl fmt::Display for Site {
 }
 
 /// Errors of the executor and of job runs.
-#[derive(Debug, thiserror::Error)]
+///
+/// # Printing
+///
+/// `Display` is this error's own message; its causes are its
+/// [`source`](std::error::Error::source) chain. `Debug` (`{:?}`, what `main` prints for an
+/// error returned with `?`) is the whole report, each cause once, in order, as `anyhow`
+/// prints it:
+///
+/// ```text
+/// job heat: loading its input failed
+///
+/// Caused by:
+///     0: reading the table /data/table.bin
+///     1: no such file
+/// ```
+///
+/// The alternate form (`{:#?}`) is the structure: variant names and fields, nested.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A builder or submit setting is out of range.
@@ -294,7 +311,10 @@ impl From<crate::codec::Error> for Error {
 /// …"`, each cause said once as [`error_chain`] prints it (what this variant carried as a
 /// `String` before it kept its cause), so `cause.contains("credentials")` still finds a word
 /// anywhere in the chain.
-#[derive(Debug, Clone)]
+///
+/// `Debug` is the report of the error (`{:?}`) or its structure (`{:#?}`), as
+/// [`Error`]'s.
+#[derive(Clone)]
 pub struct Cause {
     error: std::sync::Arc<Error>,
     text: String,
@@ -311,6 +331,16 @@ impl Cause {
         Cause {
             error: std::sync::Arc::new(error),
             text,
+        }
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            f.debug_tuple("Cause").field(&self.error).finish()
+        } else {
+            write_report(self, f)
         }
     }
 }
@@ -389,6 +419,97 @@ pub(crate) fn chain_texts(e: &dyn std::error::Error) -> Vec<String> {
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     chain_texts(e).join(": ")
 }
+
+/// Writes `e` as a report: its message, then each of its sources once, outermost first,
+/// under "Caused by:" (numbered when there are several; a message of several lines stays
+/// indented), the layout `anyhow` gives `{:?}`. `Debug` of the crate's public errors, so
+/// that an error `main` returns with `?` prints as a readable chain.
+pub(crate) fn write_report(e: &dyn std::error::Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let texts = chain_texts(e);
+    let Some((message, causes)) = texts.split_first() else {
+        return Ok(());
+    };
+    f.write_str(message)?;
+    if causes.is_empty() {
+        return Ok(());
+    }
+    f.write_str("\n\nCaused by:")?;
+    let numbered = causes.len() > 1;
+    for (n, cause) in causes.iter().enumerate() {
+        for (i, line) in cause.split('\n').enumerate() {
+            f.write_str("\n")?;
+            match (i, numbered) {
+                (0, true) => write!(f, "{n:>5}: ")?,
+                (_, true) => f.write_str("       ")?,
+                (_, false) => f.write_str("    ")?,
+            }
+            f.write_str(line)?;
+        }
+    }
+    Ok(())
+}
+
+/// `Debug` for a public error enum: the report ([`write_report`]) for `{:?}`, the structure
+/// (as `#[derive(Debug)]` gives it) for `{:#?}`. Every variant is listed with every field,
+/// and the match has no wildcard, so a variant or a field added to the enum and not here is
+/// a compile error.
+///
+/// ```text
+/// debug_as_report!(Error {
+///     Io { peer, source },
+///     Token(text),
+/// });
+/// ```
+macro_rules! debug_as_report {
+    ($ty:ident { $( $variant:ident $( ( $($pos:ident),* ) )? $( { $($field:ident),* } )? ),* $(,)? }) => {
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                if !f.alternate() {
+                    return $crate::error::write_report(self, f);
+                }
+                match self {
+                    $(
+                        $ty::$variant $( ( $($pos),* ) )? $( { $($field),* } )? => {
+                            $( return f.debug_tuple(stringify!($variant))
+                                $( .field($pos) )*
+                                .finish(); )?
+                            $( return f.debug_struct(stringify!($variant))
+                                $( .field(stringify!($field), $field) )*
+                                .finish(); )?
+                        }
+                    )*
+                }
+            }
+        }
+    };
+}
+pub(crate) use debug_as_report;
+
+debug_as_report!(Error {
+    InvalidConfig(text),
+    Timeline { path, source },
+    Panicked { job, site, message },
+    Input { job, source },
+    Cancelled { job },
+    OutcomeTaken { job },
+    Snapshot(inner),
+    StoreUnusable { url, within, source },
+    Cluster(inner),
+    SnapshotFailed(cause),
+    SnapshotsFailing { job, failures, last_committed, last },
+    Codec { what, source },
+    Suspended(id),
+    Ended { job },
+    Internal(text),
+    ShutdownTimedOut { connections, writes, after },
+    Spawn(source),
+    PartitionsLost { job, chunks },
+    PartitionGone { job, chunk },
+    RollbackFailed { job, lost, epoch, source },
+    PartUnreadable { job, chunk, peer, source },
+    PartitionsChanged { job, phase, expected, expected_chunks, found, found_chunks },
+    NothingToResume { store, job_id, others },
+});
 
 #[cfg(test)]
 mod tests {
@@ -739,6 +860,106 @@ mod tests {
             next = e.source();
         }
         assert!(io_found);
+    }
+
+    /// `{:?}` (what `main` prints for an error returned with `?`) is the report: the message,
+    /// then each cause once, in order; `{:#?}` is the structure, with the variants' names.
+    #[test]
+    fn debug_is_the_report_and_the_alternate_form_the_structure() {
+        let err = Error::RollbackFailed {
+            job: "heat",
+            lost: vec![3],
+            epoch: 7,
+            source: Box::new(Error::Input {
+                job: "heat",
+                source: Box::new(Context {
+                    path: "/data/table.bin",
+                    source: io::Error::new(io::ErrorKind::NotFound, "no such file"),
+                }),
+            }),
+        };
+        assert_eq!(
+            format!("{err:?}"),
+            "job heat lost the owned partitions of chunks [3] and could not roll back to \
+             snapshot 7\n\
+             \n\
+             Caused by:\n    \
+             0: job heat: loading its input failed\n    \
+             1: reading the table /data/table.bin\n    \
+             2: no such file"
+        );
+        let structure = format!("{err:#?}");
+        for part in [
+            "RollbackFailed {",
+            "job: \"heat\"",
+            "epoch: 7",
+            "Input {",
+            "Context {",
+            "NotFound",
+        ] {
+            assert!(structure.contains(part), "{part:?} not in {structure}");
+        }
+        // One cause: not numbered (as anyhow prints it).
+        let spawn = Error::Spawn(io::Error::new(io::ErrorKind::OutOfMemory, "no memory"));
+        assert_eq!(
+            format!("{spawn:?}"),
+            "could not start a worker thread\n\nCaused by:\n    no memory"
+        );
+        // No cause: the message alone.
+        let cancelled = Error::Cancelled { job: "heat" };
+        assert_eq!(format!("{cancelled:?}"), "job heat was cancelled");
+        assert_eq!(
+            format!("{cancelled:#?}"),
+            "Cancelled {\n    job: \"heat\",\n}"
+        );
+    }
+
+    /// The areas' errors print the same way, alone and inside the crate's error (whose
+    /// transparent variants are their inner error's report); a message of several lines
+    /// stays indented under its number.
+    #[test]
+    fn the_areas_errors_print_as_reports_too() {
+        let auth = || ClusterError::Auth {
+            peer: "10.0.0.7:7070".to_owned(),
+            failure: crate::wire::AuthFailure::CoordinatorProof { token: true },
+        };
+        let shown = format!("{:?}", auth());
+        assert_eq!(shown, auth().to_string());
+        assert!(shown.starts_with("the coordinator at 10.0.0.7:7070 does not hold"));
+        assert!(!shown.contains("Auth {"), "{shown}");
+        assert_eq!(format!("{:?}", Error::Cluster(auth())), shown);
+        let structure = format!("{:#?}", Error::Cluster(auth()));
+        assert!(
+            structure.starts_with("Cluster(\n    Auth {") && structure.contains("CoordinatorProof"),
+            "{structure}"
+        );
+
+        let damaged = snapshot_errors().swap_remove(1);
+        let report = format!("{damaged:?}");
+        let texts = super::chain_texts(&damaged);
+        assert_eq!(texts.len(), 2);
+        assert_eq!(
+            report,
+            format!("{}\n\nCaused by:\n    {}", texts[0], texts[1])
+        );
+        assert!(format!("{damaged:#?}").contains("Damaged {"));
+
+        let two_lines = Error::SnapshotFailed(Cause::new(Error::Input {
+            job: "walk",
+            source: "first line\nsecond line".into(),
+        }));
+        assert_eq!(
+            format!("{two_lines:?}"),
+            "snapshot failed\n\nCaused by:\n    \
+             0: job walk: loading its input failed\n    \
+             1: first line\n       second line"
+        );
+        let cause = Cause::new(Error::Spawn(io::Error::other("no threads")));
+        assert_eq!(
+            format!("{cause:?}"),
+            "could not start a worker thread\n\nCaused by:\n    no threads"
+        );
+        assert!(format!("{cause:#?}").starts_with("Cause(\n    Spawn("));
     }
 
     #[test]

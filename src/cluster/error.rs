@@ -8,7 +8,10 @@ use std::time::Duration;
 /// Both sides report a refused handshake with the same variant: a worker with the wrong token
 /// gets [`Error::Auth`], and so does the coordinator's record of it (each says what it saw:
 /// [`AuthFailure`]).
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` (`{:?}`) is the report, each cause once, in order (as
+/// [`crate::Error`]'s); `{:#?}` is the structure.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Reading from or writing to the connection failed.
@@ -226,6 +229,29 @@ pub enum Error {
         source: io::Error,
     },
 }
+
+crate::error::debug_as_report!(Error {
+    Io { peer, source },
+    Closed { peer },
+    HandshakeTimeout { peer, after },
+    LeaseExpired { peer, after },
+    NotAPeer { peer },
+    Version { peer, ours, theirs },
+    Auth { peer, failure },
+    UnknownJob { peer, known, running },
+    JobVersion { peer, job, coordinator, worker },
+    Undecodable { peer, job, version, what, here, source },
+    FrameTooLarge { peer, limit },
+    HandshakeTooLarge { what, len, limit },
+    MessageTooLarge { peer, limit },
+    Malformed { peer, what, reason, source },
+    Rejected { peer, what, reason, source },
+    Refused { peer, reason },
+    NoToken { addr },
+    Token(text),
+    Environment { var, value, expected },
+    Address { addr, source },
+});
 
 impl Error {
     /// Maps an I/O error from a framed connection: an over-long frame and a stalled one get

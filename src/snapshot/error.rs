@@ -15,7 +15,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Every way bytes from a file or the network can be wrong has its own variant: decoding a
 /// snapshot never panics.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` (`{:?}`) is the report, each cause once, in order (as
+/// [`crate::Error`]'s); `{:#?}` is the structure.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The bytes do not start with [`MAGIC`](super::MAGIC): not a snapshot manifest.
@@ -222,6 +225,30 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+crate::error::debug_as_report!(Error {
+    BadMagic { found },
+    UnsupportedVersion { found, supported },
+    Truncated { what, needed, got },
+    TrailingBytes { what, extra },
+    Size { what, expected, found },
+    Checksum { what, expected, found },
+    Decode { what, source },
+    WrongJobVersion { job, snapshot, code },
+    WrongJob { expected, found },
+    Inconsistent(text),
+    NotFound { what },
+    Damaged { snapshot, object, check, source },
+    EpochTaken { job_id, epoch },
+    InvalidJobId { job_id, reason },
+    InvalidId { id, reason },
+    InvalidUrl { url, reason },
+    NoSuchStore { url, reason },
+    InvalidOption { key, reason },
+    Denied { op, key, source },
+    Store { op, key, source },
+    Io { what, source },
+});
 
 /// Which check of a stored object failed, in [`Error::Damaged`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
