@@ -5,8 +5,8 @@
 //! The job waits at the start of a phase until the test opens it (a gate in the loop body), so
 //! the scaling and the snapshot land in known phases whatever the machine's speed.
 //!
-//! Chromium must be installed (`apt-get install -y chromium`; `.ci/run` does it): without
-//! it the rendering test fails and says so.
+//! The rendering test installs Debian's `chromium` itself when the machine has none
+//! (`tests/support/chromium.rs`, as root); if it cannot, the test fails and says why.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +17,8 @@ use malleable::reduce::Sum;
 use malleable::timeline::{Ending, Event, Record};
 use malleable::{Chunking, Executor, Fold, Folded, JobHandle, Next};
 use serde::{Deserialize, Serialize};
+
+mod support;
 
 const PHASES: u64 = 24;
 
@@ -222,21 +224,10 @@ fn check_records(records: &[Record]) {
     assert!(snap.t > end_of(11), "committed after phase 12 began");
 }
 
-/// Runs headless Chromium on `page`, screenshotting it into `png`.
+/// Runs headless Chromium on `page`, screenshotting it into `png` (installing it first if
+/// the machine has none).
 fn screenshot(page: &Path, png: &Path, dir: &Path) {
-    let chromium = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "this test needs Chromium (Debian: apt-get install -y chromium; .ci/run installs it)"
-            )
-        });
+    let chromium = support::chromium::chromium();
     let profile = dir.join("profile");
     let mut child = Command::new(chromium)
         .args([
