@@ -486,3 +486,149 @@ fn progress_after_the_end_counts_each_iteration_once() {
     let p = h.progress();
     assert_eq!(p.done_all_phases, 10_000 + 10_001 + 10_002, "{p:?}");
 }
+
+/// A writer of log lines into a buffer the test reads.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// Runs `f` with the warnings of this thread logged here.
+    fn during<T>(&self, f: impl FnOnce() -> T) -> T {
+        let me = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || me.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f)
+    }
+}
+
+/// With zero local workers and nobody in `wait()`, a program that polls `is_finished()` in a
+/// loop sees its job finish: polls that see no worker for a second give the job a helper
+/// thread, with a warning. (The job used to run only inside `wait()`, so the loop never
+/// ended: the loop runs on a thread and the test gives it a bounded time.)
+#[test]
+fn polling_a_job_with_zero_local_workers_finishes_it() {
+    let chunking = Chunking::Count(16);
+    let job = Kernel::new(20_000, 10);
+    let expected = sequential(&job, chunking);
+    let handle = exec(0, chunking).submit(job).unwrap();
+    let log = Captured::default();
+    let (done, finished) = std::sync::mpsc::channel();
+    {
+        let (h, log) = (handle.clone(), log.clone());
+        std::thread::spawn(move || {
+            log.during(|| {
+                while !h.is_finished() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            let _ = done.send(());
+        });
+    }
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("polling is_finished() never saw the job finish: it ran only inside wait()");
+    let got = handle.wait().unwrap().finished().unwrap().into_value();
+    assert_eq!(got, expected);
+    let text = log.text();
+    assert!(
+        text.contains("WARN") && text.contains("a helper thread now runs it inline"),
+        "{text}"
+    );
+}
+
+/// Which threads ran the body of [`Whose`].
+static COMPUTED_ON: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Σ i over `0..n`, noting the thread that runs each iteration.
+#[derive(Serialize, Deserialize)]
+struct Whose {
+    n: u64,
+}
+
+impl Fold for Whose {
+    const NAME: &'static str = "whose";
+    type Acc = u64;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.n
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+    fn body(&self, _: &(), acc: &mut u64, i: u64) {
+        let name = std::thread::current().name().unwrap_or("?").to_owned();
+        let mut on = COMPUTED_ON.lock().unwrap();
+        if !on.contains(&name) {
+            on.push(name);
+        }
+        *acc += i;
+    }
+}
+
+/// A program that looks at its inline job and then waits for it computes it on its waiting
+/// thread: the helper of polled jobs does not take the role from it.
+#[test]
+fn a_look_then_wait_computes_on_the_waiting_thread() {
+    let handle = exec(0, Chunking::Count(8))
+        .submit(malleable::Folded(Whose { n: 100_000 }))
+        .unwrap();
+    assert!(!handle.is_finished());
+    assert_eq!(handle.progress().done, 0, "nothing runs it before wait()");
+    let value = handle.wait().unwrap().finished().unwrap().into_value();
+    assert_eq!(value, 100_000 * 99_999 / 2);
+    let me = std::thread::current().name().unwrap().to_owned();
+    assert_eq!(*COMPUTED_ON.lock().unwrap(), [me]);
+}
+
+/// On an executor that listens for worker processes, a polled job with no worker waits for
+/// them (no helper thread), and a warning says why it makes no progress.
+#[test]
+fn a_polled_job_that_waits_for_worker_processes_is_warned_about() {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .build()
+        .unwrap();
+    let mut job = Kernel::new(10_000, 10);
+    job.spin = 10;
+    let handle = exec.submit(job).unwrap();
+    let log = Captured::default();
+    let t0 = Instant::now();
+    log.during(|| {
+        while !log
+            .text()
+            .contains("it makes no progress until worker processes connect")
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no warning: {}",
+                log.text()
+            );
+            assert!(!handle.is_finished());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    assert!(t0.elapsed() >= Duration::from_secs(4), "warned at once");
+    let p = handle.progress();
+    assert_eq!((p.done, p.local_workers), (0, 0), "no helper thread: {p:?}");
+    handle.cancel();
+    assert!(matches!(handle.wait(), Err(Error::Cancelled { .. })));
+}

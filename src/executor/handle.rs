@@ -3,9 +3,12 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use super::job_run::State;
+use super::members::Msg;
 use super::progress::{Progress, ProgressUpdates};
 use super::{Shared, local};
 use crate::error::{Error, Result};
@@ -80,14 +83,74 @@ where
 /// running to its end in the background.
 pub struct JobHandle<J: Job> {
     pub(super) shared: Arc<Shared<J>>,
+    /// What the polls of the handles of this job saw (shared by the clones).
+    polls: Arc<Polls>,
 }
 
 impl<J: Job> Clone for JobHandle<J> {
     fn clone(&self) -> Self {
         JobHandle {
             shared: Arc::clone(&self.shared),
+            polls: Arc::clone(&self.polls),
         }
     }
+}
+
+/// How long polls ([`JobHandle::is_finished`], [`JobHandle::progress`]) must see a job that
+/// no worker can run (no local worker, nobody in `wait`, no worker process, no listener for
+/// one) before a helper thread takes the inline role: long enough that a program which looks
+/// at its job once and then waits for it computes on its own waiting thread, short enough
+/// that a program polling in a loop does not notice.
+const UNATTENDED_GRACE: Duration = Duration::from_secs(1);
+
+/// How long polls must see a job of an executor that listens for worker processes with no
+/// local worker, no worker process connected and nobody in `wait` before a warning says that
+/// it waits (worker processes may take a while to start and connect).
+const UNATTENDED_LISTENING_WARNING: Duration = Duration::from_secs(5);
+
+/// What polls saw of a job that no worker runs ([`JobHandle::attend`]).
+#[derive(Debug, Default)]
+struct Polls {
+    /// The first of the polls in a row that saw it so (`None` once one saw a worker).
+    since: Mutex<Option<Instant>>,
+    /// Whether a poll already warned that the job waits for worker processes.
+    warned: std::sync::atomic::AtomicBool,
+}
+
+/// Whether no worker can run the job: no local worker (target 0) and nobody in `wait` or
+/// awaiting it to run it inline, no worker process connected, and it has not ended.
+fn unattended<J: Job>(st: &State<J>) -> bool {
+    !st.ended && st.members.target == 0 && st.members.waiter.is_none() && st.remote_count() == 0
+}
+
+/// Gives the inline role (the job's worker while it has zero local workers) to a new helper
+/// thread, which runs the job's chunks until the job ends. `st` is the job's state, locked.
+fn start_inline_helper<J: Job>(
+    shared: &Arc<Shared<J>>,
+    mut st: std::sync::MutexGuard<'_, State<J>>,
+) -> std::io::Result<()> {
+    let (tx, rx) = crossbeam_channel::unbounded::<Msg<J>>();
+    st.members.waiter = Some(tx);
+    st.settle(shared);
+    drop(st);
+    let shared2 = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name(format!("malleable-{}-inline", J::NAME))
+        .spawn(move || {
+            local::serve_inline(&shared2, &rx);
+            // It returns when the job has ended, or earlier if a `wait` took the role over
+            // (its mailbox replaced this one, and this one's inline worker was released):
+            // then the mailbox is the waiting thread's, and stays.
+            let mut st = shared2.lock();
+            if st.ended {
+                st.members.waiter = None;
+            }
+        });
+    if let Err(e) = spawned {
+        shared.lock().members.waiter = None;
+        return Err(e);
+    }
+    Ok(())
 }
 
 impl<J: Job> fmt::Debug for JobHandle<J> {
@@ -100,7 +163,59 @@ impl<J: Job> fmt::Debug for JobHandle<J> {
 
 impl<J: Job> JobHandle<J> {
     pub(super) fn new(shared: Arc<Shared<J>>) -> Self {
-        JobHandle { shared }
+        JobHandle {
+            shared,
+            polls: Arc::default(),
+        }
+    }
+
+    /// Called by the polls ([`JobHandle::is_finished`], [`JobHandle::progress`]): a job that
+    /// no worker can run and that polls have seen so for [`UNATTENDED_GRACE`] gets a helper
+    /// thread in the inline role, as `.await` gives it one, with a warning (the program
+    /// polls and never waits, so nothing else would ever run it). An executor that listens
+    /// for worker processes gets no helper (the job waits for them, or for `wait`), but a
+    /// warning after [`UNATTENDED_LISTENING_WARNING`].
+    fn attend(&self) {
+        let st = self.shared.lock();
+        let mut since = self.polls.since.lock().unwrap_or_else(|p| p.into_inner());
+        if !unattended(&st) {
+            *since = None;
+            return;
+        }
+        let now = Instant::now();
+        let waited = now - *since.get_or_insert(now);
+        if self.shared.listener.is_some() {
+            if waited >= UNATTENDED_LISTENING_WARNING
+                && !self
+                    .polls
+                    .warned
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    job = J::NAME,
+                    seconds = waited.as_secs(),
+                    "the job has no worker: zero local workers, no worker process connected, \
+                     and no thread in wait(); it makes no progress until worker processes \
+                     connect, local workers are added (set_local_workers) or a thread calls \
+                     wait(), which runs it inline"
+                );
+            }
+            return;
+        }
+        if waited < UNATTENDED_GRACE {
+            return;
+        }
+        *since = None;
+        drop(since);
+        tracing::warn!(
+            job = J::NAME,
+            "the job has zero local workers and no thread in wait() to run it inline, and it \
+             is polled: a helper thread now runs it inline until it ends (give it local \
+             workers, or call wait() instead of polling, to choose the thread that computes)"
+        );
+        if let Err(e) = start_inline_helper(&self.shared, st) {
+            self.shared.lock().fail(&self.shared, Error::Spawn(e));
+        }
     }
 
     /// Grows or shrinks the job's local worker threads. New threads start at once; a
@@ -116,7 +231,11 @@ impl<J: Job> JobHandle<J> {
     }
 
     /// A progress report. Takes the job's lock briefly; fine to call every few milliseconds.
+    ///
+    /// A poll, like [`JobHandle::is_finished`]: on a job that no worker runs, it may start a
+    /// helper thread (see there).
     pub fn progress(&self) -> Progress {
+        self.attend();
         self.shared.lock().progress()
     }
 
@@ -221,7 +340,22 @@ impl<J: Job> JobHandle<J> {
     }
 
     /// Whether the job has ended (finished, failed or cancelled).
+    ///
+    /// # A job with zero local workers
+    ///
+    /// With zero local workers ([`Builder::local_workers`](crate::Builder::local_workers)`(0)`
+    /// or [`JobHandle::set_local_workers`]`(0)`) the job runs inline on the thread in
+    /// [`JobHandle::wait`] (or on a helper thread while it is awaited), and on worker
+    /// processes. A program that polls this (or [`JobHandle::progress`]) in a loop and waits
+    /// only once it is finished would never see it finish: so once polls have seen such a job
+    /// without any worker (nobody in `wait`, no worker process) for a second, a helper
+    /// thread takes the inline role and runs it to its end, and a warning is logged. A
+    /// program that looks at its job and then waits for it within that second computes on
+    /// its waiting thread as before. On an executor that listens for worker processes
+    /// ([`Builder::listen`](crate::Builder::listen)) no helper is started: the job waits for
+    /// them (or for `wait`), and polls log a warning once after five seconds of that.
     pub fn is_finished(&self) -> bool {
+        self.attend();
         self.shared.lock().ended
     }
 
@@ -340,20 +474,8 @@ impl<J: Job> Future for JobFuture<J> {
         st.waker = Some(cx.waker().clone());
         if !self.helper && st.members.waiter.is_none() {
             // The inline role, should the target be or become zero, goes to a helper thread.
-            let (tx, rx) = crossbeam_channel::unbounded();
-            st.members.waiter = Some(tx);
-            st.settle(&self.shared);
-            drop(st);
-            let shared = Arc::clone(&self.shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("malleable-{}-inline", J::NAME))
-                .spawn(move || {
-                    local::serve_inline(&shared, &rx);
-                    shared.lock().members.waiter = None;
-                });
-            if let Err(e) = spawned {
+            if let Err(e) = start_inline_helper(&self.shared, st) {
                 let mut st = self.shared.lock();
-                st.members.waiter = None;
                 st.fail(&self.shared, Error::Spawn(e));
                 return Poll::Ready(
                     st.result

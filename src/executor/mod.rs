@@ -27,7 +27,9 @@
 //! the count retires the inline worker at its next adjustment point and spawns threads;
 //! lowering it to zero retires the threads and the waiting thread takes over. A job that is
 //! awaited (async) with zero workers runs inline on one helper thread, never on a runtime
-//! thread.
+//! thread; so does one that nobody waits for but a program polls
+//! (`JobHandle::is_finished`, `JobHandle::progress`) for a second, unless the executor
+//! listens for worker processes (`handle.rs`).
 
 mod autoscale;
 mod drain;
@@ -285,7 +287,13 @@ impl Default for Builder {
 
 impl Builder {
     /// Local worker threads each job starts with (default: the available parallelism).
-    /// Zero runs jobs inline on the thread that waits for them.
+    ///
+    /// Zero runs jobs inline on the thread that waits for them ([`JobHandle::wait`],
+    /// [`Executor::run`]; a helper thread while a job is awaited), and on worker processes.
+    /// Until a thread waits, such a job runs only on worker processes; a program that polls
+    /// [`JobHandle::is_finished`] or [`JobHandle::progress`] instead of waiting gets a helper
+    /// thread for it after a second, with a warning, unless the executor listens for worker
+    /// processes (see [`JobHandle::is_finished`]).
     pub fn local_workers(mut self, n: usize) -> Self {
         self.config.local_workers = n;
         self
