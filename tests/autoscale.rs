@@ -78,3 +78,57 @@ fn a_policy_out_of_bounds_is_refused() {
         "{no_launcher:?}"
     );
 }
+
+/// With the default policy (only the target and the bounds set), a job of a minute gets a
+/// decision within seconds, and until then the handle says why there is none, the reason
+/// changing as the autoscaler measures: cooling down after the start, then the window
+/// filling ("measuring: k of n samples").
+#[test]
+fn the_defaults_decide_early_and_say_why_not_before() {
+    use std::time::Instant;
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Count(256))
+        // A target no machine reaches: the first full window asks for the maximum.
+        .autoscale(Autoscale::throughput(1e12).local(1, 2))
+        .build()
+        .unwrap();
+    // About a minute on one worker.
+    let handle = exec.submit(Folded(Slow { n: 1_000_000 })).unwrap();
+    let t0 = Instant::now();
+    let mut reasons: Vec<String> = Vec::new();
+    let mut decided = None;
+    while t0.elapsed() < Duration::from_secs(30) && !handle.is_finished() {
+        if let Some(status) = handle.autoscale() {
+            if status.decisions > 0 {
+                decided = Some((t0.elapsed(), status.last.expect("the decision")));
+                break;
+            }
+            let why = status.waiting.expect("no decision says why").to_string();
+            assert!(!why.is_empty());
+            if reasons.last() != Some(&why) {
+                reasons.push(why);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    handle.cancel();
+    let _ = handle.wait();
+    let (at, decision) = decided.unwrap_or_else(|| panic!("no decision in 30 s: {reasons:#?}"));
+    // About 8.5 s by the defaults; the slack is for a loaded machine (the old defaults took
+    // 20 s at the least).
+    assert!(
+        at < Duration::from_secs(15),
+        "first decision after {at:?}: {reasons:#?}"
+    );
+    assert_eq!(decision.local, 2, "{decision}");
+    assert!(
+        reasons[0].starts_with("cooling down after the start"),
+        "{reasons:#?}"
+    );
+    let measuring: Vec<&String> = reasons
+        .iter()
+        .filter(|r| r.starts_with("measuring: ") && r.ends_with(" of 10 samples"))
+        .collect();
+    assert!(measuring.len() >= 3, "the window fills: {reasons:#?}");
+}

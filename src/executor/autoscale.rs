@@ -13,12 +13,18 @@ use std::time::Duration;
 use super::job_run::Shared;
 use super::members::Member;
 use crate::job::Job;
-use crate::schedule::{Autoscale, Decider, Decision, Goal, Kind, Measurement};
+use crate::schedule::{Autoscale, Decider, Decision, Goal, Kind, Measurement, Waiting};
 
 impl Autoscale {
     /// Reach `per_second` iterations per second with the fewest workers: between 1 and the
     /// available parallelism local threads, no worker process (change with
     /// [`Autoscale::local`] and [`Autoscale::remote`]).
+    ///
+    /// With the other defaults (a measurement every 500 ms, a cool-down of 3 s after the
+    /// start and after each change, a window of 10 measurements) the first decision can come
+    /// about 8.5 s after the job starts; until then, and whenever it decides nothing,
+    /// [`JobHandle::autoscale`](crate::JobHandle::autoscale) says why
+    /// ([`AutoscaleStatus::waiting`]).
     pub fn throughput(per_second: f64) -> Autoscale {
         Autoscale::with_goal(Goal::Throughput(per_second), parallelism())
     }
@@ -55,6 +61,11 @@ pub struct AutoscaleStatus {
     /// Bytes per second partitions arrived from worker processes at (the configured
     /// [`Costs::bandwidth`](crate::schedule::Costs::bandwidth) until one arrived).
     pub bandwidth: f64,
+    /// Why the last measurement took no decision: what the autoscaler waits for (the
+    /// cool-down, the window of measurements filling, its goal reached, its bounds, …), also
+    /// logged at debug level at every measurement. `None` when the last measurement took a
+    /// decision (then `last` is it).
+    pub waiting: Option<Waiting>,
 }
 
 /// The decider of one job run and the buffers its measurements are built in.
@@ -145,8 +156,17 @@ impl Scaler {
             join_delay: self.decider.join_delay(),
             move_bytes: self.decider.move_bytes(Kind::Remote),
             bandwidth: self.decider.bandwidth(),
+            waiting: self.decider.waiting(),
         });
         drop(st);
+        if let Some(w) = self.decider.waiting() {
+            tracing::debug!(
+                job = J::NAME,
+                decisions = self.decider.decisions(),
+                waiting = %w,
+                "autoscale: no decision"
+            );
+        }
         if let Some(d) = decision {
             apply(shared, &d);
         }

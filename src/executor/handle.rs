@@ -264,8 +264,10 @@ impl<J: Job> JobHandle<J> {
     /// What the job's autoscaler ([`Builder::autoscale`](crate::Builder::autoscale)) has
     /// decided and measured so far: its decisions (each also logged and counted in
     /// [`AUTOSCALE_DECISIONS`](crate::metrics::AUTOSCALE_DECISIONS)), the last one with its
-    /// reason, and the costs it learned. `None` without a policy, or before its first
-    /// measurement.
+    /// reason, the costs it learned, and, when its last measurement decided nothing, why
+    /// ([`AutoscaleStatus::waiting`](super::AutoscaleStatus::waiting): cooling down,
+    /// "measuring: 3 of 10 samples", on target, at the maximum, …). `None` without a policy,
+    /// or before its first measurement (one period after the start).
     pub fn autoscale(&self) -> Option<super::AutoscaleStatus> {
         self.shared.lock().autoscale
     }

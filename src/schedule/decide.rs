@@ -24,7 +24,8 @@
 //!   count the measurements ask for, instead of one worker per interval.
 //! - *Slow to give back.* Kubernetes' horizontal autoscaler waits out a scale-down
 //!   stabilization window, 300 s by default, whatever the load. Here the wait is the window of
-//!   measurements and the cool-down, both short by default (10 s each); flapping is kept away
+//!   measurements and the cool-down, both short by default (5 s and 3 s: a job of a minute
+//!   gets its first decision within about ten seconds of its start); flapping is kept away
 //!   by the band and by the `reverse_after` rule, not by holding resources.
 //! - *Adding workers that do nothing.* A third thread on two cores, or a worker behind a
 //!   saturated link, adds cost and no throughput; threshold-based scalers keep adding them
@@ -123,11 +124,12 @@ pub struct Bounds {
 /// What keeps noise from flapping the decider.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hysteresis {
-    /// After a change takes effect, measurements are ignored this long (they settle: new
-    /// workers warm up, partitions move). Default 10 s.
+    /// After the start and after a change takes effect, measurements are ignored this long
+    /// (they settle: new workers warm up, partitions move). Default 3 s.
     pub cooldown: Duration,
-    /// Measurements averaged for one decision, at least 2. Default 10 (10 s at the default
-    /// period of 1 s).
+    /// Measurements averaged for one decision, at least 2. Default 10 (5 s at the default
+    /// period of 500 ms): with the cool-down, the first decision can come about 8.5 s after
+    /// the start.
     pub window: usize,
     /// Half-width of the band around the goal where nothing is done, as a fraction of the
     /// goal, in `[0, 1)`. Default 0.1.
@@ -142,7 +144,7 @@ pub struct Hysteresis {
 impl Default for Hysteresis {
     fn default() -> Self {
         Hysteresis {
-            cooldown: Duration::from_secs(10),
+            cooldown: Duration::from_secs(3),
             window: 10,
             dead_band: 0.1,
             confidence: 2.0,
@@ -200,7 +202,7 @@ pub struct Autoscale {
     pub hysteresis: Hysteresis,
     /// What changes cost.
     pub costs: Costs,
-    /// How often the executor measures and asks the decider, above 0. Default 1 s.
+    /// How often the executor measures and asks the decider, above 0. Default 500 ms.
     pub period: Duration,
     /// A grow whose measured gain per added worker is under this fraction of the expected
     /// speed of one worker (with `confidence` standard errors of the benefit of the doubt) is
@@ -232,7 +234,7 @@ impl Autoscale {
             },
             hysteresis: Hysteresis::default(),
             costs: Costs::default(),
-            period: Duration::from_secs(1),
+            period: Duration::from_millis(500),
             min_gain: 0.5,
             relearn: Duration::from_secs(600),
             safety: 0.1,
@@ -515,6 +517,157 @@ impl fmt::Display for Decision {
     }
 }
 
+/// Why a measurement took no decision: what the decider waits for, from
+/// [`Decider::waiting`] (and on the job's handle, `JobHandle::autoscale`). `Display` gives
+/// one line for the log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Waiting {
+    /// A throughput is measured between two measurements: this was the first since the start
+    /// or the last change.
+    FirstMeasurement,
+    /// Worker processes asked for have not all joined yet: nothing is measured until they
+    /// have (or until three join delays have passed).
+    Joining {
+        /// Worker processes asked for.
+        asked: usize,
+        /// Joined so far.
+        joined: usize,
+    },
+    /// The cool-down after the start or the last change: measurements are dropped while new
+    /// workers warm up and partitions move ([`Hysteresis::cooldown`]).
+    CoolingDown {
+        /// Until it ends.
+        left: Duration,
+    },
+    /// The window of measurements fills: a decision needs it full ([`Hysteresis::window`]).
+    Measuring {
+        /// Samples in the window.
+        samples: usize,
+        /// Samples a decision needs.
+        window: usize,
+    },
+    /// The newer half of the window differs from the older half by more than the dead band:
+    /// the throughput moved, so the window starts again on the new level.
+    Moved {
+        /// Mean of the older half, iterations per second.
+        older: f64,
+        /// Mean of the newer half, iterations per second.
+        newer: f64,
+    },
+    /// Nothing was done over the window (a barrier, a suspend, the end): nothing to judge.
+    Idle,
+    /// The throughput is inside the band around the goal: nothing to do.
+    OnTarget {
+        /// Measured, iterations per second.
+        measured: f64,
+        /// The band's lower edge.
+        low: f64,
+        /// The band's upper edge.
+        high: f64,
+    },
+    /// Under the goal, but no worker may be added: each kind is at its maximum or at a
+    /// ceiling learned from a grow that gained nothing ([`Reason::NoGain`]), or a worker
+    /// process would not pay for its join.
+    AtMaximum {
+        /// Measured, iterations per second.
+        measured: f64,
+        /// Wanted, iterations per second.
+        wanted: f64,
+    },
+    /// Over the goal, but no worker can go without falling under it (or the counts are at
+    /// their minimum).
+    AtMinimum {
+        /// Measured, iterations per second.
+        measured: f64,
+        /// Wanted, iterations per second.
+        wanted: f64,
+    },
+    /// A decision in this direction would reverse the last one too soon
+    /// ([`Hysteresis::reverse_after`]).
+    Reversal {
+        /// The direction it would take.
+        direction: Direction,
+        /// Until it may.
+        left: Duration,
+    },
+    /// The job would end before a shrink paid for its cool-down and moves.
+    NearTheEnd {
+        /// Seconds to the end at the measured throughput.
+        finish_secs: f64,
+    },
+    /// A deadline needs the work left, and the measurement did not say it.
+    WorkLeftUnknown,
+    /// No work is left.
+    NoWorkLeft,
+}
+
+impl fmt::Display for Waiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Waiting::FirstMeasurement => {
+                f.write_str("measuring: a throughput needs a second measurement")
+            }
+            Waiting::Joining { asked, joined } => {
+                write!(
+                    f,
+                    "waiting for worker processes to join: {joined} of {asked}"
+                )
+            }
+            Waiting::CoolingDown { left } => write!(
+                f,
+                "cooling down after the start or the last change: {:.1} s left",
+                left.as_secs_f64()
+            ),
+            Waiting::Measuring { samples, window } => {
+                write!(f, "measuring: {samples} of {window} samples")
+            }
+            Waiting::Moved { older, newer } => write!(
+                f,
+                "the throughput moved from {older:.1} to {newer:.1} iterations/s within the \
+                 window: measuring again"
+            ),
+            Waiting::Idle => f.write_str("idle: no iteration done over the window"),
+            Waiting::OnTarget {
+                measured,
+                low,
+                high,
+            } => write!(
+                f,
+                "on target: {measured:.1} iterations/s measured, inside {low:.1} to {high:.1}"
+            ),
+            Waiting::AtMaximum { measured, wanted } => write!(
+                f,
+                "at the maximum: {measured:.1} iterations/s measured, {wanted:.1} wanted, and \
+                 no worker may be added (bounds, a learned ceiling, or a join that would not \
+                 pay)"
+            ),
+            Waiting::AtMinimum { measured, wanted } => write!(
+                f,
+                "at the minimum: {measured:.1} iterations/s measured, {wanted:.1} wanted, and \
+                 no worker can go without falling under it"
+            ),
+            Waiting::Reversal { direction, left } => write!(
+                f,
+                "a {} would reverse the last decision: {:.1} s left before it may",
+                match direction {
+                    Direction::Grow => "grow",
+                    Direction::Shrink => "shrink",
+                    Direction::Swap => "swap",
+                },
+                left.as_secs_f64()
+            ),
+            Waiting::NearTheEnd { finish_secs } => write!(
+                f,
+                "near the end: {finish_secs:.1} s left at the measured throughput, a shrink \
+                 would not pay"
+            ),
+            Waiting::WorkLeftUnknown => f.write_str("the work left is unknown"),
+            Waiting::NoWorkLeft => f.write_str("no work left"),
+        }
+    }
+}
+
 /// Mean and standard error of a window of samples.
 #[derive(Debug, Clone, Copy)]
 struct Stats {
@@ -586,6 +739,8 @@ pub struct Decider {
     /// The last decision's change, whose moves are being counted until its cool-down ends:
     /// the kind that changed, by how many workers, and the bytes reported so far.
     moving: Option<(Kind, usize, u64)>,
+    /// Why the last measurement took no decision.
+    waiting: Option<Waiting>,
 }
 
 impl Decider {
@@ -612,6 +767,7 @@ impl Decider {
             move_bytes: [(cfg.costs.move_bytes as f64, 0); 2],
             bandwidth: (cfg.costs.bandwidth, 0),
             moving: None,
+            waiting: None,
             cfg,
         }
     }
@@ -686,8 +842,29 @@ impl Decider {
         self.ceiling[kind as usize].and_then(|(n, until)| (now < until).then_some(n))
     }
 
-    /// Feeds one measurement; returns the decision to carry out, if any.
+    /// Feeds one measurement; returns the decision to carry out, if any. When it returns
+    /// none, [`Decider::waiting`] says why.
     pub fn observe(&mut self, m: &Measurement<'_>) -> Option<Decision> {
+        match self.step(m) {
+            Ok(d) => {
+                self.waiting = None;
+                Some(d)
+            }
+            Err(w) => {
+                self.waiting = Some(w);
+                None
+            }
+        }
+    }
+
+    /// Why the last measurement took no decision: what the decider waits for (`None` before
+    /// the first measurement and after one that took a decision).
+    pub fn waiting(&self) -> Option<Waiting> {
+        self.waiting
+    }
+
+    /// [`Decider::observe`]: the decision, or why there is none.
+    fn step(&mut self, m: &Measurement<'_>) -> Result<Decision, Waiting> {
         // Step 1: the aggregate throughput of the last period.
         let sample = match self.prev {
             Some((t, d)) if m.now > t => {
@@ -728,7 +905,10 @@ impl Decider {
                 self.remote = m.remote;
                 self.settle(m.now);
             } else {
-                return None;
+                return Err(Waiting::Joining {
+                    asked: self.remote,
+                    joined: m.remote,
+                });
             }
         } else if m.remote != self.remote {
             self.remote = m.remote;
@@ -742,23 +922,30 @@ impl Decider {
             self.remote.clamp(b.min_remote, b.max_remote),
         );
         if (l, r) != (self.local, self.remote) {
-            return Some(self.decide(m.now, l, r, Reason::Bounds));
+            return Ok(self.decide(m.now, l, r, Reason::Bounds));
         }
 
         // Step 4: the cool-down (and the moves of partitions it waits for).
         if m.now < self.changed + self.cfg.hysteresis.cooldown {
-            return None;
+            return Err(Waiting::CoolingDown {
+                left: self.changed + self.cfg.hysteresis.cooldown - m.now,
+            });
         }
         self.moves_settled();
         // Step 5: the window.
-        let sample = sample?;
+        let Some(sample) = sample else {
+            return Err(Waiting::FirstMeasurement);
+        };
         let h = self.cfg.hysteresis;
         self.window.push_back(sample);
         if self.window.len() > h.window {
             self.window.pop_front();
         }
         if self.window.len() < h.window {
-            return None;
+            return Err(Waiting::Measuring {
+                samples: self.window.len(),
+                window: h.window,
+            });
         }
         // The halves' own spread is no measure of noise here: a half that straddles a step
         // has a large one. On a shift the whole window goes (keeping the newer half would
@@ -769,7 +956,10 @@ impl Decider {
         let newer = stats(self.window.iter().skip(h.window - half).copied());
         if (newer.mean - older.mean).abs() > h.dead_band * older.mean.abs().max(newer.mean.abs()) {
             self.window.clear();
-            return None;
+            return Err(Waiting::Moved {
+                older: older.mean,
+                newer: newer.mean,
+            });
         }
         let mut now = stats(self.window.iter().copied());
         // The noise of one sample, relative to the mean, learned over every full window: one
@@ -790,13 +980,13 @@ impl Decider {
         }
         if now.mean <= 0.0 {
             // Nothing moved (a barrier, a suspend, the end): nothing to learn from.
-            return None;
+            return Err(Waiting::Idle);
         }
 
         // Step 6: the marginal gain of the last grow.
         if let Some(c) = self.check.take() {
             if let Some(d) = self.judge(m.now, c, now) {
-                return Some(d);
+                return Ok(d);
             }
         }
 
@@ -886,7 +1076,7 @@ impl Decider {
     }
 
     /// Step 7: the goal.
-    fn pursue(&mut self, m: &Measurement<'_>, now: Stats) -> Option<Decision> {
+    fn pursue(&mut self, m: &Measurement<'_>, now: Stats) -> Result<Decision, Waiting> {
         let h = self.cfg.hysteresis;
         let measured = now.mean;
         let band = h.dead_band + h.confidence * now.se / measured;
@@ -923,9 +1113,12 @@ impl Decider {
         let (wanted, deadline) = match self.cfg.goal {
             Goal::Throughput(t) => (t, None),
             Goal::FinishWithin(within) => {
-                let left = m.left? as f64;
+                let Some(left) = m.left else {
+                    return Err(Waiting::WorkLeftUnknown);
+                };
+                let left = left as f64;
                 if left == 0.0 {
-                    return None;
+                    return Err(Waiting::NoWorkLeft);
                 }
                 let left_secs = within.as_secs_f64() - m.now.as_secs_f64();
                 // The decider's reaction time: a change is seen after a cool-down and a window.
@@ -950,7 +1143,7 @@ impl Decider {
         if measured < wanted * (1.0 - band) {
             // A grow back after a shrink waits, unless a deadline is at stake.
             if deadline.is_none() && self.reversing(Direction::Grow, t) {
-                return None;
+                return Err(self.reversal(Direction::Grow, t));
             }
             // Aim at the lower half of the band: the fewest workers that are inside it,
             // counted from the upper edge of the noise, so that noise does not add a worker
@@ -976,7 +1169,7 @@ impl Decider {
                 }
             }
             if add_local + add_remote == 0 {
-                return None;
+                return Err(Waiting::AtMaximum { measured, wanted });
             }
             let kind = if add_remote > 0 && add_local == 0 {
                 Kind::Remote
@@ -1009,15 +1202,15 @@ impl Decider {
                 grow_reason(measured),
             );
             self.check = check;
-            return Some(d);
+            return Ok(d);
         }
         if measured > wanted * (1.0 + band) {
             if self.reversing(Direction::Shrink, t) {
-                return None;
+                return Err(self.reversal(Direction::Shrink, t));
             }
             // Not worth it for the last stretch: moving partitions and a cool-down cost more.
-            if finish.is_some_and(|f| f < 2.0 * (h.cooldown.as_secs_f64() + move_any)) {
-                return None;
+            if let Some(f) = finish.filter(|f| *f < 2.0 * (h.cooldown.as_secs_f64() + move_any)) {
+                return Err(Waiting::NearTheEnd { finish_secs: f });
             }
             // Land where a grow aims: the fewest workers inside the lower half of the band,
             // so that a grow and a shrink agree on the count and cannot undo each other.
@@ -1056,7 +1249,7 @@ impl Decider {
                 rate -= x_local;
             }
             if (l, r) == (self.local, self.remote) {
-                return None;
+                return Err(Waiting::AtMinimum { measured, wanted });
             }
             let reason = match deadline {
                 None => Reason::AboveTarget {
@@ -1069,9 +1262,24 @@ impl Decider {
                     left_secs,
                 },
             };
-            return Some(self.decide(t, l, r, reason));
+            return Ok(self.decide(t, l, r, reason));
         }
-        None
+        Err(Waiting::OnTarget {
+            measured,
+            low: wanted * (1.0 - band),
+            high: wanted * (1.0 + band),
+        })
+    }
+
+    /// What a decision in `direction`, which would reverse the last one, waits for.
+    fn reversal(&self, direction: Direction, now: Duration) -> Waiting {
+        let until = self
+            .last
+            .map_or(now, |(_, at)| at + self.cfg.hysteresis.reverse_after);
+        Waiting::Reversal {
+            direction,
+            left: until.saturating_sub(now),
+        }
     }
 
     /// Whether a decision in `direction` would reverse the last one within `reverse_after`.

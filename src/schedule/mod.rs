@@ -43,7 +43,7 @@ pub use self::core::{ChunkId, Command, Core, Event, Rejected, Work, WorkerId};
 pub use cut::{Captured, Cut, CutCommand, Write, Written};
 pub use decide::{
     Autoscale, Bounds, Costs, Decider, Decision, Direction, Goal, Hysteresis, InvalidPolicy, Kind,
-    Measurement, Reason,
+    Measurement, Reason, Waiting,
 };
 pub use guided::Guided;
 pub use plan::Chunking;

@@ -156,6 +156,11 @@ fn flat(_: u64) -> f64 {
 fn policy(goal: Goal, max_local: usize) -> Autoscale {
     let mut p = Autoscale::with_goal(goal, max_local).local(1, max_local);
     p.period = Duration::from_secs(1);
+    // The cool-down these simulations were tuned with (the default until it became 3 s).
+    // Here a change takes effect at once, so the cool-down only decides which noise draws
+    // fill each window; with 3 s, one seed of 20 of the noisiest simulation (a target
+    // between two counts, 20 % noise) makes a third decision in its simulated hour.
+    p.hysteresis.cooldown = Duration::from_secs(10);
     p
 }
 
@@ -703,4 +708,74 @@ fn a_policy_out_of_bounds_is_refused_with_its_own_type() {
         .validate()
         .unwrap_err();
     assert_eq!(none.to_string(), "autoscale: the bounds allow no worker");
+}
+
+/// With the default policy, a steady job under its target gets its first decision within
+/// ten seconds of its start, and each measurement before it says why it took none: the
+/// cool-down, then the window filling sample by sample. At its maximum it says so.
+#[test]
+fn the_defaults_decide_within_ten_seconds_and_say_why_not_before() {
+    let p = Autoscale::with_goal(Goal::Throughput(1000.0), 4);
+    let mut d = Decider::new(p);
+    let mut seen = Vec::new();
+    let (mut t, mut done) = (Duration::ZERO, 0.0);
+    let mut local = 1;
+    let mut decided = None;
+    while t < Duration::from_secs(40) {
+        t += p.period;
+        done += 100.0 * local as f64 * p.period.as_secs_f64();
+        let rates = vec![100.0; local];
+        let m = Measurement {
+            now: t,
+            done: done as u64,
+            left: None,
+            local,
+            remote: 0,
+            local_rates: &rates,
+            remote_rates: &[],
+        };
+        match d.observe(&m) {
+            Some(dec) => {
+                assert!(decided.is_none(), "a second decision: {dec}");
+                assert_eq!(d.waiting(), None);
+                decided = Some((t, dec));
+                local = dec.local;
+            }
+            None => seen.push((t, d.waiting().expect("no decision says why"))),
+        }
+    }
+    let (at, dec) = decided.expect("no decision in 40 s");
+    assert!(at <= Duration::from_secs(10), "first decision at {at:?}");
+    assert_eq!((dec.reason.name(), dec.local), ("below_target", 4), "{dec}");
+    let before: Vec<Waiting> = seen.iter().filter(|(s, _)| *s < at).map(|w| w.1).collect();
+    assert!(
+        matches!(before[0], Waiting::CoolingDown { .. }),
+        "{before:?}"
+    );
+    let samples: Vec<usize> = before
+        .iter()
+        .filter_map(|w| match w {
+            Waiting::Measuring { samples, window } => {
+                assert_eq!(*window, p.hysteresis.window);
+                Some(*samples)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(samples, (1..p.hysteresis.window).collect::<Vec<_>>());
+    assert_eq!(
+        Waiting::Measuring {
+            samples: 3,
+            window: 10
+        }
+        .to_string(),
+        "measuring: 3 of 10 samples"
+    );
+    // Four workers at most, still under the target: it says that it is at its maximum.
+    let last = seen.last().unwrap().1;
+    assert!(matches!(last, Waiting::AtMaximum { .. }), "{last:?}");
+    for (_, w) in &seen {
+        let line = w.to_string();
+        assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+    }
 }
