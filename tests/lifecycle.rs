@@ -487,3 +487,31 @@ fn pathdiff(to: &std::path::Path, from: &std::path::Path) -> String {
     );
     parts.join("/")
 }
+
+/// A program that finishes its job, removes its snapshots and starts again, ten times, with
+/// snapshots taken every millisecond: `wait` returns only after the snapshot write in flight
+/// at the end has committed (or failed), so that the removal leaves nothing behind (a
+/// manifest committed after its parts were removed made every later `submit_or_resume` fail
+/// with a missing part), and every round starts afresh with the exact value.
+#[test]
+fn finish_remove_and_start_again_leaves_no_snapshot_behind() {
+    let (url, dir) = folder("finish-remove-loop");
+    let mut short = Kernel::new(40_000, 4);
+    short.spin = 100;
+    let want = sequential(&short, CHUNKING).sum;
+    for round in 0..10 {
+        let e = exec(&url, 2)
+            .snapshot_every(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        let h = e.submit_or_resume(short.clone()).unwrap();
+        assert_eq!(h.resumed().map(|r| r.from), None, "round {round}");
+        let fin = h.wait().unwrap().finished().unwrap();
+        assert_eq!(fin.value.sum.to_bits(), want.to_bits(), "round {round}");
+        e.remove_snapshots::<Kernel>().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let store = BlockingStore::open(&url).unwrap();
+        assert_eq!(store.latest("lifecycle").unwrap(), None, "round {round}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

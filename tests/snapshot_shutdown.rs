@@ -1,4 +1,5 @@
-//! A snapshot being written when its program is done is committed before the executor goes:
+//! A snapshot being written when its job ends is committed before `wait` returns and before
+//! the executor goes:
 //! dropping the executor, or [`Executor::shutdown`], waits for snapshot writes in flight (up
 //! to [`Builder::shutdown_timeout`](malleable::Builder::shutdown_timeout)); past the limit,
 //! `shutdown` says what it abandoned. The store here takes [`DELAY`] for every write, so a
@@ -12,7 +13,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use malleable::reduce::Sum;
 use malleable::snapshot::Store;
-use malleable::{Chunk, Chunking, Error, Executor, Job, Outcome, Step};
+use malleable::{Chunk, Chunking, Error, Executor, Job, JobHandle, Outcome, Step};
 use object_store::path::Path;
 use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
@@ -132,8 +133,9 @@ impl Chunk for ShortChunk {
 }
 
 /// Runs [`Short`], asking for a snapshot once it runs, and returns the executor and its
-/// store once the job has finished (the snapshot is then still being written).
-fn finished_with_a_write_in_flight(timeout: Duration) -> (Executor, Store) {
+/// store once the job has ended (the snapshot is then still being written), with the job's
+/// handle, not waited for.
+fn ended_with_a_write_in_flight(timeout: Duration) -> (Executor, Store, JobHandle<Short>) {
     let store = Store::from_object_store(Arc::new(SlowWrites(InMemory::new())), "p");
     let exec = Executor::builder()
         .local_workers(2)
@@ -145,11 +147,11 @@ fn finished_with_a_write_in_flight(timeout: Duration) -> (Executor, Store) {
     let handle = exec.submit(Short).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let _request = handle.snapshot();
-    match handle.wait().unwrap() {
-        Outcome::Finished(f) => assert_eq!(f.value, 80),
-        other => panic!("{other:?}"),
+    while !handle.progress().ended {
+        std::thread::sleep(Duration::from_millis(5));
     }
-    (exec, store)
+    assert!(latest(&store).is_none(), "the write is still in flight");
+    (exec, store, handle)
 }
 
 /// The latest committed snapshot of [`Short`] in `store`.
@@ -163,7 +165,7 @@ fn latest(store: &Store) -> Option<malleable::snapshot::SnapshotId> {
 
 #[test]
 fn dropping_the_executor_lets_a_snapshot_write_finish() {
-    let (exec, store) = finished_with_a_write_in_flight(Duration::from_secs(30));
+    let (exec, store, _handle) = ended_with_a_write_in_flight(Duration::from_secs(30));
     drop(exec);
     assert!(
         latest(&store).is_some(),
@@ -173,7 +175,7 @@ fn dropping_the_executor_lets_a_snapshot_write_finish() {
 
 #[test]
 fn shutdown_lets_a_snapshot_write_finish() {
-    let (exec, store) = finished_with_a_write_in_flight(Duration::from_secs(30));
+    let (exec, store, _handle) = ended_with_a_write_in_flight(Duration::from_secs(30));
     exec.shutdown().unwrap();
     assert!(
         latest(&store).is_some(),
@@ -183,11 +185,26 @@ fn shutdown_lets_a_snapshot_write_finish() {
 
 #[test]
 fn shutdown_says_what_it_abandoned_at_its_limit() {
-    let (exec, _store) = finished_with_a_write_in_flight(Duration::from_millis(50));
+    let (exec, _store, _handle) = ended_with_a_write_in_flight(Duration::from_millis(50));
     match exec.shutdown() {
         Err(e @ Error::ShutdownTimedOut { writes: 1.., .. }) => {
             assert!(e.to_string().contains("snapshot write"), "{e}");
         }
         other => panic!("expected ShutdownTimedOut with a write, got {other:?}"),
     }
+}
+
+/// `wait` hands out the outcome of a job that ended while a snapshot was being written only
+/// once that write has committed (or failed): a program that removes its snapshots after
+/// `wait` leaves none behind. `is_finished` says so until then.
+#[test]
+fn wait_returns_after_the_snapshot_write_in_flight() {
+    let (_exec, store, handle) = ended_with_a_write_in_flight(Duration::from_secs(30));
+    assert!(!handle.is_finished(), "the write is still in flight");
+    match handle.clone().wait().unwrap() {
+        Outcome::Finished(f) => assert_eq!(f.value, 80),
+        other => panic!("{other:?}"),
+    }
+    assert!(latest(&store).is_some(), "wait returned before the commit");
+    assert!(handle.is_finished());
 }

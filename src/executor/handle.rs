@@ -358,11 +358,12 @@ impl<J: Job> JobHandle<J> {
     /// them (or for `wait`), and polls log a warning once after five seconds of that.
     pub fn is_finished(&self) -> bool {
         self.attend();
-        self.shared.lock().ended
+        self.shared.lock().outcome_ready()
     }
 
     /// Blocks until the job ends. With zero local workers, the calling thread runs the job.
-    /// Wait from one thread at a time. Before it returns, the job's worker processes have
+    /// Wait from one thread at a time. A snapshot being written when the job ended commits
+    /// (or fails) before this returns: the snapshots in the store are final then. Before it returns, the job's worker processes have
     /// been sent their `End` (up to [`Builder::shutdown_timeout`](crate::Builder::shutdown_timeout)),
     /// so a program may exit right after without cutting them off.
     ///
@@ -467,11 +468,12 @@ impl<J: Job> Future for JobFuture<J> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut st = self.shared.lock();
-        if let Some(result) = st.result.take() {
-            return Poll::Ready(result);
-        }
-        if st.ended {
-            return Poll::Ready(Err(Error::OutcomeTaken { job: J::NAME }));
+        if st.outcome_ready() {
+            return Poll::Ready(
+                st.result
+                    .take()
+                    .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME })),
+            );
         }
         st.waker = Some(cx.waker().clone());
         if !self.helper && st.members.waiter.is_none() {

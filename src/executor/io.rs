@@ -85,6 +85,10 @@ impl<J: Job> State<J> {
             st.poll_cut(&shared2);
             // A rollback waits for a write in flight to end before it reads the store back.
             st.poll_rollback(&shared2);
+            // The outcome of a job that ended meanwhile waited for this write.
+            if st.outcome_ready() {
+                st.wake_waiters();
+            }
         });
     }
 }

@@ -206,6 +206,26 @@ impl<J: Job> State<J> {
     }
 }
 
+impl<J: Job> State<J> {
+    /// Whether the job's outcome can be handed out: the job ended and no snapshot write it
+    /// started is still in flight. A periodic snapshot written while the last phase ended
+    /// commits (or fails) before `wait` returns, so that a program that removes its
+    /// snapshots after `wait` never leaves a manifest whose parts it removed.
+    pub(crate) fn outcome_ready(&self) -> bool {
+        self.ended && !self.snap.cut.is_writing()
+    }
+
+    /// Wakes whoever waits for the outcome (the waiting thread's mailbox, an awaiting task).
+    pub(crate) fn wake_waiters(&mut self) {
+        if let Some(tx) = &self.members.waiter {
+            let _ = tx.send(Msg::Wake);
+        }
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
 impl<J: Job> Shared<J> {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State<J>> {
         // A panic never happens while the lock is held (user code under it is caught), but be
@@ -712,12 +732,7 @@ impl<J: Job> State<J> {
         self.out = out;
         self.end_remotes();
         self.publish_progress(true);
-        if let Some(tx) = &self.members.waiter {
-            let _ = tx.send(Msg::Wake);
-        }
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
+        self.wake_waiters();
     }
 }
 

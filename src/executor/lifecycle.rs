@@ -131,8 +131,10 @@ impl Executor {
 
     /// Removes every snapshot of job `J` (under this executor's job id) from this executor's
     /// store: for a job that has finished and will not be resumed. Blocks while it deletes.
-    /// Do not call it while a job of that id runs: its next snapshot would be incremental
-    /// over parts that are gone.
+    /// It first waits (up to [`Builder::shutdown_timeout`](crate::Builder::shutdown_timeout))
+    /// for this executor's snapshot writes in flight, so that none commits a manifest after
+    /// its parts were removed. Do not call it while a job of that id runs: its next snapshot
+    /// would be incremental over parts that are gone.
     ///
     /// # Errors
     ///
@@ -141,6 +143,17 @@ impl Executor {
     pub fn remove_snapshots<J: Job>(&self) -> Result<Cleanup> {
         let store = self.config.snapshots.store()?;
         let job_id = self.config.snapshots.job_id::<J>();
+        let timeout = self.config.shutdown_timeout;
+        let left = self.io.drain_writes(timeout);
+        if left.writes > 0 {
+            tracing::warn!(
+                job_id,
+                writes = left.writes,
+                ?timeout,
+                "removing snapshots while snapshot writes are still running (a job of this \
+                 executor still runs?): one may commit after its parts are removed"
+            );
+        }
         super::io::block_on_io(self.io.handle(), async move {
             Ok(store.remove_job(&job_id).await?)
         })

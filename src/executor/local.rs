@@ -43,7 +43,7 @@ pub(super) fn serve_inline<J: Job>(shared: &Arc<Shared<J>>, rx: &Receiver<Msg<J>
     let mut stats = StepStats::new(J::NAME);
     let mut next = None;
     loop {
-        if next.is_none() && shared.lock().ended {
+        if next.is_none() && shared.lock().outcome_ready() {
             return;
         }
         let msg = match next.take() {

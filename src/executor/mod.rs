@@ -215,6 +215,18 @@ impl IoRuntime {
         })
     }
 
+    /// Waits up to `timeout` until no snapshot write of any job is running; returns the
+    /// writer's tasks still running then.
+    pub(crate) fn drain_writes(&self, timeout: Duration) -> shutdown::Pending {
+        shutdown::wait(timeout, || shutdown::Pending {
+            connections: 0,
+            writes: self
+                .writer
+                .as_ref()
+                .map_or(0, |w| w.metrics().num_alive_tasks()),
+        })
+    }
+
     pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
         self.io
             .as_ref()
