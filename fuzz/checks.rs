@@ -193,12 +193,19 @@ pub(crate) fn handshake_target(data: &[u8]) -> bool {
     ok
 }
 
-/// A header and body with a correct checksum around an arbitrary body.
+/// A header and body with a correct checksum around an arbitrary body: from format 4 on
+/// the checksum covers the header's first 20 bytes and the body, before it (formats 1 to 3)
+/// the body only.
 pub(crate) fn framed(version: u32, body: &[u8]) -> Vec<u8> {
     let mut out = MAGIC.to_vec();
     out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    let crc = if (1..=3).contains(&version) {
+        crc32c::crc32c(body)
+    } else {
+        crc32c::crc32c_append(crc32c::crc32c(&out), body)
+    };
+    out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(body);
     out
 }

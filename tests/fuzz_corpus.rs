@@ -514,9 +514,25 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     let mut v = typical.clone();
     v[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     m("seed-version-next", v);
+    // A later format: its version damaged (the checksum fails), or genuine (it verifies).
+    let typical_body = postcard::to_allocvec(&manifest(10, 2, 3, 16)).unwrap();
+    m(
+        "seed-version-next-verified",
+        framed(FORMAT_VERSION + 1, &typical_body),
+    );
     let mut v = typical.clone();
     v[8..12].copy_from_slice(&1u32.to_le_bytes());
     m("seed-version-1", v);
+    // A manifest of format 3, as the builds before format 4 wrote it (the checksum covers
+    // the body only): still read.
+    let v3 = Manifest {
+        format_version: 3,
+        ..manifest(10, 2, 3, 16)
+    };
+    m(
+        "valid-format-3-typical",
+        framed(3, &postcard::to_allocvec(&v3).unwrap()),
+    );
     let mut v = typical.clone();
     let last = v.len() - 1;
     v[last] ^= 0x55;

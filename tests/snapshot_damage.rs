@@ -203,6 +203,55 @@ fn a_missing_part_is_damage_and_latest_resumes_the_snapshot_before_it() {
     );
 }
 
+/// A flipped bit in the format version of the newest manifest is damage, not "a later
+/// format": `At::Latest` passes that snapshot over and resumes the one before it.
+#[test]
+fn a_damaged_manifest_version_is_passed_over_by_latest() {
+    let (url, dir) = folder("version");
+    let job = slow(300_000);
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(CHUNKING)
+        .snapshots(&url)
+        .keep_snapshots(5)
+        .build()
+        .unwrap();
+    let handle = exec.submit(job.clone()).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let older = handle.snapshot().wait().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let newest = handle.suspend().wait().unwrap();
+    assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));
+    assert!(newest.epoch > older.epoch);
+
+    // Bit 2 of the version's second byte: the version reads as 1024 more than written.
+    let manifest = epoch_dir(&dir, newest.epoch).join("manifest");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    bytes[9] ^= 0x04;
+    std::fs::write(&manifest, &bytes).unwrap();
+    let manifest_key = format!("{JOB}/{:020}/manifest", newest.epoch);
+
+    let fresh = Executor::builder().local_workers(1).build().unwrap();
+    let err = fresh
+        .resume::<Kernel>(&url, At::Epoch(newest.epoch))
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Snapshot(snapshot::Error::Damaged { snapshot, object, check: Check::Checksum, .. })
+                if *snapshot == newest && *object == manifest_key
+        ),
+        "{err:?}"
+    );
+    let resumed = fresh.resume::<Kernel>(&url, At::Latest).unwrap();
+    let report = resumed.resumed().expect("a resumed job says where from");
+    assert_eq!(report.from, older);
+    assert_eq!(report.skipped.len(), 1, "{:?}", report.skipped);
+    assert_eq!(report.skipped[0].id, newest);
+    let fin = resumed.wait().unwrap().finished().unwrap();
+    assert_eq!(fin.value, expected(&job));
+}
+
 /// An in-memory store that remembers the most committed manifests it ever held at once.
 #[derive(Debug, Default)]
 struct Counting {

@@ -29,7 +29,10 @@ pub enum Error {
         /// The first bytes found (up to 8).
         found: Vec<u8>,
     },
-    /// The manifest was written in a format version this build does not read.
+    /// The manifest was written in a format version this build does not read. Its checksum
+    /// verifies, so the version is the one its writer wrote: a manifest whose version was
+    /// damaged is [`Error::Checksum`] (see
+    /// [damage or a later format](super::format#damage-or-a-later-format)).
     #[error(
         "snapshot format version {found} is not supported (this build reads version {supported})"
     )]
@@ -282,22 +285,31 @@ impl Error {
     /// itself (unreachable, refused) or of a foreign snapshot (another version or job) is
     /// returned unchanged.
     pub(crate) fn damage(self, snapshot: &SnapshotId, object: &str) -> Error {
-        let check = match &self {
-            Error::NotFound { .. } => Check::Missing,
-            Error::Size { .. } => Check::Size,
-            Error::Checksum { .. } => Check::Checksum,
-            Error::BadMagic { .. }
-            | Error::Truncated { .. }
-            | Error::TrailingBytes { .. }
-            | Error::Decode { .. }
-            | Error::Inconsistent(_) => Check::Format,
-            _ => return self,
+        let Some(check) = self.damage_check() else {
+            return self;
         };
         Error::Damaged {
             snapshot: snapshot.clone(),
             object: object.to_owned(),
             check,
             source: Box::new(self),
+        }
+    }
+
+    /// The check that failed, when this error of reading an object says the object is
+    /// missing or wrong (what [`Error::damage`] turns into [`Error::Damaged`]); `None` for
+    /// the rest.
+    pub(crate) fn damage_check(&self) -> Option<Check> {
+        match self {
+            Error::NotFound { .. } => Some(Check::Missing),
+            Error::Size { .. } => Some(Check::Size),
+            Error::Checksum { .. } => Some(Check::Checksum),
+            Error::BadMagic { .. }
+            | Error::Truncated { .. }
+            | Error::TrailingBytes { .. }
+            | Error::Decode { .. }
+            | Error::Inconsistent(_) => Some(Check::Format),
+            _ => None,
         }
     }
 

@@ -14,15 +14,42 @@
 //! | 0 | 8 | [`MAGIC`], `b"MLBLSNAP"` |
 //! | 8 | 4 | format version, `u32` ([`FORMAT_VERSION`]) |
 //! | 12 | 8 | body length in bytes, `u64` |
-//! | 20 | 4 | CRC-32C (Castagnoli) of the body, `u32` |
+//! | 20 | 4 | CRC-32C (Castagnoli) of bytes `0..20` (magic, version, length) followed by the body, `u32` |
 //! | 24 | body length | body: the [`Manifest`] in postcard |
 //!
 //! [`encode_manifest`] writes these fields in this order and [`decode_manifest`] reads them
 //! in the same order; the two mirror each other, field for field — change one, change both,
-//! and bump [`FORMAT_VERSION`]. The version is checked before the body is looked at, so a
-//! later version with another body is refused with [`Error::UnsupportedVersion`], never
-//! misread. The body's postcard encoding is the serde field order of [`Manifest`] and
-//! [`PartRef`]: reordering their fields is a format change too.
+//! and bump [`FORMAT_VERSION`]. The body's postcard encoding is the serde field order of
+//! [`Manifest`] and [`PartRef`]: reordering their fields is a format change too. Every body
+//! starts with its format version (the first field of [`Manifest`]), which must equal the
+//! header's.
+//!
+//! # Damage or a later format
+//!
+//! The checksum covers every byte of the file but its own four, the version included, so a
+//! reader tells a damaged file from one of a later format by the checksum, before it trusts
+//! the version:
+//!
+//! 1. The fixed header (magic, version, length, checksum) is read, and the body must be
+//!    exactly as long as announced.
+//! 2. The checksum is checked, with the coverage of the version the header names. Every
+//!    format from 4 on keeps this header and this coverage, so the check is the same for a
+//!    version this build does not know.
+//! 3. Only then is the version trusted: a version outside
+//!    [`OLDEST_FORMAT_VERSION`]`..=`[`FORMAT_VERSION`] whose checksum verifies is a genuine
+//!    file of another format, [`Error::UnsupportedVersion`]; one whose checksum fails is
+//!    damage, [`Error::Checksum`], whatever the version says.
+//!
+//! Formats 1 to 3 (written before format 4) have the same header, but their checksum covers
+//! the body alone. For those versions the body's checksum is checked, then the version the
+//! body starts with must equal the header's: a flipped bit in the header's version of such a
+//! file gives either a version whose coverage includes the header (4 or more, or 0: the
+//! checksum fails) or another of 1 to 3 (the body disagrees, [`Error::Inconsistent`]). A
+//! flipped bit in the length is [`Error::Truncated`] or [`Error::TrailingBytes`], in the
+//! magic [`Error::BadMagic`]. So no single damaged field of a manifest of any format this
+//! crate ever wrote reads as a later format: every one is damage
+//! ([`Error::Damaged`] when read from a store, which [`At::Latest`](crate::At::Latest) passes
+//! over).
 //!
 //! # What decoding guarantees
 //!
@@ -41,10 +68,11 @@ use super::error::{Error, Result};
 /// The version of the manifest format that this build writes and reads.
 ///
 /// Version 2 added [`Manifest::kept`] (the owned partitions of done chunks); version 3
-/// [`Manifest::job_version`]. A manifest of version 2 is still read, as one of job version 1
-/// (the version every job had before there were versions), and upgraded in memory to this
-/// version.
-pub const FORMAT_VERSION: u32 = 3;
+/// [`Manifest::job_version`]; version 4 extended the checksum over the fixed header (see
+/// [damage or a later format](self#damage-or-a-later-format)). A manifest of version 2 is
+/// still read, as one of job version 1 (the version every job had before there were
+/// versions), and one of version 3 as it is; both are upgraded in memory to this version.
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The oldest manifest format this build reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
@@ -52,8 +80,39 @@ pub const OLDEST_FORMAT_VERSION: u32 = 2;
 /// The first 8 bytes of every manifest file.
 pub const MAGIC: [u8; 8] = *b"MLBLSNAP";
 
-/// Length of the fixed header before the body: magic, version, body length, body checksum.
+/// Length of the fixed header before the body: magic, version, body length, checksum.
 pub const HEADER_LEN: usize = 8 + 4 + 8 + 4;
+
+/// The bytes of the fixed header that the checksum covers (from format 4 on): all of it but
+/// the checksum itself.
+const CHECKED_HEADER_LEN: usize = HEADER_LEN - 4;
+
+/// The formats (written before format 4) whose checksum covers the body alone.
+const BODY_CHECKSUM_ONLY: std::ops::RangeInclusive<u32> = 1..=3;
+
+/// The checksum of a manifest file of format `version`, given its fixed header's first
+/// [`CHECKED_HEADER_LEN`] bytes and its body (see the [layout](self#manifest-file-layout)).
+fn checksum(version: u32, header: &[u8; CHECKED_HEADER_LEN], body: &[u8]) -> u32 {
+    if BODY_CHECKSUM_ONLY.contains(&version) {
+        crc32c::crc32c(body)
+    } else {
+        crc32c::crc32c_append(crc32c::crc32c(header), body)
+    }
+}
+
+/// A manifest file of format `version` around `body`: the fixed header, then the body.
+fn frame(version: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    // Order must match `decode_manifest`.
+    out.extend_from_slice(&MAGIC); // magic
+    out.extend_from_slice(&version.to_le_bytes()); // format version
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes()); // body length
+    let mut header = [0; CHECKED_HEADER_LEN];
+    header.copy_from_slice(&out);
+    out.extend_from_slice(&checksum(version, &header, body).to_le_bytes()); // checksum
+    out.extend_from_slice(body); // body
+    out
+}
 
 /// The description of one snapshot: everything needed to restore a job at one epoch, except
 /// the suspended chunk states, which live in parts that [`Manifest::parts`] lists.
@@ -110,7 +169,9 @@ pub struct Manifest {
 /// [`Manifest`] as format version 2 wrote it (without `job_version`).
 #[derive(Deserialize)]
 struct ManifestV2 {
-    format_version: u32,
+    // Checked against the header's version before the body is decoded (every body starts
+    // with its format version).
+    _format_version: u32,
     job_name: String,
     job_id: String,
     epoch: u64,
@@ -132,7 +193,7 @@ struct ManifestV2 {
 impl ManifestV2 {
     fn upgrade(self) -> Manifest {
         let ManifestV2 {
-            format_version: _,
+            _format_version: _,
             job_name,
             job_id,
             epoch,
@@ -317,29 +378,27 @@ impl Manifest {
 pub fn encode_manifest(manifest: &Manifest) -> Vec<u8> {
     let body = postcard::to_allocvec(manifest)
         .expect("postcard encodes strings, integers and vectors into a Vec infallibly");
-    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    // Order must match `decode_manifest`.
-    out.extend_from_slice(&MAGIC); // magic
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes()); // format version
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes()); // body length
-    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes()); // body checksum
-    out.extend_from_slice(&body); // body
-    out
+    frame(FORMAT_VERSION, &body)
 }
 
 /// Decodes and checks a manifest file (see the [layout](self#manifest-file-layout)).
 ///
+/// Reads manifests of formats [`OLDEST_FORMAT_VERSION`] to [`FORMAT_VERSION`], and returns
+/// them upgraded to [`FORMAT_VERSION`].
+///
 /// # Errors
 ///
 /// In the order the checks run: [`Error::BadMagic`], [`Error::Truncated`] (the input ends
-/// inside the header or the body), [`Error::UnsupportedVersion`], [`Error::TrailingBytes`],
-/// [`Error::Checksum`], [`Error::Decode`] (the body does not decode, or not exactly), and
-/// [`Error::Inconsistent`] (see [`Manifest::check_consistent`]).
+/// inside the header or the body), [`Error::TrailingBytes`], [`Error::Checksum`] (the bytes
+/// were damaged, whichever field the damage hit, the version included),
+/// [`Error::UnsupportedVersion`] (a file of another format, whose checksum verifies),
+/// [`Error::Decode`] (the body does not decode, or not exactly), and [`Error::Inconsistent`]
+/// (the body's version is not the header's, or see [`Manifest::check_consistent`]).
 pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
     const WHAT: &str = "snapshot manifest";
     let mut reader = Reader { bytes, at: 0 };
 
-    // Order must match `encode_manifest`.
+    // Order must match `frame`.
     // Magic: a short input that is a prefix of the magic is truncated, anything else is bad.
     let magic = &bytes[..bytes.len().min(MAGIC.len())];
     if magic != &MAGIC[..magic.len()] {
@@ -348,14 +407,9 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
         });
     }
     reader.take::<8>(WHAT)?;
-    // Format version: checked before anything else of the file is trusted.
+    // Format version: not trusted before the checksum verifies (a damaged version is
+    // damage, not a later format).
     let version = u32::from_le_bytes(reader.take::<4>(WHAT)?);
-    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
-        return Err(Error::UnsupportedVersion {
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
     // Body length and checksum.
     let body_len = u64::from_le_bytes(reader.take::<8>(WHAT)?);
     let expected_crc = u32::from_le_bytes(reader.take::<4>(WHAT)?);
@@ -376,10 +430,17 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
         });
     }
     let body = rest;
-    let found_crc = crc32c::crc32c(body);
+    let mut header = [0; CHECKED_HEADER_LEN];
+    header.copy_from_slice(&bytes[..CHECKED_HEADER_LEN]);
+    let found_crc = checksum(version, &header, body);
     if found_crc != expected_crc {
+        let what = if BODY_CHECKSUM_ONLY.contains(&version) {
+            "snapshot manifest body"
+        } else {
+            "snapshot manifest (header and body)"
+        };
         return Err(Error::Checksum {
-            what: "snapshot manifest body".to_owned(),
+            what: what.to_owned(),
             expected: expected_crc,
             found: found_crc,
         });
@@ -388,29 +449,41 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
         what: "snapshot manifest body".to_owned(),
         source,
     };
-    let (manifest, left): (Manifest, _) = if version == 2 {
-        let (old, left): (ManifestV2, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
-        if old.format_version != version {
+    // The bytes are as their writer wrote them. A format this crate wrote starts its body
+    // with the format version: the header's must be the same (for formats 1 to 3 the header
+    // is not under the checksum).
+    if (1..=FORMAT_VERSION).contains(&version) {
+        let (in_body, _): (u32, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
+        if in_body != version {
             return Err(Error::Inconsistent(format!(
-                "the header says format version {version}, the body {}",
-                old.format_version
+                "the header says format version {version}, the body {in_body}"
             )));
         }
+    }
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(Error::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let (manifest, left) = if version == 2 {
+        let (old, left): (ManifestV2, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
         (old.upgrade(), left)
     } else {
-        postcard::take_from_bytes(body).map_err(decode_error)?
+        // Format 3's body is format 4's: only the checksum's coverage changed.
+        let (manifest, left): (Manifest, _) =
+            postcard::take_from_bytes(body).map_err(decode_error)?;
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            ..manifest
+        };
+        (manifest, left)
     };
     if !left.is_empty() {
         return Err(Error::TrailingBytes {
             what: "snapshot manifest body",
             extra: left.len() as u64,
         });
-    }
-    if version != 2 && manifest.format_version != version {
-        return Err(Error::Inconsistent(format!(
-            "the header says format version {version}, the body {}",
-            manifest.format_version
-        )));
     }
     manifest.check_consistent()?;
     Ok(manifest)
@@ -551,11 +624,9 @@ mod tests {
             &m.kept,
         ))
         .unwrap();
-        let mut file = MAGIC.to_vec();
-        file.extend_from_slice(&2u32.to_le_bytes());
-        file.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        file.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        file.extend_from_slice(&body);
+        let file = frame(2, &body);
+        // The header of format 2 is that of format 4, but its checksum covers the body only.
+        assert_eq!(file[20..24], crc32c::crc32c(&body).to_le_bytes());
         let read = decode_manifest(&file).unwrap();
         assert_eq!(
             read,
@@ -564,12 +635,102 @@ mod tests {
                 ..m.clone()
             }
         );
-        // A version 1 file is still refused.
-        file[8..12].copy_from_slice(&1u32.to_le_bytes());
+        // The header's version is checked against the body's.
+        let mut relabeled = file.clone();
+        relabeled[8..12].copy_from_slice(&1u32.to_le_bytes());
         assert!(matches!(
-            decode_manifest(&file),
+            decode_manifest(&relabeled),
+            Err(Error::Inconsistent(_))
+        ));
+        // A file of format 1 (its body starts with its version too) is still refused.
+        let mut body1 = body.clone();
+        body1[0] = 1;
+        assert!(matches!(
+            decode_manifest(&frame(1, &body1)),
             Err(Error::UnsupportedVersion { found: 1, .. })
         ));
+    }
+
+    /// A manifest as format 3 wrote it: the body of this format, the checksum over the
+    /// body only.
+    fn format_3(m: &Manifest) -> Vec<u8> {
+        let body = postcard::to_allocvec(&Manifest {
+            format_version: 3,
+            ..m.clone()
+        })
+        .unwrap();
+        frame(3, &body)
+    }
+
+    #[test]
+    fn a_manifest_of_format_version_3_still_reads() {
+        let m = sample();
+        let file = format_3(&m);
+        assert_eq!(file[8..12], 3u32.to_le_bytes());
+        assert_eq!(file[20..24], crc32c::crc32c(&file[24..]).to_le_bytes());
+        assert_eq!(decode_manifest(&file).unwrap(), m);
+    }
+
+    #[test]
+    fn the_checksum_covers_the_header() {
+        let bytes = encode_manifest(&sample());
+        let whole = crc32c::crc32c(&[&bytes[..20], &bytes[24..]].concat());
+        assert_eq!(bytes[20..24], whole.to_le_bytes());
+    }
+
+    /// Every mutation of one byte of `file` (each of its bits flipped alone, and all of them)
+    /// is damage: never `Ok`, never a later format, never a panic.
+    fn every_mutation_is_damage(file: &[u8]) {
+        for i in 0..file.len() {
+            let masks = (0..8).map(|bit| 1u8 << bit).chain([0xff]);
+            for mask in masks {
+                let mut b = file.to_vec();
+                b[i] ^= mask;
+                match decode_manifest(&b) {
+                    Err(e) => assert!(
+                        e.damage_check().is_some(),
+                        "byte {i} ^ {mask:#04x}: {e:?} is not damage"
+                    ),
+                    Ok(m) => panic!("byte {i} ^ {mask:#04x} decodes: {m:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_mutation_of_a_byte_is_damage() {
+        every_mutation_is_damage(&encode_manifest(&sample()));
+        // And of a manifest of the previous format, whose header is not under the checksum.
+        every_mutation_is_damage(&format_3(&sample()));
+    }
+
+    #[test]
+    fn a_flipped_version_is_damage_a_later_version_is_not() {
+        let bytes = encode_manifest(&sample());
+        // The flip that made format 3's "version 1027": damage, named as a checksum failure.
+        let mut b = bytes.clone();
+        b[9] ^= 0x04;
+        assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 1028);
+        let e = decode_manifest(&b).unwrap_err();
+        assert!(matches!(e, Error::Checksum { .. }), "{e:?}");
+        assert_eq!(e.damage_check(), Some(super::super::Check::Checksum));
+        // A later format whose checksum verifies is a later format.
+        let body = &bytes[HEADER_LEN..];
+        let later = frame(FORMAT_VERSION + 1, body);
+        assert!(matches!(
+            decode_manifest(&later),
+            Err(Error::UnsupportedVersion { found, supported: FORMAT_VERSION })
+                if found == FORMAT_VERSION + 1
+        ));
+        // Version 0 was never written; with a checksum that verifies it is another format,
+        // with one that does not, damage.
+        assert!(matches!(
+            decode_manifest(&frame(0, body)),
+            Err(Error::UnsupportedVersion { found: 0, .. })
+        ));
+        let mut b = bytes.clone();
+        b[8..12].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(decode_manifest(&b), Err(Error::Checksum { .. })));
     }
 
     #[test]
@@ -624,21 +785,6 @@ mod tests {
     }
 
     #[test]
-    fn every_bit_flip_is_an_error() {
-        let bytes = encode_manifest(&sample());
-        for i in 0..bytes.len() {
-            for bit in 0..8 {
-                let mut b = bytes.clone();
-                b[i] ^= 1 << bit;
-                assert!(
-                    decode_manifest(&b).is_err(),
-                    "flip of bit {bit} of byte {i}"
-                );
-            }
-        }
-    }
-
-    #[test]
     fn typed_errors() {
         let bytes = encode_manifest(&sample());
         let mut b = bytes.clone();
@@ -648,15 +794,17 @@ mod tests {
             decode_manifest(b"nope"),
             Err(Error::BadMagic { .. })
         ));
-        let mut b = bytes.clone();
-        b[8..12].copy_from_slice(&4u32.to_le_bytes());
+        let later = frame(FORMAT_VERSION + 1, &bytes[HEADER_LEN..]);
         assert!(matches!(
-            decode_manifest(&b),
+            decode_manifest(&later),
             Err(Error::UnsupportedVersion {
-                found: 4,
-                supported: 3
+                found: 5,
+                supported: 4
             })
         ));
+        let mut b = bytes.clone();
+        b[8..12].copy_from_slice(&5u32.to_le_bytes());
+        assert!(matches!(decode_manifest(&b), Err(Error::Checksum { .. })));
         let mut b = bytes.clone();
         b.push(0);
         assert!(matches!(
@@ -668,13 +816,7 @@ mod tests {
         b[last] ^= 0x40;
         assert!(matches!(decode_manifest(&b), Err(Error::Checksum { .. })));
         // A body that passes the checksum but does not decode.
-        let body = [0xff; 3];
-        let mut b = Vec::new();
-        b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        b.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
-        b.extend_from_slice(&body);
+        let b = frame(FORMAT_VERSION, &[0xff; 3]);
         assert!(matches!(decode_manifest(&b), Err(Error::Decode { .. })));
         // A huge announced body length is truncation, not an allocation.
         let mut b = bytes[..HEADER_LEN].to_vec();
