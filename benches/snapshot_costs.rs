@@ -274,6 +274,7 @@ fn commit_vs_raw_put(rt: &tokio::runtime::Runtime, parts: usize, part_bytes: usi
             parts: refs,
             kept: Vec::new(),
             job_version: 1,
+            layout: None,
         };
         let manifest_len = malleable::snapshot::encode_manifest(&manifest).len();
         rt.block_on(store.commit(&manifest)).unwrap();

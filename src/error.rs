@@ -626,6 +626,7 @@ mod tests {
         let sourced = |e: &SnapshotError| match e {
             SnapshotError::Decode { .. }
             | SnapshotError::Damaged { .. }
+            | SnapshotError::Undecodable { .. }
             | SnapshotError::Denied { .. }
             | SnapshotError::Store { .. }
             | SnapshotError::Io { .. } => true,
@@ -637,6 +638,7 @@ mod tests {
             | SnapshotError::Checksum { .. }
             | SnapshotError::WrongJob { .. }
             | SnapshotError::WrongJobVersion { .. }
+            | SnapshotError::LayoutChanged { .. }
             | SnapshotError::Inconsistent(_)
             | SnapshotError::NotFound { .. }
             | SnapshotError::EpochTaken { .. }
@@ -658,6 +660,11 @@ mod tests {
                 source: Box::new(SnapshotError::NotFound {
                     what: "object \"job/00000000000000000003/parts/0-1-00ff\"".to_owned(),
                 }),
+            },
+            SnapshotError::Undecodable {
+                snapshot: crate::snapshot::SnapshotId::new("job", 4),
+                what: "the job",
+                source: codec_error(),
             },
             SnapshotError::Denied {
                 op: "put",

@@ -252,6 +252,8 @@ pub(crate) struct Hooks<J: Job> {
     /// A halo's bytes, for a worker process (or from one).
     pub(crate) encode_halo: fn(&AnyHalo) -> Result<Vec<u8>, crate::codec::Error>,
     pub(crate) decode_halo: fn(&[u8]) -> Result<AnyHalo, crate::codec::Error>,
+    /// Traces the halo's type, for the job's [`Layout`](crate::Layout).
+    pub(crate) trace_halo: crate::layout::Trace,
 }
 
 impl<J: Job> Clone for Hooks<J> {
@@ -283,6 +285,7 @@ where
             begin: begin_erased::<J>,
             encode_halo: encode_halo::<J>,
             decode_halo: decode_halo::<J>,
+            trace_halo: crate::layout::trace::<<J::Chunk as Partition>::Halo>,
         }),
     };
 }

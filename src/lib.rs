@@ -59,6 +59,7 @@
 //!
 //! - [`job`](Job): the user contract ([`Job`], [`Chunk`], [`Step`], [`Next`], [`Input`]).
 //! - [`Fold`]: the fold shortcut over single iterations.
+//! - [`Layout`]: the serialized layout of a job's types, traced and recorded in snapshots.
 //! - [`reduce`]: [`Reducer`](reduce::Reducer), the built-ins and the ordered merge.
 //! - [`schedule`]: chunk plans, schedules and the sans-IO core.
 //! - [`Executor`], [`JobHandle`]: local worker threads, scaling, progress, async and blocking.
@@ -77,7 +78,7 @@
 //! | module | folder | what |
 //! | --- | --- | --- |
 //! | `reduce`, `codec` | `src/reduce/`, `src/codec.rs` | reducers and the ordered merge; the one codec |
-//! | `job`, `fold` | `src/job.rs`, `src/fold.rs` | the user contract |
+//! | `job`, `fold`, `layout` | `src/job.rs`, `src/fold.rs`, `src/layout.rs` | the user contract; the traced layout of its types |
 //! | `schedule` | `src/schedule/` | pure: plans, schedules, the ledger (`core`), the snapshot cut (`cut`); no threads, clocks, atomics or I/O |
 //! | `run` | `src/run/` | the one chunk runner of local threads, the inline worker and remote threads, and its flag contract |
 //! | `snapshot` | `src/snapshot/` | the storage edge: format, store, commit protocol, retention |
@@ -95,6 +96,7 @@ mod error;
 mod executor;
 mod fold;
 mod job;
+mod layout;
 pub mod metrics;
 pub mod reduce;
 pub mod rows;
@@ -135,6 +137,7 @@ pub use executor::{
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Ownership, Partition, Step, Value};
+pub use layout::{Fingerprint, Layout};
 pub use rows::{Banded, Rows};
 pub use run::SuspendToken;
 pub use schedule::{Chunking, Guided, Schedule};

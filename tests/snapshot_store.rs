@@ -79,6 +79,7 @@ fn manifest(job_id: &str, epoch: u64, parts: Vec<PartRef>) -> Manifest {
         parts,
         kept: Vec::new(),
         job_version: 1,
+        layout: None,
     }
 }
 

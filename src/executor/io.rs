@@ -214,12 +214,18 @@ impl super::Executor {
     ///   the store cannot be reached or refuses (no snapshot is passed over for that);
     /// - [`WrongJob`](crate::snapshot::Error::WrongJob),
     ///   [`UnsupportedVersion`](crate::snapshot::Error::UnsupportedVersion): a snapshot of
-    ///   another job or format version.
+    ///   another job or format version;
+    /// - [`WrongJobVersion`](crate::snapshot::Error::WrongJobVersion),
+    ///   [`LayoutChanged`](crate::snapshot::Error::LayoutChanged): a snapshot written by
+    ///   another version of the job's code, or by code whose types have another serialized
+    ///   [`Layout`](crate::Layout) (checked before any of the job's bytes are decoded);
+    /// - [`Undecodable`](crate::snapshot::Error::Undecodable): the job value, the reduced
+    ///   value or a chunk output does not decode as this job's type (the error names the
+    ///   snapshot and the value).
     ///
-    /// [`Error::Codec`] for values that do not decode as this job's types;
     /// [`Error::Panicked`] if the job's code panics. Chunk states are checked against their
     /// checksums here but decoded by the worker that runs them, so a state of another type
-    /// ends the job later with [`Error::Codec`].
+    /// (under the same layout) ends the job later with [`Error::Codec`].
     pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
         let job_id = self.config.snapshots.job_id::<J>();
@@ -237,6 +243,7 @@ impl super::Executor {
             };
             manifest.check_job(J::NAME)?;
             manifest.check_job_version(J::VERSION)?;
+            manifest.check_layout(crate::Layout::of::<J>())?;
             Ok((manifest, parts, skipped))
         })?;
         let from = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
@@ -290,6 +297,7 @@ pub(crate) async fn read_manifest<J: Job>(store: &Store, id: &SnapshotId) -> Res
     let m = store.read_manifest(id).await?;
     m.check_job(J::NAME)?;
     m.check_job_version(J::VERSION)?;
+    m.check_layout(crate::Layout::of::<J>())?;
     Ok(m)
 }
 
@@ -304,13 +312,22 @@ pub(crate) struct Restored<J: Job> {
 /// Decodes a snapshot read by [`read_snapshot`] into a job run's starting point. Chunk states
 /// stay bytes until the worker that runs them decodes them (see `Held`).
 pub(crate) fn restore<J: Job>(manifest: Manifest, parts: Vec<bytes::Bytes>) -> Result<Restored<J>> {
-    let job: J = decode("the job", &manifest.job)?;
-    let run: RunConfig = decode("the run configuration", &manifest.config)?;
-    let reduced = decode("the reduced value", &manifest.reduced)?;
+    // A value that does not decode names the snapshot and what it was.
+    let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+    let undecodable = |e: crate::codec::Error| {
+        Error::Snapshot(crate::snapshot::Error::Undecodable {
+            snapshot: id.clone(),
+            what: e.what,
+            source: e.source,
+        })
+    };
+    let job: J = decode("the job", &manifest.job).map_err(undecodable)?;
+    let run: RunConfig = decode("the run configuration", &manifest.config).map_err(undecodable)?;
+    let reduced = decode("the reduced value", &manifest.reduced).map_err(undecodable)?;
     let done = manifest
         .done
         .iter()
-        .map(|(c, b)| Ok((*c, decode("a chunk output", b)?)))
+        .map(|(c, b)| Ok((*c, decode("a chunk output", b).map_err(undecodable)?)))
         .collect::<Result<Vec<_>>>()?;
     let mut states: Vec<(ChunkId, super::Held<J::Chunk>)> = manifest
         .all_parts()

@@ -730,6 +730,7 @@ fn header<J: Job>(
         parts: Vec::new(),
         kept: Vec::new(),
         job_version: J::VERSION,
+        layout: Some(crate::Layout::of::<J>().clone()),
     };
     Ok(Header {
         manifest,

@@ -104,6 +104,41 @@ pub enum Error {
         /// This program's version.
         code: u32,
     },
+    /// The snapshot was written by code whose job types have another serialized layout
+    /// (see [`Layout`](crate::Layout)): a field added, removed, renamed, reordered or
+    /// retyped. Found before any of the job's bytes were decoded: they would have failed to
+    /// decode, or decoded into the wrong fields.
+    #[error(
+        "snapshot {snapshot} of job {job:?} was written by code whose types have another \
+         layout (fingerprint {written}, this program's {code}): {difference}; resume it with \
+         the program that wrote it, or start the job afresh (and bump Job::VERSION when the \
+         serialized form of a job changes)"
+    )]
+    LayoutChanged {
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// The job's name.
+        job: String,
+        /// The fingerprint of the layout recorded in the snapshot.
+        written: crate::Fingerprint,
+        /// The fingerprint of this program's layout.
+        code: crate::Fingerprint,
+        /// The first entry that differs, with both sides (`Type.field: type`).
+        difference: String,
+    },
+    /// A value of a snapshot, whose bytes passed their checks and whose layout matches, does
+    /// not decode as this program's type (a custom `Deserialize` that changed, or a value
+    /// written by other code under the same layout).
+    #[error("cannot decode {what} of snapshot {snapshot} as this program's type")]
+    Undecodable {
+        /// The snapshot.
+        snapshot: SnapshotId,
+        /// What was being decoded ("the job", "the reduced value", "a chunk output", …).
+        what: &'static str,
+        /// The codec's error.
+        #[source]
+        source: postcard::Error,
+    },
     /// The snapshot belongs to another job (another [`Job::NAME`](crate::Job::NAME)).
     #[error("the snapshot is of job {found:?}, not {expected:?}")]
     WrongJob {

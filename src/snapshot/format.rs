@@ -64,15 +64,18 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Error, Result};
+use super::store::SnapshotId;
+use crate::layout::Layout;
 
 /// The version of the manifest format that this build writes and reads.
 ///
 /// Version 2 added [`Manifest::kept`] (the owned partitions of done chunks); version 3
 /// [`Manifest::job_version`]; version 4 extended the checksum over the fixed header (see
-/// [damage or a later format](self#damage-or-a-later-format)). A manifest of version 2 is
-/// still read, as one of job version 1 (the version every job had before there were
-/// versions), and one of version 3 as it is; both are upgraded in memory to this version.
-pub const FORMAT_VERSION: u32 = 4;
+/// [damage or a later format](self#damage-or-a-later-format)); version 5
+/// [`Manifest::layout`]. A manifest of version 2 is still read, as one of job version 1 (the
+/// version every job had before there were versions), and ones of versions 3 and 4 without a
+/// layout; all are upgraded in memory to this version.
+pub const FORMAT_VERSION: u32 = 5;
 
 /// The oldest manifest format this build reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
@@ -164,6 +167,81 @@ pub struct Manifest {
     pub kept: Vec<PartRef>,
     /// The job's [`Job::VERSION`](crate::Job::VERSION): the serialized form of its values.
     pub job_version: u32,
+    /// The [`Layout`] of the job's types that wrote this snapshot
+    /// ([`Layout::of`]); `None` in a manifest of a format before 5, which did not record it.
+    /// Checked on resume before any of the job's bytes are decoded
+    /// ([`Manifest::check_layout`]).
+    pub layout: Option<Layout>,
+}
+
+/// [`Manifest`] as formats 3 and 4 wrote it (without `layout`).
+#[derive(Deserialize)]
+struct ManifestV3 {
+    // Checked against the header's version before the body is decoded.
+    _format_version: u32,
+    job_name: String,
+    job_id: String,
+    epoch: u64,
+    created_unix_ms: u64,
+    job: Vec<u8>,
+    phase: u64,
+    iterations_before: u64,
+    iterations_done: u64,
+    iterations_total: u64,
+    chunks: u64,
+    config: Vec<u8>,
+    merged: u64,
+    reduced: Vec<u8>,
+    done: Vec<(u64, Vec<u8>)>,
+    parts: Vec<PartRef>,
+    kept: Vec<PartRef>,
+    job_version: u32,
+}
+
+impl ManifestV3 {
+    fn upgrade(self) -> Manifest {
+        let ManifestV3 {
+            _format_version: _,
+            job_name,
+            job_id,
+            epoch,
+            created_unix_ms,
+            job,
+            phase,
+            iterations_before,
+            iterations_done,
+            iterations_total,
+            chunks,
+            config,
+            merged,
+            reduced,
+            done,
+            parts,
+            kept,
+            job_version,
+        } = self;
+        Manifest {
+            format_version: FORMAT_VERSION,
+            job_name,
+            job_id,
+            epoch,
+            created_unix_ms,
+            job,
+            phase,
+            iterations_before,
+            iterations_done,
+            iterations_total,
+            chunks,
+            config,
+            merged,
+            reduced,
+            done,
+            parts,
+            kept,
+            job_version,
+            layout: None,
+        }
+    }
 }
 
 /// [`Manifest`] as format version 2 wrote it (without `job_version`).
@@ -230,6 +308,7 @@ impl ManifestV2 {
             parts,
             kept,
             job_version: 1,
+            layout: None,
         }
     }
 }
@@ -282,6 +361,49 @@ impl Manifest {
                 snapshot: self.job_version,
                 code: version,
             })
+        }
+    }
+
+    /// Checks that this snapshot was written by code whose types have the serialized layout
+    /// `code` ([`Layout::of`] the resuming job): bytes of other types could decode into the
+    /// wrong fields without an error. Call it before decoding any of the job's bytes.
+    ///
+    /// A manifest without a layout (written before format 5) and a layout that is not traced
+    /// on either side ([`Layout::untraceable`]) are not checked; that is logged (`tracing`,
+    /// info).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LayoutChanged`] when the layouts differ, naming the snapshot, both
+    /// fingerprints and the first entry that differs.
+    pub fn check_layout(&self, code: &Layout) -> Result<()> {
+        let id = SnapshotId::new(self.job_id.clone(), self.epoch);
+        let Some(written) = &self.layout else {
+            tracing::info!(
+                snapshot = %id,
+                "the snapshot was written before snapshots recorded the layout of the job's \
+                 types: the layout is not checked"
+            );
+            return Ok(());
+        };
+        if !written.is_traced() || !code.is_traced() {
+            tracing::info!(
+                snapshot = %id,
+                snapshot_traced = written.is_traced(),
+                program_traced = code.is_traced(),
+                "the layout of the job's types could not be traced: it is not checked"
+            );
+            return Ok(());
+        }
+        match written.first_difference(code) {
+            None => Ok(()),
+            Some(difference) => Err(Error::LayoutChanged {
+                snapshot: id,
+                job: self.job_name.clone(),
+                written: written.fingerprint(),
+                code: code.fingerprint(),
+                difference,
+            }),
         }
     }
 
@@ -466,18 +588,19 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
             supported: FORMAT_VERSION,
         });
     }
-    let (manifest, left) = if version == 2 {
-        let (old, left): (ManifestV2, _) = postcard::take_from_bytes(body).map_err(decode_error)?;
-        (old.upgrade(), left)
-    } else {
-        // Format 3's body is format 4's: only the checksum's coverage changed.
-        let (manifest, left): (Manifest, _) =
-            postcard::take_from_bytes(body).map_err(decode_error)?;
-        let manifest = Manifest {
-            format_version: FORMAT_VERSION,
-            ..manifest
-        };
-        (manifest, left)
+    let (manifest, left) = match version {
+        2 => {
+            let (old, left): (ManifestV2, _) =
+                postcard::take_from_bytes(body).map_err(decode_error)?;
+            (old.upgrade(), left)
+        }
+        // Format 4 changed the checksum's coverage only.
+        3 | 4 => {
+            let (old, left): (ManifestV3, _) =
+                postcard::take_from_bytes(body).map_err(decode_error)?;
+            (old.upgrade(), left)
+        }
+        _ => postcard::take_from_bytes(body).map_err(decode_error)?,
     };
     if !left.is_empty() {
         return Err(Error::TrailingBytes {
@@ -577,6 +700,10 @@ mod tests {
                 crc32c: crc32c::crc32c(b"ef"),
             }],
             job_version: 1,
+            layout: Some(Layout::from_entries(vec![
+                "job: Basel".to_owned(),
+                "Basel.n: u64".to_owned(),
+            ])),
         }
     }
 
@@ -632,6 +759,7 @@ mod tests {
             read,
             Manifest {
                 job_version: 1,
+                layout: None,
                 ..m.clone()
             }
         );
@@ -651,24 +779,32 @@ mod tests {
         ));
     }
 
-    /// A manifest as format 3 wrote it: the body of this format, the checksum over the
-    /// body only.
-    fn format_3(m: &Manifest) -> Vec<u8> {
-        let body = postcard::to_allocvec(&Manifest {
-            format_version: 3,
+    /// A manifest as format 3 (or 4) wrote it: the body of this format without the layout,
+    /// the checksum over the body only (for 3) or the header and the body (for 4).
+    fn format_3(m: &Manifest, version: u32) -> Vec<u8> {
+        let mut body = postcard::to_allocvec(&Manifest {
+            format_version: version,
+            layout: None,
             ..m.clone()
         })
         .unwrap();
-        frame(3, &body)
+        // The last field, `layout`, is `None`: one 0 byte, which formats 3 and 4 did not have.
+        assert_eq!(body.pop(), Some(0));
+        frame(version, &body)
     }
 
     #[test]
-    fn a_manifest_of_format_version_3_still_reads() {
+    fn a_manifest_of_format_version_3_or_4_still_reads_without_a_layout() {
         let m = sample();
-        let file = format_3(&m);
+        let file = format_3(&m, 3);
         assert_eq!(file[8..12], 3u32.to_le_bytes());
         assert_eq!(file[20..24], crc32c::crc32c(&file[24..]).to_le_bytes());
-        assert_eq!(decode_manifest(&file).unwrap(), m);
+        let old = Manifest {
+            layout: None,
+            ..m.clone()
+        };
+        assert_eq!(decode_manifest(&file).unwrap(), old);
+        assert_eq!(decode_manifest(&format_3(&m, 4)).unwrap(), old);
     }
 
     #[test]
@@ -701,7 +837,7 @@ mod tests {
     fn every_mutation_of_a_byte_is_damage() {
         every_mutation_is_damage(&encode_manifest(&sample()));
         // And of a manifest of the previous format, whose header is not under the checksum.
-        every_mutation_is_damage(&format_3(&sample()));
+        every_mutation_is_damage(&format_3(&sample(), 3));
     }
 
     #[test]
@@ -710,7 +846,10 @@ mod tests {
         // The flip that made format 3's "version 1027": damage, named as a checksum failure.
         let mut b = bytes.clone();
         b[9] ^= 0x04;
-        assert_eq!(u32::from_le_bytes(b[8..12].try_into().unwrap()), 1028);
+        assert_eq!(
+            u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            FORMAT_VERSION + 1024
+        );
         let e = decode_manifest(&b).unwrap_err();
         assert!(matches!(e, Error::Checksum { .. }), "{e:?}");
         assert_eq!(e.damage_check(), Some(super::super::Check::Checksum));
@@ -798,12 +937,12 @@ mod tests {
         assert!(matches!(
             decode_manifest(&later),
             Err(Error::UnsupportedVersion {
-                found: 5,
-                supported: 4
+                found: 6,
+                supported: 5
             })
         ));
         let mut b = bytes.clone();
-        b[8..12].copy_from_slice(&5u32.to_le_bytes());
+        b[8..12].copy_from_slice(&6u32.to_le_bytes());
         assert!(matches!(decode_manifest(&b), Err(Error::Checksum { .. })));
         let mut b = bytes.clone();
         b.push(0);
@@ -861,6 +1000,41 @@ mod tests {
             decode_manifest(&bytes),
             Err(Error::Inconsistent(_))
         ));
+    }
+
+    #[test]
+    fn the_layout_is_checked_when_both_sides_have_one() {
+        let m = sample();
+        let same = m.layout.clone().unwrap();
+        m.check_layout(&same).unwrap();
+        let other = Layout::from_entries(vec!["job: Basel".to_owned(), "Basel.m: u64".to_owned()]);
+        match m.check_layout(&other) {
+            Err(Error::LayoutChanged {
+                snapshot,
+                written,
+                code,
+                difference,
+                ..
+            }) => {
+                assert_eq!(snapshot, SnapshotId::new("run-1", 3));
+                assert_eq!((written, code), (same.fingerprint(), other.fingerprint()));
+                assert!(difference.contains("`Basel.n: u64`"), "{difference}");
+                assert!(difference.contains("`Basel.m: u64`"), "{difference}");
+            }
+            r => panic!("expected LayoutChanged, got {r:?}"),
+        }
+        // Not recorded (an older format), or not traced on either side: not checked.
+        let old = Manifest {
+            layout: None,
+            ..sample()
+        };
+        old.check_layout(&other).unwrap();
+        m.check_layout(&Layout::untraceable()).unwrap();
+        let untraced = Manifest {
+            layout: Some(Layout::untraceable()),
+            ..sample()
+        };
+        untraced.check_layout(&other).unwrap();
     }
 
     #[test]
