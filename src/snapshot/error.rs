@@ -273,6 +273,8 @@ crate::error::debug_as_report!(Error {
     Checksum { what, expected, found },
     Decode { what, source },
     WrongJobVersion { job, snapshot, code },
+    LayoutChanged { snapshot, job, written, code, difference },
+    Undecodable { snapshot, what, source },
     WrongJob { expected, found },
     Inconsistent(text),
     NotFound { what },
