@@ -74,7 +74,7 @@ pub(crate) struct Scaler {
     decider: Decider,
     local_rates: Vec<f64>,
     remote_rates: Vec<f64>,
-    per_conn: HashMap<u64, f64>,
+    per_conn: HashMap<crate::schedule::ProcessId, f64>,
 }
 
 impl Scaler {

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use super::JobHandle;
 use super::job_run::Shared;
-use super::remote::ConnId;
 use crate::job::Job;
+use crate::schedule::ProcessId;
 
 impl<J: Job> JobHandle<J> {
     /// Drains the `n` most recently joined worker processes within `grace`: they are retired
@@ -46,7 +46,7 @@ impl<J: Job> JobHandle<J> {
 /// Watches the drain of connections `ids` (already retired) for `grace`; see the module's
 /// docs. Also for a worker process that left with a grace period of its own
 /// ([`WorkerOptions::grace`](crate::cluster::WorkerOptions::grace)).
-pub(crate) fn watch_drain<J: Job>(shared: &Arc<Shared<J>>, ids: Vec<ConnId>, grace: Duration) {
+pub(crate) fn watch_drain<J: Job>(shared: &Arc<Shared<J>>, ids: Vec<ProcessId>, grace: Duration) {
     tracing::info!(
         job = J::NAME,
         processes = ids.len(),
@@ -63,11 +63,11 @@ pub(crate) fn watch_drain<J: Job>(shared: &Arc<Shared<J>>, ids: Vec<ConnId>, gra
 /// The clock of one drain.
 async fn watch<J: Job>(
     weak: std::sync::Weak<Shared<J>>,
-    ids: Vec<ConnId>,
+    ids: Vec<ProcessId>,
     grace: Duration,
     start: Instant,
 ) {
-    let left = |shared: &Arc<Shared<J>>| -> Vec<ConnId> {
+    let left = |shared: &Arc<Shared<J>>| -> Vec<ProcessId> {
         let st = shared.lock();
         if st.ended {
             return Vec::new();

@@ -32,7 +32,7 @@ use super::{Config, Finished, IoRuntime, Outcome};
 use crate::error::{Error, Result, Site};
 use crate::job::{AnyHalo, Job, Next, Value};
 use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
-use crate::schedule::{ChunkId, Command, Core, Event, Plan, WorkerId};
+use crate::schedule::{ChunkId, Command, Core, Event, Plan, ProcessId, Shape, Side, WorkerId};
 use crate::wire::listener::Listener;
 
 /// A halo as it reached the coordinator: exported by a local worker, as bytes from a worker
@@ -42,12 +42,12 @@ use crate::wire::listener::Listener;
 pub(crate) enum Halo {
     Live(AnyHalo),
     Bytes(bytes::Bytes),
-    Kept(super::remote::ConnId),
+    Kept(ProcessId),
 }
 
 impl Halo {
     /// A halo from worker process `conn`.
-    pub(crate) fn from_wire(h: crate::wire::frame::Halo, conn: super::remote::ConnId) -> Halo {
+    pub(crate) fn from_wire(h: crate::wire::frame::Halo, conn: ProcessId) -> Halo {
         match h {
             crate::wire::frame::Halo::Sent(b) => Halo::Bytes(b),
             crate::wire::frame::Halo::Kept => Halo::Kept(conn),
@@ -74,7 +74,7 @@ impl Halo {
         h: Option<Halo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
-        holder: super::remote::ConnId,
+        holder: ProcessId,
     ) -> Result<Option<crate::wire::frame::Halo>> {
         use crate::wire::frame::Halo as Wire;
         Ok(match h {
@@ -89,7 +89,7 @@ impl Halo {
 
 /// A halo kept by worker process `conn` is needed for partition `chunk`, which is no longer
 /// there: the process handed the partition back without the halo (`Released`).
-fn kept_astray(conn: super::remote::ConnId, chunk: ChunkId) -> Error {
+fn kept_astray(conn: ProcessId, chunk: ChunkId) -> Error {
     Error::Cluster(crate::wire::Error::Rejected {
         peer: format!("worker process {conn}"),
         what: "a kept halo",
@@ -298,7 +298,7 @@ impl<J: Job> State<J> {
         if let Event::Joined { worker } = &event {
             // The slots of one worker process are balanced as one (`schedule/owned.rs`).
             if let Some(Member::Remote(slot)) = self.members.get(*worker) {
-                self.core.set_group(*worker, 1 << 63 | slot.conn);
+                self.core.set_process(*worker, slot.conn);
             }
         }
         if self.snap.cut.is_open() {
@@ -653,12 +653,16 @@ impl<J: Job> State<J> {
             down.push(d);
         }
         let mut remote_begins = Vec::new();
+        let shape = Shape::chain(plan.len());
         for (chunk, held) in self.core.kept_mut() {
-            let c = chunk as usize;
             // The partition changes: no part of it in the store is current any more.
             self.snap.on_run(chunk);
-            let before = if c > 0 { down[c - 1].take() } else { None };
-            let after = up.get_mut(c + 1).and_then(Option::take);
+            let before = shape
+                .neighbour(chunk, Side::Before)
+                .and_then(|n| down[n as usize].take());
+            let after = shape
+                .neighbour(chunk, Side::After)
+                .and_then(|n| up[n as usize].take());
             match held {
                 Held::Live(part) => {
                     let before = Halo::live(before, &hooks, chunk)?;
@@ -935,10 +939,11 @@ mod tests {
     #[test]
     fn a_kept_halo_is_named_back_only_to_its_keeper() {
         use crate::wire::frame::Halo as Wire;
+        const P3: ProcessId = ProcessId(3);
         let hooks = crate::job::Ownership::<Strips>::PARTITIONS.hooks.unwrap();
         let wire = |h, holder| Halo::wire(Some(h), &hooks, 5, holder);
-        assert_eq!(wire(Halo::Kept(3), 3).unwrap(), Some(Wire::Kept));
-        let sent = wire(Halo::Live(Box::new(7u64)), 3).unwrap();
+        assert_eq!(wire(Halo::Kept(P3), P3).unwrap(), Some(Wire::Kept));
+        let sent = wire(Halo::Live(Box::new(7u64)), P3).unwrap();
         assert_eq!(
             sent,
             Some(Wire::Sent(crate::codec::encode("h", &7u64).unwrap().into()))
@@ -954,8 +959,8 @@ mod tests {
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("accepted"),
         };
-        astray(wire(Halo::Kept(3), 4).map(|_| ()));
-        astray(Halo::live(Some(Halo::Kept(3)), &hooks, 5).map(|_| ()));
+        astray(wire(Halo::Kept(P3), ProcessId(4)).map(|_| ()));
+        astray(Halo::live(Some(Halo::Kept(P3)), &hooks, 5).map(|_| ()));
         let bytes = crate::codec::encode("h", &9u64).unwrap();
         let live = Halo::live(Some(Halo::Bytes(bytes.into())), &hooks, 5).unwrap();
         assert_eq!(*live.unwrap().downcast::<u64>().unwrap(), 9);

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
-use super::remote::ConnId;
 use crate::job::Job;
 use crate::run::{Assignment, Cell};
+use crate::schedule::ProcessId;
 use crate::schedule::WorkerId;
 
 /// A message to a local worker (or to the thread waiting in inline mode).
@@ -42,7 +42,7 @@ pub(crate) struct Local<J: Job> {
 /// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Slot {
-    pub(crate) conn: ConnId,
+    pub(crate) conn: ProcessId,
     pub(crate) slot: u32,
 }
 
@@ -92,7 +92,7 @@ impl<J: Job> Members<J> {
     }
 
     /// A new slot of connection `conn`.
-    pub(crate) fn join_slot(&mut self, conn: ConnId, slot: u32) -> WorkerId {
+    pub(crate) fn join_slot(&mut self, conn: ProcessId, slot: u32) -> WorkerId {
         self.join(Member::Remote(Slot { conn, slot }))
     }
 

@@ -104,12 +104,10 @@ use crate::codec;
 use crate::error::{Error, Site};
 use crate::job::Job;
 use crate::run::Held;
-use crate::schedule::{ChunkId, Event, Work, WorkerId};
+use crate::schedule::{ChunkId, Event, ProcessId, Shape, Side, Work, WorkerId};
 use crate::wire::Error as PeerError;
 use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 use crate::wire::listener::{Attach, Connection};
-
-pub(crate) type ConnId = u64;
 
 /// What a snapshot part from a worker process is of, for [`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS).
 #[derive(Clone, Copy)]
@@ -185,8 +183,9 @@ impl Conn {
 /// `members.rs`).
 #[derive(Default)]
 pub(crate) struct Remotes {
-    pub(crate) conns: HashMap<ConnId, Conn>,
-    next: ConnId,
+    pub(crate) conns: HashMap<ProcessId, Conn>,
+    /// The number of the next process to connect.
+    next: u64,
     /// The job value of a phase, encoded once for all connections.
     job_bytes: Option<(u64, Bytes)>,
     /// Worker processes started by `scale_remote` that may still be running.
@@ -196,7 +195,7 @@ pub(crate) struct Remotes {
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
     /// the connection asked, where the bytes go, and when they were asked for (to time the
     /// move).
-    fetches: HashMap<ChunkId, (ConnId, Fetch, std::time::Instant)>,
+    fetches: HashMap<ChunkId, (ProcessId, Fetch, std::time::Instant)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
     begins: HashMap<ChunkId, (Option<Halo>, Option<Halo>)>,
@@ -229,7 +228,7 @@ impl Remotes {
         &mut self,
         phase: u64,
         job: Bytes,
-        begins: Vec<(ConnId, ChunkId, Option<frame::Halo>, Option<frame::Halo>)>,
+        begins: Vec<(ProcessId, ChunkId, Option<frame::Halo>, Option<frame::Halo>)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
         for (id, chunk, before, after) in begins {
@@ -241,7 +240,7 @@ impl Remotes {
                         job: job.clone(),
                     });
                 }
-                tracing::debug!(conn = id, chunk, phase, "begin");
+                tracing::debug!(conn = %id, chunk, phase, "begin");
                 let _ = c.tx.send(ToWorker::Begin {
                     chunk,
                     before,
@@ -252,7 +251,7 @@ impl Remotes {
     }
 
     /// The halos a partition in worker process `id` exported, counted.
-    fn count_halos(&mut self, id: ConnId, up: frame::Halo, down: frame::Halo) -> (Halo, Halo) {
+    fn count_halos(&mut self, id: ProcessId, up: frame::Halo, down: frame::Halo) -> (Halo, Halo) {
         for h in [&up, &down] {
             match h {
                 frame::Halo::Kept => self.halos.0 += 1,
@@ -268,7 +267,7 @@ impl Remotes {
     }
 
     /// The connections, by id.
-    pub(crate) fn conn_ids(&self) -> Vec<ConnId> {
+    pub(crate) fn conn_ids(&self) -> Vec<ProcessId> {
         self.conns.keys().copied().collect()
     }
 
@@ -284,7 +283,7 @@ impl Remotes {
     }
 
     /// The worker process a fetch of `chunk` under way asked, if any.
-    pub(crate) fn fetching_from(&self, chunk: ChunkId) -> Option<ConnId> {
+    pub(crate) fn fetching_from(&self, chunk: ChunkId) -> Option<ProcessId> {
         self.fetches.get(&chunk).map(|(from, ..)| *from)
     }
 
@@ -294,7 +293,7 @@ impl Remotes {
     }
 
     /// Sends connection `id` the job value of `phase` (`job`), unless it has it.
-    pub(crate) fn send_phase(&mut self, id: ConnId, phase: u64, job: Bytes) {
+    pub(crate) fn send_phase(&mut self, id: ProcessId, phase: u64, job: Bytes) {
         if let Some(c) = self.conns.get_mut(&id) {
             if c.phase_sent != Some(phase) {
                 c.phase_sent = Some(phase);
@@ -305,16 +304,16 @@ impl Remotes {
 
     /// Whether connection `id` reads the job's store (see `Conn::reads_store`).
     /// Whether connection `id` is retiring (its slots leave at their next adjustment point).
-    pub(crate) fn is_retiring(&self, id: ConnId) -> bool {
+    pub(crate) fn is_retiring(&self, id: ProcessId) -> bool {
         self.conns.get(&id).is_some_and(|c| c.retiring)
     }
 
-    pub(crate) fn conn_reads_store(&self, id: ConnId) -> bool {
+    pub(crate) fn conn_reads_store(&self, id: ProcessId) -> bool {
         self.conns.get(&id).is_some_and(|c| c.reads_store)
     }
 
     /// Sends `msg` to connection `id`; `None` if it is gone.
-    pub(crate) fn send_to(&self, id: ConnId, msg: ToWorker) -> Option<()> {
+    pub(crate) fn send_to(&self, id: ProcessId, msg: ToWorker) -> Option<()> {
         self.conns.get(&id).and_then(|c| c.tx.send(msg).ok())
     }
 }
@@ -377,7 +376,7 @@ impl<J: Job> Attach for Shared<J> {
 /// worker up after a lease of silence.
 async fn connection<J: Job>(
     shared: Arc<Shared<J>>,
-    id: Option<ConnId>,
+    id: Option<ProcessId>,
     conn: Connection,
     mut rx: UnboundedReceiver<ToWorker>,
 ) {
@@ -495,8 +494,8 @@ impl<J: Job> State<J> {
         tx: UnboundedSender<ToWorker>,
         peer: String,
         threads: u32,
-    ) -> ConnId {
-        let id = self.remote.next;
+    ) -> ProcessId {
+        let id = ProcessId(self.remote.next);
         self.remote.next += 1;
         let threads = threads.clamp(1, 4096);
         let mut slots = Vec::with_capacity((threads * SLOTS_PER_THREAD) as usize);
@@ -527,7 +526,7 @@ impl<J: Job> State<J> {
     /// Tells connection `to` (or every connection) where the job's snapshots are, once one is
     /// committed there (see `ToWorker::Store`). Secrets are not sent: the URL is the store's
     /// shown form (credentials removed) and only options on a list of non-secret keys go.
-    pub(crate) fn offer_store(&self, shared: &Arc<Shared<J>>, to: Option<ConnId>) {
+    pub(crate) fn offer_store(&self, shared: &Arc<Shared<J>>, to: Option<ProcessId>) {
         let Some((epoch, created_unix_ms)) = self.snap.witness else {
             return;
         };
@@ -611,7 +610,7 @@ impl<J: Job> State<J> {
         }
         self.remote.send_phase(conn_id, phase, job_bytes);
         if let Some(c) = self.remote.conns.get_mut(&conn_id) {
-            tracing::debug!(conn = conn_id, slot, chunk, held, phase, "run");
+            tracing::debug!(conn = %conn_id, slot, chunk, held, phase, "run");
             let _ = c.tx.send(ToWorker::Run {
                 slot,
                 chunk,
@@ -692,7 +691,7 @@ impl<J: Job> State<J> {
     }
 
     /// Ends connection `id` once it has no slot and holds no partition.
-    fn end_if_drained(&mut self, id: ConnId) {
+    fn end_if_drained(&mut self, id: ProcessId) {
         let Some(c) = self.remote.conns.get(&id) else {
             return;
         };
@@ -710,7 +709,7 @@ impl<J: Job> State<J> {
     /// Ends the retiring connections that hold nothing any more (after a rollback, the
     /// partitions they held are no longer the job's).
     pub(crate) fn end_drained_remotes(&mut self) {
-        let retiring: Vec<ConnId> = self
+        let retiring: Vec<ProcessId> = self
             .remote
             .conns
             .iter()
@@ -723,7 +722,7 @@ impl<J: Job> State<J> {
     }
 
     /// Chunks whose partition only worker process `id` has (in the ledger, or asked for).
-    fn held_by(&self, id: ConnId) -> Vec<ChunkId> {
+    fn held_by(&self, id: ProcessId) -> Vec<ChunkId> {
         let mut v: Vec<ChunkId> = self
             .core
             .suspended()
@@ -743,7 +742,7 @@ impl<J: Job> State<J> {
 
     /// Whether worker process `id` was given, or asked about, the partition of `chunk` (so
     /// that its `Missing` or `FailedHeld` about it may end the job).
-    fn asked_of(&self, id: ConnId, chunk: ChunkId) -> bool {
+    fn asked_of(&self, id: ProcessId, chunk: ChunkId) -> bool {
         let runs_it = self.remote.conns.get(&id).is_some_and(|c| {
             c.slots
                 .iter()
@@ -755,7 +754,7 @@ impl<J: Job> State<J> {
             || self.held_by(id).contains(&chunk)
     }
 
-    fn holds_partitions(&self, id: ConnId) -> bool {
+    fn holds_partitions(&self, id: ProcessId) -> bool {
         self.core.is_partitioned() && !self.held_by(id).is_empty()
     }
 
@@ -765,7 +764,7 @@ impl<J: Job> State<J> {
     /// A partition whose phase began while it was on its way (`Fetch::Begin`) and that is
     /// then handed to a worker keeps its halos: it begins its phase when it arrives, before
     /// it goes on (`begins`).
-    pub(crate) fn fetch(&mut self, chunk: ChunkId, from: ConnId, to: Fetch) {
+    pub(crate) fn fetch(&mut self, chunk: ChunkId, from: ProcessId, to: Fetch) {
         match self.remote.fetches.get_mut(&chunk) {
             Some((_, prev, _)) => {
                 if let Fetch::Begin(before, after) = std::mem::replace(prev, to) {
@@ -777,7 +776,7 @@ impl<J: Job> State<J> {
                     .fetches
                     .insert(chunk, (from, to, std::time::Instant::now()));
                 if let Some(c) = self.remote.conns.get(&from) {
-                    tracing::debug!(conn = from, chunk, "surrender");
+                    tracing::debug!(conn = %from, chunk, "surrender");
                     let _ = c.tx.send(ToWorker::Surrender { chunk });
                 }
             }
@@ -786,14 +785,20 @@ impl<J: Job> State<J> {
 
     /// A local worker's `Run` of a partition held by worker process `from`: the runner waits
     /// for its bytes.
-    pub(crate) fn fetch_local(&mut self, chunk: ChunkId, from: ConnId) -> Held<J::Chunk> {
+    pub(crate) fn fetch_local(&mut self, chunk: ChunkId, from: ProcessId) -> Held<J::Chunk> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.fetch(chunk, from, Fetch::Local(tx));
         Held::Fetch(rx)
     }
 
     /// A surrendered partition arrived: it goes where its fetch said.
-    fn surrendered(&mut self, shared: &Arc<Shared<J>>, id: ConnId, chunk: ChunkId, state: Bytes) {
+    fn surrendered(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        id: ProcessId,
+        chunk: ChunkId,
+        state: Bytes,
+    ) {
         let Some((_, to, asked)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
@@ -862,7 +867,7 @@ impl<J: Job> State<J> {
     /// bytes now. One nobody waits for (the job rolled back meanwhile) is dropped.
     fn released(
         &mut self,
-        id: ConnId,
+        id: ProcessId,
         chunk: ChunkId,
         mut before: Option<Bytes>,
         mut after: Option<Bytes>,
@@ -884,16 +889,18 @@ impl<J: Job> State<J> {
             fill(b.as_mut(), &mut before);
             fill(a.as_mut(), &mut after);
         }
-        let c = chunk as usize;
-        if let Some(Some((_, down))) = c.checked_sub(1).and_then(|p| self.exports.get_mut(p)) {
+        // Halos the neighbours exported towards it at the barrier, not handed over yet.
+        let shape = Shape::chain(self.core.plan().len());
+        let export = |side| shape.neighbour(chunk, side).map(|n| n as usize);
+        if let Some(Some((_, down))) = export(Side::Before).and_then(|n| self.exports.get_mut(n)) {
             fill(Some(down), &mut before);
         }
-        if let Some(Some((up, _))) = c.checked_add(1).and_then(|n| self.exports.get_mut(n)) {
+        if let Some(Some((up, _))) = export(Side::After).and_then(|n| self.exports.get_mut(n)) {
             fill(Some(up), &mut after);
         }
         if before.is_some() || after.is_some() {
             tracing::debug!(
-                conn = id,
+                conn = %id,
                 chunk,
                 "released halos nobody waits for are dropped"
             );
@@ -955,7 +962,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 4: retires every slot of connection `id`.
-    pub(crate) fn retire_conn(&mut self, shared: &Arc<Shared<J>>, id: ConnId) {
+    pub(crate) fn retire_conn(&mut self, shared: &Arc<Shared<J>>, id: ProcessId) {
         let Some(c) = self.remote.conns.get_mut(&id) else {
             return;
         };
@@ -972,7 +979,7 @@ impl<J: Job> State<J> {
             .copied()
             .filter(|&w| self.core.knows(w))
             .collect();
-        tracing::debug!(conn = id, ?slots, "retiring a worker process");
+        tracing::debug!(conn = %id, ?slots, "retiring a worker process");
         // Its partitions come back into the ledger before it ends.
         if self.core.is_partitioned() {
             for chunk in self.held_by(id) {
@@ -999,8 +1006,8 @@ impl<J: Job> State<J> {
     }
 
     /// The `n` most recent connections that are not retiring, newest first.
-    pub(crate) fn newest_conns(&self, n: usize) -> Vec<ConnId> {
-        let mut ids: Vec<ConnId> = self
+    pub(crate) fn newest_conns(&self, n: usize) -> Vec<ProcessId> {
+        let mut ids: Vec<ProcessId> = self
             .remote
             .conns
             .iter()
@@ -1012,12 +1019,12 @@ impl<J: Job> State<J> {
     }
 
     /// Whether connection `id` is still there.
-    pub(crate) fn is_connected(&self, id: ConnId) -> bool {
+    pub(crate) fn is_connected(&self, id: ProcessId) -> bool {
         self.remote.conns.contains_key(&id)
     }
 
     /// Lets connection `id` go as if it were lost (a drain's grace period is over).
-    pub(crate) fn let_go(&mut self, shared: &Arc<Shared<J>>, id: ConnId) {
+    pub(crate) fn let_go(&mut self, shared: &Arc<Shared<J>>, id: ProcessId) {
         self.drop_conn(shared, id);
         self.settle(shared);
     }
@@ -1038,7 +1045,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 5: connection `id` is gone; its remaining slots are lost.
-    fn drop_conn(&mut self, shared: &Arc<Shared<J>>, id: ConnId) {
+    fn drop_conn(&mut self, shared: &Arc<Shared<J>>, id: ProcessId) {
         let Some(c) = self.remote.conns.remove(&id) else {
             return;
         };
@@ -1172,7 +1179,7 @@ impl<J: Job> State<J> {
 
     /// The answer of connection `id` to its oldest `CaptureHeld` about `chunk` not answered
     /// yet: the epoch folder that request named, or why no answer was due.
-    fn held_answer(&mut self, id: ConnId, chunk: ChunkId) -> Result<u64, String> {
+    fn held_answer(&mut self, id: ProcessId, chunk: ChunkId) -> Result<u64, String> {
         let asked = &mut self.snap.held_outstanding;
         let Some(folders) = asked.get_mut(&(chunk, id)) else {
             return Err(format!("chunk {chunk} was not asked of this process"));
@@ -1187,7 +1194,13 @@ impl<J: Job> State<J> {
     /// The part of held `chunk` from connection `id`, for the open cut if it waits for it
     /// from that process (an answer to an earlier request is as good: the partition did not
     /// change since, see `worker/io.rs`); else dropped.
-    fn captured_held(&mut self, shared: &Arc<Shared<J>>, id: ConnId, chunk: ChunkId, part: Part) {
+    fn captured_held(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        id: ProcessId,
+        chunk: ChunkId,
+        part: Part,
+    ) {
         if self.snap.held_asked.get(&chunk) == Some(&id) {
             self.snap.held_asked.remove(&chunk);
             if self.snap.cut.waits_for_held(chunk) {
@@ -1203,7 +1216,7 @@ impl<J: Job> State<J> {
     /// Counts a snapshot part received from worker process `id`
     /// ([`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS)), and records whether it came as a
     /// reference (see `Conn::reads_store`).
-    fn remote_parts(&mut self, id: ConnId, of: RemotePart, by_reference: bool) {
+    fn remote_parts(&mut self, id: ProcessId, of: RemotePart, by_reference: bool) {
         if let Some(c) = self.remote.conns.get_mut(&id) {
             c.reads_store = by_reference;
         }
@@ -1224,7 +1237,7 @@ impl<J: Job> State<J> {
     fn on_remote(
         &mut self,
         shared: &Arc<Shared<J>>,
-        id: ConnId,
+        id: ProcessId,
         msg: ToCoordinator,
     ) -> Result<(), PeerError> {
         if tracing::enabled!(tracing::Level::DEBUG) {
@@ -1249,7 +1262,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Piece { .. } => ("piece", None),
                 ToCoordinator::Undecodable { .. } => ("undecodable", None),
             };
-            tracing::debug!(conn = id, what, chunk, "from a worker process");
+            tracing::debug!(conn = %id, what, chunk, "from a worker process");
         }
         // A worker process may end the job about a partition only if it was given or asked
         // about it.

@@ -53,11 +53,11 @@ use std::time::{Duration, Instant};
 use super::io::{Restored, read_manifest, restore};
 use super::job_run::{Shared, State};
 use super::members::Member;
-use super::remote::ConnId;
 use super::snapshot::Snapshots;
 use crate::error::Error;
 use crate::job::Job;
 use crate::run::Held;
+use crate::schedule::ProcessId;
 use crate::schedule::{ChunkId, Event, WorkerId};
 use crate::snapshot::{PartRef, SnapshotId};
 use crate::wire::frame::ToWorker;
@@ -486,7 +486,7 @@ impl<J: Job> State<J> {
         };
         // Where each pending chunk queued on a process runs, and how soon (its place in its
         // slot's queue).
-        let mut soon: HashMap<ChunkId, (ConnId, usize)> = HashMap::new();
+        let mut soon: HashMap<ChunkId, (ProcessId, usize)> = HashMap::new();
         for worker in self.members.ids() {
             if let Some(Member::Remote(slot)) = self.members.get(worker) {
                 let conn = slot.conn;
@@ -504,7 +504,7 @@ impl<J: Job> State<J> {
         if by_part_only {
             self.core.deal_unheld_kept();
         }
-        let holders: HashMap<ChunkId, ConnId> = self
+        let holders: HashMap<ChunkId, ProcessId> = self
             .core
             .kept()
             .filter_map(
@@ -517,9 +517,9 @@ impl<J: Job> State<J> {
         // (process, rank, chunk, state): each process gets the first chunk of each of its
         // slots' queues, then the second, and so on; the partitions done in the snapshot's
         // phase, which run in the next one, last.
-        let mut places: Vec<(ConnId, usize, ChunkId, bytes::Bytes)> = Vec::new();
+        let mut places: Vec<(ProcessId, usize, ChunkId, bytes::Bytes)> = Vec::new();
         // On the first pass only what goes by part: the other states are not read yet.
-        let by_part = |conn: ConnId, chunk: ChunkId| {
+        let by_part = |conn: ProcessId, chunk: ChunkId| {
             parts.contains_key(&chunk) && self.remote.conn_reads_store(conn)
         };
         for (chunk, held) in self.core.suspended_mut() {

@@ -56,7 +56,7 @@ use crate::error::{Cause, Error, Result};
 use crate::job::Job;
 use crate::run::Held;
 use crate::run::{CAPTURE, SuspendToken};
-use crate::schedule::{ChunkId, Chunking, Core, Cut, CutCommand, Schedule, WorkerId};
+use crate::schedule::{ChunkId, Chunking, Core, Cut, CutCommand, ProcessId, Schedule, WorkerId};
 use crate::snapshot::{FORMAT_VERSION, Manifest, PartRef, Skipped, SnapshotId, Store};
 use crate::wire::frame::ToWorker;
 
@@ -110,7 +110,7 @@ pub(crate) struct Snapshots {
     pub(crate) out: Commands,
     /// Worker processes that keep the partitions of chunks whose `Done` reached a cut before
     /// the ledger (their part is asked of them).
-    pub(crate) kept_by: HashMap<ChunkId, u64>,
+    pub(crate) kept_by: HashMap<ChunkId, ProcessId>,
     /// Snapshots committed since the last full one (one that referenced no part of an
     /// earlier snapshot); `u32::MAX` when unknown (a resumed run).
     pub(crate) since_full: u32,
@@ -120,12 +120,12 @@ pub(crate) struct Snapshots {
     pub(crate) resumed: Option<Resumed>,
     /// The worker process each held partition's part was last asked of (`CaptureHeld`) for
     /// the open cut: only that process's answer is taken into it.
-    pub(crate) held_asked: HashMap<ChunkId, u64>,
+    pub(crate) held_asked: HashMap<ChunkId, ProcessId>,
     /// Every `CaptureHeld` not answered yet, by chunk and worker process: the epoch folders
     /// they named, oldest first (a process answers about one chunk in the order it was
     /// asked). An answer that none of them asked for breaks the protocol; an answer to an
     /// abandoned cut's request, or to one from before a rollback, is taken and dropped.
-    pub(crate) held_outstanding: HashMap<(ChunkId, u64), std::collections::VecDeque<u64>>,
+    pub(crate) held_outstanding: HashMap<(ChunkId, ProcessId), std::collections::VecDeque<u64>>,
     /// Held partitions the open cut waits for that were already on their way back from their
     /// worker process (`Surrender`) when the cut wanted them: their bytes are the part, taken
     /// when they arrive (the process no longer has them to answer a `CaptureHeld`).

@@ -49,7 +49,7 @@ pub(crate) enum Held<C> {
     Bytes(bytes::Bytes),
     /// An owned partition held by the worker process of this connection (the executor's
     /// number for it): only that process has its state.
-    Elsewhere(u64),
+    Elsewhere(crate::schedule::ProcessId),
     /// An owned partition on its way from the worker process that held it: the worker that
     /// runs it waits for its bytes (an error if that process was lost on the way).
     Fetch(crossbeam_channel::Receiver<Result<bytes::Bytes, Error>>),
@@ -85,7 +85,7 @@ impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
     }
 
     /// The connection of the worker process that holds this partition, if one does.
-    pub(crate) fn elsewhere(&self) -> Option<u64> {
+    pub(crate) fn elsewhere(&self) -> Option<crate::schedule::ProcessId> {
         match self {
             Held::Elsewhere(c) => Some(*c),
             _ => None,

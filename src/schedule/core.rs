@@ -56,6 +56,18 @@ pub type WorkerId = u64;
 /// The index of a chunk within its phase.
 pub type ChunkId = u64;
 
+/// Identifies a worker process (one connection of it) for the lifetime of an executor; ids
+/// are never reused. Its slots are workers ([`WorkerId`]) of their own; a process id is never
+/// a worker id, and the two never share a map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProcessId(pub u64);
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// What a worker measured while running a chunk, reported with `Done` and `Yielded`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Work {
@@ -752,12 +764,12 @@ impl<R: Reducer, S> Core<R, S> {
         }
     }
 
-    /// Owned partitions: `worker` is one of several slots of `group` (a worker process), so
-    /// partitions are balanced between groups and move between its slots for free. Set it
-    /// before the worker joins.
-    pub(crate) fn set_group(&mut self, worker: WorkerId, group: u64) {
+    /// Owned partitions: `worker` is one of the slots of worker process `process`, so
+    /// partitions are balanced between processes and move between its slots for free. Set
+    /// it before the worker joins.
+    pub(crate) fn set_process(&mut self, worker: WorkerId, process: ProcessId) {
         if let Pending::Owned(o) = &mut self.pending {
-            o.set_group(worker, group);
+            o.set_process(worker, process);
         }
     }
 

@@ -11,6 +11,8 @@
 //! - `cut.rs`: the snapshot cut, also a state machine (marker, captures, the output that
 //!   wins over a state, quiescence for a suspend, one write at a time), driven next to the
 //!   core by the executor and by the tests.
+//! - `shape.rs`: which owned partitions neighbour each other (whose halos each reads): the
+//!   one place that says so.
 //! - `decide.rs`: the autoscaling decider ([`Decider`]): measured throughputs, work left and
 //!   the time in, worker counts out, each decision with its [`Reason`]; also a state machine.
 //!
@@ -33,12 +35,13 @@ mod guided;
 mod idhash;
 mod owned;
 mod plan;
+mod shape;
 mod static_;
 
 // The sans-IO core is public (hidden) only so the crate's benchmarks can drive it; it is not
 // a stable API.
 #[doc(hidden)]
-pub use self::core::{ChunkId, Command, Core, Event, Rejected, Work, WorkerId};
+pub use self::core::{ChunkId, Command, Core, Event, ProcessId, Rejected, Work, WorkerId};
 #[doc(hidden)]
 pub use cut::{Captured, Cut, CutCommand, Write, Written};
 pub use decide::{
@@ -50,6 +53,7 @@ pub use plan::Chunking;
 pub(crate) use plan::Invalid;
 #[doc(hidden)]
 pub use plan::Plan;
+pub(crate) use shape::{Shape, Side};
 
 use serde::{Deserialize, Serialize};
 

@@ -27,7 +27,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use super::idhash::IdMap;
 use super::static_::{extremes, len_of};
-use super::{ChunkId, Plan, WorkerId};
+use super::{ChunkId, Plan, ProcessId, Shape, WorkerId};
 
 /// The part of the largest load the moves of a phase start must save (15%): below it,
 /// noise. A move between processes costs a partition's bytes on the phase's critical path,
@@ -35,6 +35,14 @@ use super::{ChunkId, Plan, WorkerId};
 /// measured speeds swung by a few percent traded two partitions at every phase (two
 /// processes ran 50 phases at 0.54x two local threads; 0.71x at 15%).
 pub(super) const PHASE_SLACK: f64 = 0.15;
+
+/// A group of workers balanced as one: the slots of a worker process, or a worker alone.
+/// Ordered as the deal walks them: workers of their own first, then processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    Worker(WorkerId),
+    Process(ProcessId),
+}
 
 /// Per-worker queues of pending chunks, each in index order, and who holds which partition.
 #[derive(Debug, Default)]
@@ -48,8 +56,8 @@ pub(super) struct Owners {
     len: usize,
     /// Partitions moved to a worker other than their holder, since the job started.
     moved: u64,
-    /// The group of each worker that is a slot of a worker process (`set_group`).
-    groups: IdMap<WorkerId, u64>,
+    /// The worker process of each worker that is a slot of one (`set_process`).
+    processes: IdMap<WorkerId, ProcessId>,
 }
 
 impl Owners {
@@ -262,11 +270,9 @@ impl Owners {
                 push_sorted(self.queues.entry(ids[i]).or_default(), c);
             }
         } else {
+            let shape = Shape::chain(plan.len());
             for c in homeless {
-                let near = |i: usize| {
-                    let holds = |x: ChunkId| self.holds(ids[i], x);
-                    (c > 0 && holds(c - 1)) || holds(c + 1)
-                };
+                let near = |i: usize| shape.neighbours(c).any(|n| self.holds(ids[i], n));
                 let best = (0..k)
                     .min_by(|&a, &b| {
                         let key = |i: usize| (!near(i), load[i] + len_of(plan, c) / speed(i));
@@ -290,8 +296,8 @@ impl Owners {
         // partition back and forth at every phase. And each slot of a process was balanced
         // on its own: their speeds, measured behind each other on one thread, differ by more
         // than the slack, and two partitions crossed between processes at every phase.)
-        let group: Vec<u64> = ids.iter().map(|w| self.group_of(*w)).collect();
-        let mut groups: Vec<(u64, Vec<usize>)> = Vec::new();
+        let group: Vec<Group> = ids.iter().map(|w| self.group_of(*w)).collect();
+        let mut groups: Vec<(Group, Vec<usize>)> = Vec::new();
         for (i, &g) in group.iter().enumerate() {
             match groups.iter_mut().find(|(h, _)| *h == g) {
                 Some((_, members)) => members.push(i),
@@ -432,14 +438,17 @@ impl Owners {
     }
 
     /// The group of `w`: the worker process whose slot it is, or itself.
-    fn group_of(&self, w: WorkerId) -> u64 {
-        self.groups.get(&w).copied().unwrap_or(w)
+    fn group_of(&self, w: WorkerId) -> Group {
+        match self.processes.get(&w) {
+            Some(&p) => Group::Process(p),
+            None => Group::Worker(w),
+        }
     }
 
-    /// Worker `w` is one of several slots of `group` (a worker process): partitions move
-    /// between them for free, and the balance evens groups' loads, not slots'.
-    pub(super) fn set_group(&mut self, w: WorkerId, group: u64) {
-        self.groups.insert(w, group);
+    /// Worker `w` is one of the slots of worker process `process`: partitions move between
+    /// them for free, and the balance evens groups' loads, not slots'.
+    pub(super) fn set_process(&mut self, w: WorkerId, process: ProcessId) {
+        self.processes.insert(w, process);
     }
 
     /// Whether `w` has `x` queued, or holds its partition.
@@ -510,7 +519,7 @@ mod tests {
         // `ran`).
         let mut taken = Vec::new();
         for w in 0..8 {
-            o.set_group(w, 100 + w % 2);
+            o.set_process(w, ProcessId(100 + w % 2));
             workers.push((w, 1.0, 0));
             o.reassign(&workers, &plan(32), 0.0);
             let c = o.take(w).expect("a chunk for each slot");
@@ -536,7 +545,7 @@ mod tests {
         o.start_phase(&[], &plan(32));
         let mut workers: Vec<_> = (0..4).map(|w| (w, 1.0, 1)).collect();
         for w in 0..4 {
-            o.set_group(w, 100);
+            o.set_process(w, ProcessId(100));
         }
         o.reassign(&workers, &plan(32), 0.0);
         let mut took = Vec::new();
@@ -552,7 +561,7 @@ mod tests {
             "a process runs its block in order"
         );
         for w in 4..8 {
-            o.set_group(w, 101);
+            o.set_process(w, ProcessId(101));
             workers.push((w, 1.0, 0));
         }
         o.reassign(&workers, &plan(32), 0.0);
@@ -571,7 +580,7 @@ mod tests {
     fn a_process_joining_late_takes_one_block() {
         let mut o = Owners::new(32);
         for w in 0..8 {
-            o.set_group(w, 100 + w / 4);
+            o.set_process(w, ProcessId(100 + w / 4));
         }
         for c in 0..32 {
             o.ran(c, c % 4);
@@ -597,7 +606,7 @@ mod tests {
     fn restored_partitions_are_dealt_in_blocks_and_held_there() {
         let mut o = Owners::new(12);
         for w in 1..5 {
-            o.set_group(w, 100);
+            o.set_process(w, ProcessId(100));
         }
         let workers: Vec<_> = (0..5).map(|w| (w, 0.0, 0)).collect();
         o.deal_unheld(&workers, (0..12).collect(), &plan(12));
@@ -650,7 +659,7 @@ mod tests {
     fn the_slots_of_a_process_are_balanced_as_one() {
         let mut o = Owners::new(32);
         for w in 0..8 {
-            o.set_group(w, 100 + w / 4);
+            o.set_process(w, ProcessId(100 + w / 4));
         }
         for c in 0..32 {
             o.ran(c, c / 4);
@@ -672,7 +681,7 @@ mod tests {
             (0..4).map(|w| o.queue(w)).collect::<Vec<_>>()
         );
         for w in 8..12 {
-            o.set_group(w, 102);
+            o.set_process(w, ProcessId(102));
         }
         let twelve: Vec<_> = (0..12).map(|w| (w, 1.0, 0)).collect();
         o.start_phase(&twelve, &plan(32));
