@@ -82,7 +82,7 @@
 //! | `schedule` | `src/schedule/` | pure: plans, schedules, the ledger (`core`), the snapshot cut (`cut`); no threads, clocks, atomics or I/O |
 //! | `run` | `src/run/` | the one chunk runner of local threads, the inline worker and remote threads, and its flag contract |
 //! | `snapshot` | `src/snapshot/` | the storage edge: format, store, commit protocol, retention |
-//! | `wire` | `src/cluster/` | the wire: frames, handshake, listener, launchers; no `Job` |
+//! | `wire` | `src/wire/` | the wire: frames, handshake, listener, launchers; no `Job` |
 //! | `worker` | `src/worker/` | the worker process: [`cluster::serve`] = wire + runner + store |
 //! | `executor` | `src/executor/` | the coordinator: core + cut + members, local threads, remote connections, I/O |
 //! | `slurm` | `src/slurm.rs` | a leaf on its own: reads the allocation's end time from Slurm; imports nothing of the crate |
@@ -105,7 +105,6 @@ pub mod schedule;
 pub mod slurm;
 pub mod snapshot;
 pub mod timeline;
-#[path = "cluster/mod.rs"]
 mod wire;
 mod worker;
 
@@ -119,7 +118,7 @@ pub mod cluster {
     //! [`JobHandle::scale_remote`](crate::JobHandle::scale_remote), which starts processes
     //! through a [`Launcher`].
     //!
-    //! This module is the face of two layers: the wire (`src/cluster/`: [`frame`],
+    //! This module is the face of two layers: the wire (`src/wire/`: [`frame`],
     //! [`handshake`], launchers, [`Error`]) and the worker process (`src/worker/`: [`serve`],
     //! [`Registry`], [`WorkerOptions`], [`Served`]).
 

@@ -1,5 +1,5 @@
 //! The layering rules of `src/lib.rs`, checked on the source: the pure layer (`schedule`)
-//! uses no tokio, crossbeam, atomics, clock or crate-wide error; the wire (`src/cluster/`)
+//! uses no tokio, crossbeam, atomics, clock or crate-wide error; the wire (`src/wire/`)
 //! knows no job, runner, worker process or executor; the executor and the worker process
 //! never import each other, and no leaf layer imports the executor.
 
@@ -63,7 +63,7 @@ fn the_schedule_layer_is_pure() {
 #[test]
 fn the_wire_knows_no_job_and_no_executor() {
     let found = offenders(
-        "src/cluster",
+        "src/wire",
         &[
             "crate::job",
             "crate::Job",
@@ -84,7 +84,7 @@ fn the_executor_and_the_worker_process_never_import_each_other() {
         "src/worker",
         "src/run",
         "src/snapshot",
-        "src/cluster",
+        "src/wire",
         "src/schedule",
     ] {
         let found = offenders(leaf, &["crate::executor"]);

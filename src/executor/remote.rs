@@ -8,7 +8,7 @@
 //!
 //! # Membership (coordinator side)
 //!
-//! 1. *Join.* An accepted connection (see `cluster/listener.rs`) is attached to the job under
+//! 1. *Join.* An accepted connection (see `wire/listener.rs`) is attached to the job under
 //!    its lock: each of its slots gets a worker id and joins the core (`Joined`), also in the
 //!    middle of a phase; the core may hand them chunks at once.
 //! 2. *Run.* A `Run` command for a slot becomes a `Run` message, preceded by the phase's job
