@@ -26,7 +26,7 @@ use std::time::Instant;
 use super::members::{Member, Members, Msg};
 use super::progress::Publisher;
 use super::remote::{Fetch, Remotes};
-use super::rollback::{Rollback, RollingBack};
+use super::rollback::Rollback;
 use super::snapshot::{self, Captured, Snapshots};
 use super::{Config, Finished, IoRuntime, Outcome};
 use crate::error::{Error, Result, Site};
@@ -148,7 +148,7 @@ pub(crate) struct State<J: Job> {
     /// Owned partitions: moves the core had counted at the last barrier (for the counter).
     pub(crate) moved: u64,
     /// Owned partitions lost: the rollback under way (`rollback.rs`).
-    pub(crate) rollback: Option<RollingBack>,
+    pub(crate) rollback: crate::schedule::RollbackMachine,
     /// The rollbacks done, for the handle.
     pub(crate) rollbacks: Vec<Rollback>,
     /// What the autoscaler did and learned, for the handle (`autoscale.rs`); `None` without
@@ -195,7 +195,7 @@ impl<J: Job> State<J> {
             exports: Vec::new(),
             exporting: Default::default(),
             moved: 0,
-            rollback: None,
+            rollback: Default::default(),
             rollbacks: Vec::new(),
             autoscale: None,
             stale_events: 0,

@@ -1513,7 +1513,7 @@ impl<J: Job> State<J> {
             ToCoordinator::Abandoned { slot, chunk } => {
                 let w = slot_of(conn, slot)?;
                 // Only a rollback abandons chunks, those its slots run.
-                if self.rollback.is_none() || self.core.running_on(w) != Some(chunk) {
+                if !self.rollback.is_under_way() || self.core.running_on(w) != Some(chunk) {
                     return Err(bad(format!(
                         "chunk {chunk} was abandoned in slot {slot}, which was not asked to"
                     )));

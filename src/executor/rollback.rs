@@ -6,6 +6,11 @@
 //! the job needs. Every other worker's state is newer than any snapshot, and a phase mixes
 //! neighbours' halos, so the only consistent state to go back to is a whole committed cut.
 //!
+//! Which step comes next, to which snapshot, and whether a loss starts the rollback over or
+//! ends the job is decided by the pure [`RollbackMachine`](crate::schedule::RollbackMachine)
+//! (`schedule/rollback.rs`, unit-tested through every ordering of losses, commits and
+//! reads); this file carries its commands out: it halts, reads, resets and places.
+//!
 //! 1. *Halt.* The loss is noticed (`drop_conn`, or the core when a running partition had no
 //!    copy): the core stops handing out chunks and every running chunk is interrupted. A
 //!    local worker hands its chunk back; a worker process drops its chunks (`Abandon`,
@@ -48,7 +53,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::io::{Restored, read_manifest, restore};
 use super::job_run::{Shared, State};
@@ -58,7 +63,7 @@ use crate::error::Error;
 use crate::job::Job;
 use crate::run::Held;
 use crate::schedule::ProcessId;
-use crate::schedule::{ChunkId, Event, WorkerId};
+use crate::schedule::{ChunkId, Event, RollbackCommand, RollbackRecord, WorkerId};
 use crate::snapshot::{PartRef, SnapshotId};
 use crate::wire::frame::ToWorker;
 
@@ -90,37 +95,15 @@ pub struct Rollback {
     pub started_over: u64,
 }
 
-/// A rollback under way.
-pub(crate) struct RollingBack {
-    lost: Vec<ChunkId>,
-    from_phase: u64,
-    /// The snapshot to go back to; `None` while the first snapshot is being written (its
-    /// outcome decides, step 2).
-    epoch: Option<u64>,
-    since: Instant,
-    /// When the run was quiet and the read started.
-    reading: Option<Instant>,
-    /// The restored run is placed and waits for the parts the coordinator itself needs
-    /// (step 6); a loss meanwhile starts the rollback again.
-    filling: bool,
-    /// Tries so far: a read that ends after the rollback started again is dropped.
-    attempt: u64,
-    /// How long the manifest's read took.
-    read: Duration,
-}
-
-impl RollingBack {
-    /// The epoch gone back to: decided at step 2, before anything is read, so every step
-    /// after it sees `Some`.
-    fn to(&self) -> u64 {
-        self.epoch.unwrap_or_default()
-    }
-}
-
 impl<J: Job> State<J> {
     /// Whether a rollback is under way (the core is halted and must stay so).
     pub(crate) fn rolling_back(&self) -> bool {
-        self.rollback.is_some()
+        self.rollback.is_under_way()
+    }
+
+    /// The time the rollback machine reads: since the run started.
+    fn since_start(shared: &Arc<Shared<J>>) -> Duration {
+        shared.started.elapsed()
     }
 
     /// Owned partitions were lost: roll back to the latest committed snapshot, or end the job
@@ -132,59 +115,80 @@ impl<J: Job> State<J> {
         }
         let mut chunks: Vec<ChunkId> = self.core.lost_partitions().to_vec();
         chunks.extend_from_slice(lost);
-        chunks.sort_unstable();
-        chunks.dedup();
-        if let Some(rb) = &mut self.rollback {
-            rb.lost.extend(chunks);
-            rb.lost.sort_unstable();
-            rb.lost.dedup();
-            if rb.filling {
-                // The restored run lost partitions placed on a process: read the snapshot
-                // again and place them on the workers left.
-                tracing::warn!(job = J::NAME, lost = ?rb.lost, "owned partitions were lost while the job rolled back: rolling back again");
-                rb.filling = false;
-                rb.reading = None;
-                rb.attempt += 1;
-            }
-            return;
+        let before = self.rollback.attempt();
+        if before.is_none() {
+            tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, "owned partitions were lost");
         }
-        let epoch = self.snap.last_epoch;
-        if epoch.is_none() && !self.snap.cut.is_writing() {
-            return self.nothing_to_roll_back_to(shared, chunks);
+        let mut out = Vec::new();
+        let (committed, writing) = (self.snap.last_epoch, self.snap.cut.is_writing());
+        let now = Self::since_start(shared);
+        self.rollback
+            .lost(&chunks, self.phase, committed, writing, now, &mut out);
+        if before.is_some() && self.rollback.attempt() != before {
+            tracing::warn!(job = J::NAME, lost = ?chunks, "owned partitions were lost while the job rolled back: rolling back again");
+        } else if before.is_none() && committed.is_none() && self.rollback.is_under_way() {
+            tracing::warn!(
+                job = J::NAME,
+                "the first snapshot is being written: rolling back to it if it commits"
+            );
         }
-        match epoch {
-            Some(epoch) => {
-                tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, epoch, "owned partitions were lost: rolling back to the latest committed snapshot");
-                self.rollback_started(&chunks, epoch);
-            }
-            // The first snapshot is being written: its outcome decides (step 2).
-            None => {
-                tracing::warn!(job = J::NAME, lost = ?chunks, phase = self.phase, "owned partitions were lost while the first snapshot is written: rolling back to it if it commits");
-            }
-        }
-        self.rollback = Some(RollingBack {
-            lost: chunks,
-            from_phase: self.phase,
-            epoch,
-            since: Instant::now(),
-            reading: None,
-            filling: false,
-            attempt: 0,
-            read: Duration::ZERO,
-        });
-        // A cut whose marker is out cannot complete: the chunks it waits for are dropped
-        // (step 1), and what a dropped chunk leaves is no state.
-        let mut out = std::mem::take(&mut self.snap.out);
-        self.snap.cut.give_way(&mut out);
-        self.cut_commands(shared, &mut out);
-        self.snap.out = out;
-        self.drive_core(crate::schedule::Core::halt);
+        self.rollback_commands(shared, out, None);
     }
 
-    /// A rollback to `epoch` is decided: counted and on the timeline.
-    fn rollback_started(&mut self, lost: &[ChunkId], epoch: u64) {
-        metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
-        self.watch_rollback(lost, epoch);
+    /// Carries out what the rollback machine decided; `error` is why a read failed.
+    fn rollback_commands(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        out: Vec<RollbackCommand>,
+        mut error: Option<Error>,
+    ) {
+        for cmd in out {
+            match cmd {
+                RollbackCommand::Halt => {
+                    // A cut whose marker is out cannot complete: the chunks it waits for
+                    // are dropped (step 1), and what a dropped chunk leaves is no state.
+                    let mut out = std::mem::take(&mut self.snap.out);
+                    self.snap.cut.give_way(&mut out);
+                    self.cut_commands(shared, &mut out);
+                    self.snap.out = out;
+                    self.drive_core(crate::schedule::Core::halt);
+                }
+                RollbackCommand::Started { lost, epoch } => {
+                    tracing::warn!(
+                        job = J::NAME,
+                        ?lost,
+                        epoch,
+                        "rolling back to the latest committed snapshot"
+                    );
+                    metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
+                    self.watch_rollback(&lost, epoch);
+                }
+                RollbackCommand::ReadManifest { epoch, attempt } => {
+                    self.read_manifest(shared, epoch, attempt);
+                }
+                // Carried out by `rolled_back`, which asked.
+                RollbackCommand::Reset => {}
+                RollbackCommand::Restart(record) => self.restart_restored(shared, record),
+                RollbackCommand::NothingToRollBackTo { lost } => {
+                    self.nothing_to_roll_back_to(shared, lost);
+                }
+                RollbackCommand::Failed { lost, epoch } => {
+                    let e = error
+                        .take()
+                        .unwrap_or_else(|| Error::Internal("a read failed without a cause".into()));
+                    tracing::warn!(job = J::NAME, epoch, error = %e, "the snapshot to roll back to could not be read: the job ends");
+                    self.fail(
+                        shared,
+                        Error::RollbackFailed {
+                            job: J::NAME,
+                            epoch,
+                            lost,
+                            source: Box::new(e),
+                        },
+                    );
+                }
+            }
+        }
     }
 
     /// Owned partitions were lost and no snapshot was committed (nor is one being written):
@@ -200,39 +204,23 @@ impl<J: Job> State<J> {
         );
     }
 
-    /// Step 2: once the run is quiet, reads the snapshot back (step 3) on the I/O runtime.
+    /// Step 2: once the run is quiet, the machine decides what to read back (step 3).
     pub(crate) fn poll_rollback(&mut self, shared: &Arc<Shared<J>>) {
+        if self.ended || !self.rolling_back() {
+            return;
+        }
         let quiet = self.core.running().next().is_none()
             && self.remote.fetches_empty()
             && !self.snap.cut.is_writing();
-        let Some(rb) = &mut self.rollback else { return };
-        if self.ended || rb.reading.is_some() || !quiet {
-            return;
-        }
-        // A write that committed meanwhile is the newest restore point; a loss during the
-        // first snapshot's write waited for its outcome, and without a commit there is
-        // nothing to go back to.
-        let decided = rb.epoch.is_some();
-        let Some(epoch) = self.snap.last_epoch.max(rb.epoch) else {
-            let lost = std::mem::take(&mut rb.lost);
-            self.rollback = None;
-            return self.nothing_to_roll_back_to(shared, lost);
-        };
-        rb.epoch = Some(epoch);
-        if !decided {
-            let lost = rb.lost.clone();
-            tracing::warn!(
-                job = J::NAME,
-                ?lost,
-                epoch,
-                "the first snapshot committed: rolling back to it"
-            );
-            self.rollback_started(&lost, epoch);
-        }
-        let Some(rb) = &mut self.rollback else { return };
-        let started = Instant::now();
-        rb.reading = Some(started);
-        let attempt = rb.attempt;
+        let mut out = Vec::new();
+        let now = Self::since_start(shared);
+        self.rollback
+            .poll(quiet, self.snap.last_epoch, now, &mut out);
+        self.rollback_commands(shared, out, None);
+    }
+
+    /// Step 3: reads the manifest of `epoch` on the I/O runtime, for `attempt`.
+    fn read_manifest(&mut self, shared: &Arc<Shared<J>>, epoch: u64, attempt: u64) {
         let cfg = shared.config.snapshots.clone();
         let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
         let shared2 = Arc::clone(shared);
@@ -241,7 +229,6 @@ impl<J: Job> State<J> {
                 Ok(store) => read_manifest::<J>(&store, &id).await.map(|m| (m, store)),
                 Err(e) => Err(e),
             };
-            let read_took = started.elapsed();
             // Decoding runs user code (`iterations`, `reducer`): off the I/O thread. The
             // states stay in the store for now (empty bytes in the ledger): a process that
             // reads the store reads its own, and the coordinator reads the rest (step 6)
@@ -259,7 +246,7 @@ impl<J: Job> State<J> {
                 )))
             });
             let mut st = shared2.lock();
-            st.rolled_back(&shared2, restored, read_took, attempt);
+            st.rolled_back(&shared2, restored, attempt);
         });
     }
 
@@ -271,16 +258,15 @@ impl<J: Job> State<J> {
         &mut self,
         shared: &Arc<Shared<J>>,
         restored: crate::Result<(Restored<J>, crate::snapshot::Store)>,
-        read: Duration,
         attempt: u64,
     ) {
-        let Some(rb) = self.rollback.as_mut() else {
-            return;
-        };
-        if self.ended || rb.attempt != attempt {
+        if self.ended {
             return;
         }
-        rb.read = read;
+        let mut out = Vec::new();
+        let now = Self::since_start(shared);
+        self.rollback
+            .manifest_read(attempt, restored.is_ok(), now, &mut out);
         let (
             Restored {
                 job,
@@ -290,8 +276,9 @@ impl<J: Job> State<J> {
             },
             store,
         ) = match restored {
-            Ok(r) => r,
-            Err(e) => return self.rollback_failed(shared, e),
+            Ok(r) if out.contains(&RollbackCommand::Reset) => r,
+            Ok(_) => return,
+            Err(e) => return self.rollback_commands(shared, out, Some(e)),
         };
         // Each restored partition's part.
         let parts: HashMap<ChunkId, PartRef> =
@@ -351,104 +338,92 @@ impl<J: Job> State<J> {
             .filter(|(_, held)| matches!(held, Held::Bytes(_)))
             .filter_map(|(chunk, _)| parts.get(&chunk).cloned())
             .collect();
-        let Some(rb) = self.rollback.as_mut() else {
-            return;
-        };
-        rb.filling = true;
         tracing::debug!(
             job = J::NAME,
             need = ?need.iter().map(|p| p.chunk).collect::<Vec<_>>(),
             "parts the coordinator reads itself"
         );
         if need.is_empty() {
-            return self.restart_restored(shared, Vec::new(), Duration::ZERO);
+            return self.parts_read(shared, attempt, Ok(Vec::new()));
         }
         self.settle(shared);
-        let started = Instant::now();
         let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
         let shared2 = Arc::clone(shared);
         shared.io.handle().spawn(async move {
             let read = store.read_parts(&id, need.iter()).await;
-            let took = started.elapsed();
             let mut st = shared2.lock();
-            let current = st
-                .rollback
-                .as_ref()
-                .is_some_and(|rb| rb.filling && rb.attempt == attempt);
-            if !current || st.ended {
-                return;
-            }
-            match read {
-                Ok(bytes) => {
-                    let got = need.into_iter().map(|p| p.chunk).zip(bytes).collect();
-                    st.restart_restored(&shared2, got, took);
-                }
-                Err(e) => st.rollback_failed(&shared2, e.into()),
-            }
+            let got = read
+                .map(|bytes| need.into_iter().map(|p| p.chunk).zip(bytes).collect())
+                .map_err(Error::from);
+            st.parts_read(&shared2, attempt, got);
         });
     }
 
-    /// The snapshot to roll back to could not be read: the job ends.
-    fn rollback_failed(&mut self, shared: &Arc<Shared<J>>, e: Error) {
-        let Some(rb) = self.rollback.take() else {
-            return;
-        };
-        tracing::warn!(job = J::NAME, epoch = rb.to(), error = %e, "the snapshot to roll back to could not be read: the job ends");
-        self.fail(
-            shared,
-            Error::RollbackFailed {
-                job: J::NAME,
-                epoch: rb.to(),
-                lost: rb.lost,
-                source: Box::new(e),
-            },
-        );
-    }
-
-    /// Step 6 done: the states the coordinator needed are in the ledger (`got`, read in
-    /// `read`); the rest of the restored partitions is placed, and the run goes on.
-    fn restart_restored(
+    /// Step 6: the parts the coordinator reads itself, read for `attempt` (or why not): they
+    /// go into the ledger, and the run restarts (an answer of an earlier attempt is dropped).
+    fn parts_read(
         &mut self,
         shared: &Arc<Shared<J>>,
-        got: Vec<(ChunkId, bytes::Bytes)>,
-        read: Duration,
+        attempt: u64,
+        got: crate::Result<Vec<(ChunkId, bytes::Bytes)>>,
     ) {
-        let Some(rb) = self.rollback.take() else {
+        if self.ended {
             return;
-        };
-        let mut got: HashMap<ChunkId, bytes::Bytes> = got.into_iter().collect();
-        for (chunk, held) in self.core.states_mut() {
-            if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
-                *b = bytes;
-            }
         }
+        let mut out = Vec::new();
+        let now = Self::since_start(shared);
+        self.rollback
+            .parts_read(attempt, got.is_ok(), now, &mut out);
+        match got {
+            Ok(_) if out.is_empty() => {}
+            Ok(got) => {
+                let mut got: HashMap<ChunkId, bytes::Bytes> = got.into_iter().collect();
+                for (chunk, held) in self.core.states_mut() {
+                    if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
+                        *b = bytes;
+                    }
+                }
+                self.rollback_commands(shared, out, None);
+            }
+            Err(e) => self.rollback_commands(shared, out, Some(e)),
+        }
+    }
+
+    /// Step 6 done: the states the coordinator needed are in the ledger; the rest of the
+    /// restored partitions is placed, and the run goes on.
+    fn restart_restored(&mut self, shared: &Arc<Shared<J>>, record: RollbackRecord) {
         self.place_restored(&HashMap::new(), false);
-        let quiesce = rb
-            .reading
-            .map_or(Duration::ZERO, |r| r.duration_since(rb.since));
-        let read = rb.read + read;
-        let restart = rb.since.elapsed();
+        let RollbackRecord {
+            lost,
+            from_phase,
+            epoch,
+            quiesce,
+            read,
+            restart,
+            started_over,
+            since,
+        } = record;
         tracing::info!(
             job = J::NAME,
-            epoch = rb.to(),
+            epoch,
             phase = self.phase,
-            lost = ?rb.lost,
+            ?lost,
             quiesce_ms = quiesce.as_millis() as u64,
             read_ms = read.as_millis() as u64,
             "rolled back to a committed snapshot"
         );
         self.rollbacks.push(Rollback {
-            epoch: rb.to(),
-            lost: rb.lost,
-            from_phase: rb.from_phase,
+            lost,
+            from_phase,
+            epoch,
             to_phase: self.phase,
             quiesce,
             read,
             restart,
             recovered: None,
-            started_over: rb.attempt,
+            started_over,
         });
-        self.recovering = Some(rb.since);
+        self.recovering = Some(shared.started + since);
         self.watch_rolled_back();
         // A suspend asked for keeps it halted until its snapshot is written.
         if !self.snap.cut.suspending() {

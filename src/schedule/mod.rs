@@ -11,6 +11,8 @@
 //! - `cut.rs`: the snapshot cut, also a state machine (marker, captures, the output that
 //!   wins over a state, quiescence for a suspend, one write at a time), driven next to the
 //!   core by the executor and by the tests.
+//! - `rollback.rs`: the decisions of a rollback to a committed snapshot (when to read,
+//!   which epoch, when a loss starts it over or ends the job), a state machine too.
 //! - `shape.rs`: which owned partitions neighbour each other (whose halos each reads): the
 //!   one place that says so.
 //! - `decide.rs`: the autoscaling decider ([`Decider`]): measured throughputs, work left and
@@ -35,6 +37,7 @@ mod guided;
 mod idhash;
 mod owned;
 mod plan;
+mod rollback;
 mod shape;
 mod static_;
 
@@ -53,6 +56,7 @@ pub use plan::Chunking;
 pub(crate) use plan::Invalid;
 #[doc(hidden)]
 pub use plan::Plan;
+pub(crate) use rollback::{RollbackCommand, RollbackMachine, RollbackRecord};
 pub(crate) use shape::{Shape, Side};
 
 use serde::{Deserialize, Serialize};
