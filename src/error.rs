@@ -588,6 +588,7 @@ mod tests {
             | ClusterError::Version { .. }
             | ClusterError::Auth { .. }
             | ClusterError::UnknownJob { .. }
+            | ClusterError::JobEnded { .. }
             | ClusterError::JobVersion { .. }
             | ClusterError::Rejected { .. }
             | ClusterError::Environment { .. }

@@ -81,3 +81,58 @@ fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
     }
     assert!(matches!(h.wait().unwrap(), Outcome::Finished(_)));
 }
+
+/// A worker process that dials after its job ended is told that the job ended (protocol
+/// 14), on its side and on the coordinator's; it was told "the coordinator runs no job yet;
+/// submit the job first". The executor still listens for a later run.
+#[test]
+fn a_worker_that_dials_after_its_job_ended_is_told_so() {
+    let exec = Executor::builder()
+        .local_workers(1)
+        .chunking(Chunking::Size(CHUNK))
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = Walk {
+        tag: 2,
+        n: CHUNK,
+        per_step: 2,
+        phases: 1,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
+    };
+    for keep_the_handle in [true, false] {
+        let h = exec.submit(job.clone()).unwrap();
+        assert!(matches!(h.clone().wait().unwrap(), Outcome::Finished(_)));
+        if !keep_the_handle {
+            drop(h);
+        }
+        let registry = malleable::cluster::Registry::new().register::<Walk>();
+        let options = malleable::cluster::WorkerOptions::default()
+            .threads(1)
+            .token(Token::new(TOKEN).unwrap());
+        match malleable::cluster::serve(&addr, &registry, options) {
+            Err(e @ malleable::cluster::Error::JobEnded { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("has ended job"), "{text}");
+                assert!(!text.contains("submit the job first"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let start = Instant::now();
+        while !exec
+            .peer_errors()
+            .iter()
+            .any(|e| matches!(**e, malleable::cluster::Error::JobEnded { .. }))
+        {
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the coordinator did not record it"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}

@@ -497,6 +497,12 @@ fn replies() -> Vec<(&'static str, Reply)> {
         ),
         ("refused-version", Reply::Refused(Refusal::Version)),
         (
+            "refused-job-ended",
+            Reply::Refused(Refusal::JobEnded {
+                job: "kmeans".to_owned(),
+            }),
+        ),
+        (
             "refused-job-version",
             Reply::Refused(Refusal::JobVersion {
                 job: "kmeans".to_owned(),

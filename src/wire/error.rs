@@ -88,6 +88,20 @@ pub enum Error {
         /// The job names the coordinator runs and accepts workers for.
         running: Vec<String>,
     },
+    /// The coordinator runs no job a worker could join, and a job this worker process has ran
+    /// there and has ended: a worker started after its job ended has nothing to do. A worker
+    /// that waits for its job ([`WorkerOptions::wait_for_job`](crate::cluster::WorkerOptions::wait_for_job))
+    /// tries again until its time is up, for a later run of the job.
+    #[error(
+        "the coordinator at {peer} has ended job {job:?} and runs no job this worker process \
+         could join; a worker started after its job ended has nothing to do"
+    )]
+    JobEnded {
+        /// The other side's address.
+        peer: String,
+        /// The job that ended.
+        job: String,
+    },
     /// The coordinator runs a job of a name the worker process knows, but the two were built
     /// with different versions of it ([`Job::VERSION`](crate::Job::VERSION)): their
     /// serialized forms may differ, so the worker is refused. Both sides report it.
@@ -239,6 +253,7 @@ crate::error::debug_as_report!(Error {
     Version { peer, ours, theirs },
     Auth { peer, failure },
     UnknownJob { peer, known, running },
+    JobEnded { peer, job },
     JobVersion { peer, job, coordinator, worker },
     Undecodable { peer, job, version, what, here, source },
     FrameTooLarge { peer, limit },
@@ -283,6 +298,7 @@ impl Error {
             Error::Version { .. } => "version",
             Error::Auth { .. } => "auth",
             Error::UnknownJob { .. } => "unknown_job",
+            Error::JobEnded { .. } => "job_ended",
             Error::JobVersion { .. } => "job_version",
             Error::Undecodable { .. } => "undecodable",
             Error::FrameTooLarge { .. } => "frame_too_large",

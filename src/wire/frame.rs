@@ -45,7 +45,7 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// `Exported` and `Begin`), and goes up with `Released` before that neighbour leaves.
 /// Version 13: a rollback stops the chunks a process runs or has queued with `Abandon`,
 /// answered by `Abandoned`, with no state: they are dropped, not handed back.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following

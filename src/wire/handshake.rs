@@ -234,6 +234,12 @@ pub enum Refusal {
         /// The coordinator's version of it.
         version: u32,
     },
+    /// No job accepts workers, and job `job`, which the worker has, ran here and has ended
+    /// (protocol 14).
+    JobEnded {
+        /// The job's name.
+        job: String,
+    },
 }
 
 /// Step 3.
@@ -372,6 +378,8 @@ pub(crate) enum NoJob {
     Unknown(Vec<String>),
     /// The worker has running job `job` (at the coordinator's `version`) in another version.
     Version { job: String, version: u32 },
+    /// No running job is among the worker's, and job `job`, which it has, has ended here.
+    Ended { job: String },
 }
 
 /// The timing a coordinator announces in its welcome.
@@ -448,6 +456,14 @@ where
                 peer: peer.to_owned(),
                 known: hello.jobs.into_iter().map(|j| j.name).collect(),
                 running,
+            })
+        }
+        Err(NoJob::Ended { job }) => {
+            let refusal = Reply::Refused(Refusal::JobEnded { job: job.clone() });
+            let _ = send(framed, peer, encode(&refusal)).await;
+            Err(Error::JobEnded {
+                peer: peer.to_owned(),
+                job,
             })
         }
         Err(NoJob::Version { job, version }) => {
@@ -534,6 +550,10 @@ where
                 .map_or(0, |j| j.version),
             job,
             coordinator: version,
+        },
+        Refusal::JobEnded { job } => Error::JobEnded {
+            peer: peer.to_owned(),
+            job,
         },
         Refusal::Version => Error::Refused {
             peer: peer.to_owned(),

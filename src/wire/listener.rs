@@ -58,6 +58,9 @@ pub(crate) trait Attach: Send + Sync {
     fn attach(self: Arc<Self>, conn: Connection);
 }
 
+/// Jobs as the listener holds them while it chooses.
+type Jobs = Vec<Arc<dyn Attach>>;
+
 /// How many refused peers and lost connections are remembered for [`Listener::errors`].
 const KEEP_ERRORS: usize = 256;
 
@@ -65,7 +68,10 @@ const KEEP_ERRORS: usize = 256;
 pub(crate) struct Listener {
     addr: SocketAddr,
     config: ClusterConfig,
-    jobs: Mutex<Vec<Weak<dyn Attach>>>,
+    jobs: Mutex<Vec<(&'static str, Weak<dyn Attach>)>>,
+    /// Names of jobs that ran here and ended (their state is gone), for a worker that dials
+    /// after its job: it is told so.
+    ended: Mutex<std::collections::BTreeSet<&'static str>>,
     errors: Mutex<Vec<Arc<Error>>>,
 }
 
@@ -96,6 +102,7 @@ impl Listener {
             addr,
             config,
             jobs: Mutex::new(Vec::new()),
+            ended: Mutex::new(std::collections::BTreeSet::new()),
             errors: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&me);
@@ -120,9 +127,19 @@ impl Listener {
 
     /// Offers accepted workers to `job` while it runs.
     pub(crate) fn register(&self, job: Weak<dyn Attach>) {
+        let Some(name) = job.upgrade().map(|j| j.name()) else {
+            return;
+        };
         let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.retain(|j| j.strong_count() > 0);
-        jobs.push(job);
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.retain(|(name, j)| {
+            let alive = j.strong_count() > 0;
+            if !alive {
+                ended.insert(name);
+            }
+            alive
+        });
+        jobs.push((name, job));
     }
 
     /// Records a refused peer or a lost connection.
@@ -176,13 +193,22 @@ impl Listener {
     }
 
     /// The first running job whose name and version the worker has; else the first it has
-    /// in another version, or the names of the running ones.
+    /// in another version; else a job it has that ran here and ended; or the names of the
+    /// running ones.
     fn choose(&self, offered: &[JobType]) -> Result<(String, u32, Arc<dyn Attach>), NoJob> {
-        let jobs: Vec<Arc<dyn Attach>> = {
+        let (jobs, mut ended): (Jobs, Vec<&'static str>) = {
             let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            jobs.iter().filter_map(Weak::upgrade).collect()
+            let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+            let dead = jobs
+                .iter()
+                .filter(|(_, j)| j.strong_count() == 0)
+                .map(|(name, _)| *name);
+            (
+                jobs.iter().filter_map(|(_, j)| j.upgrade()).collect(),
+                ended.iter().copied().chain(dead).collect(),
+            )
         };
-        let running: Vec<Arc<dyn Attach>> = jobs.into_iter().filter(|j| j.accepts()).collect();
+        let (running, stopped): (Jobs, Jobs) = jobs.into_iter().partition(|j| j.accepts());
         let has = |j: &Arc<dyn Attach>, same_version: bool| {
             offered
                 .iter()
@@ -196,6 +222,17 @@ impl Listener {
                 job: j.name().to_owned(),
                 version: j.version(),
             });
+        }
+        ended.extend(stopped.iter().map(|j| j.name()));
+        if running.is_empty() {
+            if let Some(job) = ended
+                .iter()
+                .find(|name| offered.iter().any(|o| o.name == **name))
+            {
+                return Err(NoJob::Ended {
+                    job: (*job).to_owned(),
+                });
+            }
         }
         Err(NoJob::Unknown(
             running.iter().map(|j| j.name().to_owned()).collect(),

@@ -315,7 +315,8 @@ fn seconds(var: &'static str, value: &str) -> Result<Duration, Error> {
 fn worth_waiting(e: &Error) -> bool {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     match e {
-        Error::UnknownJob { .. } => true,
+        // A later run of the job may come.
+        Error::UnknownJob { .. } | Error::JobEnded { .. } => true,
         Error::Address { source, .. } => {
             matches!(
                 source.kind(),
