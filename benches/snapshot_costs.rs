@@ -275,6 +275,8 @@ fn commit_vs_raw_put(rt: &tokio::runtime::Runtime, parts: usize, part_bytes: usi
             kept: Vec::new(),
             job_version: 1,
             layout: None,
+            submitted: None,
+            shape: Vec::new(),
         };
         let manifest_len = malleable::snapshot::encode_manifest(&manifest).len();
         rt.block_on(store.commit(&manifest)).unwrap();

@@ -41,6 +41,16 @@ pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> R
     postcard::from_bytes(bytes).map_err(|source| Error { what, source })
 }
 
+/// Decodes a value of type `T` from the start of `bytes`, whatever follows it.
+pub(crate) fn decode_prefix<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, Error> {
+    postcard::take_from_bytes(bytes)
+        .map(|(value, _)| value)
+        .map_err(|source| Error { what, source })
+}
+
 /// Decodes `bytes` into `place`, reusing what it holds where its type can (serde's
 /// `deserialize_in_place`: [`crate::rows::Band`] decodes into its own buffers; other types
 /// are decoded anew and replace it).

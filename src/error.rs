@@ -145,6 +145,61 @@ pub enum Error {
         /// id shows among them, and none at all hints at a misspelt store URL.
         others: Vec<String>,
     },
+    /// [`Executor::submit_or_resume`](crate::Executor::submit_or_resume) was given a job
+    /// value other than the one the run of the snapshot it would resume was submitted with
+    /// (another grid, more steps), and the job did not take the change
+    /// ([`Job::resumed_with`](crate::Job::resumed_with), whose default takes none): nothing
+    /// ran and nothing was written. The values are compared as their serialized bytes,
+    /// shown here as 64-bit digests. Accept the change in `Job::resumed_with`, resume the
+    /// job as stored with
+    /// [`Builder::resubmit_policy`](crate::Builder::resubmit_policy)`(`[`Resubmit::UseStored`](crate::Resubmit::UseStored)`)`,
+    /// or start the new job under another job id.
+    #[error(
+        "job {job}: the job submitted (digest {submitted}) is not the one the run of snapshot \
+         {snapshot} was submitted with (digest {started_with}){}, and the job does not take \
+         the change",
+        field_text(field)
+    )]
+    ResumedJobDiffers {
+        /// The job's name.
+        job: &'static str,
+        /// The snapshot that would have been resumed.
+        snapshot: crate::snapshot::SnapshotId,
+        /// The digest of the submitted job value's bytes.
+        submitted: crate::Fingerprint,
+        /// The digest of the bytes of the job value the snapshot's run was submitted with.
+        started_with: crate::Fingerprint,
+        /// The first field (`Heat.steps`) whose value differs, when the job's layout could
+        /// be traced and both values walked.
+        field: Option<String>,
+        /// What [`Job::resumed_with`](crate::Job::resumed_with) returned.
+        #[source]
+        refusal: BoxError,
+    },
+    /// A resume found that the job's shape in this program is not the one the snapshot was
+    /// written with: the iterations or chunks of its phase, for a [`Rows`](crate::Rows)
+    /// grid its height, bands, rows per band, width or element size, or an owned partition
+    /// whose range or width does not fit the job. Checked before anything runs (a grid of
+    /// another width would otherwise resume on the old one, or hand a row of the wrong
+    /// length to the job's code). The shape is fixed for a job: resume with the code that
+    /// wrote the snapshot, or start the new shape afresh under another job id.
+    #[error(
+        "job {job} cannot resume snapshot {snapshot}: {what} is {code} in this program's \
+         code but {written} in the snapshot"
+    )]
+    ShapeChanged {
+        /// The job's name.
+        job: &'static str,
+        /// The snapshot.
+        snapshot: crate::snapshot::SnapshotId,
+        /// What differs, with its unit (`"width (cells per row)"`, `"iterations of phase
+        /// 2"`, `"rows of band 29"`).
+        what: String,
+        /// Its value in the snapshot.
+        written: u64,
+        /// Its value in this program's code (for the job value as stored).
+        code: u64,
+    },
     /// A cluster error: an address that cannot be listened on or dialled, a missing token,
     /// a refused handshake.
     #[error(transparent)]
@@ -373,6 +428,14 @@ fn others_text(others: &[String]) -> String {
     }
 }
 
+/// The part of [`Error::ResumedJobDiffers`]'s message that names the field that differs.
+fn field_text(field: &Option<String>) -> String {
+    match field {
+        Some(f) => format!("; they differ first in `{f}`"),
+        None => String::new(),
+    }
+}
+
 /// The message of a caught panic payload.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
@@ -509,6 +572,8 @@ debug_as_report!(Error {
     PartUnreadable { job, chunk, peer, source },
     PartitionsChanged { job, phase, expected, expected_chunks, found, found_chunks },
     NothingToResume { store, job_id, others },
+    ResumedJobDiffers { job, snapshot, submitted, started_with, field, refusal },
+    ShapeChanged { job, snapshot, what, written, code },
 });
 
 #[cfg(test)]
@@ -700,6 +765,7 @@ mod tests {
             | Error::StoreUnusable { .. }
             | Error::Timeline { .. }
             | Error::SnapshotsFailing { .. }
+            | Error::ResumedJobDiffers { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -712,6 +778,7 @@ mod tests {
             | Error::PartitionsLost { .. }
             | Error::PartitionGone { .. }
             | Error::NothingToResume { .. }
+            | Error::ShapeChanged { .. }
             | Error::ShutdownTimedOut { .. } => false,
         };
         let mut all = vec![
@@ -769,6 +836,14 @@ mod tests {
                     what: "the job",
                     source: codec_error(),
                 }),
+            },
+            Error::ResumedJobDiffers {
+                job: "heat",
+                snapshot: crate::snapshot::SnapshotId::new("heat", 3),
+                submitted: crate::Fingerprint(1),
+                started_with: crate::Fingerprint(2),
+                field: Some("Heat.steps".into()),
+                refusal: "the grid's size cannot change".into(),
             },
         ];
         all.extend(cluster_errors().into_iter().map(Error::Cluster));

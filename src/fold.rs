@@ -86,6 +86,16 @@ pub trait Fold: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     fn target_step(&self) -> Duration {
         DEFAULT_STEP
     }
+    /// As [`Job::resumed_with`]: takes (`Ok`) or refuses a submitted fold whose bytes differ
+    /// from those the snapshot's run was submitted with. The default refuses every change.
+    ///
+    /// # Errors
+    ///
+    /// Whatever refuses the change.
+    fn resumed_with(&mut self, submitted: Self, started_with: &Self) -> Result<(), BoxError> {
+        let _ = (submitted, started_with);
+        Err(Box::new(crate::job::NoChange))
+    }
 }
 
 /// Runs a [`Fold`] as a [`Job`]: `exec.run(Folded(my_fold))`.
@@ -134,6 +144,10 @@ impl<F: Fold> Job for Folded<F> {
 
     fn phases(&self) -> Option<u64> {
         self.0.phases()
+    }
+
+    fn resumed_with(&mut self, submitted: Self, started_with: &Self) -> Result<(), BoxError> {
+        self.0.resumed_with(submitted.0, &started_with.0)
     }
 }
 

@@ -134,7 +134,77 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
         let _ = value;
         Next::Finish
     }
+    /// Called on `self`, the job value as a snapshot stored it, when
+    /// [`Executor::submit_or_resume`](crate::Executor::submit_or_resume) resumes that
+    /// snapshot with a `submitted` job value whose bytes differ from those of the value the
+    /// snapshot's run was submitted with (`started_with`): `Ok` takes the change (updating
+    /// `self` as it needs: "500 more steps" is `self.steps = submitted.steps`), and the run
+    /// then counts as submitted with `submitted`; `Err` refuses it, and `submit_or_resume`
+    /// fails with [`Error::ResumedJobDiffers`](crate::Error::ResumedJobDiffers) carrying it,
+    /// before anything runs.
+    ///
+    /// The default refuses every change. Only what later phases do may change: the current
+    /// phase's iterations and the job's shape (for owned partitions, its chunks) are checked
+    /// after this call, and a change is [`Error::ShapeChanged`](crate::Error::ShapeChanged).
+    ///
+    /// # Errors
+    ///
+    /// Whatever refuses the change, in words the user will read.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::ops::Range;
+    /// # use malleable::{BoxError, Chunk, Job, Next, Step, reduce::Sum};
+    /// # use serde::{Deserialize, Serialize};
+    /// #[derive(Serialize, Deserialize, PartialEq)]
+    /// struct Walk { n: u64, steps: u64, done: u64 }
+    /// # #[derive(Serialize, Deserialize)]
+    /// # struct WalkChunk;
+    /// # impl Chunk for WalkChunk {
+    /// #     type Job = Walk;
+    /// #     type Output = u64;
+    /// #     fn step(&mut self, _: &Walk, _: &()) -> Step<u64> { Step::Done(0) }
+    /// # }
+    ///
+    /// impl Job for Walk {
+    ///     // ...
+    /// #   const NAME: &'static str = "walk";
+    /// #   type Chunk = WalkChunk;
+    /// #   type Reducer = Sum<u64>;
+    /// #   type Input = ();
+    /// #   fn iterations(&self) -> u64 { self.n }
+    /// #   fn chunk(&self, _: Range<u64>) -> WalkChunk { WalkChunk }
+    /// #   fn reducer(&self) -> Sum<u64> { Sum::new() }
+    ///     fn end_phase(&mut self, _: &u64) -> Next {
+    ///         self.done += 1;
+    ///         if self.done < self.steps { Next::Continue } else { Next::Finish }
+    ///     }
+    ///     /// More (or fewer) steps may be asked for; nothing else may change.
+    ///     fn resumed_with(&mut self, submitted: Walk, started_with: &Walk) -> Result<(), BoxError> {
+    ///         if submitted.n != started_with.n {
+    ///             return Err(format!("n is {}, was {}", submitted.n, started_with.n).into());
+    ///         }
+    ///         self.steps = submitted.steps;
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    fn resumed_with(&mut self, submitted: Self, started_with: &Self) -> Result<(), BoxError> {
+        let _ = (submitted, started_with);
+        Err(Box::new(NoChange))
+    }
 }
+
+/// The refusal of the default [`Job::resumed_with`] (and of [`Rows`](crate::Rows)' and
+/// [`Fold`](crate::Fold)'s).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the job takes no change on resume (the default of Job::resumed_with): implement it to \
+     take one, resume the job as stored with Builder::resubmit_policy(Resubmit::UseStored), \
+     or submit the new job under another job id"
+)]
+pub(crate) struct NoChange;
 
 /// The body of a loop over one chunk, as a resumable state machine.
 ///
@@ -254,6 +324,28 @@ pub(crate) struct Hooks<J: Job> {
     pub(crate) decode_halo: fn(&[u8]) -> Result<AnyHalo, crate::codec::Error>,
     /// Traces the halo's type, for the job's [`Layout`](crate::Layout).
     pub(crate) trace_halo: crate::layout::Trace,
+    /// The job's dimensions beyond its plan, recorded in every snapshot and checked on
+    /// resume ([`Manifest::shape`](crate::snapshot::Manifest::shape)); `None`: none.
+    pub(crate) shape: Option<fn(&J) -> Vec<crate::snapshot::Dimension>>,
+    /// Checks a stored partition's bytes (chunk, its range in the job's plan) against the
+    /// job before anything runs, without decoding all of it; `None`: not checked.
+    pub(crate) fits: Option<Fits<J>>,
+}
+
+/// Checks the stored bytes of the partition of a chunk against the job and the chunk's
+/// range in the job's plan: [`Hooks::fits`].
+pub(crate) type Fits<J> = fn(&J, u64, Range<u64>, &[u8]) -> Result<(), Misfit>;
+
+/// How a stored partition does not fit the job (see [`Hooks::fits`]): becomes
+/// [`Error::ShapeChanged`](crate::Error::ShapeChanged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Misfit {
+    /// What differs, with its unit.
+    pub(crate) what: String,
+    /// The partition's value.
+    pub(crate) written: u64,
+    /// The job's.
+    pub(crate) code: u64,
 }
 
 impl<J: Job> Clone for Hooks<J> {
@@ -286,8 +378,31 @@ where
             encode_halo: encode_halo::<J>,
             decode_halo: decode_halo::<J>,
             trace_halo: crate::layout::trace::<<J::Chunk as Partition>::Halo>,
+            shape: None,
+            fits: None,
         }),
     };
+}
+
+impl<J: Job> Ownership<J> {
+    /// These owned partitions, whose job records its `shape` in every snapshot and whose
+    /// stored partitions `fits` checks on resume (the crate's [`Banded`](crate::Banded)).
+    pub(crate) const fn checked(
+        self,
+        shape: fn(&J) -> Vec<crate::snapshot::Dimension>,
+        fits: Fits<J>,
+    ) -> Ownership<J> {
+        match self.hooks {
+            Some(h) => Ownership {
+                hooks: Some(Hooks {
+                    shape: Some(shape),
+                    fits: Some(fits),
+                    ..h
+                }),
+            },
+            None => self,
+        }
+    }
 }
 
 impl<J: Job> fmt::Debug for Ownership<J> {

@@ -65,7 +65,8 @@ pub struct Layout {
 /// The only entry of the layout of types that cannot be traced.
 const UNTRACEABLE: &str = "untraceable";
 
-/// A 64-bit fingerprint of a [`Layout`] (FNV-1a of its entries), shown as 16 hex digits.
+/// A 64-bit fingerprint (FNV-1a) of a [`Layout`]'s entries, or of a job value's bytes
+/// ([`Error::ResumedJobDiffers`](crate::Error::ResumedJobDiffers)), shown as 16 hex digits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub u64);
 
@@ -173,6 +174,73 @@ pub(crate) type Trace = fn(&mut Tracer) -> serde_reflection::Result<Format>;
 /// Traces `T` (every variant of an enum root).
 pub(crate) fn trace<T: DeserializeOwned>(tracer: &mut Tracer) -> serde_reflection::Result<Format> {
     tracer.trace_simple_type::<T>().map(|(format, _)| format)
+}
+
+/// The first field whose value differs between `a` and `b`, as `Type.field` (the innermost
+/// struct's, `Grid.width`; `Enum::Variant` when the variants differ), found by tracing both
+/// values and walking them side by side; `None` when they trace equal or cannot be traced
+/// (never an error: this only helps a message).
+pub(crate) fn first_differing_field<T: Serialize>(a: &T, b: &T) -> Option<String> {
+    let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut tracer = Tracer::new(config());
+        let mut samples = serde_reflection::Samples::new();
+        let (format, x) = tracer.trace_value(&mut samples, a).ok()?;
+        let (_, y) = tracer.trace_value(&mut samples, b).ok()?;
+        let registry = tracer.registry_unchecked();
+        differs(&format, &x, &y, &registry, None)
+    }));
+    walked.ok().flatten()
+}
+
+/// Where `x` and `y`, two values of `format`, first differ: the innermost named field, or
+/// `at` (the field holding them) when they differ as a whole.
+fn differs(
+    format: &Format,
+    x: &serde_reflection::Value,
+    y: &serde_reflection::Value,
+    registry: &Registry,
+    at: Option<&str>,
+) -> Option<String> {
+    use serde_reflection::Value;
+    if x == y {
+        return None;
+    }
+    let here = || Some(at.map_or_else(|| "the job value".to_owned(), str::to_owned));
+    let fields = |name: &str, fields: &[Named<Format>], xs: &[Value], ys: &[Value]| {
+        let (f, x, y) = fields
+            .iter()
+            .zip(xs.iter().zip(ys))
+            .map(|(f, (x, y))| (f, x, y))
+            .find(|(_, x, y)| x != y)?;
+        let path = format!("{name}.{}", f.name);
+        differs(&f.value, x, y, registry, Some(&path)).or(Some(path))
+    };
+    match (format, x, y) {
+        (Format::TypeName(name), _, _) => match (registry.get(name)?, x, y) {
+            (ContainerFormat::Struct(fs), Value::Seq(xs), Value::Seq(ys)) => {
+                fields(name, fs, xs, ys)
+            }
+            (ContainerFormat::NewTypeStruct(f), _, _) => differs(f, x, y, registry, at),
+            (ContainerFormat::Enum(variants), Value::Variant(i, xv), Value::Variant(j, yv)) => {
+                let variant = variants.get(i)?;
+                let path = format!("{name}::{}", variant.name);
+                if i != j {
+                    return Some(path);
+                }
+                use serde_reflection::VariantFormat as V;
+                match (&variant.value, &**xv, &**yv) {
+                    (V::Struct(fs), Value::Seq(xs), Value::Seq(ys)) => fields(&path, fs, xs, ys),
+                    (V::NewType(f), _, _) => differs(f, xv, yv, registry, Some(&path)),
+                    _ => Some(path),
+                }
+            }
+            _ => here(),
+        },
+        (Format::Option(f), Value::Option(Some(x)), Value::Option(Some(y))) => {
+            differs(f, x, y, registry, at)
+        }
+        _ => here(),
+    }
 }
 
 /// Tracing passes at most: each pass over the roots traces one more variant of every enum

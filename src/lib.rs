@@ -132,7 +132,7 @@ pub mod cluster {
 pub use error::{Cause, Error, Result, Site, error_chain};
 pub use executor::{
     At, AutoscaleStatus, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress,
-    ProgressUpdates, Resume, Resumed, Rollback, SnapshotRequest,
+    ProgressUpdates, Resubmit, Resume, Resumed, Rollback, SnapshotRequest,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Ownership, Partition, Step, Value};

@@ -148,6 +148,18 @@ pub trait Rows: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     fn target_step(&self) -> Duration {
         DEFAULT_STEP
     }
+    /// As [`Job::resumed_with`]: takes (`Ok`) or refuses a submitted grid whose bytes differ
+    /// from those the snapshot's run was submitted with (more sweeps, say). The default
+    /// refuses every change. The grid's shape (height, bands, width, element size) cannot
+    /// change: it is checked after this call.
+    ///
+    /// # Errors
+    ///
+    /// Whatever refuses the change.
+    fn resumed_with(&mut self, submitted: Self, started_with: &Self) -> Result<(), BoxError> {
+        let _ = (submitted, started_with);
+        Err(Box::new(crate::job::NoChange))
+    }
 }
 
 /// How a phase of a [`Rows`] grid reads the rows next to the one it updates (see the
@@ -271,7 +283,7 @@ impl<R: Rows> Input<Banded<R>> for BandedInput<R> {
 impl<R: Rows> Job for Banded<R> {
     const NAME: &'static str = R::NAME;
     const VERSION: u32 = R::VERSION;
-    const OWNERSHIP: Ownership<Self> = Ownership::PARTITIONS;
+    const OWNERSHIP: Ownership<Self> = Ownership::PARTITIONS.checked(shape::<R>, fits::<R>);
     type Chunk = Band<R>;
     type Reducer = R::Reducer;
     type Input = BandedInput<R>;
@@ -313,6 +325,81 @@ impl<R: Rows> Job for Banded<R> {
     fn phases(&self) -> Option<u64> {
         self.0.phases()
     }
+
+    fn resumed_with(&mut self, submitted: Self, started_with: &Self) -> Result<(), BoxError> {
+        self.0.resumed_with(submitted.0, &started_with.0)
+    }
+}
+
+/// The names of a grid's dimensions in a snapshot's shape
+/// ([`Manifest::shape`](crate::snapshot::Manifest::shape)) and in
+/// [`Error::ShapeChanged`](crate::Error::ShapeChanged).
+const HEIGHT: &str = "height (rows)";
+const BANDS: &str = "bands";
+const ROWS_PER_BAND: &str = "rows per band";
+const WIDTH: &str = "width (cells per row)";
+const ELEMENT_SIZE: &str = "element size (bytes)";
+
+/// A grid's shape, recorded in every snapshot and checked on resume: its height, its bands
+/// and rows per band as the chunking cuts them, its width and its element size.
+fn shape<R: Rows>(job: &Banded<R>) -> Vec<crate::snapshot::Dimension> {
+    let grid = &job.0;
+    let height = grid.height();
+    // As `Chunking::Count(bands)` cuts the rows.
+    let per_band = height.div_ceil(grid.bands().max(1)).max(1);
+    [
+        (HEIGHT, height),
+        (BANDS, height.div_ceil(per_band)),
+        (ROWS_PER_BAND, per_band),
+        (WIDTH, grid.width() as u64),
+        (ELEMENT_SIZE, R::Element::SIZE as u64),
+    ]
+    .into_iter()
+    .map(|(what, value)| crate::snapshot::Dimension {
+        what: what.to_owned(),
+        value,
+    })
+    .collect()
+}
+
+/// Whether a stored band fits the grid: its rows are those of its chunk in the plan, its
+/// width the grid's. Only the band's first fields are decoded (its first row, end and
+/// width: the order of [`BandRef`]), not its cells; bytes that do not decode are left to
+/// the band's decoding, which reports them.
+fn fits<R: Rows>(
+    job: &Banded<R>,
+    chunk: u64,
+    range: Range<u64>,
+    bytes: &[u8],
+) -> Result<(), crate::job::Misfit> {
+    let Ok((start, end, width)) =
+        crate::codec::decode_prefix::<(u64, u64, u64)>("a chunk state", bytes)
+    else {
+        return Ok(());
+    };
+    let misfit = |what: String, written: u64, code: u64| {
+        Err(crate::job::Misfit {
+            what,
+            written,
+            code,
+        })
+    };
+    let rows = end.saturating_sub(start);
+    if rows != range.end - range.start {
+        return misfit(
+            format!("the rows of band {chunk}"),
+            rows,
+            range.end - range.start,
+        );
+    }
+    if start != range.start {
+        return misfit(format!("the first row of band {chunk}"), start, range.start);
+    }
+    let w = job.0.width() as u64;
+    if width != w {
+        return misfit(format!("the {WIDTH} of band {chunk}"), width, w);
+    }
+    Ok(())
 }
 
 /// One band of a [`Banded`] grid: its rows, the halos of the rows next to it, and its
@@ -671,6 +758,43 @@ impl<R: Rows> Band<R> {
         self.next = stop;
     }
 
+    /// Whether the band fits `grid`: its width is the grid's, it lies in the grid, and the
+    /// neighbouring rows it still reads are rows of that width. A band that does not fit
+    /// (restored under code with another grid shape) would hand `update` rows of the wrong
+    /// length, or an empty neighbour.
+    fn fits(&self, grid: &R) -> Result<(), String> {
+        let (w, height) = (grid.width(), grid.height());
+        let rows = format!("the band of rows {}..{}", self.start, self.end);
+        if self.w() != w {
+            return Err(format!(
+                "{rows} holds rows of {} cells, the grid's width() is {w}: it was written \
+                 with another grid shape",
+                self.width
+            ));
+        }
+        if self.end > height {
+            return Err(format!(
+                "{rows} lies outside the grid of height() {height}: it was written with \
+                 another grid shape"
+            ));
+        }
+        let reads_before = self.start > 0 && self.next == self.start;
+        let reads_after = self.end < height && self.next < self.end;
+        for (reads, halo, which) in [
+            (reads_before, &self.before, "above"),
+            (reads_after, &self.after, "below"),
+        ] {
+            if reads && halo.0.len() != w {
+                return Err(format!(
+                    "{rows} of a grid of height() {height} has a row {which} it of {} cells \
+                     where the width() is {w}: it was written with another grid shape",
+                    halo.0.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Row `k` of the band (0-based) as this band's current values.
     fn row(&self, k: usize) -> Vec<R::Element> {
         let w = self.w();
@@ -686,6 +810,11 @@ impl<R: Rows> Chunk for Band<R> {
         let grid = &job.0;
         if self.fresh {
             self.initialize(grid, &input.0);
+        }
+        // A resume checks the grid's shape before anything runs (`Error::ShapeChanged`); this
+        // is the last line: `update` is never handed a row of the wrong length.
+        if let Err(e) = self.fits(grid) {
+            panic!("{e}");
         }
         let batch = self.batch.max(1);
         let stop = self.end.min(self.next.saturating_add(batch));

@@ -19,7 +19,9 @@ use bytes::Bytes;
 use malleable::Layout;
 use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
 use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply};
-use malleable::snapshot::{FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
+use malleable::snapshot::{
+    Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest,
+};
 
 #[path = "../fuzz/checks.rs"]
 mod checks;
@@ -120,6 +122,11 @@ fn manifest(chunks: u64, done: u64, parts: u64, blob: usize) -> Manifest {
             "KMeans.k: u64".to_owned(),
             "KMeansChunk.next: u64".to_owned(),
         ])),
+        submitted: Some((0..blob).map(|i| (i * 3) as u8).collect()),
+        shape: vec![Dimension {
+            what: "width (cells per row)".to_owned(),
+            value: 64,
+        }],
     }
 }
 
@@ -542,17 +549,33 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     let v3 = Manifest {
         format_version: 3,
         layout: None,
+        submitted: None,
+        shape: Vec::new(),
         ..manifest(10, 2, 3, 16)
     };
     let mut v3_body = postcard::to_allocvec(&v3).unwrap();
-    // Format 3 had no `layout` (the last field): drop its `None`, one 0 byte.
-    assert_eq!(v3_body.pop(), Some(0));
+    // Format 3 had no `layout`, `submitted` or `shape` (the last fields): drop their `None`,
+    // `None` and empty list, a 0 byte each.
+    assert_eq!(v3_body.split_off(v3_body.len() - 3), [0, 0, 0]);
     m("valid-format-3-typical", framed(3, &v3_body));
-    // And one without the layout, as format 5 writes for a manifest made by hand.
+    // One of format 5: with a layout, without `submitted` and `shape`.
+    let v5 = Manifest {
+        format_version: 5,
+        submitted: None,
+        shape: Vec::new(),
+        ..manifest(10, 2, 3, 16)
+    };
+    let mut v5_body = postcard::to_allocvec(&v5).unwrap();
+    assert_eq!(v5_body.split_off(v5_body.len() - 2), [0, 0]);
+    m("valid-format-5-typical", framed(5, &v5_body));
+    // And one without the layout, the submitted job or the shape, as this format writes for
+    // a manifest made by hand.
     m(
         "valid-no-layout",
         encode_manifest(&Manifest {
             layout: None,
+            submitted: None,
+            shape: Vec::new(),
             ..manifest(10, 2, 3, 16)
         }),
     );

@@ -80,6 +80,8 @@ fn manifest(job_id: &str, epoch: u64, parts: Vec<PartRef>) -> Manifest {
         kept: Vec::new(),
         job_version: 1,
         layout: None,
+        submitted: None,
+        shape: Vec::new(),
     }
 }
 

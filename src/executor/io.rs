@@ -5,12 +5,54 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::job_run::{Shared, State};
+use super::lifecycle::Resubmit;
 use super::snapshot::{At, Header, Part, Reply, Resumed, RunConfig, SnapshotConfig, Snapshots};
-use crate::codec::decode;
-use crate::error::{Cause, Error, Result};
+use crate::codec::{decode, encode};
+use crate::error::{Cause, Error, Result, Site};
 use crate::job::Job;
-use crate::schedule::{ChunkId, Write, Written};
-use crate::snapshot::{Manifest, PartRef, SnapshotId, Store};
+use crate::layout::Fingerprint;
+use crate::schedule::{ChunkId, Plan, Write, Written};
+use crate::snapshot::{Dimension, Manifest, PartRef, SnapshotId, Store};
+
+/// What a job run was submitted with, and the job's shape: recorded in every snapshot of the
+/// run ([`Manifest::submitted`], [`Manifest::shape`]) by [`State::write`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Origin {
+    /// The bytes of the job value the run was submitted with; `None` for a run resumed,
+    /// without a job submitted, from a snapshot that did not record them.
+    submitted: Option<Arc<Vec<u8>>>,
+    /// The job's shape (for a [`Rows`](crate::Rows) grid; empty for other jobs).
+    shape: Arc<Vec<Dimension>>,
+}
+
+impl Origin {
+    /// The origin of a run of `job` (as it is at `phase`) submitted with `submitted`.
+    pub(crate) fn new<J: Job>(submitted: Option<Vec<u8>>, job: &J, phase: u64) -> Result<Origin> {
+        Ok(Origin {
+            submitted: submitted.map(Arc::new),
+            shape: Arc::new(shape_of(job, phase)?),
+        })
+    }
+}
+
+/// The shape of `job` as its code gives it (user code: a panic is [`Error::Panicked`]).
+fn shape_of<J: Job>(job: &J, phase: u64) -> Result<Vec<Dimension>> {
+    match J::OWNERSHIP.hooks.and_then(|h| h.shape) {
+        Some(shape) => super::catch(Site::Job { phase }, J::NAME, || shape(job)),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// A short digest of a job value's bytes, for messages: 64-bit FNV-1a (the values
+/// themselves are compared byte for byte).
+fn digest(bytes: &[u8]) -> Fingerprint {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Fingerprint(hash)
+}
 
 impl<J: Job> State<J> {
     /// Protocol step 3: hands a complete cut to the background writer.
@@ -34,6 +76,9 @@ impl<J: Job> State<J> {
                 mut manifest,
                 started,
             } = header;
+            let origin = &shared2.config.origin;
+            manifest.submitted = origin.submitted.as_deref().cloned();
+            manifest.shape = origin.shape.to_vec();
             manifest
                 .done
                 .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
@@ -223,10 +268,27 @@ impl super::Executor {
     ///   value or a chunk output does not decode as this job's type (the error names the
     ///   snapshot and the value).
     ///
+    /// [`Error::ShapeChanged`] if the job's shape in this program is not the snapshot's:
+    /// the iterations of the snapshot's phase, its chunks (for owned partitions), a
+    /// [`Rows`](crate::Rows) grid's height, bands, rows per band, width or element size, or
+    /// a stored partition's rows or width; checked before anything runs.
+    ///
     /// [`Error::Panicked`] if the job's code panics. Chunk states are checked against their
     /// checksums here but decoded by the worker that runs them, so a state of another type
     /// (under the same layout) ends the job later with [`Error::Codec`].
     pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
+        self.resume_submitted(url, at, None)
+    }
+
+    /// [`Executor::resume`], with the job value the caller submitted (from
+    /// [`Executor::submit_or_resume`]), compared with the one the snapshot's run was
+    /// submitted with ([`resubmitted`]).
+    pub(super) fn resume_submitted<J: Job>(
+        &self,
+        url: &str,
+        at: At,
+        submitted: Option<J>,
+    ) -> Result<super::JobHandle<J>> {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
         let job_id = self.config.snapshots.job_id::<J>();
         let reader = store.clone();
@@ -256,13 +318,15 @@ impl super::Executor {
                 "a damaged snapshot was passed over"
             );
         }
+        let (job, submitted) = resubmitted::<J>(&manifest, submitted, self.config.resubmit)?;
         let Restored {
             job,
             core,
             run,
             manifest,
-        } = restore::<J>(manifest, parts)?;
+        } = restore_job::<J>(job, manifest, parts)?;
         let phase = manifest.phase;
+        let origin = Origin::new(submitted, &job, phase)?;
         let same_store = self.config.snapshots.url.is_none()
             || self.config.snapshots.url.as_deref() == Some(url);
         let mut snap = if same_store {
@@ -284,10 +348,99 @@ impl super::Executor {
             phase,
             manifest.iterations_before,
             snap,
-            run.schedule,
-            run.chunking,
+            (run.schedule, run.chunking),
+            origin,
         )?;
         Ok(handle)
+    }
+}
+
+/// The job value a resume of `manifest`'s snapshot runs, and the bytes of the value the run
+/// counts as submitted with from now on, given the job value the caller `submitted` (`None`
+/// for [`Executor::resume`](super::Executor::resume): the snapshot's as they are).
+///
+/// The submitted value is compared with the one the snapshot's run was submitted with, as
+/// bytes. The same: nothing to do. Another: [`Resubmit::UseStored`] keeps the snapshot's
+/// job and origin (logged at info); [`Resubmit::AskJob`] asks the stored job
+/// ([`Job::resumed_with`]), which takes the change (the run's origin is then the submitted
+/// value) or refuses it ([`Error::ResumedJobDiffers`]). A snapshot that did not record the
+/// value (format 5 or older) is not checked (logged at info), and the run counts as
+/// submitted with `submitted` from now on.
+fn resubmitted<J: Job>(
+    manifest: &Manifest,
+    submitted: Option<J>,
+    policy: Resubmit,
+) -> Result<(J, Option<Vec<u8>>)> {
+    let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+    let undecodable = |e: crate::codec::Error| {
+        Error::Snapshot(crate::snapshot::Error::Undecodable {
+            snapshot: id.clone(),
+            what: e.what,
+            source: e.source,
+        })
+    };
+    let mut job: J = decode("the job", &manifest.job).map_err(undecodable)?;
+    let Some(submitted) = submitted else {
+        return Ok((job, manifest.submitted.clone()));
+    };
+    let bytes = encode("the job", &submitted)?;
+    let Some(started) = &manifest.submitted else {
+        tracing::info!(
+            job = J::NAME,
+            snapshot = %id,
+            "snapshot {id} was written before snapshots recorded the job value their run was \
+             submitted with: the job submitted is not compared with it (the run counts as \
+             submitted with it from now on)"
+        );
+        return Ok((job, Some(bytes)));
+    };
+    if *started == bytes {
+        return Ok((job, Some(bytes)));
+    }
+    let (new, old) = (digest(&bytes), digest(started));
+    match policy {
+        Resubmit::UseStored => {
+            tracing::info!(
+                job = J::NAME,
+                snapshot = %id,
+                submitted = %new,
+                started_with = %old,
+                "the job submitted (digest {new}) is not the one the run of snapshot {id} was \
+                 submitted with (digest {old}): resuming the job as stored \
+                 (Resubmit::UseStored), the job submitted is ignored"
+            );
+            Ok((job, Some(started.clone())))
+        }
+        Resubmit::AskJob => {
+            let started_with: J =
+                decode("the job the run was submitted with", started).map_err(undecodable)?;
+            let field = crate::layout::first_differing_field(&started_with, &submitted);
+            let phase = manifest.phase;
+            let answer = super::catch(Site::Job { phase }, J::NAME, || {
+                job.resumed_with(submitted, &started_with)
+            })?;
+            match answer {
+                Ok(()) => {
+                    tracing::info!(
+                        job = J::NAME,
+                        snapshot = %id,
+                        submitted = %new,
+                        started_with = %old,
+                        "the job took the change of the job submitted (digest {new}, the run of \
+                         snapshot {id} was submitted with digest {old}; Job::resumed_with)"
+                    );
+                    Ok((job, Some(bytes)))
+                }
+                Err(refusal) => Err(Error::ResumedJobDiffers {
+                    job: J::NAME,
+                    snapshot: id,
+                    submitted: new,
+                    started_with: old,
+                    field,
+                    refusal,
+                }),
+            }
+        }
     }
 }
 
@@ -310,8 +463,21 @@ pub(crate) struct Restored<J: Job> {
 }
 
 /// Decodes a snapshot read by [`read_snapshot`] into a job run's starting point. Chunk states
-/// stay bytes until the worker that runs them decodes them (see `Held`).
+/// stay bytes until the worker that runs them decodes them (see `Held`). Parts given as
+/// empty bytes (a rollback reads them later) are not checked.
 pub(crate) fn restore<J: Job>(manifest: Manifest, parts: Vec<bytes::Bytes>) -> Result<Restored<J>> {
+    let (job, _) = resubmitted::<J>(&manifest, None, Resubmit::AskJob)?;
+    restore_job(job, manifest, parts)
+}
+
+/// [`restore`] with the job value to run (the snapshot's, or the snapshot's as
+/// [`Job::resumed_with`] changed it): checks its shape against the snapshot's
+/// ([`check_shape`]), then decodes the rest.
+fn restore_job<J: Job>(
+    job: J,
+    manifest: Manifest,
+    parts: Vec<bytes::Bytes>,
+) -> Result<Restored<J>> {
     // A value that does not decode names the snapshot and what it was.
     let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
     let undecodable = |e: crate::codec::Error| {
@@ -321,7 +487,6 @@ pub(crate) fn restore<J: Job>(manifest: Manifest, parts: Vec<bytes::Bytes>) -> R
             source: e.source,
         })
     };
-    let job: J = decode("the job", &manifest.job).map_err(undecodable)?;
     let run: RunConfig = decode("the run configuration", &manifest.config).map_err(undecodable)?;
     let reduced = decode("the reduced value", &manifest.reduced).map_err(undecodable)?;
     let done = manifest
@@ -329,6 +494,7 @@ pub(crate) fn restore<J: Job>(manifest: Manifest, parts: Vec<bytes::Bytes>) -> R
         .iter()
         .map(|(c, b)| Ok((*c, decode("a chunk output", b).map_err(undecodable)?)))
         .collect::<Result<Vec<_>>>()?;
+    check_shape(&job, &manifest, &run, &parts)?;
     let mut states: Vec<(ChunkId, super::Held<J::Chunk>)> = manifest
         .all_parts()
         .zip(parts)
@@ -371,4 +537,106 @@ pub(crate) fn restore<J: Job>(manifest: Manifest, parts: Vec<bytes::Bytes>) -> R
         run,
         manifest,
     })
+}
+
+/// Checks, before anything runs, that the job's shape in this program's code (for the job
+/// value `job` will run) is the one the snapshot was written with, most telling first:
+///
+/// 1. the shape the job records ([`Manifest::shape`]: a [`Rows`](crate::Rows) grid's
+///    height, bands, rows per band, width and element size), dimension by dimension (a
+///    snapshot of a format before 6 has none: logged at info);
+/// 2. the iterations of the snapshot's phase ([`Job::iterations`]);
+/// 3. for owned partitions, the chunks the job's own chunking cuts the phase into (the
+///    partitions are those chunks, for the whole job);
+/// 4. every stored partition that is given (not empty) against its chunk's range and the
+///    job, for a job whose partitions can tell (a grid's bands: their rows and width).
+///
+/// # Errors
+///
+/// [`Error::ShapeChanged`] at the first difference, naming the code's value and the
+/// snapshot's; [`Error::Panicked`] if the job's code panics.
+fn check_shape<J: Job>(
+    job: &J,
+    manifest: &Manifest,
+    run: &RunConfig,
+    parts: &[bytes::Bytes],
+) -> Result<()> {
+    let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
+    let phase = manifest.phase;
+    let changed = |what: String, written: u64, code: u64| {
+        Err(Error::ShapeChanged {
+            job: J::NAME,
+            snapshot: id.clone(),
+            what,
+            written,
+            code,
+        })
+    };
+
+    let shape = shape_of(job, phase)?;
+    if manifest.shape.is_empty() && !shape.is_empty() {
+        tracing::info!(
+            job = J::NAME,
+            snapshot = %id,
+            "snapshot {id} was written before snapshots recorded the job's shape: only its \
+             iterations, chunks and stored partitions are checked"
+        );
+    }
+    for code in &shape {
+        let written = manifest.shape.iter().find(|d| d.what == code.what);
+        if let Some(written) = written.filter(|w| w.value != code.value) {
+            return changed(code.what.clone(), written.value, code.value);
+        }
+    }
+
+    let iterations = super::catch(Site::Job { phase }, J::NAME, || job.iterations())?;
+    if iterations != manifest.iterations_total {
+        return changed(
+            format!("the iterations of phase {phase}"),
+            manifest.iterations_total,
+            iterations,
+        );
+    }
+
+    let hooks = J::OWNERSHIP.hooks;
+    if hooks.is_none() {
+        return Ok(());
+    }
+    let chunking = super::catch(Site::Job { phase }, J::NAME, || job.chunking())?;
+    let written = Plan::new(manifest.iterations_total, run.schedule, run.chunking);
+    let code = Plan::new(iterations, run.schedule, chunking.unwrap_or(run.chunking));
+    if written.len() != code.len() {
+        return changed(
+            "the owned partitions (chunks)".to_owned(),
+            written.len(),
+            code.len(),
+        );
+    }
+    for c in 0..code.len() {
+        let (w, p) = (written.range(c), code.range(c));
+        if w != p {
+            return changed(
+                format!("the iterations of chunk {c} (from {})", w.start),
+                w.end - w.start,
+                p.end - p.start,
+            );
+        }
+    }
+
+    let Some(fits) = hooks.and_then(|h| h.fits) else {
+        return Ok(());
+    };
+    for (part, bytes) in manifest.all_parts().zip(parts) {
+        if bytes.is_empty() || part.chunk >= code.len() {
+            continue;
+        }
+        let range = code.range(part.chunk);
+        let fit = super::catch(Site::Job { phase }, J::NAME, || {
+            fits(job, part.chunk, range, bytes)
+        })?;
+        if let Err(m) = fit {
+            return changed(m.what, m.written, m.code);
+        }
+    }
+    Ok(())
 }

@@ -27,6 +27,31 @@ pub enum Resume {
     Required,
 }
 
+/// What [`Executor::submit_or_resume`] does when the job it is given is not the one the run
+/// of the snapshot it resumes was submitted with; set with
+/// [`Builder::resubmit_policy`](crate::Builder::resubmit_policy).
+///
+/// The two are compared as their serialized bytes, against the value the run was first
+/// submitted with (which every snapshot of the run records), not the job value the snapshot
+/// stores (which [`Job::end_phase`] changes from phase to phase). A snapshot written before
+/// snapshots recorded it (format 5 or older) is not checked (logged at info).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Resubmit {
+    /// The job decides ([`Job::resumed_with`], called on the stored job value with the
+    /// submitted one): it takes the change (the run then counts as submitted with the new
+    /// value) or refuses it, and then `submit_or_resume` fails with
+    /// [`Error::ResumedJobDiffers`] before anything runs. The default `resumed_with`
+    /// refuses every change, so by default a changed job is an error, never silently the
+    /// old one.
+    #[default]
+    AskJob,
+    /// Resume the job as the snapshot stored it and ignore the submitted value (logged at
+    /// info, with the digests of both): for a program whose job value may change between
+    /// runs without changing the computation (a path, a label).
+    UseStored,
+}
+
 impl Executor {
     /// Resumes `job`'s newest committed snapshot in this executor's store (under its job id,
     /// by default [`Job::NAME`]) if there is one, else submits `job` from its first phase:
@@ -40,11 +65,21 @@ impl Executor {
     /// but cannot be restored is an error, never a reason to start over (and later commit
     /// over it).
     ///
+    /// When it resumes, `job` is compared with the job value the snapshot's run was
+    /// submitted with: a different one (another grid, more steps) is not silently ignored
+    /// but handed to [`Job::resumed_with`], which takes or refuses the change (by default it
+    /// refuses), unless [`Builder::resubmit_policy`](crate::Builder::resubmit_policy) says
+    /// [`Resubmit::UseStored`]. Then the job's shape in this program (the current phase's
+    /// iterations and chunks, a grid's height, bands, width and element size) is checked
+    /// against the snapshot's, before anything runs.
+    ///
     /// # Errors
     ///
     /// As [`Executor::resume`] when a snapshot exists (a damaged one, a store that cannot
-    /// be read, a snapshot of another job); [`Error::NothingToResume`] when none does under
-    /// [`Resume::Required`]; else as [`Executor::submit`].
+    /// be read, a snapshot of another job, [`Error::ShapeChanged`]);
+    /// [`Error::ResumedJobDiffers`] when `job` differs from the one the snapshot's run was
+    /// submitted with and the job refuses the change; [`Error::NothingToResume`] when no
+    /// snapshot exists under [`Resume::Required`]; else as [`Executor::submit`].
     pub fn submit_or_resume<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
         let store = self.config.snapshots.store()?;
         let job_id = self.config.snapshots.job_id::<J>();
@@ -54,7 +89,7 @@ impl Executor {
             async move { Ok(store.latest(&job_id).await?) }
         })?;
         if latest.is_some() {
-            let handle = self.resume_at(At::Latest)?;
+            let handle = self.resume_submitted(&url, At::Latest, Some(job))?;
             if let Some(from) = handle.resumed().map(|r| r.from) {
                 tracing::info!(
                     job = J::NAME,

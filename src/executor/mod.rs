@@ -50,7 +50,7 @@ mod watch;
 
 pub use autoscale::AutoscaleStatus;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
-pub use lifecycle::Resume;
+pub use lifecycle::{Resubmit, Resume};
 pub use progress::{Progress, ProgressUpdates};
 pub use rollback::Rollback;
 pub use snapshot::{At, Resumed};
@@ -138,6 +138,11 @@ struct Config {
     remove_when_finished: bool,
     /// Whether `submit_or_resume` may start a job afresh (`lifecycle.rs`).
     resume: lifecycle::Resume,
+    /// What `submit_or_resume` does with a submitted job that differs (`lifecycle.rs`).
+    resubmit: lifecycle::Resubmit,
+    /// What a job run was submitted with and its shape, recorded in its snapshots
+    /// (`io.rs`); empty in the executor's own configuration.
+    origin: io::Origin,
     local_workers: usize,
     schedule: Schedule,
     chunking: Chunking,
@@ -284,6 +289,8 @@ impl Default for Builder {
                 check_store: Some(Duration::from_secs(10)),
                 remove_when_finished: false,
                 resume: lifecycle::Resume::default(),
+                resubmit: lifecycle::Resubmit::default(),
+                origin: io::Origin::default(),
                 local_workers: threads,
                 schedule: Schedule::default(),
                 chunking: Chunking::default(),
@@ -533,6 +540,17 @@ impl Builder {
         self
     }
 
+    /// What [`Executor::submit_or_resume`] (and its async twin) does when the job it is
+    /// given is not the one the run of the snapshot it resumes was submitted with (their
+    /// serialized bytes differ: another grid size, more steps): by default
+    /// ([`Resubmit::AskJob`]) [`Job::resumed_with`] decides, and its default refuses with
+    /// [`Error::ResumedJobDiffers`] before anything runs; [`Resubmit::UseStored`] resumes the
+    /// job as the snapshot stored it and ignores the submitted value (logged at info).
+    pub fn resubmit_policy(mut self, resubmit: Resubmit) -> Self {
+        self.config.resubmit = resubmit;
+        self
+    }
+
     /// Starts worker processes for [`JobHandle::scale_remote`].
     pub fn launcher(mut self, launcher: impl crate::wire::Launcher + 'static) -> Self {
         self.config.cluster.launcher = Some(Arc::new(launcher));
@@ -701,14 +719,15 @@ impl Executor {
     /// [`Error::Spawn`] if a worker thread cannot be started.
     pub fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
         let (core, chunking) = first_phase(&job, &self.config)?;
+        let origin = io::Origin::new(Some(crate::codec::encode("the job", &job)?), &job, 0)?;
         self.launch(
             job,
             core,
             0,
             0,
             Snapshots::default(),
-            self.config.schedule,
-            chunking,
+            (self.config.schedule, chunking),
+            origin,
         )
     }
 
@@ -721,12 +740,13 @@ impl Executor {
         phase: u64,
         iterations_before: u64,
         snap: Snapshots,
-        schedule: Schedule,
-        chunking: Chunking,
+        (schedule, chunking): (Schedule, Chunking),
+        origin: io::Origin,
     ) -> Result<JobHandle<J>> {
         let config = Config {
             schedule,
             chunking,
+            origin,
             ..self.config.clone()
         };
         let shared = Arc::new(Shared {

@@ -731,6 +731,7 @@ fn header<J: Job>(
         kept: Vec::new(),
         job_version: J::VERSION,
         layout: Some(crate::Layout::of::<J>().clone()),
+        ..Manifest::default() // `submitted` and `shape`: filled by the writer (io.rs)
     };
     Ok(Header {
         manifest,

@@ -72,10 +72,12 @@ use crate::layout::Layout;
 /// Version 2 added [`Manifest::kept`] (the owned partitions of done chunks); version 3
 /// [`Manifest::job_version`]; version 4 extended the checksum over the fixed header (see
 /// [damage or a later format](self#damage-or-a-later-format)); version 5
-/// [`Manifest::layout`]. A manifest of version 2 is still read, as one of job version 1 (the
-/// version every job had before there were versions), and ones of versions 3 and 4 without a
-/// layout; all are upgraded in memory to this version.
-pub const FORMAT_VERSION: u32 = 5;
+/// [`Manifest::layout`]; version 6 [`Manifest::submitted`] and [`Manifest::shape`]. A
+/// manifest of version 2 is still read, as one of job version 1 (the version every job had
+/// before there were versions), ones of versions 3 and 4 without a layout, and ones of
+/// version 5 without a submitted job value or a shape; all are upgraded in memory to this
+/// version.
+pub const FORMAT_VERSION: u32 = 6;
 
 /// The oldest manifest format this build reads.
 pub const OLDEST_FORMAT_VERSION: u32 = 2;
@@ -172,9 +174,63 @@ pub struct Manifest {
     /// Checked on resume before any of the job's bytes are decoded
     /// ([`Manifest::check_layout`]).
     pub layout: Option<Layout>,
+    /// The job value (postcard, opaque here) this run of the job was submitted with, as
+    /// given to [`Executor::submit`](crate::Executor::submit) or
+    /// [`Executor::submit_or_resume`](crate::Executor::submit_or_resume): not `job`, which
+    /// [`Job::end_phase`](crate::Job::end_phase) changes. Carried from snapshot to snapshot
+    /// and across resumes (a change the job accepted on resume,
+    /// [`Job::resumed_with`](crate::Job::resumed_with), replaces it);
+    /// `submit_or_resume` compares the job it is given with it. `None` in a manifest of a
+    /// format before 6, and in a run resumed from one with
+    /// [`Executor::resume`](crate::Executor::resume).
+    pub submitted: Option<Vec<u8>>,
+    /// The job's dimensions that its chunk plan does not show, fixed for the job (for a
+    /// [`Rows`](crate::Rows) grid: its height, bands, rows per band, width and element
+    /// size), checked on resume against the resuming program's; empty for a job that has
+    /// none and in a manifest of a format before 6.
+    pub shape: Vec<Dimension>,
 }
 
-/// [`Manifest`] as formats 3 and 4 wrote it (without `layout`).
+/// One dimension of a job's shape ([`Manifest::shape`]): a name and a size.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Dimension {
+    /// What it measures, with its unit: `"width (cells per row)"`.
+    pub what: String,
+    /// Its size.
+    pub value: u64,
+}
+
+impl Default for Manifest {
+    /// An empty manifest of this build's format, for building one field by field.
+    fn default() -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            job_name: String::new(),
+            job_id: String::new(),
+            epoch: 0,
+            created_unix_ms: 0,
+            job: Vec::new(),
+            phase: 0,
+            iterations_before: 0,
+            iterations_done: 0,
+            iterations_total: 0,
+            chunks: 0,
+            config: Vec::new(),
+            merged: 0,
+            reduced: Vec::new(),
+            done: Vec::new(),
+            parts: Vec::new(),
+            kept: Vec::new(),
+            job_version: 1,
+            layout: None,
+            submitted: None,
+            shape: Vec::new(),
+        }
+    }
+}
+
+/// [`Manifest`] as formats 3 and 4 wrote it (without `layout`), and the start of a body of
+/// format 5 (which is this, then `layout`).
 #[derive(Deserialize)]
 struct ManifestV3 {
     // Checked against the header's version before the body is decoded.
@@ -199,7 +255,8 @@ struct ManifestV3 {
 }
 
 impl ManifestV3 {
-    fn upgrade(self) -> Manifest {
+    /// This manifest of format 3, 4 or 5 (`layout` is 5's last field) as this build's.
+    fn upgrade(self, layout: Option<Layout>) -> Manifest {
         let ManifestV3 {
             _format_version: _,
             job_name,
@@ -239,7 +296,9 @@ impl ManifestV3 {
             parts,
             kept,
             job_version,
-            layout: None,
+            layout,
+            submitted: None,
+            shape: Vec::new(),
         }
     }
 }
@@ -309,6 +368,8 @@ impl ManifestV2 {
             kept,
             job_version: 1,
             layout: None,
+            submitted: None,
+            shape: Vec::new(),
         }
     }
 }
@@ -598,7 +659,14 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<Manifest> {
         3 | 4 => {
             let (old, left): (ManifestV3, _) =
                 postcard::take_from_bytes(body).map_err(decode_error)?;
-            (old.upgrade(), left)
+            (old.upgrade(None), left)
+        }
+        // Format 5 is format 4's body, then the layout.
+        5 => {
+            let (old, left): (ManifestV3, _) =
+                postcard::take_from_bytes(body).map_err(decode_error)?;
+            let (layout, left) = postcard::take_from_bytes(left).map_err(decode_error)?;
+            (old.upgrade(layout), left)
         }
         _ => postcard::take_from_bytes(body).map_err(decode_error)?,
     };
@@ -704,6 +772,11 @@ mod tests {
                 "job: Basel".to_owned(),
                 "Basel.n: u64".to_owned(),
             ])),
+            submitted: Some(vec![4, 5, 6]),
+            shape: vec![Dimension {
+                what: "width (cells per row)".to_owned(),
+                value: 40,
+            }],
         }
     }
 
@@ -760,6 +833,8 @@ mod tests {
             Manifest {
                 job_version: 1,
                 layout: None,
+                submitted: None,
+                shape: Vec::new(),
                 ..m.clone()
             }
         );
@@ -780,17 +855,49 @@ mod tests {
     }
 
     /// A manifest as format 3 (or 4) wrote it: the body of this format without the layout,
-    /// the checksum over the body only (for 3) or the header and the body (for 4).
+    /// the submitted job and the shape, the checksum over the body only (for 3) or the header
+    /// and the body (for 4).
     fn format_3(m: &Manifest, version: u32) -> Vec<u8> {
         let mut body = postcard::to_allocvec(&Manifest {
             format_version: version,
             layout: None,
+            submitted: None,
+            shape: Vec::new(),
             ..m.clone()
         })
         .unwrap();
-        // The last field, `layout`, is `None`: one 0 byte, which formats 3 and 4 did not have.
-        assert_eq!(body.pop(), Some(0));
+        // The last fields, `layout`, `submitted` (both `None`) and `shape` (empty): a 0 byte
+        // each, which formats 3 and 4 did not have.
+        assert_eq!(body.split_off(body.len() - 3), [0, 0, 0]);
         frame(version, &body)
+    }
+
+    /// A manifest as format 5 wrote it: the body of this format without the submitted job
+    /// and the shape.
+    fn format_5(m: &Manifest) -> Vec<u8> {
+        let mut body = postcard::to_allocvec(&Manifest {
+            format_version: 5,
+            submitted: None,
+            shape: Vec::new(),
+            ..m.clone()
+        })
+        .unwrap();
+        assert_eq!(body.split_off(body.len() - 2), [0, 0]);
+        frame(5, &body)
+    }
+
+    #[test]
+    fn a_manifest_of_format_version_5_reads_without_a_submitted_job_or_a_shape() {
+        let m = sample();
+        let file = format_5(&m);
+        let old = Manifest {
+            submitted: None,
+            shape: Vec::new(),
+            ..m.clone()
+        };
+        assert!(old.layout.is_some());
+        assert_eq!(decode_manifest(&file).unwrap(), old);
+        every_mutation_is_damage(&file);
     }
 
     #[test]
@@ -801,6 +908,8 @@ mod tests {
         assert_eq!(file[20..24], crc32c::crc32c(&file[24..]).to_le_bytes());
         let old = Manifest {
             layout: None,
+            submitted: None,
+            shape: Vec::new(),
             ..m.clone()
         };
         assert_eq!(decode_manifest(&file).unwrap(), old);
@@ -937,12 +1046,12 @@ mod tests {
         assert!(matches!(
             decode_manifest(&later),
             Err(Error::UnsupportedVersion {
-                found: 6,
-                supported: 5
+                found: 7,
+                supported: 6
             })
         ));
         let mut b = bytes.clone();
-        b[8..12].copy_from_slice(&6u32.to_le_bytes());
+        b[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert!(matches!(decode_manifest(&b), Err(Error::Checksum { .. })));
         let mut b = bytes.clone();
         b.push(0);
@@ -994,7 +1103,7 @@ mod tests {
             );
         }
         let mut m = sample();
-        m.format_version = 7;
+        m.format_version = 8;
         let bytes = encode_manifest(&m);
         assert!(matches!(
             decode_manifest(&bytes),

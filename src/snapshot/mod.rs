@@ -32,7 +32,7 @@ pub use blocking::BlockingStore;
 pub(crate) use blocking::block_on;
 pub use error::{Check, Error, Result};
 pub use format::{
-    FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
+    Dimension, FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
     encode_manifest,
 };
 pub(crate) use open::shareable_options;
