@@ -19,9 +19,7 @@ use bytes::Bytes;
 use malleable::Layout;
 use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
 use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply};
-use malleable::snapshot::{
-    Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest,
-};
+use malleable::snapshot::{Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
 #[path = "../fuzz/checks.rs"]
 mod checks;
