@@ -189,6 +189,14 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     ///         Ok(())
     ///     }
     /// }
+    ///
+    /// // Stored after 4 of 6 steps; submitted again with 9.
+    /// let started_with = Walk { n: 10, steps: 6, done: 0 };
+    /// let mut stored = Walk { n: 10, steps: 6, done: 4 };
+    /// stored.resumed_with(Walk { n: 10, steps: 9, done: 0 }, &started_with)?;
+    /// assert_eq!((stored.steps, stored.done), (9, 4));
+    /// assert!(stored.resumed_with(Walk { n: 20, steps: 9, done: 0 }, &started_with).is_err());
+    /// # Ok::<(), BoxError>(())
     /// ```
     fn resumed_with(&mut self, submitted: Self, started_with: &Self) -> Result<(), BoxError> {
         let _ = (submitted, started_with);

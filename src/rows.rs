@@ -1188,6 +1188,125 @@ mod tests {
         assert!(crate::codec::decode::<Band<Bar<false>>>("a chunk state", &bytes).is_err());
     }
 
+    /// `Bar` with another height or width in its code, as a program changed since the
+    /// snapshot: the same job value, the same `NAME`.
+    #[derive(Serialize, Deserialize)]
+    struct Changed {
+        n: u64,
+        w: usize,
+    }
+
+    impl Rows for Changed {
+        const NAME: &'static str = "bar";
+        type Element = f64;
+        type Acc = f64;
+        type Reducer = Max<f64>;
+        type Input = ();
+        fn height(&self) -> u64 {
+            self.n
+        }
+        fn width(&self) -> usize {
+            self.w
+        }
+        fn bands(&self) -> u64 {
+            4
+        }
+        fn reducer(&self) -> Max<f64> {
+            Max::new()
+        }
+        fn init(&self, _: &(), _: u64, row: &mut [f64]) {
+            row.fill(1.0);
+        }
+        fn update(&self, _: &(), i: u64, win: Window<'_, f64>, _: &mut f64) {
+            panic!("update of row {i} called with a band of another shape: {win:?}");
+        }
+    }
+
+    /// A band of `Bar` (64 rows of 40 cells) decoded under `Changed` code.
+    fn decoded_as_changed(range: Range<u64>, stop: u64) -> (Vec<u8>, Band<Changed>) {
+        let job = Banded(Bar::<false> { n: 64, w: 40 });
+        let mut band = job.chunk(range);
+        band.initialize(&job.0, &());
+        band.sweep(&job.0, &(), stop);
+        let bytes = crate::codec::encode("a chunk state", &band).unwrap();
+        let back = crate::codec::decode("a chunk state", &bytes).unwrap();
+        (bytes, back)
+    }
+
+    /// The step's message when a band does not fit the grid, which it says instead of
+    /// calling `update` with rows of the wrong length.
+    fn refused(band: &mut Band<Changed>, job: &Banded<Changed>) -> String {
+        let input = BandedInput(());
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| band.step(job, &input)));
+        let payload = caught.expect_err("a band that does not fit is never stepped");
+        crate::error::panic_message(payload.as_ref())
+    }
+
+    #[test]
+    fn a_band_of_another_shape_never_reaches_update() {
+        // 8 columns more: `update` would read rows of 40 cells as rows of 48.
+        let (_, mut band) = decoded_as_changed(16..32, 20);
+        let text = refused(&mut band, &Banded(Changed { n: 64, w: 48 }));
+        assert!(
+            text.contains("rows of 40 cells") && text.contains("width() is 48"),
+            "{text}"
+        );
+        // 8 rows more: the last band's row below would be empty.
+        let (_, mut band) = decoded_as_changed(48..64, 50);
+        let text = refused(&mut band, &Banded(Changed { n: 72, w: 40 }));
+        assert!(text.contains("row below it of 0 cells"), "{text}");
+        // 8 rows fewer: the band lies outside the grid.
+        let (_, mut band) = decoded_as_changed(48..64, 50);
+        let text = refused(&mut band, &Banded(Changed { n: 56, w: 40 }));
+        assert!(text.contains("outside the grid of height() 56"), "{text}");
+    }
+
+    /// The check a resume makes of a stored band before anything runs: its rows are its
+    /// chunk's and its width the grid's, read from its first fields only.
+    #[test]
+    fn a_stored_band_is_checked_against_its_chunk_and_the_grid() {
+        use crate::job::Misfit;
+        let (bytes, _) = decoded_as_changed(16..32, 20);
+        let job = Banded(Changed { n: 64, w: 40 });
+        assert_eq!(fits(&job, 1, 16..32, &bytes), Ok(()));
+        let misfit = |what: &str, written, code| {
+            Err(Misfit {
+                what: what.to_owned(),
+                written,
+                code,
+            })
+        };
+        assert_eq!(
+            fits(&Banded(Changed { n: 64, w: 48 }), 1, 16..32, &bytes),
+            misfit("the width (cells per row) of band 1", 40, 48)
+        );
+        assert_eq!(
+            fits(&job, 1, 18..36, &bytes),
+            misfit("the rows of band 1", 16, 18)
+        );
+        assert_eq!(
+            fits(&job, 1, 17..33, &bytes),
+            misfit("the first row of band 1", 16, 17)
+        );
+        // Bytes that do not decode are left to the band's decoding, which reports them.
+        assert_eq!(fits(&job, 1, 16..32, &[0xff]), Ok(()));
+        // The shape a snapshot records.
+        let shape: Vec<(String, u64)> = shape(&Banded(Changed { n: 62, w: 40 }))
+            .into_iter()
+            .map(|d| (d.what, d.value))
+            .collect();
+        let want = [
+            (HEIGHT, 62),
+            (BANDS, 4),
+            (ROWS_PER_BAND, 16),
+            (WIDTH, 40),
+            (ELEMENT_SIZE, 8),
+        ]
+        .map(|(w, v)| (w.to_owned(), v));
+        assert_eq!(shape, want);
+    }
+
     #[test]
     fn jacobi_band_parts_hold_only_what_matters() {
         states::<false>();
