@@ -27,7 +27,7 @@ enum From {
 }
 
 /// The partitions in this process and the halos kept for them.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(super) struct Keeper {
     /// Chunks whose partition is in this process.
     here: HashSet<u64>,

@@ -1,5 +1,15 @@
-//! The I/O task of a worker process: frames in and out, heartbeats and the lease, and the
-//! snapshot parts this process writes itself (steps 2-7 of the protocol in `mod.rs`).
+//! The I/O task of a worker process: the pump of its protocol machine (`machine.rs`).
+//! Frames from the coordinator, the threads' messages, background store operations and
+//! placements, stop requests and timers go into the machine as events; its orders come out
+//! as frames for the coordinator, messages for the threads, store operations and placements
+//! started here, and the job's own code run here (steps 2-7 of the protocol in `mod.rs`).
+//!
+//! The pump decides nothing about the protocol: it holds what needs the job's types or the
+//! runtime (the job value, the held partitions and their spares, the placements under way,
+//! the store's tasks) and reads the clock, which the machine is given as `now`. Orders are
+//! carried out in the order polled; the frames of one turn go with one flush, after the
+//! turn's other orders were carried out (the threads' queues, the tasks), which keeps the
+//! frames in the machine's order.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,13 +19,13 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::codec::Framed;
 
-use super::halos::Keeper;
+use super::machine::{self, Check, Code, Machine, Out, Place, Put, Source, ToThread, Unusable};
 use super::thread::{HeldParts, Run, SlotMsg, Thread, lock};
 use crate::codec;
 use crate::job::Job;
 use crate::run::{MAIL, SuspendToken};
 use crate::wire::Error;
-use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
+use crate::wire::frame::{self, Failure, ToCoordinator, ToWorker};
 
 pub(super) struct Io {
     pub(super) peer: String,
@@ -30,243 +40,184 @@ pub(super) struct Io {
     pub(super) first_run: std::cell::Cell<Option<Duration>>,
     pub(super) parts_written: std::cell::Cell<u64>,
     pub(super) parts_sent: std::cell::Cell<u64>,
-    /// The partitions here and the halos kept for them (`halos.rs`).
-    pub(super) keeper: std::cell::RefCell<Keeper>,
 }
 
 /// What background tasks of the I/O loop report.
 enum Background {
     /// The store offered by the coordinator was checked: usable, or why not.
-    Store(Result<(crate::snapshot::Store, String), Unusable>),
-    /// A captured state went to the store (`CapturedPart`), or could not and goes to the
-    /// coordinator instead (`Captured`).
-    Part(ToCoordinator),
-    /// A held partition's part went to the store (`CapturedHeldPart`), or could not and goes
-    /// to the coordinator instead (`CapturedHeld`); what waits behind it about that chunk
-    /// goes next.
-    HeldPart(u64, ToCoordinator),
+    Checked(Result<(crate::snapshot::Store, String), Unusable>),
+    /// A part was written (its reference), or could not be.
+    Stored(
+        Put,
+        Result<crate::snapshot::PartRef, crate::snapshot::Error>,
+    ),
 }
 
-/// Why an offered store is not used by this process (its states then go to the coordinator).
-#[derive(Debug, thiserror::Error)]
-enum Unusable {
-    /// The URL does not open here (no credentials, an option this build does not know, …).
-    #[error("the store does not open from this process")]
-    Open(#[source] crate::snapshot::Error),
-    /// The witness snapshot cannot be read here (another disk, wrong credentials, …).
-    #[error("the coordinator's latest snapshot cannot be read from this process")]
-    Read(#[source] crate::snapshot::Error),
-    /// The witness is there but was written at another time: another store of the same name.
-    #[error("snapshot {id} in {url} is not the coordinator's (created at another time)")]
-    Another {
-        id: crate::snapshot::SnapshotId,
-        url: String,
-    },
+/// What the pump holds for the machine: the values of the job's own types, and the tasks.
+struct Pump<J: Job> {
+    /// The job value and its phase, once one came.
+    job: Option<(u64, Arc<J>)>,
+    /// Partitions placed here, being read and decoded on the blocking pool while the loop
+    /// goes on, two at a time in the order they came (the coordinator sends first those
+    /// that run first; all at once, they all ended late; one at a time, the process's
+    /// threads waited for them). The machine holds a later message about one of them until
+    /// it is placed.
+    placing: Placements<J>,
+    background: UnboundedSender<Background>,
 }
 
-/// A message about a chunk waiting behind the write of that chunk's held partition: the
-/// message, the epoch folder of the capture it answers (if it does), and the phase.
-type Behind = (ToCoordinator, Option<u64>, Option<u64>);
-
-/// Parts this process writes to the job's store itself (step 7 of the protocol in
-/// `mod.rs`).
-///
-/// # Order of the answers about a held partition
-///
-/// The coordinator matches an answer to a `CaptureHeld` with the latest one it asked of
-/// this process for that chunk, which is right only if the partition did not change in
-/// between: it holds when the answers about one partition reach it in the order they were
-/// asked, each before anything later about that partition (the `Done` of its next run, its
-/// `Surrendered`), as when the answer was made at once. A write in the background would let
-/// those overtake it, so while a held partition's part is written, every message about that
-/// chunk waits behind it (`behind`) and goes, in order, once the write ends; other chunks'
-/// messages go at once. The partition's bytes are taken when the capture is asked, so its
-/// next run is not held up.
-#[derive(Default)]
-struct Parts {
-    /// The store and job id, once the witness was read there.
-    store: Option<(crate::snapshot::Store, String)>,
-    /// A check of an offered store is under way.
-    checking: bool,
-    /// The epoch folder of each requested capture.
-    folders: std::collections::HashMap<(u32, u64), u64>,
-    /// Held partitions whose part is being written, by chunk, with the messages about that
-    /// chunk that wait for the write, oldest first.
-    behind: std::collections::HashMap<u64, std::collections::VecDeque<Behind>>,
-}
-
-/// The chunk a message to the coordinator is about, if any.
-fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
-    match msg {
-        ToCoordinator::Done { chunk, .. }
-        | ToCoordinator::Surrendered { chunk, .. }
-        | ToCoordinator::CapturedHeld { chunk, .. }
-        | ToCoordinator::CapturedHeldPart { chunk, .. }
-        | ToCoordinator::Missing { chunk }
-        | ToCoordinator::FailedHeld { chunk, .. }
-        | ToCoordinator::Exported { chunk, .. }
-        | ToCoordinator::Released { chunk, .. }
-        | ToCoordinator::Yielded { chunk, .. }
-        | ToCoordinator::Abandoned { chunk, .. }
-        | ToCoordinator::Captured { chunk, .. }
-        | ToCoordinator::CapturedPart { chunk, .. }
-        | ToCoordinator::Failed { chunk, .. } => Some(*chunk),
-        ToCoordinator::Heartbeat { .. }
-        | ToCoordinator::Leave { .. }
-        | ToCoordinator::Piece { .. }
-        | ToCoordinator::Undecodable { .. } => None,
-    }
-}
-
-impl Parts {
-    /// Checks an offered store in the background: it is the coordinator's if the witness
-    /// snapshot is there with the same creation time.
-    fn offered(&mut self, msg: ToWorker, tx: &UnboundedSender<Background>) {
-        let ToWorker::Store {
-            url,
-            options,
-            job_id,
-            epoch,
-            created_unix_ms,
-        } = msg
-        else {
-            return;
+impl<J: Job> Pump<J> {
+    /// Runs the job's code for the machine ([`Out::Code`]).
+    fn code(
+        &mut self,
+        peer: &str,
+        code: Code,
+        held: &HeldParts<J::Chunk>,
+    ) -> Result<Option<ToCoordinator>, Error> {
+        // Bytes of the job's own types that do not decode although the versions matched.
+        let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
+            peer: peer.to_owned(),
+            job: J::NAME.to_owned(),
+            version: J::VERSION,
+            what,
+            here: true,
+            source: e.source,
         };
-        if self.store.is_some() || self.checking {
-            return;
-        }
-        self.checking = true;
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let checked = async {
-                let store =
-                    crate::snapshot::Store::open_with(&url, options).map_err(Unusable::Open)?;
-                let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
-                let manifest = store.manifest(&id).await.map_err(Unusable::Read)?;
-                if manifest.created_unix_ms != created_unix_ms {
-                    return Err(Unusable::Another { id, url });
+        match code {
+            Code::Phase { phase, job: bytes } => {
+                let value: J = codec::decode("the job", &bytes)
+                    .map_err(|e| undecodable("the job value", e))?;
+                self.job = Some((phase, Arc::new(value)));
+                Ok(None)
+            }
+            Code::Begin {
+                chunk,
+                before,
+                after,
+            } => {
+                // The restored phase ended: every placement has started.
+                self.placing.spares.clear();
+                *lock_buffers(&self.placing.buffers) = None;
+                let (Some((phase, j)), Some(hooks)) = (self.job.as_ref(), J::OWNERSHIP.hooks)
+                else {
+                    // The machine asks only for a job with partitions, after its value.
+                    return Err(Error::Rejected {
+                        peer: peer.to_owned(),
+                        what: "a message to a worker",
+                        reason: "a partition's halos for a job without partitions".into(),
+                        source: None,
+                    });
+                };
+                let halo = |h: Option<bytes::Bytes>| {
+                    h.map(|b| (hooks.decode_halo)(&b).map_err(|e| undecodable("a halo", e)))
+                        .transpose()
+                };
+                let (before, after) = (halo(before)?, halo(after)?);
+                let mut parts = lock(held);
+                let Some(part) = parts.get_mut(&chunk) else {
+                    tracing::warn!(
+                        chunk,
+                        "halos came for a partition this process does not hold"
+                    );
+                    return Ok(Some(ToCoordinator::Missing { chunk }));
+                };
+                let site = crate::Site::Chunk {
+                    phase: *phase,
+                    chunk,
+                };
+                if let Err(e) =
+                    crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, before, after))
+                {
+                    return Ok(Some(ToCoordinator::FailedHeld {
+                        chunk,
+                        failure: super::thread::failure_of(e),
+                    }));
                 }
-                Ok((store, job_id))
-            };
-            let _ = tx.send(Background::Store(checked.await));
+                Ok(None)
+            }
+            Code::Held { chunk, surrender } => {
+                let mut parts = lock(held);
+                let encoded = if surrender {
+                    parts
+                        .remove(&chunk)
+                        .map(|p| codec::encode("a chunk state", &p))
+                } else {
+                    parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
+                };
+                Ok(Some(match encoded {
+                    None => {
+                        tracing::warn!(
+                            chunk,
+                            surrender,
+                            "asked for a partition this process does not hold"
+                        );
+                        ToCoordinator::Missing { chunk }
+                    }
+                    Some(Err(e)) => ToCoordinator::FailedHeld {
+                        chunk,
+                        failure: super::thread::failure_of(e.into()),
+                    },
+                    Some(Ok(b)) if surrender => ToCoordinator::Surrendered {
+                        chunk,
+                        state: b.into(),
+                    },
+                    Some(Ok(b)) => ToCoordinator::CapturedHeld {
+                        chunk,
+                        state: b.into(),
+                    },
+                }))
+            }
+        }
+    }
+
+    /// Checks an offered store in the background ([`Out::Check`]).
+    fn check(&self, check: Check) {
+        let tx = self.background.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(Background::Checked(check_store(check).await));
         });
     }
 
-    /// Routes a message for the coordinator: a captured state or held partition that this
-    /// process can store goes up in the background; a message about a chunk whose held
-    /// partition is being written waits behind it; anything else goes to the coordinator
-    /// now. `held_folder` is the epoch folder of the `CaptureHeld` that `msg` answers.
-    fn route(
-        &mut self,
-        msg: ToCoordinator,
-        held_folder: Option<u64>,
-        phase: Option<u64>,
-        tx: &UnboundedSender<Background>,
-    ) -> Option<ToCoordinator> {
-        let folder = match &msg {
-            ToCoordinator::Captured { slot, chunk, .. }
-            | ToCoordinator::Done { slot, chunk, .. }
-            | ToCoordinator::Yielded { slot, chunk, .. }
-            | ToCoordinator::Failed { slot, chunk, .. } => self.folders.remove(&(*slot, *chunk)),
-            ToCoordinator::CapturedHeld { .. } => held_folder,
-            _ => None,
-        };
-        if let Some(queue) = chunk_of(&msg).and_then(|c| self.behind.get_mut(&c)) {
-            queue.push_back((msg, folder, phase));
-            return None;
-        }
-        self.go(msg, folder, phase, tx)
-    }
-
-    /// A message that waits for nothing: a state to store goes up in the background (and
-    /// `None` is returned), anything else is returned, to send now.
-    fn go(
-        &mut self,
-        msg: ToCoordinator,
-        folder: Option<u64>,
-        phase: Option<u64>,
-        tx: &UnboundedSender<Background>,
-    ) -> Option<ToCoordinator> {
-        let (Some(folder), Some((store, job_id)), Some(phase)) = (folder, &self.store, phase)
-        else {
-            return Some(msg);
-        };
-        if !matches!(
-            msg,
-            ToCoordinator::Captured { .. } | ToCoordinator::CapturedHeld { .. }
-        ) {
-            return Some(msg);
-        }
-        let (store, job_id, tx) = (store.clone(), job_id.clone(), tx.clone());
-        match msg {
-            ToCoordinator::Captured { slot, chunk, state } => {
-                tokio::spawn(async move {
-                    let reply = match store
-                        .put_part(&job_id, folder, phase, chunk, state.clone())
-                        .await
-                    {
-                        Ok(part) => ToCoordinator::CapturedPart { slot, chunk, part },
-                        Err(e) => {
-                            tracing::warn!(error = %e, "a part could not be stored; it goes to the coordinator");
-                            ToCoordinator::Captured { slot, chunk, state }
-                        }
-                    };
-                    let _ = tx.send(Background::Part(reply));
-                });
-            }
-            ToCoordinator::CapturedHeld { chunk, state } => {
-                self.behind.insert(chunk, std::collections::VecDeque::new());
-                tokio::spawn(async move {
-                    let reply = match store
-                        .put_part(&job_id, folder, phase, chunk, state.clone())
-                        .await
-                    {
-                        Ok(part) => ToCoordinator::CapturedHeldPart { chunk, part },
-                        Err(e) => {
-                            tracing::warn!(error = %e, chunk, "a held partition's part could not be stored; it goes to the coordinator");
-                            ToCoordinator::CapturedHeld { chunk, state }
-                        }
-                    };
-                    let _ = tx.send(Background::HeldPart(chunk, reply));
-                });
-            }
-            msg => return Some(msg),
-        }
-        None
-    }
-
-    /// The write of `chunk`'s held partition ended: the messages that waited behind it, to
-    /// send now in order, up to the next held write of that chunk (the rest waits for it).
-    fn written(&mut self, chunk: u64, tx: &UnboundedSender<Background>) -> Vec<ToCoordinator> {
-        let mut queue = self.behind.remove(&chunk).unwrap_or_default();
-        let mut now = Vec::new();
-        while let Some((msg, folder, phase)) = queue.pop_front() {
-            now.extend(self.go(msg, folder, phase, tx));
-            if let Some(next) = self.behind.get_mut(&chunk) {
-                next.extend(queue);
-                break;
-            }
-        }
-        now
+    /// Writes a part in the background ([`Out::Put`]).
+    fn put(&self, put: Put) {
+        let tx = self.background.clone();
+        tokio::spawn(async move {
+            let written = put
+                .store
+                .put_part(
+                    &put.job_id,
+                    put.folder,
+                    put.phase,
+                    put.chunk,
+                    put.state.clone(),
+                )
+                .await;
+            let _ = tx.send(Background::Stored(put, written));
+        });
     }
 }
 
-impl Io {
-    /// Counts a snapshot part about to be sent: written here (its reference) or sent as
-    /// bytes for the coordinator to write.
-    fn tally(&self, msg: &ToCoordinator) {
-        let counter = match msg {
-            ToCoordinator::CapturedPart { .. } | ToCoordinator::CapturedHeldPart { .. } => {
-                &self.parts_written
-            }
-            ToCoordinator::Captured { .. } | ToCoordinator::CapturedHeld { .. } => &self.parts_sent,
-            _ => return,
-        };
-        counter.set(counter.get() + 1);
+/// An offered store is the coordinator's if the witness snapshot is there with the same
+/// creation time.
+async fn check_store(check: Check) -> Result<(crate::snapshot::Store, String), Unusable> {
+    let Check {
+        url,
+        options,
+        job_id,
+        epoch,
+        created_unix_ms,
+    } = check;
+    let store = crate::snapshot::Store::open_with(&url, options).map_err(Unusable::Open)?;
+    let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
+    let manifest = store.manifest(&id).await.map_err(Unusable::Read)?;
+    if manifest.created_unix_ms != created_unix_ms {
+        return Err(Unusable::Another { id, url });
     }
+    Ok((store, job_id))
+}
 
-    /// Sends `msgs` to the coordinator (in pieces where they are long), then flushes. Halos
-    /// for partitions here are kept on the way ([`Keeper::outgoing`]).
+impl Io {
+    /// Sends `msgs` to the coordinator (in pieces where they are long), then flushes.
     async fn send_all<S>(
         &self,
         sink: &mut S,
@@ -275,68 +226,12 @@ impl Io {
     where
         S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
     {
-        let msgs = {
-            let mut keeper = self.keeper.borrow_mut();
-            let mut out = Vec::new();
-            for msg in msgs {
-                keeper.outgoing(msg, &mut out);
-            }
-            out
-        };
         for msg in msgs {
-            self.tally(&msg);
             for f in frame::Frames::new(&msg, self.max_frame) {
                 self.write(sink.feed(f)).await?;
             }
         }
         self.write(sink.flush()).await
-    }
-
-    /// A partition placed here is read and decoded: held from now on, or the coordinator
-    /// learns why not.
-    async fn placed<S, C>(
-        &self,
-        sink: &mut S,
-        held: &HeldParts<C>,
-        chunk: u64,
-        placed: Result<Placed<C>, Failure>,
-    ) -> Result<(), Error>
-    where
-        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
-    {
-        match placed {
-            Ok((part, halos)) => {
-                if lock(held).insert(chunk, part).is_some() {
-                    tracing::warn!(chunk, "a partition placed here replaced the one held");
-                }
-                match halos {
-                    Some((up, down)) => {
-                        let halos = (frame::Halo::Sent(up), frame::Halo::Sent(down));
-                        self.send_all(sink, [ToCoordinator::Exported { chunk, halos }])
-                            .await
-                    }
-                    None => Ok(()),
-                }
-            }
-            Err(failure) => {
-                tracing::warn!(chunk, ?failure, "a partition placed here could not be held");
-                self.send_all(sink, [ToCoordinator::FailedHeld { chunk, failure }])
-                    .await
-            }
-        }
-    }
-
-    /// The coordinator sent nothing for a whole lease: it is given up.
-    fn silent(&self) -> Error {
-        tracing::warn!(
-            peer = %self.peer,
-            lease = ?self.lease,
-            "the coordinator fell silent: nothing from it for a whole lease; giving it up"
-        );
-        Error::LeaseExpired {
-            peer: self.peer.clone(),
-            after: self.lease,
-        }
     }
 
     /// Writes to the coordinator (one frame, or a flush), within a lease: a coordinator that
@@ -354,7 +249,7 @@ impl Io {
                 peer: self.peer.clone(),
                 source,
             }),
-            Err(_) => Err(self.silent()),
+            Err(_) => Err(machine::silent(&self.peer, self.lease)),
         }
     }
 
@@ -368,9 +263,15 @@ impl Io {
     ) -> Result<bool, Error> {
         let peer = &self.peer;
         let (mut sink, mut stream) = framed.split();
-        let mut beat = tokio::time::interval(self.heartbeat);
-        let mut job: Option<(u64, Arc<J>)> = None;
-        let mut left = false;
+        let config = machine::Config {
+            peer: peer.clone(),
+            heartbeat: self.heartbeat,
+            lease: self.lease,
+            grace: self.grace,
+            partitioned: J::OWNERSHIP.is_partitioned(),
+            threads: threads.len(),
+        };
+        let mut machine = Machine::new(config, std::time::Instant::now());
         let mut sigterm = self
             .signals
             .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok())
@@ -380,177 +281,70 @@ impl Io {
             .then(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok())
             .flatten();
         let stop = self.stop.clone();
-        let mut parts = Parts::default();
         let mut pieces = frame::Assembler::new(self.max_message);
         let (bg_tx, mut bg_rx) = unbounded_channel();
-        // The lease runs from the last frame received from the coordinator, and only frames
-        // received re-arm it: this process's own heartbeats, threads' messages and background
-        // work wake the loop but prove nothing about the coordinator. (It was re-armed at
-        // every turn of the loop, so a coordinator that fell silent was never given up: the
-        // heartbeat tick alone kept it alive.) A write that does not move for a lease gives
-        // it up too (`write`).
-        let mut lease_ends = tokio::time::Instant::now() + self.lease;
-        // Partitions placed here, being read and decoded on the blocking pool while this
-        // loop goes on, two at a time in the order they came (the coordinator sends first
-        // those that run first; all at once, they all ended late; one at a time, the
-        // process's threads waited for them). A later message about one of them waits for
-        // it (`held_chunk`).
-        let mut placing: Placements<J> = Placements::new();
-        let ended: Result<bool, Error> = async { loop {
-            let phase = job.as_ref().map(|(p, _)| *p);
-            let stop_now = tokio::select! {
-                () = tokio::time::sleep_until(lease_ends) => {
-                    return Err(self.silent());
-                }
-                next = stream.next() => {
-                    let bytes = match next {
-                        None => return Err(Error::Closed { peer: peer.clone() }),
-                        Some(Err(e)) => return Err(Error::io(peer, e, self.max_frame)),
-                        Some(Ok(b)) => b,
-                    };
-                    lease_ends = tokio::time::Instant::now() + self.lease;
-                    let Some(msg) = pieces.frame::<ToWorker>(peer, bytes.freeze())? else {
-                        continue;
-                    };
-                    match msg {
-                        ToWorker::End => {
-                            let _ = sink.close().await;
-                            return Ok(left);
-                        }
-                        msg @ ToWorker::Store { .. } => parts.offered(msg, &bg_tx),
-                        msg => {
-                            if J::OWNERSHIP.is_partitioned() {
-                                self.keeper.borrow_mut().arrived(&msg);
-                            }
-                            let Some(msg) = self.keeper.borrow_mut().begin(msg) else {
-                                return Err(Error::Rejected {
-                                    peer: peer.clone(),
-                                    what: "a message to a worker",
-                                    reason: "a partition's halo kept here that this process did not keep".into(),
-                                    source: None,
-                                });
-                            };
-                            if let Some(chunk) = held_chunk(&msg) {
-                                while placing.places(chunk) {
-                                    let Some((c, r)) = placing.next().await else { break };
-                                    self.placed(&mut sink, held, c, r).await?;
-                                }
-                            }
-                            if J::OWNERSHIP.is_partitioned() {
-                                let store = parts.store.as_ref().map(|(s, _)| s.clone());
-                                if placing.start(&msg, job.clone(), store) {
-                                    continue;
-                                }
-                            }
-                            if matches!(msg, ToWorker::Forget) {
-                                // No thread runs one of them: the coordinator waited for
-                                // every chunk to come back before it rolled the job back.
-                                // They are decoded into by the restored ones (`spares`).
-                                let dropped = std::mem::take(&mut *lock(held));
-                                tracing::info!(
-                                    partitions = dropped.len(),
-                                    "the job rolled back: held partitions dropped"
-                                );
-                                placing = Placements::new();
-                                placing.spares = dropped;
-                            } else if matches!(msg, ToWorker::Begin { .. }) {
-                                // The restored phase ended: every placement has started.
-                                placing.spares.clear();
-                                *lock_buffers(&placing.buffers) = None;
-                            }
-                            if self.first_run.get().is_none() && matches!(msg, ToWorker::Run { .. }) {
-                                self.first_run.set(Some(self.dialled.elapsed()));
-                            }
-                            if let ToWorker::Capture { slot, chunk, folder } = msg {
-                                parts.folders.insert((slot, chunk), folder);
-                            }
-                            let held_folder = match msg {
-                                ToWorker::CaptureHeld { folder, .. } => Some(folder),
-                                _ => None,
-                            };
-                            let reply = match dispatch(peer, msg, threads, &mut job, held) {
-                                Ok(reply) => reply,
-                                Err(e) => {
-                                    if let Error::Undecodable { what, source, .. } = &e {
-                                        // The coordinator learns why this process leaves.
-                                        let msg = ToCoordinator::Undecodable {
-                                            what: (*what).to_owned(),
-                                            error: source.clone(),
-                                        };
-                                        let _ = self.write(sink.send(frame::encode(&msg))).await;
-                                    }
-                                    return Err(e);
-                                }
-                            };
-                            let phase = job.as_ref().map(|(p, _)| *p);
-                            if let Some(reply) = reply.and_then(|r| parts.route(r, held_folder, phase, &bg_tx)) {
-                                self.send_all(&mut sink, [reply]).await?;
-                            }
-                        }
+        let mut pump = Pump::<J> {
+            job: None,
+            placing: Placements::new(),
+            background: bg_tx,
+        };
+        let ended: Result<bool, Error> = async {
+            loop {
+                let deadline = tokio::time::Instant::from_std(machine.deadline());
+                let left = machine.left();
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {
+                        let progress = threads.iter().map(|s| s.cell.progress()).collect();
+                        machine.tick(std::time::Instant::now(), progress);
                     }
-                    false
-                }
-                msg = out_rx.recv() => {
-                    let Some(msg) = msg else { return Ok(left) };
-                    let mut next = Some(msg);
-                    let mut now = Vec::new();
-                    while let Some(msg) = next {
-                        now.extend(parts.route(msg, None, phase, &bg_tx));
-                        next = out_rx.try_recv().ok();
+                    next = stream.next() => {
+                        let bytes = match next {
+                            None => return Err(Error::Closed { peer: peer.clone() }),
+                            Some(Err(e)) => return Err(Error::io(peer, e, self.max_frame)),
+                            Some(Ok(b)) => b,
+                        };
+                        let now = std::time::Instant::now();
+                        let msg = pieces.frame::<ToWorker>(peer, bytes.freeze())?;
+                        machine.received(now, msg);
                     }
-                    self.send_all(&mut sink, now).await?;
-                    false
-                }
-                Some(done) = bg_rx.recv() => {
-                    match done {
-                        Background::Store(Ok(store)) => {
-                            tracing::info!(store = store.0.url(), "this worker process writes its own snapshot parts");
-                            parts.store = Some(store);
-                            parts.checking = false;
-                        }
-                        Background::Store(Err(why)) => {
-                            tracing::info!(why = &why as &dyn std::error::Error, "snapshot parts go to the coordinator");
-                            parts.checking = false;
-                        }
-                        Background::Part(msg) => {
-                            if !matches!(msg, ToCoordinator::CapturedPart { .. }) {
-                                parts.store = None;
+                    msg = out_rx.recv() => match msg {
+                        None => machine.threads_gone(),
+                        Some(msg) => {
+                            machine.reported(msg);
+                            while let Ok(msg) = out_rx.try_recv() {
+                                machine.reported(msg);
                             }
-                            self.send_all(&mut sink, [msg]).await?;
                         }
-                        Background::HeldPart(chunk, msg) => {
-                            if !matches!(msg, ToCoordinator::CapturedHeldPart { .. }) {
-                                parts.store = None;
+                    },
+                    Some(done) = bg_rx.recv() => match done {
+                        Background::Checked(checked) => machine.checked(checked),
+                        Background::Stored(put, written) => machine.stored(put, written),
+                    },
+                    Some((chunk, r)) = pump.placing.next(), if !pump.placing.is_empty() => {
+                        let r = r.map(|(part, halos)| {
+                            if lock(held).insert(chunk, part).is_some() {
+                                tracing::warn!(chunk, "a partition placed here replaced the one held");
                             }
-                            let next = parts.written(chunk, &bg_tx);
-                            self.send_all(&mut sink, std::iter::once(msg).chain(next)).await?;
-                        }
+                            halos
+                        });
+                        machine.placed(chunk, r);
                     }
-                    false
+                    _ = async { stop.as_ref().expect("guarded").fired().await }, if stop.is_some() && !left => machine.leave(),
+                    _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() && !left => machine.leave(),
+                    _ = async { sigint.as_mut().expect("guarded").recv().await }, if sigint.is_some() && !left => machine.leave(),
                 }
-                Some((chunk, r)) = placing.next(), if !placing.is_empty() => {
-                    self.placed(&mut sink, held, chunk, r).await?;
-                    false
+                if let Some(ended) = self
+                    .drive(&mut machine, &mut pump, &mut sink, threads, held)
+                    .await?
+                {
+                    return ended;
                 }
-                _ = beat.tick() => {
-                    let progress = threads.iter().map(|s| s.cell.progress()).collect();
-                    self.write(sink.send(frame::encode(&ToCoordinator::Heartbeat { progress }))).await?;
-                    false
-                }
-                _ = async { stop.as_ref().expect("guarded").fired().await }, if stop.is_some() && !left => true,
-                _ = async { sigterm.as_mut().expect("guarded").recv().await }, if sigterm.is_some() && !left => true,
-                _ = async { sigint.as_mut().expect("guarded").recv().await }, if sigint.is_some() && !left => true,
-            };
-            if stop_now {
-                left = true;
-                let grace_ms = self
-                    .grace
-                    .map(|g| g.as_millis().min(u64::MAX as u128) as u64);
-                self.write(sink.send(frame::encode(&ToCoordinator::Leave { grace_ms })))
-                    .await?;
             }
-        } }
+        }
         .await;
+        let (written, sent) = machine.parts();
+        self.parts_written.set(written);
+        self.parts_sent.set(sent);
         match ended {
             // The coordinator ends a job by sending `End` and closing its socket. What this
             // process wrote in between (a heartbeat, a slot's report) may reach a closed
@@ -564,13 +358,115 @@ impl Io {
                         error = &e as &dyn std::error::Error,
                         "a write failed after the coordinator ended the job"
                     );
-                    Ok(left)
+                    Ok(machine.left())
                 } else {
                     Err(e)
                 }
             }
             ended => ended,
         }
+    }
+
+    /// Carries out the machine's orders, in order; the frames go with one flush at the end.
+    /// `Some` once the machine decided the end.
+    async fn drive<J: Job, S>(
+        &self,
+        machine: &mut Machine,
+        pump: &mut Pump<J>,
+        sink: &mut S,
+        threads: &mut [Thread<J>],
+        held: &HeldParts<J::Chunk>,
+    ) -> Result<Option<Result<bool, Error>>, Error>
+    where
+        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+    {
+        let mut frames = Vec::new();
+        while let Some(out) = machine.poll() {
+            match out {
+                Out::Send(msg) => frames.push(msg),
+                Out::Thread(t, msg) => self.to_thread(&threads[t], msg, &pump.job),
+                Out::Close(t) => {
+                    // Closing its queue ends the (idle) thread.
+                    threads[t].tx = None;
+                }
+                Out::Code(code) => {
+                    let answer = pump.code(&self.peer, code, held);
+                    machine.answer(answer);
+                }
+                Out::Place(place) => pump.placing.start(place, pump.job.clone()),
+                Out::Forget => {
+                    // They are decoded into by the restored ones (`spares`).
+                    let dropped = std::mem::take(&mut *lock(held));
+                    tracing::info!(
+                        partitions = dropped.len(),
+                        "the job rolled back: held partitions dropped"
+                    );
+                    pump.placing = Placements::new();
+                    pump.placing.spares = dropped;
+                }
+                Out::Check(check) => pump.check(check),
+                Out::Put(put) => pump.put(put),
+                Out::End { tell, result } => {
+                    // Best effort: the job ended, or this process gives up anyway.
+                    frames.extend(tell);
+                    if !frames.is_empty() {
+                        let _ = self.send_all(sink, frames).await;
+                    }
+                    if result.is_ok() {
+                        let _ = sink.close().await;
+                    }
+                    return Ok(Some(result));
+                }
+            }
+        }
+        if !frames.is_empty() {
+            self.send_all(sink, frames).await?;
+        }
+        Ok(None)
+    }
+
+    /// Hands a message to a slot's thread ([`Out::Thread`]).
+    fn to_thread<J: Job>(&self, thread: &Thread<J>, msg: ToThread, job: &Option<(u64, Arc<J>)>) {
+        let Some(tx) = thread.tx.as_ref() else {
+            return;
+        };
+        let m = match msg {
+            ToThread::Run {
+                slot,
+                chunk,
+                range,
+                state,
+                held,
+                phase,
+            } => {
+                // The machine runs nothing before the job value, which the pump then holds.
+                let Some((_, job)) = job else {
+                    tracing::warn!(chunk, "a run before the job value");
+                    return;
+                };
+                if self.first_run.get().is_none() {
+                    self.first_run.set(Some(self.dialled.elapsed()));
+                }
+                let _ = tx.send(SlotMsg::Run(Run {
+                    slot,
+                    chunk,
+                    range,
+                    state,
+                    held,
+                    job: Arc::clone(job),
+                    phase,
+                    queued: std::time::Instant::now(),
+                }));
+                return;
+            }
+            ToThread::Interrupt { slot, chunk } => SlotMsg::Interrupt { slot, chunk },
+            ToThread::Capture { slot, chunk } => SlotMsg::Capture { slot, chunk },
+            ToThread::Abandon { slot, chunk } => SlotMsg::Abandon { slot, chunk },
+        };
+        let _ = tx.send(m);
+        // After the send (step 1 of the flag contract in `run/cell.rs`): the thread that
+        // takes the bit finds the message.
+        thread.cell.raise(MAIL);
     }
 
     /// Whether the coordinator's `End` is among the frames still readable after a write
@@ -591,194 +487,6 @@ impl Io {
             }
         }
     }
-}
-
-/// Hands a coordinator's message to the thread of the slot it is for.
-fn dispatch<J: Job>(
-    peer: &str,
-    msg: ToWorker,
-    threads: &mut [Thread<J>],
-    job: &mut Option<(u64, Arc<J>)>,
-    held: &HeldParts<J::Chunk>,
-) -> Result<Option<ToCoordinator>, Error> {
-    // A message that decoded but that the protocol does not allow here.
-    let bad = |reason: String| Error::Rejected {
-        peer: peer.to_owned(),
-        what: "a message to a worker",
-        reason,
-        source: None,
-    };
-    // Bytes of the job's own types that do not decode although the versions matched.
-    let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
-        peer: peer.to_owned(),
-        job: J::NAME.to_owned(),
-        version: J::VERSION,
-        what,
-        here: true,
-        source: e.source,
-    };
-    // The thread of a live slot, and the slot's index in it.
-    let thread_of = |threads: &[Thread<J>], slot: u32| {
-        let (t, i) = (
-            (slot / SLOTS_PER_THREAD) as usize,
-            (slot % SLOTS_PER_THREAD) as usize,
-        );
-        threads
-            .get(t)
-            .filter(|th| th.tx.is_some() && th.live[i])
-            .map(|_| (t, i))
-            .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
-    };
-    match msg {
-        ToWorker::Piece { .. } => {
-            return Err(Error::Malformed {
-                peer: peer.to_owned(),
-                what: "a message to a worker",
-                reason: "a piece outside a pieced message".to_owned(),
-                source: None,
-            });
-        }
-        ToWorker::Phase { phase, job: bytes } => {
-            let value: J =
-                codec::decode("the job", &bytes).map_err(|e| undecodable("the job value", e))?;
-            *job = Some((phase, Arc::new(value)));
-        }
-        ToWorker::Run {
-            slot,
-            chunk,
-            start,
-            end,
-            state,
-            held: is_held,
-        } => {
-            let Some((phase, j)) = job.as_ref() else {
-                return Err(bad("a run before the job value".into()));
-            };
-            if start > end {
-                return Err(bad(format!("an empty range {start}..{end}")));
-            }
-            let (t, _) = thread_of(threads, slot)?;
-            let _ = threads[t]
-                .tx
-                .as_ref()
-                .expect("live")
-                .send(SlotMsg::Run(Run {
-                    slot,
-                    chunk,
-                    range: start..end,
-                    state,
-                    held: is_held,
-                    job: Arc::clone(j),
-                    phase: *phase,
-                    queued: std::time::Instant::now(),
-                }));
-        }
-        ToWorker::Interrupt { slot, chunk }
-        | ToWorker::Capture { slot, chunk, .. }
-        | ToWorker::Abandon { slot, chunk } => {
-            let (t, _) = thread_of(threads, slot)?;
-            let th = &threads[t];
-            let m = match msg {
-                ToWorker::Capture { .. } => SlotMsg::Capture { slot, chunk },
-                ToWorker::Abandon { .. } => SlotMsg::Abandon { slot, chunk },
-                _ => SlotMsg::Interrupt { slot, chunk },
-            };
-            let _ = th.tx.as_ref().expect("live").send(m);
-            // After the send (step 1 of the flag contract in `run/cell.rs`): the thread that
-            // takes the bit finds the message.
-            th.cell.raise(MAIL);
-        }
-        ToWorker::Release { slot } => {
-            let (t, i) = thread_of(threads, slot)?;
-            let th = &mut threads[t];
-            th.live[i] = false;
-            if th.live.iter().all(|l| !l) {
-                // Closing its queue ends the (idle) thread.
-                th.tx = None;
-            }
-        }
-        ToWorker::Begin {
-            chunk,
-            before,
-            after,
-        } => {
-            let (Some((phase, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
-                return Err(bad(
-                    "a partition's halos for a job without partitions".into()
-                ));
-            };
-            let halo = |h: Option<frame::Halo>| match h {
-                None => Ok(None),
-                Some(frame::Halo::Sent(b)) => (hooks.decode_halo)(&b)
-                    .map(Some)
-                    .map_err(|e| undecodable("a halo", e)),
-                // `run` gave the kept ones back (`Keeper::begin`).
-                Some(frame::Halo::Kept) => Err(bad("a kept halo that was not given back".into())),
-            };
-            let (before, after) = (halo(before)?, halo(after)?);
-            let mut parts = lock(held);
-            let Some(part) = parts.get_mut(&chunk) else {
-                tracing::warn!(
-                    chunk,
-                    "halos came for a partition this process does not hold"
-                );
-                return Ok(Some(ToCoordinator::Missing { chunk }));
-            };
-            let site = crate::Site::Chunk {
-                phase: *phase,
-                chunk,
-            };
-            if let Err(e) =
-                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, before, after))
-            {
-                return Ok(Some(ToCoordinator::FailedHeld {
-                    chunk,
-                    failure: super::thread::failure_of(e),
-                }));
-            }
-        }
-        ToWorker::Surrender { chunk } | ToWorker::CaptureHeld { chunk, .. } => {
-            let surrender = matches!(msg, ToWorker::Surrender { .. });
-            let mut parts = lock(held);
-            let encoded = if surrender {
-                parts
-                    .remove(&chunk)
-                    .map(|p| codec::encode("a chunk state", &p))
-            } else {
-                parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
-            };
-            return Ok(Some(match encoded {
-                None => {
-                    tracing::warn!(
-                        chunk,
-                        surrender,
-                        "asked for a partition this process does not hold"
-                    );
-                    ToCoordinator::Missing { chunk }
-                }
-                Some(Err(e)) => ToCoordinator::FailedHeld {
-                    chunk,
-                    failure: super::thread::failure_of(e.into()),
-                },
-                Some(Ok(b)) if surrender => ToCoordinator::Surrendered {
-                    chunk,
-                    state: b.into(),
-                },
-                Some(Ok(b)) => ToCoordinator::CapturedHeld {
-                    chunk,
-                    state: b.into(),
-                },
-            }));
-        }
-        // `run` drops the held partitions (they are the spares of the restored ones).
-        ToWorker::Forget => {}
-        // `run` places the partitions of a job with partitions, off this loop.
-        ToWorker::Place { .. } | ToWorker::PlacePart { .. } => {
-            return Err(bad("a partition placed for a job without partitions".into()));
-        }
-        ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
-    }
-    Ok(None)
 }
 
 /// Partitions placed on this process (`Place`, `PlacePart`) on their way to the held ones:
@@ -831,31 +539,18 @@ impl<J: Job> Placements<J> {
         self.chunks.is_empty()
     }
 
-    /// Whether the partition of `chunk` is on its way.
-    fn places(&self, chunk: u64) -> bool {
-        self.chunks.values().any(|&c| c == chunk)
-    }
-
-    /// Starts placing the partition `msg` brings, if it is a `Place` or a `PlacePart`;
-    /// `job` is the phase's job value, to export its halos with.
-    fn start(
-        &mut self,
-        msg: &ToWorker,
-        job: Option<(u64, Arc<J>)>,
-        store: Option<crate::snapshot::Store>,
-    ) -> bool {
-        let (chunk, from, export) = match msg {
-            ToWorker::Place {
-                chunk,
-                state,
-                export,
-            } => (*chunk, Ok(state.clone()), *export),
-            ToWorker::PlacePart {
-                chunk,
-                part,
-                export,
-            } => (*chunk, Err(part.clone()), *export),
-            _ => return false,
+    /// Starts placing a partition ([`Out::Place`]); `job` is the phase's job value, to
+    /// export its halos with.
+    fn start(&mut self, place: Place, job: Option<(u64, Arc<J>)>) {
+        let Place {
+            chunk,
+            from,
+            export,
+            store,
+        } = place;
+        let from = match from {
+            Source::Sent(state) => Ok(state),
+            Source::Part(part) => Err(part),
         };
         let spare = self.spares.remove(&chunk).or_else(|| {
             let any = *self.spares.keys().next()?;
@@ -906,7 +601,6 @@ impl<J: Job> Placements<J> {
             (chunk, r)
         });
         self.chunks.insert(task.id(), chunk);
-        true
     }
 
     /// The next partition read and decoded (or that could not be).
@@ -997,126 +691,17 @@ async fn read_placed(
     })
 }
 
-/// The held partition a message from the coordinator is about, if it is about one.
-fn held_chunk(msg: &ToWorker) -> Option<u64> {
-    match msg {
-        ToWorker::Run {
-            chunk, held: true, ..
-        }
-        | ToWorker::Begin { chunk, .. }
-        | ToWorker::Surrender { chunk }
-        | ToWorker::CaptureHeld { chunk, .. }
-        | ToWorker::Place { chunk, .. }
-        | ToWorker::PlacePart { chunk, .. } => Some(*chunk),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::job::fixtures::{Idle, IdleChunk};
     use bytes::Bytes;
 
-    fn done(chunk: u64) -> ToCoordinator {
-        ToCoordinator::Done {
-            slot: 0,
-            chunk,
-            output: Bytes::from_static(b"out"),
-            halos: None,
-            iterations: 1,
-            busy_ns: 1,
-        }
-    }
-
-    fn held(chunk: u64, state: &'static [u8]) -> ToCoordinator {
-        ToCoordinator::CapturedHeld {
-            chunk,
-            state: Bytes::from_static(state),
-        }
-    }
-
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-    }
-
-    /// A held partition's part goes to the store in the background and is answered by its
-    /// reference, in the folder asked; the messages about that chunk wait behind the answer
-    /// (in order, a second capture of it included), and other chunks' go at once.
-    #[test]
-    fn held_parts_are_written_in_the_background_and_answered_in_order() {
-        runtime().block_on(async {
-            let store = crate::snapshot::Store::open("memory://").unwrap();
-            let mut parts = Parts {
-                store: Some((store.clone(), "job".to_owned())),
-                ..Parts::default()
-            };
-            let (tx, mut rx) = unbounded_channel();
-            assert!(
-                parts
-                    .route(held(3, b"first"), Some(7), Some(2), &tx)
-                    .is_none()
-            );
-            assert!(parts.route(done(3), None, Some(2), &tx).is_none());
-            assert!(
-                parts
-                    .route(held(3, b"second"), Some(8), Some(3), &tx)
-                    .is_none()
-            );
-            assert_eq!(parts.route(done(4), None, Some(3), &tx), Some(done(4)));
-            // Nothing about chunk 3 goes before its first part is written.
-            let Some(Background::HeldPart(3, first)) = rx.recv().await else {
-                panic!("not the first part");
-            };
-            let ToCoordinator::CapturedHeldPart { chunk: 3, part } = first else {
-                panic!("{first:?}");
-            };
-            assert!(part.key.starts_with("job/00000000000000000007/parts/2-3-"));
-            assert_eq!(store.get_part(&part).await.unwrap(), &b"first"[..]);
-            // Then its `Done`; the second capture waits for its own write.
-            assert_eq!(parts.written(3, &tx), vec![done(3)]);
-            let Some(Background::HeldPart(3, second)) = rx.recv().await else {
-                panic!("not the second part");
-            };
-            let ToCoordinator::CapturedHeldPart { part, .. } = second else {
-                panic!("{second:?}");
-            };
-            assert!(part.key.starts_with("job/00000000000000000008/parts/3-3-"));
-            assert_eq!(store.get_part(&part).await.unwrap(), &b"second"[..]);
-            assert!(parts.written(3, &tx).is_empty());
-            // Nothing waits any more: chunk 3's messages go at once.
-            assert_eq!(parts.route(done(3), None, Some(3), &tx), Some(done(3)));
-        });
-    }
-
-    /// Without a store that this process showed it reaches, a held partition's bytes go to
-    /// the coordinator at once; a write that fails sends them too.
-    #[test]
-    fn held_parts_go_as_bytes_without_a_usable_store() {
-        runtime().block_on(async {
-            let mut parts = Parts::default();
-            let (tx, mut rx) = unbounded_channel();
-            assert_eq!(
-                parts.route(held(3, b"state"), Some(7), Some(2), &tx),
-                Some(held(3, b"state"))
-            );
-            // An invalid job id: the write fails and the bytes go instead.
-            let store = crate::snapshot::Store::open("memory://").unwrap();
-            parts.store = Some((store, "no/such id".to_owned()));
-            assert!(
-                parts
-                    .route(held(3, b"state"), Some(7), Some(2), &tx)
-                    .is_none()
-            );
-            let Some(Background::HeldPart(3, reply)) = rx.recv().await else {
-                panic!("no answer");
-            };
-            assert_eq!(reply, held(3, b"state"));
-            assert!(parts.written(3, &tx).is_empty());
-        });
     }
 
     /// The I/O loop of a process connected to `addr`, with a long lease.
@@ -1134,7 +719,6 @@ mod tests {
             first_run: std::cell::Cell::new(None),
             parts_written: std::cell::Cell::new(0),
             parts_sent: std::cell::Cell::new(0),
-            keeper: std::cell::RefCell::default(),
         }
     }
 
@@ -1254,7 +838,7 @@ mod tests {
             assert!(matches!(ended, Ok(false)), "{ended:?}");
             let mut got = coordinator.await.unwrap();
             // Chunk 1's answers in the order sent, before the others'.
-            got.sort_by_key(|m| chunk_of(m).unwrap_or(u64::MAX));
+            got.sort_by_key(|m| machine::chunk_of(m).unwrap_or(u64::MAX));
             let [exported, captured, undecodable, unread] = &got[..] else {
                 panic!("{got:?}");
             };

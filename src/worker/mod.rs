@@ -82,6 +82,7 @@ use crate::wire::transport;
 
 mod halos;
 mod io;
+mod machine;
 mod thread;
 
 use io::Io;
@@ -505,7 +506,6 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         first_run: std::cell::Cell::new(None),
         parts_written: std::cell::Cell::new(0),
         parts_sent: std::cell::Cell::new(0),
-        keeper: std::cell::RefCell::default(),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.

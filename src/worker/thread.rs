@@ -73,8 +73,6 @@ pub(super) struct Thread<J: Job> {
     pub(super) tx: Option<Sender<SlotMsg<J>>>,
     pub(super) cell: Arc<Cell>,
     thread: Option<std::thread::JoinHandle<(u64, u64)>>,
-    /// Which of its slots are still workers of the job.
-    pub(super) live: [bool; SLOTS_PER_THREAD as usize],
 }
 
 impl<J: Job> Thread<J> {
@@ -87,7 +85,6 @@ impl<J: Job> Thread<J> {
             tx: Some(tx),
             cell,
             thread: Some(thread),
-            live: [true; SLOTS_PER_THREAD as usize],
         }
     }
 

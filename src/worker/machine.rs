@@ -1,0 +1,903 @@
+//! The worker process's side of the protocol as a pure machine: events in, orders out. No
+//! sockets, no channels, no tasks, no clock; the I/O task (`io.rs`) is its pump.
+//!
+//! # Events and orders
+//!
+//! The pump hands the machine what happened ([`Machine::received`]: a frame from the
+//! coordinator, whole messages decoded as [`ToWorker`]; [`Machine::reported`]: a slot's
+//! thread reports a chunk `Done`, `Yielded`, `Captured`, `Abandoned`, …;
+//! [`Machine::checked`], [`Machine::stored`], [`Machine::placed`]: a background store
+//! operation or placement ended; [`Machine::answer`]: the job's code answered; [`Machine::tick`]:
+//! the time, passed in as an [`Instant`]; [`Machine::leave`]: a stop request), then polls
+//! [`Machine::poll`] for what to do, in the order it was decided ([`Out`]): messages for the
+//! coordinator, messages for the slots' threads, store operations and placements to start,
+//! work for the job's own code, and the end.
+//!
+//! The machine works on bytes and never runs the job's code (decoding the job value or a
+//! halo, `begin_phase`, encoding a held partition, decoding a placed one): that code may
+//! panic or take long, and needs the job's types, which would make the machine generic and
+//! its tests need a job. The pump runs it when the machine asks ([`Out::Code`], whose answer
+//! the pump hands back through [`Machine::answer`] before it gives the machine anything else;
+//! [`Out::Place`], in the background) and holds what it makes (the job value, the held
+//! partitions, their spares). So every decision of the protocol is here and can be tested by
+//! feeding events: which slots are live, which chunks' partitions are here and which halos are
+//! kept for them (`halos.rs`), which answers wait behind which writes, when the coordinator is
+//! given up, when this process leaves and ends.
+//!
+//! # The protocol it implements (steps of `mod.rs`)
+//!
+//! 1. *Messages from the coordinator are taken one at a time, in the order they came.* A
+//!    message is finished before the next is taken: at once, or when the job's code answered
+//!    it ([`Out::Code`]), or, for a message about a partition being placed here (`Run` of a
+//!    held partition, `Begin`, `Surrender`, `CaptureHeld`, `Place`, `PlacePart`), once that
+//!    placement ended ([`Machine::placed`]). Until then later messages wait in `inbox`.
+//!    Messages from the threads and background outcomes are not held up meanwhile: they are
+//!    about other chunks (a chunk whose message waits was not handed to a thread yet), so
+//!    taking them earlier is one of the orders the process could have seen them in anyway.
+//! 2. *Halos.* Before a message waits for a placement, the [`Keeper`] notes the partitions it
+//!    brings and gives back the halos a `Begin` names as kept (as the I/O loop did on reading
+//!    it); every message for the coordinator passes the keeper in the order it is polled,
+//!    which is the order it reaches the wire, so "a kept halo is where its partition is, until
+//!    `Released` says otherwise" (`halos.rs`) holds.
+//! 3. *Slots.* A `Run`, `Interrupt`, `Capture` or `Abandon` goes to the thread of a live slot
+//!    ([`Out::Thread`]); a slot that is not live, a run before the job value or of an empty
+//!    range, ends the process ([`Error::Rejected`]). `Release` takes a slot out; a thread
+//!    whose slots are all out is closed ([`Out::Close`]).
+//! 4. *Parts* (step 7 of `mod.rs`). Once the offered store checked out ([`Out::Check`],
+//!    [`Machine::checked`]), a state captured for a snapshot is written by this process
+//!    ([`Out::Put`]) and answered by its reference; a write that fails sends the bytes and
+//!    stops the writes. See "Order of the answers about a held partition" below.
+//! 5. *Lease and heartbeats.* Every frame received re-arms the lease (pieces included; this
+//!    process's own heartbeats, its threads and its background work prove nothing about the
+//!    coordinator). [`Machine::tick`] at or after the lease's end ends the process with
+//!    [`Error::LeaseExpired`], never before; a heartbeat goes at once and then every period.
+//! 6. *Leave and end.* A stop request sends `Leave` once; `End` ends with whether the process
+//!    left; a message the protocol does not allow ends it with its error (and an
+//!    undecodable job value or halo tells the coordinator first, [`ToCoordinator::Undecodable`]).
+//!    After the end the machine takes nothing more.
+//!
+//! # Order of the answers about a held partition
+//!
+//! The coordinator matches an answer to a `CaptureHeld` with the latest one it asked of
+//! this process for that chunk, which is right only if the partition did not change in
+//! between: it holds when the answers about one partition reach it in the order they were
+//! asked, each before anything later about that partition (the `Done` of its next run, its
+//! `Surrendered`), as when the answer was made at once. A write in the background would let
+//! those overtake it, so while a held partition's part is written, every message about that
+//! chunk waits behind it (`behind`) and goes, in order, once the write ends; other chunks'
+//! messages go at once. The partition's bytes are taken when the capture is asked, so its
+//! next run is not held up.
+//!
+//! # Why no answer is lost or doubled
+//!
+//! Each message from the coordinator gives at most one [`Out::Code`] and is finished by its
+//! one answer; each [`Out::Put`] and [`Out::Place`] is ended by one outcome, which sends one
+//! message (and releases what waited behind a held write); each thread's message is routed
+//! once. Nothing is dropped but on the end, when nobody waits for it.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::halos::Keeper;
+use crate::snapshot::{PartRef, Store};
+use crate::wire::Error;
+use crate::wire::frame::{Failure, Halo, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
+
+/// What the machine asks of its pump, in the order it decided it.
+#[derive(Debug)]
+pub(super) enum Out {
+    /// A message for the coordinator. Messages go in the order polled; the pump may send
+    /// several with one flush.
+    Send(ToCoordinator),
+    /// A message for the thread at this index (a `Run` is queued; the others also raise the
+    /// thread's flag).
+    Thread(usize, ToThread),
+    /// Close the queue of the thread at this index: all its slots were released.
+    Close(usize),
+    /// Work for the job's own code, done by the pump at once: its answer goes back through
+    /// [`Machine::answer`] before anything else goes to the machine.
+    Code(Code),
+    /// Place a partition here in the background (read it if it is a part, decode it, export
+    /// its halos if asked); the outcome goes back through [`Machine::placed`].
+    Place(Place),
+    /// Drop the partitions held here (the job rolled back; they are the spares the restored
+    /// ones are decoded into) and the placements under way.
+    Forget,
+    /// Check an offered store in the background; the outcome goes back through
+    /// [`Machine::checked`].
+    Check(Check),
+    /// Write a snapshot part in the background; the outcome goes back through
+    /// [`Machine::stored`].
+    Put(Put),
+    /// The end: `tell` the coordinator if there is something to tell (its write may fail),
+    /// and end with `result` (whether the process left on a stop request).
+    End {
+        /// A last message for the coordinator.
+        tell: Option<ToCoordinator>,
+        /// What the I/O loop returns.
+        result: Result<bool, Error>,
+    },
+}
+
+/// A message for a slot's thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ToThread {
+    /// Run `chunk` in `slot` (with the pump's job value of `phase`).
+    Run {
+        slot: u32,
+        chunk: u64,
+        range: std::ops::Range<u64>,
+        state: Option<Bytes>,
+        /// Run the partition held here for `chunk`.
+        held: bool,
+        phase: u64,
+    },
+    Interrupt {
+        slot: u32,
+        chunk: u64,
+    },
+    Capture {
+        slot: u32,
+        chunk: u64,
+    },
+    Abandon {
+        slot: u32,
+        chunk: u64,
+    },
+}
+
+/// Work for the job's own code. Its answer: `Ok(None)` when there is nothing to tell the
+/// coordinator, `Ok(Some(message))` for its answer, `Err` when the process must end (bytes of
+/// the job's types that do not decode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Code {
+    /// Decode the job value of `phase`; it is the job value from now on.
+    Phase { phase: u64, job: Bytes },
+    /// Decode these halos and begin the phase of the partition held for `chunk`; answered
+    /// by nothing, `Missing` or `FailedHeld`. The restored phase ended: the spares go.
+    Begin {
+        chunk: u64,
+        before: Option<Bytes>,
+        after: Option<Bytes>,
+    },
+    /// Encode the partition held for `chunk` (and drop it if `surrender`); answered by
+    /// `Surrendered`, `CapturedHeld`, `Missing` or `FailedHeld`.
+    Held { chunk: u64, surrender: bool },
+}
+
+/// Where a placed partition's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Source {
+    /// In the `Place`.
+    Sent(Bytes),
+    /// A part in the job's store (`PlacePart`).
+    Part(PartRef),
+}
+
+/// A partition to place here.
+#[derive(Debug, Clone)]
+pub(super) struct Place {
+    pub(super) chunk: u64,
+    pub(super) from: Source,
+    /// Export its halos once decoded (answered by `Exported`).
+    pub(super) export: bool,
+    /// The store this process writes to, if it is shown to be usable: a part is read there.
+    pub(super) store: Option<Store>,
+}
+
+/// An offered store, to check: it is the coordinator's if snapshot `epoch` of `job_id` is
+/// there with the same creation time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Check {
+    pub(super) url: String,
+    pub(super) options: Vec<(String, String)>,
+    pub(super) job_id: String,
+    pub(super) epoch: u64,
+    pub(super) created_unix_ms: u64,
+}
+
+/// A snapshot part to write: `state` of `chunk` in epoch folder `folder`. Handed back with
+/// its outcome ([`Machine::stored`]), so a failed write sends the bytes.
+#[derive(Debug, Clone)]
+pub(super) struct Put {
+    pub(super) store: Store,
+    pub(super) job_id: String,
+    pub(super) folder: u64,
+    pub(super) phase: u64,
+    pub(super) chunk: u64,
+    pub(super) state: Bytes,
+    /// The slot of a running chunk's capture (`Capture`); `None` for a held partition's
+    /// (`CaptureHeld`).
+    pub(super) slot: Option<u32>,
+}
+
+/// Why an offered store is not used by this process (its states then go to the coordinator).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Unusable {
+    /// The URL does not open here (no credentials, an option this build does not know, …).
+    #[error("the store does not open from this process")]
+    Open(#[source] crate::snapshot::Error),
+    /// The witness snapshot cannot be read here (another disk, wrong credentials, …).
+    #[error("the coordinator's latest snapshot cannot be read from this process")]
+    Read(#[source] crate::snapshot::Error),
+    /// The witness is there but was written at another time: another store of the same name.
+    #[error("snapshot {id} in {url} is not the coordinator's (created at another time)")]
+    Another {
+        id: crate::snapshot::SnapshotId,
+        url: String,
+    },
+}
+
+/// What the machine is told at its start.
+#[derive(Debug, Clone)]
+pub(super) struct Config {
+    /// The coordinator's address, for errors and logs.
+    pub(super) peer: String,
+    /// Heartbeats go this often.
+    pub(super) heartbeat: Duration,
+    /// The coordinator is given up after this long without a frame from it.
+    pub(super) lease: Duration,
+    /// The notice this process gives when it leaves (`Leave`'s `grace_ms`).
+    pub(super) grace: Option<Duration>,
+    /// The job has owned partitions.
+    pub(super) partitioned: bool,
+    /// Compute threads, each with [`SLOTS_PER_THREAD`] slots.
+    pub(super) threads: usize,
+}
+
+/// A message about a chunk waiting behind the write of that chunk's held partition: the
+/// message, the epoch folder of the capture it answers (if it does), and the phase.
+type Behind = (ToCoordinator, Option<u64>, Option<u64>);
+
+/// Why the machine takes no message from the coordinator for now.
+#[derive(Debug)]
+enum Blocked {
+    /// The job's code works on a message ([`Out::Code`]); its answer, if it is a held
+    /// partition's capture, is for this epoch folder.
+    Code { held_folder: Option<u64> },
+    /// This message (the keeper saw it) is about a partition being placed here.
+    Placing(ToWorker),
+}
+
+/// The worker process's protocol state (see the module docs).
+#[derive(Debug)]
+pub(super) struct Machine {
+    config: Config,
+    /// Which slots of each thread are still workers of the job; a thread with none is
+    /// closed.
+    live: Vec<[bool; SLOTS_PER_THREAD as usize]>,
+    /// The phase of the job value the pump holds, once one came.
+    phase: Option<u64>,
+    /// This process asked to leave.
+    left: bool,
+    /// The end was decided: nothing more is taken.
+    ended: bool,
+    /// When the coordinator is given up, unless a frame comes first.
+    lease_ends: Instant,
+    /// When the next heartbeat goes.
+    next_beat: Instant,
+    /// The partitions here and the halos kept for them.
+    keeper: Keeper,
+    /// The store this process writes parts to and the job's id there, once the witness was
+    /// read there.
+    store: Option<(Store, String)>,
+    /// A check of an offered store is under way.
+    checking: bool,
+    /// The epoch folder of each requested capture of a running chunk, by slot and chunk.
+    folders: HashMap<(u32, u64), u64>,
+    /// Held partitions whose part is being written, by chunk, with the messages about that
+    /// chunk that wait for the write, oldest first.
+    behind: HashMap<u64, VecDeque<Behind>>,
+    /// Placements under way, by chunk.
+    placing: HashMap<u64, usize>,
+    /// Messages from the coordinator not taken yet (step 1).
+    inbox: VecDeque<ToWorker>,
+    blocked: Option<Blocked>,
+    out: VecDeque<Out>,
+    parts_written: u64,
+    parts_sent: u64,
+}
+
+impl Machine {
+    /// A machine started at `now` (the lease runs from then; the first heartbeat is due).
+    pub(super) fn new(config: Config, now: Instant) -> Machine {
+        Machine {
+            live: vec![[true; SLOTS_PER_THREAD as usize]; config.threads],
+            lease_ends: now + config.lease,
+            next_beat: now,
+            config,
+            phase: None,
+            left: false,
+            ended: false,
+            keeper: Keeper::default(),
+            store: None,
+            checking: false,
+            folders: HashMap::new(),
+            behind: HashMap::new(),
+            placing: HashMap::new(),
+            inbox: VecDeque::new(),
+            blocked: None,
+            out: VecDeque::new(),
+            parts_written: 0,
+            parts_sent: 0,
+        }
+    }
+
+    /// The next thing to do, in the order decided.
+    pub(super) fn poll(&mut self) -> Option<Out> {
+        self.out.pop_front()
+    }
+
+    /// When [`tick`](Self::tick) has something to do: the next heartbeat or the lease's end.
+    pub(super) fn deadline(&self) -> Instant {
+        self.lease_ends.min(self.next_beat)
+    }
+
+    /// Whether this process asked to leave.
+    pub(super) fn left(&self) -> bool {
+        self.left
+    }
+
+    /// Snapshot parts written here, and sent to the coordinator as bytes.
+    pub(super) fn parts(&self) -> (u64, u64) {
+        (self.parts_written, self.parts_sent)
+    }
+
+    /// The error of a coordinator that fell silent (see [`silent`]).
+    pub(super) fn silent(&self) -> Error {
+        silent(&self.config.peer, self.config.lease)
+    }
+
+    /// A frame came from the coordinator at `now`: `msg` if it completes a message (a piece
+    /// of a longer one does not).
+    pub(super) fn received(&mut self, now: Instant, msg: Option<ToWorker>) {
+        if self.ended {
+            return;
+        }
+        self.lease_ends = now + self.config.lease;
+        if let Some(msg) = msg {
+            self.inbox.push_back(msg);
+            self.take();
+        }
+    }
+
+    /// The time is `now` (and the threads' progress, for a heartbeat): the coordinator is
+    /// given up at the lease's end; a heartbeat goes when due.
+    pub(super) fn tick(&mut self, now: Instant, progress: Vec<u64>) {
+        if self.ended {
+            return;
+        }
+        if now >= self.lease_ends {
+            let e = self.silent();
+            self.end(None, Err(e));
+            return;
+        }
+        if now >= self.next_beat {
+            // Late heartbeats go one per tick until the schedule is caught up, as a tokio
+            // interval's do.
+            self.next_beat += self.config.heartbeat;
+            self.send(ToCoordinator::Heartbeat { progress });
+        }
+    }
+
+    /// A stop request: `Leave`, once.
+    pub(super) fn leave(&mut self) {
+        if self.ended || self.left {
+            return;
+        }
+        self.left = true;
+        let grace_ms = self
+            .config
+            .grace
+            .map(|g| g.as_millis().min(u64::MAX as u128) as u64);
+        self.send(ToCoordinator::Leave { grace_ms });
+    }
+
+    /// A message from a slot's thread for the coordinator.
+    pub(super) fn reported(&mut self, msg: ToCoordinator) {
+        if self.ended {
+            return;
+        }
+        self.route(msg, None);
+    }
+
+    /// The threads' messages can no longer come (every thread is gone): the loop ends.
+    pub(super) fn threads_gone(&mut self) {
+        if !self.ended {
+            self.end(None, Ok(self.left));
+        }
+    }
+
+    /// The job's code answered the last [`Out::Code`].
+    pub(super) fn answer(&mut self, answer: Result<Option<ToCoordinator>, Error>) {
+        if self.ended {
+            return;
+        }
+        let held_folder = match self.blocked.take() {
+            Some(Blocked::Code { held_folder }) => held_folder,
+            other => {
+                self.blocked = other;
+                tracing::warn!("an answer of the job's code that nothing asked for");
+                None
+            }
+        };
+        match answer {
+            Ok(Some(reply)) => self.route(reply, held_folder),
+            Ok(None) => {}
+            Err(e) => return self.fail(e),
+        }
+        self.take();
+    }
+
+    /// The check of an offered store ended.
+    pub(super) fn checked(&mut self, checked: Result<(Store, String), Unusable>) {
+        self.checking = false;
+        match checked {
+            Ok(store) => {
+                tracing::info!(
+                    store = store.0.url(),
+                    "this worker process writes its own snapshot parts"
+                );
+                self.store = Some(store);
+            }
+            Err(why) => {
+                tracing::info!(
+                    why = &why as &dyn std::error::Error,
+                    "snapshot parts go to the coordinator"
+                );
+            }
+        }
+    }
+
+    /// A part's write ended: its reference goes to the coordinator, or its bytes if it
+    /// failed (and no part is written here from now on); what waited behind a held
+    /// partition's write goes next.
+    pub(super) fn stored(&mut self, put: Put, written: Result<PartRef, crate::snapshot::Error>) {
+        if self.ended {
+            return;
+        }
+        let Put {
+            chunk, state, slot, ..
+        } = put;
+        let reply = match (slot, written) {
+            (Some(slot), Ok(part)) => ToCoordinator::CapturedPart { slot, chunk, part },
+            (None, Ok(part)) => ToCoordinator::CapturedHeldPart { chunk, part },
+            (slot, Err(e)) => {
+                self.store = None;
+                match slot {
+                    Some(slot) => {
+                        tracing::warn!(error = %e, "a part could not be stored; it goes to the coordinator");
+                        ToCoordinator::Captured { slot, chunk, state }
+                    }
+                    None => {
+                        tracing::warn!(error = %e, chunk, "a held partition's part could not be stored; it goes to the coordinator");
+                        ToCoordinator::CapturedHeld { chunk, state }
+                    }
+                }
+            }
+        };
+        self.send(reply);
+        if slot.is_none() {
+            self.written(chunk);
+        }
+    }
+
+    /// A placement ended: the partition is held here (the pump holds it) and its halos go
+    /// up if they were asked for, or the coordinator learns why not. A message that waited
+    /// for it is taken.
+    pub(super) fn placed(&mut self, chunk: u64, placed: Result<Option<(Bytes, Bytes)>, Failure>) {
+        if self.ended {
+            return;
+        }
+        if let Some(n) = self.placing.get_mut(&chunk) {
+            *n -= 1;
+            if *n == 0 {
+                self.placing.remove(&chunk);
+            }
+        }
+        match placed {
+            Ok(Some((up, down))) => self.send(ToCoordinator::Exported {
+                chunk,
+                halos: (Halo::Sent(up), Halo::Sent(down)),
+            }),
+            Ok(None) => {}
+            Err(failure) => {
+                tracing::warn!(chunk, ?failure, "a partition placed here could not be held");
+                self.send(ToCoordinator::FailedHeld { chunk, failure });
+            }
+        }
+        if let Some(Blocked::Placing(msg)) = &self.blocked {
+            if !held_chunk(msg).is_some_and(|c| self.placing.contains_key(&c)) {
+                let Some(Blocked::Placing(msg)) = self.blocked.take() else {
+                    unreachable!("matched above");
+                };
+                self.dispatch(msg);
+                self.take();
+            }
+        }
+    }
+
+    /// Takes the coordinator's messages in order while nothing blocks (step 1).
+    fn take(&mut self) {
+        while self.blocked.is_none() && !self.ended {
+            let Some(msg) = self.inbox.pop_front() else {
+                return;
+            };
+            self.start(msg);
+        }
+    }
+
+    /// A message from the coordinator, up to the wait for a placement of its partition.
+    fn start(&mut self, msg: ToWorker) {
+        match msg {
+            ToWorker::End => return self.end(None, Ok(self.left)),
+            ToWorker::Store {
+                url,
+                options,
+                job_id,
+                epoch,
+                created_unix_ms,
+            } => {
+                if self.store.is_none() && !self.checking {
+                    self.checking = true;
+                    self.out.push_back(Out::Check(Check {
+                        url,
+                        options,
+                        job_id,
+                        epoch,
+                        created_unix_ms,
+                    }));
+                }
+                return;
+            }
+            _ => {}
+        }
+        if self.config.partitioned {
+            self.keeper.arrived(&msg);
+        }
+        let Some(msg) = self.keeper.begin(msg) else {
+            return self.fail(
+                self.bad("a partition's halo kept here that this process did not keep".into()),
+            );
+        };
+        if held_chunk(&msg).is_some_and(|c| self.placing.contains_key(&c)) {
+            self.blocked = Some(Blocked::Placing(msg));
+            return;
+        }
+        self.dispatch(msg);
+    }
+
+    /// A message from the coordinator whose partition is not being placed.
+    fn dispatch(&mut self, msg: ToWorker) {
+        match msg {
+            ToWorker::Piece { .. } => self.fail(Error::Malformed {
+                peer: self.config.peer.clone(),
+                what: "a message to a worker",
+                reason: "a piece outside a pieced message".to_owned(),
+                source: None,
+            }),
+            ToWorker::Phase { phase, job } => {
+                self.phase = Some(phase);
+                self.code(Code::Phase { phase, job }, None);
+            }
+            ToWorker::Run {
+                slot,
+                chunk,
+                start,
+                end,
+                state,
+                held,
+            } => {
+                let Some(phase) = self.phase else {
+                    return self.fail(self.bad("a run before the job value".into()));
+                };
+                if start > end {
+                    return self.fail(self.bad(format!("an empty range {start}..{end}")));
+                }
+                let Some((t, _)) = self.slot(slot) else {
+                    return;
+                };
+                self.out.push_back(Out::Thread(
+                    t,
+                    ToThread::Run {
+                        slot,
+                        chunk,
+                        range: start..end,
+                        state,
+                        held,
+                        phase,
+                    },
+                ));
+            }
+            ToWorker::Interrupt { slot, chunk } => {
+                if let Some((t, _)) = self.slot(slot) {
+                    let m = ToThread::Interrupt { slot, chunk };
+                    self.out.push_back(Out::Thread(t, m));
+                }
+            }
+            ToWorker::Capture {
+                slot,
+                chunk,
+                folder,
+            } => {
+                self.folders.insert((slot, chunk), folder);
+                if let Some((t, _)) = self.slot(slot) {
+                    let m = ToThread::Capture { slot, chunk };
+                    self.out.push_back(Out::Thread(t, m));
+                }
+            }
+            ToWorker::Abandon { slot, chunk } => {
+                if let Some((t, _)) = self.slot(slot) {
+                    let m = ToThread::Abandon { slot, chunk };
+                    self.out.push_back(Out::Thread(t, m));
+                }
+            }
+            ToWorker::Release { slot } => {
+                let Some((t, i)) = self.slot(slot) else {
+                    return;
+                };
+                self.live[t][i] = false;
+                if self.live[t].iter().all(|l| !l) {
+                    self.out.push_back(Out::Close(t));
+                }
+            }
+            ToWorker::Begin {
+                chunk,
+                before,
+                after,
+            } => {
+                if !self.config.partitioned || self.phase.is_none() {
+                    return self
+                        .fail(self.bad("a partition's halos for a job without partitions".into()));
+                }
+                let bytes = |h: Option<Halo>| match h {
+                    None => Ok(None),
+                    Some(Halo::Sent(b)) => Ok(Some(b)),
+                    // `start` gave the kept ones back (`Keeper::begin`).
+                    Some(Halo::Kept) => Err(()),
+                };
+                let (Ok(before), Ok(after)) = (bytes(before), bytes(after)) else {
+                    return self.fail(self.bad("a kept halo that was not given back".into()));
+                };
+                let code = Code::Begin {
+                    chunk,
+                    before,
+                    after,
+                };
+                self.code(code, None);
+            }
+            ToWorker::Surrender { chunk } => {
+                let code = Code::Held {
+                    chunk,
+                    surrender: true,
+                };
+                self.code(code, None);
+            }
+            ToWorker::CaptureHeld { chunk, folder } => {
+                let code = Code::Held {
+                    chunk,
+                    surrender: false,
+                };
+                self.code(code, Some(folder));
+            }
+            ToWorker::Place {
+                chunk,
+                state: bytes,
+                export,
+            } => self.place(chunk, Source::Sent(bytes), export),
+            ToWorker::PlacePart {
+                chunk,
+                part,
+                export,
+            } => self.place(chunk, Source::Part(part), export),
+            ToWorker::Forget => {
+                // No thread runs one of the partitions: the coordinator waited for every
+                // chunk to come back before it rolled the job back. Placements under way
+                // are for the phase rolled back from.
+                self.placing.clear();
+                self.out.push_back(Out::Forget);
+            }
+            ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
+        }
+    }
+
+    /// A partition placed here: placed in the background, for a job with partitions.
+    fn place(&mut self, chunk: u64, from: Source, export: bool) {
+        if !self.config.partitioned {
+            return self.fail(self.bad("a partition placed for a job without partitions".into()));
+        }
+        *self.placing.entry(chunk).or_default() += 1;
+        let store = self.store.as_ref().map(|(s, _)| s.clone());
+        self.out.push_back(Out::Place(Place {
+            chunk,
+            from,
+            export,
+            store,
+        }));
+    }
+
+    /// Asks the job's code; no message is taken until it answered.
+    fn code(&mut self, code: Code, held_folder: Option<u64>) {
+        self.blocked = Some(Blocked::Code { held_folder });
+        self.out.push_back(Out::Code(code));
+    }
+
+    /// The thread of a live slot, and the slot's index in it; else the process ends.
+    fn slot(&mut self, slot: u32) -> Option<(usize, usize)> {
+        let (t, i) = (
+            (slot / SLOTS_PER_THREAD) as usize,
+            (slot % SLOTS_PER_THREAD) as usize,
+        );
+        if self.live.get(t).is_some_and(|l| l[i]) {
+            Some((t, i))
+        } else {
+            self.fail(self.bad(format!("slot {slot} is not a live slot")));
+            None
+        }
+    }
+
+    /// A message that decoded but that the protocol does not allow here.
+    fn bad(&self, reason: String) -> Error {
+        Error::Rejected {
+            peer: self.config.peer.clone(),
+            what: "a message to a worker",
+            reason,
+            source: None,
+        }
+    }
+
+    /// The process ends with `e`; the coordinator learns why if the job's bytes did not
+    /// decode here.
+    fn fail(&mut self, e: Error) {
+        let tell = match &e {
+            Error::Undecodable { what, source, .. } => Some(ToCoordinator::Undecodable {
+                what: (*what).to_owned(),
+                error: source.clone(),
+            }),
+            _ => None,
+        };
+        self.end(tell, Err(e));
+    }
+
+    fn end(&mut self, tell: Option<ToCoordinator>, result: Result<bool, Error>) {
+        self.ended = true;
+        self.inbox.clear();
+        self.out.push_back(Out::End { tell, result });
+    }
+
+    /// Routes a message for the coordinator: a captured state or held partition that this
+    /// process can store is written in the background; a message about a chunk whose held
+    /// partition is being written waits behind it; anything else goes now. `held_folder` is
+    /// the epoch folder of the `CaptureHeld` that `msg` answers.
+    fn route(&mut self, msg: ToCoordinator, held_folder: Option<u64>) {
+        let folder = match &msg {
+            ToCoordinator::Captured { slot, chunk, .. }
+            | ToCoordinator::Done { slot, chunk, .. }
+            | ToCoordinator::Yielded { slot, chunk, .. }
+            | ToCoordinator::Failed { slot, chunk, .. } => self.folders.remove(&(*slot, *chunk)),
+            ToCoordinator::CapturedHeld { .. } => held_folder,
+            _ => None,
+        };
+        let phase = self.phase;
+        if let Some(queue) = chunk_of(&msg).and_then(|c| self.behind.get_mut(&c)) {
+            queue.push_back((msg, folder, phase));
+            return;
+        }
+        self.go(msg, folder, phase);
+    }
+
+    /// A message that waits for nothing: a state to store is written in the background,
+    /// anything else is sent.
+    fn go(&mut self, msg: ToCoordinator, folder: Option<u64>, phase: Option<u64>) {
+        let (Some(folder), Some((store, job_id)), Some(phase)) = (folder, &self.store, phase)
+        else {
+            return self.send(msg);
+        };
+        let (store, job_id) = (store.clone(), job_id.clone());
+        let put = |chunk, state, slot| Put {
+            store,
+            job_id,
+            folder,
+            phase,
+            chunk,
+            state,
+            slot,
+        };
+        match msg {
+            ToCoordinator::Captured { slot, chunk, state } => {
+                self.out.push_back(Out::Put(put(chunk, state, Some(slot))));
+            }
+            ToCoordinator::CapturedHeld { chunk, state } => {
+                self.behind.insert(chunk, VecDeque::new());
+                self.out.push_back(Out::Put(put(chunk, state, None)));
+            }
+            msg => self.send(msg),
+        }
+    }
+
+    /// The write of `chunk`'s held partition ended: the messages that waited behind it go
+    /// now in order, up to the next held write of that chunk (the rest waits for it).
+    fn written(&mut self, chunk: u64) {
+        let mut queue = self.behind.remove(&chunk).unwrap_or_default();
+        while let Some((msg, folder, phase)) = queue.pop_front() {
+            self.go(msg, folder, phase);
+            if let Some(next) = self.behind.get_mut(&chunk) {
+                next.extend(queue);
+                break;
+            }
+        }
+    }
+
+    /// A message for the coordinator, now: halos for partitions here are kept on the way
+    /// ([`Keeper::outgoing`]); snapshot parts are counted.
+    fn send(&mut self, msg: ToCoordinator) {
+        let mut now = Vec::new();
+        self.keeper.outgoing(msg, &mut now);
+        for msg in now {
+            match msg {
+                ToCoordinator::CapturedPart { .. } | ToCoordinator::CapturedHeldPart { .. } => {
+                    self.parts_written += 1;
+                }
+                ToCoordinator::Captured { .. } | ToCoordinator::CapturedHeld { .. } => {
+                    self.parts_sent += 1;
+                }
+                _ => {}
+            }
+            self.out.push_back(Out::Send(msg));
+        }
+    }
+}
+
+/// The error of a coordinator that fell silent: nothing from it for a whole lease, or a
+/// write to it that did not move for as long (the pump's).
+pub(super) fn silent(peer: &str, lease: Duration) -> Error {
+    tracing::warn!(
+        peer,
+        ?lease,
+        "the coordinator fell silent: nothing from it for a whole lease; giving it up"
+    );
+    Error::LeaseExpired {
+        peer: peer.to_owned(),
+        after: lease,
+    }
+}
+
+/// The chunk a message to the coordinator is about, if any.
+pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
+    match msg {
+        ToCoordinator::Done { chunk, .. }
+        | ToCoordinator::Surrendered { chunk, .. }
+        | ToCoordinator::CapturedHeld { chunk, .. }
+        | ToCoordinator::CapturedHeldPart { chunk, .. }
+        | ToCoordinator::Missing { chunk }
+        | ToCoordinator::FailedHeld { chunk, .. }
+        | ToCoordinator::Exported { chunk, .. }
+        | ToCoordinator::Released { chunk, .. }
+        | ToCoordinator::Yielded { chunk, .. }
+        | ToCoordinator::Abandoned { chunk, .. }
+        | ToCoordinator::Captured { chunk, .. }
+        | ToCoordinator::CapturedPart { chunk, .. }
+        | ToCoordinator::Failed { chunk, .. } => Some(*chunk),
+        ToCoordinator::Heartbeat { .. }
+        | ToCoordinator::Leave { .. }
+        | ToCoordinator::Piece { .. }
+        | ToCoordinator::Undecodable { .. } => None,
+    }
+}
+
+/// The held partition a message from the coordinator is about, if it is about one.
+fn held_chunk(msg: &ToWorker) -> Option<u64> {
+    match msg {
+        ToWorker::Run {
+            chunk, held: true, ..
+        }
+        | ToWorker::Begin { chunk, .. }
+        | ToWorker::Surrender { chunk }
+        | ToWorker::CaptureHeld { chunk, .. }
+        | ToWorker::Place { chunk, .. }
+        | ToWorker::PlacePart { chunk, .. } => Some(*chunk),
+        _ => None,
+    }
+}
