@@ -901,3 +901,741 @@ fn held_chunk(msg: &ToWorker) -> Option<u64> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(10);
+    const BEAT: Duration = Duration::from_secs(1);
+
+    /// A machine with `threads` threads started at the returned time, which has had its
+    /// first heartbeat and its job value (phase 2) if `phase`.
+    fn machine(partitioned: bool, threads: usize) -> (Machine, Instant) {
+        let t0 = Instant::now();
+        let config = Config {
+            peer: "coordinator".to_owned(),
+            heartbeat: BEAT,
+            lease: LEASE,
+            grace: Some(Duration::from_millis(1500)),
+            partitioned,
+            threads,
+        };
+        let mut m = Machine::new(config, t0);
+        m.tick(t0, vec![0; threads]);
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::Send(ToCoordinator::Heartbeat { .. })]
+        ));
+        (m, t0)
+    }
+
+    /// `m` with the job value of phase 2, answered.
+    fn with_job(m: &mut Machine, t0: Instant) {
+        let job = Bytes::from_static(b"job");
+        let phase = ToWorker::Phase {
+            phase: 2,
+            job: job.clone(),
+        };
+        m.received(t0, Some(phase));
+        assert!(matches!(
+            &polled(m)[..],
+            [Out::Code(Code::Phase { phase: 2, job: j })] if *j == job
+        ));
+        m.answer(Ok(None));
+        assert!(polled(m).is_empty());
+    }
+
+    fn polled(m: &mut Machine) -> Vec<Out> {
+        std::iter::from_fn(|| m.poll()).collect()
+    }
+
+    /// The messages for the coordinator among `outs`, and whether there was anything else.
+    fn sent(outs: Vec<Out>) -> Vec<ToCoordinator> {
+        outs.into_iter()
+            .map(|o| match o {
+                Out::Send(msg) => msg,
+                o => panic!("not a message for the coordinator: {o:?}"),
+            })
+            .collect()
+    }
+
+    fn run(slot: u32, chunk: u64, held: bool) -> ToWorker {
+        ToWorker::Run {
+            slot,
+            chunk,
+            start: chunk * 10,
+            end: chunk * 10 + 10,
+            state: None,
+            held,
+        }
+    }
+
+    fn halo(chunk: u64, side: &str) -> Bytes {
+        Bytes::from(format!("{chunk} {side}"))
+    }
+
+    fn done(slot: u32, chunk: u64, halos: bool) -> ToCoordinator {
+        ToCoordinator::Done {
+            slot,
+            chunk,
+            output: Bytes::from_static(b"out"),
+            halos: halos.then(|| {
+                (
+                    Halo::Sent(halo(chunk, "up")),
+                    Halo::Sent(halo(chunk, "down")),
+                )
+            }),
+            iterations: 1,
+            busy_ns: 1,
+        }
+    }
+
+    fn with_halos(mut msg: ToCoordinator, up: Halo, down: Halo) -> ToCoordinator {
+        if let ToCoordinator::Done { halos, .. } = &mut msg {
+            *halos = Some((up, down));
+        }
+        msg
+    }
+
+    fn captured_held(chunk: u64, state: &'static [u8]) -> ToCoordinator {
+        ToCoordinator::CapturedHeld {
+            chunk,
+            state: Bytes::from_static(state),
+        }
+    }
+
+    fn part(chunk: u64, folder: u64) -> PartRef {
+        PartRef {
+            chunk,
+            key: format!("job/{folder:020}/parts/{chunk}"),
+            size: 5,
+            crc32c: 0,
+        }
+    }
+
+    /// `m` with a store this process writes its parts to.
+    fn with_store(m: &mut Machine, t0: Instant) -> Store {
+        let offer = ToWorker::Store {
+            url: "memory://".to_owned(),
+            options: Vec::new(),
+            job_id: "job".to_owned(),
+            epoch: 1,
+            created_unix_ms: 42,
+        };
+        m.received(t0, Some(offer.clone()));
+        let outs = polled(m);
+        let [Out::Check(check)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!((check.epoch, check.created_unix_ms), (1, 42));
+        // Offered again while it is checked: one check.
+        m.received(t0, Some(offer));
+        assert!(polled(m).is_empty());
+        let store = Store::open("memory://").unwrap();
+        m.checked(Ok((store.clone(), "job".to_owned())));
+        assert!(polled(m).is_empty());
+        store
+    }
+
+    /// A `Run` goes to its slot's thread; its `Done` keeps the partition here: the halos
+    /// for a neighbour whose partition is here (queued, running or held) are kept and the
+    /// `Done` says `Kept`, those for a neighbour elsewhere go up; the next phase's `Begin`
+    /// gets the kept ones back, and a capture of the held partition asks the job's code.
+    #[test]
+    fn a_done_partition_stays_here_with_the_halos_for_its_neighbours_here() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(run(0, 1, false)));
+        m.received(t0, Some(run(1, 2, false)));
+        let outs = polled(&mut m);
+        let [
+            Out::Thread(
+                0,
+                ToThread::Run {
+                    slot: 0,
+                    chunk: 1,
+                    range: r1,
+                    phase: 2,
+                    held: false,
+                    ..
+                },
+            ),
+            Out::Thread(
+                0,
+                ToThread::Run {
+                    slot: 1,
+                    chunk: 2,
+                    range: r2,
+                    phase: 2,
+                    held: false,
+                    ..
+                },
+            ),
+        ] = &outs[..]
+        else {
+            panic!("{outs:?}");
+        };
+        assert_eq!((r1.clone(), r2.clone()), (10..20, 20..30));
+        m.reported(done(0, 1, true));
+        let one = with_halos(done(0, 1, true), Halo::Sent(halo(1, "up")), Halo::Kept);
+        assert_eq!(sent(polled(&mut m)), vec![one]);
+        m.reported(done(1, 2, true));
+        let two = with_halos(done(1, 2, true), Halo::Kept, Halo::Sent(halo(2, "down")));
+        assert_eq!(sent(polled(&mut m)), vec![two]);
+        // The next phase: chunk 2's halo from chunk 1 is here; chunk 3's comes as bytes.
+        m.received(
+            t0,
+            Some(ToWorker::Begin {
+                chunk: 2,
+                before: Some(Halo::Kept),
+                after: Some(Halo::Sent(halo(3, "up"))),
+            }),
+        );
+        let outs = polled(&mut m);
+        let [Out::Code(begin)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(
+            begin,
+            &Code::Begin {
+                chunk: 2,
+                before: Some(halo(1, "down")),
+                after: Some(halo(3, "up")),
+            }
+        );
+        m.answer(Ok(None));
+        // A capture of the partition held here is asked of the job's code, and without a
+        // store its bytes go up.
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 1,
+                folder: 3,
+            }),
+        );
+        let outs = polled(&mut m);
+        assert!(matches!(
+            &outs[..],
+            [Out::Code(Code::Held {
+                chunk: 1,
+                surrender: false
+            })]
+        ));
+        m.answer(Ok(Some(captured_held(1, b"one"))));
+        assert_eq!(sent(polled(&mut m)), vec![captured_held(1, b"one")]);
+        assert_eq!(m.parts(), (0, 1));
+        // A kept halo named twice is refused: the process ends.
+        m.received(
+            t0,
+            Some(ToWorker::Begin {
+                chunk: 2,
+                before: Some(Halo::Kept),
+                after: None,
+            }),
+        );
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::End {
+                    tell: None,
+                    result: Err(Error::Rejected { .. })
+                }]
+            ),
+            "{outs:?}"
+        );
+    }
+
+    /// A held partition's part is written in the background and answered by its
+    /// reference, in the folder and phase asked; the messages about that chunk wait behind
+    /// the answer (in order, a second capture of it included), other chunks' go at once
+    /// ("Order of the answers about a held partition").
+    #[test]
+    fn a_held_capture_is_answered_before_a_later_done_of_its_chunk() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        with_store(&mut m, t0);
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 3,
+                folder: 7,
+            }),
+        );
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"first"))));
+        let outs = polled(&mut m);
+        let [Out::Put(first)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        let first = first.clone();
+        assert_eq!(
+            (first.chunk, first.folder, first.phase, first.slot),
+            (3, 7, 2, None)
+        );
+        assert_eq!(first.state, &b"first"[..]);
+        // Chunk 3 runs again and ends while its part is written: its `Done` waits; chunk
+        // 4's goes.
+        m.received(t0, Some(run(0, 3, true)));
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::Thread(
+                0,
+                ToThread::Run {
+                    chunk: 3,
+                    held: true,
+                    ..
+                }
+            )]
+        ));
+        m.reported(done(0, 3, false));
+        assert!(polled(&mut m).is_empty());
+        m.reported(done(1, 4, false));
+        assert_eq!(sent(polled(&mut m)), vec![done(1, 4, false)]);
+        // A second capture of chunk 3 waits too.
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 3,
+                folder: 8,
+            }),
+        );
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"second"))));
+        assert!(polled(&mut m).is_empty());
+        // The first write ends: its answer, then the `Done`, then the second write starts.
+        m.stored(first, Ok(part(3, 7)));
+        let outs = polled(&mut m);
+        let [Out::Send(a), Out::Send(b), Out::Put(second)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(
+            a,
+            &ToCoordinator::CapturedHeldPart {
+                chunk: 3,
+                part: part(3, 7)
+            }
+        );
+        assert_eq!(b, &done(0, 3, false));
+        assert_eq!(
+            (second.folder, second.state.clone()),
+            (8, Bytes::from_static(b"second"))
+        );
+        let second = second.clone();
+        m.stored(second, Ok(part(3, 8)));
+        assert_eq!(
+            sent(polled(&mut m)),
+            vec![ToCoordinator::CapturedHeldPart {
+                chunk: 3,
+                part: part(3, 8)
+            }]
+        );
+        // Nothing waits any more: chunk 3's messages go at once.
+        m.reported(done(0, 3, false));
+        assert_eq!(sent(polled(&mut m)), vec![done(0, 3, false)]);
+        assert_eq!(m.parts(), (2, 0));
+    }
+
+    /// Without a store that this process showed it reaches, a held partition's bytes go to
+    /// the coordinator at once; a write that fails sends them too, and so do all later
+    /// ones; a running chunk's capture is written in its `Capture`'s folder.
+    #[test]
+    fn parts_go_as_bytes_without_a_usable_store() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 3,
+                folder: 7,
+            }),
+        );
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"state"))));
+        assert_eq!(sent(polled(&mut m)), vec![captured_held(3, b"state")]);
+        with_store(&mut m, t0);
+        m.received(t0, Some(run(1, 5, false)));
+        m.received(
+            t0,
+            Some(ToWorker::Capture {
+                slot: 1,
+                chunk: 5,
+                folder: 9,
+            }),
+        );
+        let outs = polled(&mut m);
+        assert!(matches!(
+            &outs[..],
+            [
+                Out::Thread(0, ToThread::Run { chunk: 5, .. }),
+                Out::Thread(0, ToThread::Capture { slot: 1, chunk: 5 })
+            ]
+        ));
+        let captured = ToCoordinator::Captured {
+            slot: 1,
+            chunk: 5,
+            state: Bytes::from_static(b"running"),
+        };
+        m.reported(captured.clone());
+        let outs = polled(&mut m);
+        let [Out::Put(put)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!((put.folder, put.slot, put.phase), (9, Some(1), 2));
+        // The write fails: the bytes go, and from now on all of them.
+        let failed = crate::snapshot::Error::NotFound {
+            what: "the bucket".to_owned(),
+        };
+        m.stored(put.clone(), Err(failed));
+        assert_eq!(sent(polled(&mut m)), vec![captured]);
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 3,
+                folder: 9,
+            }),
+        );
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"again"))));
+        assert_eq!(sent(polled(&mut m)), vec![captured_held(3, b"again")]);
+        assert_eq!(m.parts(), (0, 3));
+    }
+
+    /// `Abandon` of a running chunk and of one waiting behind it go to the thread, in order,
+    /// and nothing goes up until the thread answers; its `Abandoned`s go up in the order it
+    /// sent them, alone.
+    #[test]
+    fn abandons_go_to_the_thread_and_only_its_answers_go_up() {
+        let (mut m, t0) = machine(true, 2);
+        with_job(&mut m, t0);
+        m.received(t0, Some(run(4, 1, false)));
+        m.received(t0, Some(run(5, 2, false)));
+        let _ = polled(&mut m);
+        m.received(t0, Some(ToWorker::Abandon { slot: 4, chunk: 1 }));
+        m.received(t0, Some(ToWorker::Abandon { slot: 5, chunk: 2 }));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [
+                    Out::Thread(1, ToThread::Abandon { slot: 4, chunk: 1 }),
+                    Out::Thread(1, ToThread::Abandon { slot: 5, chunk: 2 }),
+                ]
+            ),
+            "{outs:?}"
+        );
+        // The waiting one is answered at once, the running one at its next adjustment point.
+        let abandoned = |slot, chunk| ToCoordinator::Abandoned { slot, chunk };
+        m.reported(abandoned(5, 2));
+        m.reported(abandoned(4, 1));
+        assert_eq!(sent(polled(&mut m)), vec![abandoned(5, 2), abandoned(4, 1)]);
+        // Their partitions are gone from here: a neighbour's halos for them go up.
+        m.received(t0, Some(run(4, 0, false)));
+        let _ = polled(&mut m);
+        m.reported(done(4, 0, true));
+        assert_eq!(sent(polled(&mut m)), vec![done(4, 0, true)]);
+    }
+
+    /// Partitions placed here: a message about one being placed waits for it, and so does
+    /// everything after it; one that could not be read or decoded is refused at once
+    /// (`FailedHeld`) though nothing asks about it; one placed with `export` sends its
+    /// halos. A job without partitions refuses a placement: the process ends.
+    #[test]
+    fn placed_partitions_are_held_or_refused_and_messages_about_them_wait() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let state = Bytes::from_static(b"partition");
+        m.received(
+            t0,
+            Some(ToWorker::Place {
+                chunk: 1,
+                state: state.clone(),
+                export: true,
+            }),
+        );
+        m.received(
+            t0,
+            Some(ToWorker::PlacePart {
+                chunk: 3,
+                part: part(3, 1),
+                export: false,
+            }),
+        );
+        let outs = polled(&mut m);
+        let [Out::Place(one), Out::Place(three)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(
+            (one.chunk, &one.from, one.export),
+            (1, &Source::Sent(state), true)
+        );
+        assert_eq!((three.chunk, &three.from), (3, &Source::Part(part(3, 1))));
+        assert!(three.store.is_none());
+        // A capture of chunk 1 waits for its placement, and a run of another chunk after it.
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 1,
+                folder: 4,
+            }),
+        );
+        m.received(t0, Some(run(0, 5, false)));
+        assert!(polled(&mut m).is_empty());
+        // Meanwhile the threads' reports and the heartbeats go.
+        m.reported(done(1, 6, false));
+        m.tick(t0 + BEAT, vec![1]);
+        assert_eq!(
+            sent(polled(&mut m)),
+            vec![
+                done(1, 6, false),
+                ToCoordinator::Heartbeat { progress: vec![1] }
+            ]
+        );
+        // Chunk 3's part cannot be read: refused at once; chunk 1 still waits.
+        let unread = Failure::Store {
+            chain: vec!["no store".to_owned()],
+        };
+        m.placed(3, Err(unread.clone()));
+        assert_eq!(
+            sent(polled(&mut m)),
+            vec![ToCoordinator::FailedHeld {
+                chunk: 3,
+                failure: unread
+            }]
+        );
+        // Chunk 1 is placed: its halos (no neighbour here), then the capture, then the run.
+        m.placed(1, Ok(Some((halo(1, "up"), halo(1, "down")))));
+        let outs = polled(&mut m);
+        let [
+            Out::Send(exported),
+            Out::Code(Code::Held {
+                chunk: 1,
+                surrender: false,
+            }),
+        ] = &outs[..]
+        else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(
+            exported,
+            &ToCoordinator::Exported {
+                chunk: 1,
+                halos: (Halo::Sent(halo(1, "up")), Halo::Sent(halo(1, "down")))
+            }
+        );
+        m.answer(Ok(Some(captured_held(1, b"partition"))));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [
+                    Out::Send(ToCoordinator::CapturedHeld { chunk: 1, .. }),
+                    Out::Thread(0, ToThread::Run { chunk: 5, .. })
+                ]
+            ),
+            "{outs:?}"
+        );
+        // A job without partitions.
+        let (mut m, t0) = machine(false, 1);
+        with_job(&mut m, t0);
+        m.received(
+            t0,
+            Some(ToWorker::Place {
+                chunk: 1,
+                state: Bytes::new(),
+                export: false,
+            }),
+        );
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::End {
+                    result: Err(Error::Rejected { .. }),
+                    ..
+                }]
+            ),
+            "{outs:?}"
+        );
+    }
+
+    /// `Forget` drops the partitions here and the placements under way: halos are no
+    /// longer kept for them, and a message about a partition that was being placed no
+    /// longer waits.
+    #[test]
+    fn forget_drops_the_partitions_here() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(run(0, 2, false)));
+        m.received(
+            t0,
+            Some(ToWorker::Place {
+                chunk: 3,
+                state: Bytes::new(),
+                export: false,
+            }),
+        );
+        let _ = polled(&mut m);
+        m.received(t0, Some(ToWorker::Forget));
+        assert!(matches!(&polled(&mut m)[..], [Out::Forget]));
+        // Chunk 1's halos for 0 and 2 go up: 2 is not here any more.
+        m.received(t0, Some(run(1, 1, false)));
+        let _ = polled(&mut m);
+        m.reported(done(1, 1, true));
+        assert_eq!(sent(polled(&mut m)), vec![done(1, 1, true)]);
+        // Chunk 3's placement was dropped: a capture of it is asked at once.
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 3,
+                folder: 2,
+            }),
+        );
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::Code(Code::Held { chunk: 3, .. })]
+        ));
+    }
+
+    /// The lease runs from the last frame received (a piece of a message too), and only
+    /// frames re-arm it: the coordinator is given up at the tick that reaches its end, not
+    /// before, with a typed error. Heartbeats go every period meanwhile.
+    #[test]
+    fn the_coordinator_is_given_up_at_the_tick_that_reaches_the_lease_s_end() {
+        let (mut m, t0) = machine(false, 1);
+        assert_eq!(m.deadline(), t0 + BEAT);
+        let heartbeats = |m: &mut Machine, at: Instant| {
+            m.tick(at, vec![7]);
+            let outs = polled(m);
+            outs.iter()
+                .map(|o| match o {
+                    Out::Send(ToCoordinator::Heartbeat { progress }) => {
+                        assert_eq!(progress, &vec![7]);
+                    }
+                    o => panic!("{o:?}"),
+                })
+                .count()
+        };
+        assert_eq!(heartbeats(&mut m, t0 + BEAT / 2), 0);
+        assert_eq!(heartbeats(&mut m, t0 + BEAT), 1);
+        assert_eq!(heartbeats(&mut m, t0 + BEAT), 0);
+        // A piece of a message re-arms the lease.
+        m.received(t0 + Duration::from_secs(5), None);
+        assert_eq!(heartbeats(&mut m, t0 + LEASE), 1);
+        assert_eq!(
+            heartbeats(&mut m, t0 + Duration::from_secs(15) - BEAT / 10),
+            1
+        );
+        assert_eq!(m.deadline(), t0 + Duration::from_secs(4));
+        let ends = t0 + Duration::from_secs(15);
+        // Late heartbeats go one per tick; none prove anything about the coordinator.
+        while m.deadline() < ends {
+            assert_eq!(heartbeats(&mut m, ends - BEAT / 10), 1);
+        }
+        assert_eq!(m.deadline(), ends);
+        m.tick(ends, vec![7]);
+        let outs = polled(&mut m);
+        let [
+            Out::End {
+                tell: None,
+                result: Err(Error::LeaseExpired { peer, after }),
+            },
+        ] = &outs[..]
+        else {
+            panic!("{outs:?}");
+        };
+        assert_eq!((peer.as_str(), *after), ("coordinator", LEASE));
+        // After the end nothing is taken.
+        m.received(ends, Some(ToWorker::End));
+        m.tick(ends + LEASE, vec![7]);
+        assert!(polled(&mut m).is_empty());
+    }
+
+    /// Slots: a released slot is no longer a worker (a message for it ends the process);
+    /// a thread whose slots are all released is closed. `Leave` goes once, with the grace;
+    /// `End` ends with whether this process left. An undecodable job value tells the
+    /// coordinator before the process ends.
+    #[test]
+    fn slots_leave_and_end() {
+        let (mut m, t0) = machine(false, 2);
+        // A run before the job value ends the process.
+        m.received(t0, Some(run(0, 0, false)));
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::End {
+                result: Err(Error::Rejected { .. }),
+                ..
+            }]
+        ));
+        let (mut m, t0) = machine(false, 2);
+        with_job(&mut m, t0);
+        for slot in 4..8 {
+            m.received(t0, Some(ToWorker::Release { slot }));
+        }
+        assert!(matches!(&polled(&mut m)[..], [Out::Close(1)]));
+        m.leave();
+        m.leave();
+        assert_eq!(
+            sent(polled(&mut m)),
+            vec![ToCoordinator::Leave {
+                grace_ms: Some(1500)
+            }]
+        );
+        m.received(t0, Some(ToWorker::End));
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::End {
+                tell: None,
+                result: Ok(true)
+            }]
+        ));
+        let (mut m, _) = machine(false, 2);
+        with_job(&mut m, Instant::now());
+        m.received(
+            Instant::now(),
+            Some(ToWorker::Interrupt { slot: 9, chunk: 0 }),
+        );
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::End {
+                result: Err(Error::Rejected { .. }),
+                ..
+            }]
+        ));
+        // The job value does not decode here.
+        let (mut m, t0) = machine(false, 1);
+        m.received(
+            t0,
+            Some(ToWorker::Phase {
+                phase: 0,
+                job: Bytes::new(),
+            }),
+        );
+        m.received(t0, Some(run(0, 0, false)));
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::Code(Code::Phase { .. })]
+        ));
+        let source = postcard::Error::DeserializeUnexpectedEnd;
+        m.answer(Err(Error::Undecodable {
+            peer: "coordinator".to_owned(),
+            job: "job".to_owned(),
+            version: 1,
+            what: "the job value",
+            here: true,
+            source: source.clone(),
+        }));
+        let outs = polled(&mut m);
+        let [
+            Out::End {
+                tell: Some(ToCoordinator::Undecodable { what, error }),
+                result: Err(Error::Undecodable { .. }),
+            },
+        ] = &outs[..]
+        else {
+            panic!("{outs:?}");
+        };
+        assert_eq!((what.as_str(), error), ("the job value", &source));
+    }
+}
