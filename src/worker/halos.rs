@@ -1,7 +1,7 @@
 //! Halos between partitions of one worker process stay in it (protocol 12, see
 //! [`frame::Halo`]).
 //!
-//! The I/O task decides, for each halo a partition exports, whether its neighbour's partition
+//! The protocol machine (`machine.rs`) decides, for each halo a partition exports, whether its neighbour's partition
 //! is in this process: run here (queued, running, or held after its `Done`) or placed here.
 //! If so the halo is kept here and `Done` (or `Exported`) says [`Halo::Kept`]; the
 //! coordinator names it back with `Kept` in the neighbour's `Begin`. If the neighbour leaves
@@ -9,7 +9,7 @@
 //! before the message that hands it back.
 //!
 //! Both decisions are taken as messages go out, in the order they reach the coordinator (the
-//! snapshot writes of `io.rs` hold some messages back): a halo is kept only while its
+//! snapshot writes of `machine.rs` hold some messages back): a halo is kept only while its
 //! partition has not been handed back on the wire, so the coordinator can count on one rule,
 //! "a kept halo is where its partition is, until `Released` says otherwise".
 

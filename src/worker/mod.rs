@@ -4,8 +4,13 @@
 //!
 //! - `mod.rs` (this file): [`serve`], [`Registry`], [`WorkerOptions`], [`Served`]; the
 //!   membership protocol as a worker process sees it.
-//! - `io.rs`: the I/O task: frames in and out, heartbeats, the lease, parts this process
-//!   writes to the job's store itself.
+//! - `machine.rs`: the protocol of steps 1-7 as a pure machine (events in, orders polled; no
+//!   sockets, tasks, channels or clock): which slots are live, the answers about held
+//!   partitions and their order, placements, parts this process writes to the job's store
+//!   itself, the lease, leave and end.
+//! - `io.rs`: the I/O task, the machine's pump: frames in and out, timers, the job's own
+//!   code (job values, halos, held and placed partitions), the store's tasks.
+//! - `halos.rs`: the partitions in this process and the halos kept for them.
 //! - `thread.rs`: a compute thread and its slots, a host of the chunk runner.
 //!
 //! This layer combines the wire (`crate::cluster`), the runner (`crate::run`) and the store
@@ -53,8 +58,8 @@
 //!    partition this process holds, asked for with `CaptureHeld`, reported as
 //!    `CapturedHeldPart`. The writes run in the background: the threads go on computing and
 //!    the I/O task goes on serving; while a held partition's part is written, the messages
-//!    about that chunk wait behind its answer (`io.rs`, "Order of the answers about a held
-//!    partition"). Until then, or if the store cannot be reached from here (another disk
+//!    about that chunk wait behind its answer (`machine.rs`, "Order of the answers about a
+//!    held partition"). Until then, or if the store cannot be reached from here (another disk
 //!    behind the same `file://` path, no credentials), states go to the coordinator as
 //!    `Captured` and `CapturedHeld`, which writes them; a write that fails here is logged as
 //!    a warning, its state goes to the coordinator, and so do all later ones. [`Served`]
