@@ -7,8 +7,9 @@
 //! coordinator, whole messages decoded as [`ToWorker`]; [`Machine::reported`]: a slot's
 //! thread reports a chunk `Done`, `Yielded`, `Captured`, `Abandoned`, …;
 //! [`Machine::checked`], [`Machine::stored`], [`Machine::placed`]: a background store
-//! operation or placement ended; [`Machine::answer`]: the job's code answered; [`Machine::tick`]:
-//! the time, passed in as an [`Instant`]; [`Machine::leave`]: a stop request), then polls
+//! operation or placement ended; [`Machine::answer`]: the job's code answered;
+//! [`Machine::tick`]: the time, passed in as an [`Instant`]; [`Machine::leave`]: a stop
+//! request), then polls
 //! [`Machine::poll`] for what to do, in the order it was decided ([`Out`]): messages for the
 //! coordinator, messages for the slots' threads, store operations and placements to start,
 //! work for the job's own code, and the end.
@@ -55,7 +56,8 @@
 //!    [`Error::LeaseExpired`], never before; a heartbeat goes at once and then every period.
 //! 6. *Leave and end.* A stop request sends `Leave` once; `End` ends with whether the process
 //!    left; a message the protocol does not allow ends it with its error (and an
-//!    undecodable job value or halo tells the coordinator first, [`ToCoordinator::Undecodable`]).
+//!    undecodable job value or halo tells the coordinator first,
+//!    [`ToCoordinator::Undecodable`]).
 //!    After the end the machine takes nothing more.
 //!
 //! # Order of the answers about a held partition
@@ -74,8 +76,9 @@
 //!
 //! Each message from the coordinator gives at most one [`Out::Code`] and is finished by its
 //! one answer; each [`Out::Put`] and [`Out::Place`] is ended by one outcome, which sends one
-//! message (and releases what waited behind a held write); each thread's message is routed
-//! once. Nothing is dropped but on the end, when nobody waits for it.
+//! message (and releases what waited behind a held write), but for the placements a `Forget`
+//! drops with the partitions they were for; each thread's message is routed once. Nothing
+//! else is dropped but on the end, when nobody waits for it.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
