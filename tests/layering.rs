@@ -91,3 +91,37 @@ fn the_executor_and_the_worker_process_never_import_each_other() {
         assert!(found.is_empty(), "{found:#?}");
     }
 }
+
+/// The worker process's protocol is a pure machine (`src/worker/machine.rs`): it is handed
+/// the time and the frames, and its orders are carried out by the I/O loop (`io.rs`). It
+/// reads no clock, spawns nothing, and knows no socket, channel, lock or atomic.
+#[test]
+fn the_worker_machine_is_pure() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/worker/machine.rs");
+    let text = std::fs::read_to_string(&file).unwrap();
+    // Its unit tests, at the end, may read the clock to make the times they hand it.
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    let mut found = Vec::new();
+    for (i, line) in code.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        for f in [
+            "tokio",
+            "crossbeam",
+            "atomic",
+            "Atomic",
+            "Instant::now",
+            "SystemTime",
+            "std::thread",
+            "Mutex",
+            "spawn",
+            "TcpStream",
+            "std::net",
+            "std::sync::mpsc",
+        ] {
+            if code.contains(f) {
+                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}

@@ -611,6 +611,19 @@ fn a_chunk_state_that_does_not_decode() {
         undecodable = Some(e);
     }
 
+    // Its layout would refuse B before a byte is decoded (`LayoutChanged`): written without
+    // one, as by a build before layouts, or by types that cannot be traced, the states
+    // reach the workers, which must fail alike when they decode them.
+    let path = dir
+        .join(&job_id)
+        .join(format!("{:020}", id.epoch))
+        .join("manifest");
+    let mut rewritten = malleable::snapshot::decode_manifest(&std::fs::read(&path).unwrap())
+        .expect("the manifest decodes");
+    assert!(rewritten.layout.is_some());
+    rewritten.layout = None;
+    std::fs::write(&path, malleable::snapshot::encode_manifest(&rewritten)).unwrap();
+
     // Resumed as B: the restored states end the job when a worker decodes them.
     let local_exec = local().job_id(&job_id).build().unwrap();
     let local = failure(

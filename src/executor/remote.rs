@@ -1193,7 +1193,7 @@ impl<J: Job> State<J> {
 
     /// The part of held `chunk` from connection `id`, for the open cut if it waits for it
     /// from that process (an answer to an earlier request is as good: the partition did not
-    /// change since, see `worker/io.rs`); else dropped.
+    /// change since, see `worker/machine.rs`); else dropped.
     fn captured_held(
         &mut self,
         shared: &Arc<Shared<J>>,
