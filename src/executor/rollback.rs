@@ -14,8 +14,8 @@
 //! 1. *Halt.* The loss is noticed (`drop_conn`, or the core when a running partition had no
 //!    copy): the core stops handing out chunks and every running chunk is interrupted. A
 //!    local worker hands its chunk back; a worker process drops its chunks (`Abandon`,
-//!    answered by `Abandoned`) instead of sending back states that the reset throws away:
-//!    a band's state is megabytes, and sending it held the quiet step 18 ms.
+//!    answered by `Abandoned`) instead of sending back states that the reset throws away
+//!    (a band's state is megabytes).
 //!    Snapshot requests stay queued; no new cut starts.
 //! 2. *Quiesce.* The run waits until no chunk runs, no partition is on its way between
 //!    workers (`Surrender`) and no snapshot is being written (a write in flight that commits
@@ -37,13 +37,10 @@
 //!    the snapshot's phase export their halos where they are placed (`Exported`); the
 //!    barrier waits for them. A loss before this step ends reads the snapshot again.
 //!
-//! Why in this order: at first the coordinator read the whole snapshot before anything
-//! else, and the processes then read their parts again, so the loss-to-phase time held two
-//! reads of the grid; the processes now read theirs while the coordinator reads only what
-//! it needs. (Before that, restored partitions went to the processes with their `Run`, one
-//! per slot at a time, and those done in the snapshot's phase were decoded here to export
-//! their halos, then encoded again for their next run: a restored phase and the one after
-//! it took 5-6 times a normal one.)
+//! Why in this order: the processes read their parts while the coordinator reads only what
+//! it hands out itself, so the time from the loss to the next phase holds one read of the
+//! grid, not two; restored partitions go to their processes at once, not with each `Run`,
+//! and export their halos where they are (`BENCHMARKS.md`, recovery, has the figures).
 //!
 //! The value stays exact: the restored run is the run a `resume` of that snapshot would be,
 //! with the same workers (see `io.rs`). A run that committed no snapshot yet (none taken,
@@ -436,7 +433,7 @@ impl<J: Job> State<J> {
     /// process runs next goes to that process (`Place`), at once and in one go,
     /// instead of one `Run` at a time: a process's slot asks for its next chunk only when
     /// the last one is done, and a partition that travels with its `Run` leaves the thread
-    /// waiting for its bytes (a restored phase ran 5-6 times slower than a normal one). A
+    /// waiting for its bytes. A
     /// pending partition goes to the process of the slot whose queue has it; those done in
     /// the snapshot's phase are dealt by the ledger as a first phase deals chunks
     /// (`Core::deal_unheld_kept`), held where they are dealt, and those dealt to a process go

@@ -31,9 +31,9 @@ use super::{ChunkId, Plan, ProcessId, Shape, WorkerId};
 
 /// The part of the largest load the moves of a phase start must save (15%): below it,
 /// noise. A move between processes costs a partition's bytes on the phase's critical path,
-/// and saves one partition's time out of a worker's share; at 5%, two worker processes whose
-/// measured speeds swung by a few percent traded two partitions at every phase (two
-/// processes ran 50 phases at 0.54x two local threads; 0.71x at 15%).
+/// and saves one partition's time out of a worker's share; with a smaller slack, two worker
+/// processes whose measured speeds swung by a few percent traded partitions at every phase
+/// (`BENCHMARKS.md`, partitions).
 pub(super) const PHASE_SLACK: f64 = 0.15;
 
 /// A group of workers balanced as one: the slots of a worker process, or a worker alone.

@@ -471,10 +471,8 @@ impl Store {
     /// object's stream into it.
     ///
     /// For a reader of many parts that keeps one buffer per read under way: its memory is
-    /// faulted in once, not once per part. A worker process reading a restored 128 MB grid
-    /// (32 parts of 4 MB, 8 at a time) into fresh memory spent 8-33 ms on each part, where
-    /// the same files read one after the other into reused memory took 7.6-13.6 ms in all
-    /// (`benches/partitions.rs`, recovery).
+    /// faulted in once, not once per part (fresh memory made the reads of a restored grid
+    /// several times slower: `BENCHMARKS.md`, recovery).
     pub(crate) async fn get_part_into(&self, part: &PartRef, mut buf: Vec<u8>) -> Result<Vec<u8>> {
         check_part_key(&part.key)?;
         let path = self.path(&part.key)?;

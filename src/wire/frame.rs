@@ -53,12 +53,10 @@ pub const PROTOCOL_VERSION: u32 = 14;
 /// chunks one at a time in the order they came; one still waiting is handed back or captured
 /// at once when asked (its state is the one it came with).
 ///
-/// Why four, not two: with two, the round trip had one chunk's time to complete. On a stencil
-/// whose bands take about 1 ms (`benches/partitions.rs`, 4000 × 4000, 32 bands) and a
-/// coordinator whose I/O thread shares the cores with the workers' threads, it often did not:
-/// the coordinator is woken for every `Done`, and the wake-up waits for a core. Two worker
-/// processes then ran at 0.58-0.63× two local threads; with four slots, 0.68-0.80× in the
-/// same minutes (three runs each, alternating).
+/// Why four, not two: with two, the round trip had one chunk's time to complete, and with
+/// short chunks and a coordinator whose I/O thread shares the cores with the workers'
+/// threads it often did not: the coordinator is woken for every `Done`, and the wake-up
+/// waits for a core (`BENCHMARKS.md`, partitions, has the figures).
 ///
 /// Slots share their thread, and the coordinator shares work by each worker's measured
 /// throughput (a static deal, owned partitions, the autoscaler). A slot therefore reports as
