@@ -188,6 +188,10 @@ fn a_corrupt_part_is_a_typed_error() {
 
 #[test]
 fn a_snapshot_whose_chunk_panics_before_capture_gets_an_error_not_a_hang() {
+    /// The step the chunk is in (1-based), so the test asks inside the second one whatever
+    /// the machine's load (a fixed sleep landed in the first step under load, and that
+    /// snapshot was committed).
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     #[derive(Serialize, Deserialize)]
     struct Boom;
     #[derive(Serialize, Deserialize)]
@@ -211,6 +215,7 @@ fn a_snapshot_whose_chunk_panics_before_capture_gets_an_error_not_a_hang() {
         type Job = Boom;
         type Output = u64;
         fn step(&mut self, _: &Boom, _: &()) -> malleable::Step<u64> {
+            STARTED.store(self.0 + 1, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(100));
             self.0 += 1;
             if self.0 == 2 {
@@ -226,7 +231,10 @@ fn a_snapshot_whose_chunk_panics_before_capture_gets_an_error_not_a_hang() {
         .build()
         .unwrap();
     let handle = exec.submit(Boom).unwrap();
-    std::thread::sleep(Duration::from_millis(130)); // inside the second step
+    while STARTED.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(10)); // inside the second step
     let err = handle.snapshot().wait().unwrap_err();
     assert!(
         matches!(err, Error::Ended { .. } | Error::SnapshotFailed(_)),
