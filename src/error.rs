@@ -200,6 +200,45 @@ pub enum Error {
         /// Its value in this program's code (for the job value as stored).
         code: u64,
     },
+    /// Another run holds the job id's lease in the store: this run was refused before any
+    /// work (two runs of one job id would interleave their snapshots). The holder's lease
+    /// expires unless it renews it; a run that ended released it, a run that died holds it
+    /// until then (see [`Builder::job_lease`](crate::Builder::job_lease)).
+    #[error(
+        "job id {job_id:?} is held in {store} by another run: {}; its lease expires in {} \
+         unless that run renews it",
+        match holder {
+            Some(h) => h.to_string(),
+            None => "a run whose lease record cannot be read".to_owned(),
+        },
+        lease_secs(*expires_in)
+    )]
+    JobIdHeld {
+        /// The job id.
+        job_id: String,
+        /// The store's URL (without credentials).
+        store: String,
+        /// The run that holds it, when its lease record can be read.
+        holder: Option<crate::snapshot::LeaseHolder>,
+        /// How long until its lease expires unless renewed, as this run judges it (see
+        /// "Clocks" in [`Builder::job_lease`](crate::Builder::job_lease)).
+        expires_in: std::time::Duration,
+    },
+    /// This run lost its job id's lease (another run took it over after it expired, or it
+    /// could not be renewed in time): it commits no snapshot any more, and ended. The
+    /// source is the last error of a renewal, if one failed.
+    #[error("job id {job_id:?} in {store}: this run lost its lease ({reason}) and stopped")]
+    LeaseLost {
+        /// The job id.
+        job_id: String,
+        /// The store's URL (without credentials).
+        store: String,
+        /// How it was lost.
+        reason: crate::snapshot::LeaseLoss,
+        /// The last failure to renew it, if any.
+        #[source]
+        source: Option<std::sync::Arc<crate::snapshot::Error>>,
+    },
     /// A cluster error: an address that cannot be listened on or dialled, a missing token,
     /// a refused handshake.
     #[error(transparent)]
@@ -419,6 +458,11 @@ impl std::error::Error for Cause {
     }
 }
 
+/// A lease's time left, rounded to tenths of a second (`12.3 s`).
+fn lease_secs(d: std::time::Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
 /// The end of [`Error::NothingToResume`]'s message: what else the store holds.
 fn others_text(others: &[String]) -> String {
     if others.is_empty() {
@@ -574,6 +618,8 @@ debug_as_report!(Error {
     NothingToResume { store, job_id, others },
     ResumedJobDiffers { job, snapshot, submitted, started_with, field, refusal },
     ShapeChanged { job, snapshot, what, written, code },
+    JobIdHeld { job_id, store, holder, expires_in },
+    LeaseLost { job_id, store, reason, source },
 });
 
 #[cfg(test)]
@@ -766,6 +812,7 @@ mod tests {
             | Error::Timeline { .. }
             | Error::SnapshotsFailing { .. }
             | Error::ResumedJobDiffers { .. }
+            | Error::LeaseLost { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -779,6 +826,7 @@ mod tests {
             | Error::PartitionGone { .. }
             | Error::NothingToResume { .. }
             | Error::ShapeChanged { .. }
+            | Error::JobIdHeld { .. }
             | Error::ShutdownTimedOut { .. } => false,
         };
         let mut all = vec![
@@ -844,6 +892,15 @@ mod tests {
                 started_with: crate::Fingerprint(2),
                 field: Some("Heat.steps".into()),
                 refusal: "the grid's size cannot change".into(),
+            },
+            Error::LeaseLost {
+                job_id: "heat".into(),
+                store: "s3://bucket/prefix".into(),
+                reason: crate::snapshot::LeaseLoss::Expired,
+                source: Some(std::sync::Arc::new(crate::snapshot::Error::Io {
+                    what: "cannot connect".into(),
+                    source: io::Error::new(io::ErrorKind::ConnectionRefused, "refused"),
+                })),
             },
         ];
         all.extend(cluster_errors().into_iter().map(Error::Cluster));

@@ -397,6 +397,8 @@ impl<J: Job> JobHandle<J> {
                 super::lifecycle::remove_finished(&self.shared, timeout);
             }
         }
+        // The job id is free for another run once this returns.
+        super::lease::release(&self.shared);
         result
     }
 }
@@ -413,6 +415,7 @@ impl<J: Job> IntoFuture for JobHandle<J> {
         JobFuture {
             shared: self.shared,
             helper: false,
+            releasing: None,
         }
     }
 }
@@ -453,6 +456,8 @@ impl Future for SnapshotRequest {
 pub struct JobFuture<J: Job> {
     shared: Arc<Shared<J>>,
     helper: bool,
+    /// The release of the job id's lease, once the outcome is ready (`lease.rs`).
+    releasing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl<J: Job> fmt::Debug for JobFuture<J> {
@@ -467,6 +472,25 @@ impl<J: Job> Future for JobFuture<J> {
     type Output = Result<Outcome<J>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The job id's lease is released before the outcome is handed out.
+        if let Some(releasing) = self.releasing.as_mut() {
+            if Pin::new(releasing).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        } else if let Some(lease) = self.shared.config.run_lease.clone() {
+            if lease.gone().is_none() && self.shared.lock().outcome_ready() {
+                let mut releasing = self
+                    .shared
+                    .io
+                    .handle()
+                    .spawn(async move { lease.release().await });
+                let pending = Pin::new(&mut releasing).poll(cx).is_pending();
+                self.releasing = Some(releasing);
+                if pending {
+                    return Poll::Pending;
+                }
+            }
+        }
         let mut st = self.shared.lock();
         if st.outcome_ready() {
             return Poll::Ready(

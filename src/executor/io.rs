@@ -83,7 +83,9 @@ impl<J: Job> State<J> {
                 .done
                 .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
             let bytes = super::watch::new_bytes(&parts, &kept);
-            let written = store(&shared2.config.snapshots, after, &mut manifest, parts, kept).await;
+            let lease = shared2.config.run_lease.as_deref();
+            let cfg = &shared2.config.snapshots;
+            let written = store(cfg, lease, after, &mut manifest, parts, kept).await;
             let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
             let took = started.elapsed();
             let mut st = shared2.lock();
@@ -122,6 +124,11 @@ impl<J: Job> State<J> {
             }
             st.cut_commands(&shared2, &mut out);
             st.snap.out = out;
+            // A run that lost its job id's lease commits nothing more: it ends.
+            if let Some(reason) = lease.and_then(|l| l.lost()) {
+                let l = lease.expect("a lost lease");
+                st.fail(&shared2, super::lease::lost(l, reason));
+            }
             if suspend && !st.ended {
                 if let Ok(id) = written {
                     st.complete(Ok(super::Outcome::Suspended(id)));
@@ -148,7 +155,9 @@ fn is_full(manifest: &Manifest) -> bool {
 }
 
 /// Protocol step 3 on the I/O runtime: parts, then retention down to `keep - 1` older
-/// snapshots, then the manifest (the commit).
+/// snapshots, then the manifest (the commit). Before the retention and again before the
+/// commit, a run holding its job id's `lease` checks that it still does (`snapshot/lease.rs`,
+/// step 3): one that lost it deletes and commits nothing.
 ///
 /// Retention runs *before* the commit, once every part is durable, so that the store never
 /// holds more than `keep` committed snapshots, not even between a commit and its cleanup
@@ -160,6 +169,7 @@ fn is_full(manifest: &Manifest) -> bool {
 /// those of an older one the run was resumed from) are spared by name.
 async fn store(
     cfg: &SnapshotConfig,
+    lease: Option<&crate::snapshot::lease::Lease>,
     after: Option<u64>,
     manifest: &mut Manifest,
     parts: Vec<(ChunkId, Part)>,
@@ -212,9 +222,20 @@ async fn store(
             );
         }
     };
+    let still_held = async || -> Result<()> {
+        match lease {
+            Some(l) => match l.check().await? {
+                None => Ok(()),
+                Some(reason) => Err(super::lease::lost(l, reason)),
+            },
+            None => Ok(()),
+        }
+    };
     if keep > 1 {
+        still_held().await?;
         retain(keep - 1, manifest).await;
     }
+    still_held().await?;
     let id = store.commit(manifest).await?;
     if keep == 1 {
         retain(1, manifest).await;
@@ -240,7 +261,8 @@ impl super::Executor {
     /// bit-identical to an uninterrupted run. Later snapshots go to this executor's store if
     /// one was configured with [`Builder::snapshots`](crate::Builder::snapshots), else to `url`.
     ///
-    /// Blocks while it reads the snapshot.
+    /// Blocks while it reads the snapshot. Before that, it takes the job id's lease in the
+    /// store later snapshots go to (see [`Builder::job_lease`](crate::Builder::job_lease)).
     ///
     /// With [`At::Latest`], a damaged snapshot (a part missing or corrupt) is passed over for
     /// the newest one that reads back whole; each one passed over is logged (`tracing`,
@@ -248,6 +270,7 @@ impl super::Executor {
     ///
     /// # Errors
     ///
+    /// [`Error::JobIdHeld`] if another run holds the job id (the snapshot is not read).
     /// [`Error::Snapshot`] with, told apart:
     /// - [`NotFound`](crate::snapshot::Error::NotFound): no committed snapshot (of this job
     ///   id, or at this epoch): a program that resumes or starts afresh starts afresh on
@@ -277,19 +300,46 @@ impl super::Executor {
     /// checksums here but decoded by the worker that runs them, so a state of another type
     /// (under the same layout) ends the job later with [`Error::Codec`].
     pub fn resume<J: Job>(&self, url: &str, at: At) -> Result<super::JobHandle<J>> {
-        self.resume_submitted(url, at, None)
+        self.resume_with(url, at, None, None)
     }
 
     /// [`Executor::resume`], with the job value the caller submitted (from
     /// [`Executor::submit_or_resume`]), compared with the one the snapshot's run was
-    /// submitted with ([`resubmitted`]).
-    pub(super) fn resume_submitted<J: Job>(
+    /// submitted with ([`resubmitted`]), holding the job id's lease already, or taking it
+    /// first (in the store later snapshots go to) when `lease` is `None`.
+    pub(super) fn resume_with<J: Job>(
         &self,
         url: &str,
         at: At,
         submitted: Option<J>,
+        lease: Option<super::lease::RunLease>,
     ) -> Result<super::JobHandle<J>> {
         let store = Store::open_with(url, self.config.snapshots.options.clone())?;
+        let lease = match lease {
+            Some(l) => l,
+            None => {
+                let writes_to = match &self.config.snapshots.url {
+                    Some(_) => self.config.snapshots.store()?,
+                    None => store.clone(),
+                };
+                self.take_lease::<J>(&writes_to)?
+            }
+        };
+        self.leased(Some(lease), |lease| {
+            self.resume_from(store, url, at, submitted, lease)
+        })
+    }
+
+    /// Reads the snapshot `at` of `store` (opened from `url`) and starts a run from it,
+    /// holding `lease`.
+    fn resume_from<J: Job>(
+        &self,
+        store: Store,
+        url: &str,
+        at: At,
+        submitted: Option<J>,
+        lease: Option<super::lease::RunLease>,
+    ) -> Result<super::JobHandle<J>> {
         let job_id = self.config.snapshots.job_id::<J>();
         let reader = store.clone();
         let (manifest, parts, skipped) = block_on_io(self.io.handle(), async move {
@@ -350,6 +400,7 @@ impl super::Executor {
             snap,
             (run.schedule, run.chunking),
             origin,
+            lease,
         )?;
         Ok(handle)
     }

@@ -75,13 +75,29 @@ impl Executor {
     ///
     /// # Errors
     ///
-    /// As [`Executor::resume`] when a snapshot exists (a damaged one, a store that cannot
+    /// [`Error::JobIdHeld`] if another run holds the job id (see
+    /// [`Builder::job_lease`](crate::Builder::job_lease); the store is not read then); as
+    /// [`Executor::resume`] when a snapshot exists (a damaged one, a store that cannot
     /// be read, a snapshot of another job, [`Error::ShapeChanged`]);
     /// [`Error::ResumedJobDiffers`] when `job` differs from the one the snapshot's run was
     /// submitted with and the job refuses the change; [`Error::NothingToResume`] when no
     /// snapshot exists under [`Resume::Required`]; else as [`Executor::submit`].
     pub fn submit_or_resume<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
         let store = self.config.snapshots.store()?;
+        // The job id's lease first: the store is read by its holder only.
+        let lease = self.take_lease::<J>(&store)?;
+        self.leased(Some(lease), |lease| {
+            self.submit_or_resume_leased(job, store, lease)
+        })
+    }
+
+    /// [`Executor::submit_or_resume`] holding the job id's lease in `store`.
+    fn submit_or_resume_leased<J: Job>(
+        &self,
+        job: J,
+        store: crate::snapshot::Store,
+        lease: Option<super::lease::RunLease>,
+    ) -> Result<JobHandle<J>> {
         let job_id = self.config.snapshots.job_id::<J>();
         let url = store.url().to_owned();
         let latest = super::io::block_on_io(self.io.handle(), {
@@ -89,7 +105,7 @@ impl Executor {
             async move { Ok(store.latest(&job_id).await?) }
         })?;
         if latest.is_some() {
-            let handle = self.resume_submitted(&url, At::Latest, Some(job))?;
+            let handle = self.resume_with(&url, At::Latest, Some(job), lease)?;
             if let Some(from) = handle.resumed().map(|r| r.from) {
                 tracing::info!(
                     job = J::NAME,
@@ -128,7 +144,7 @@ impl Executor {
             job_id,
             "no committed snapshot under {under}: the job starts from its first phase"
         );
-        self.submit(job)
+        self.submit_leased(job, lease)
     }
 
     /// Resumes a job from a committed snapshot in this executor's own store (the one given

@@ -16,6 +16,7 @@
 //! - `triggers.rs`: the job's timer task (snapshot period, deadline, signals, token, and the
 //!   autoscaler's period).
 //! - `autoscale.rs`: measures the job for its autoscaling decider and carries out decisions.
+//! - `lease.rs`: the job id's lease of a run: taken at submit, renewed, released at its end.
 //!
 //! This layer imports every leaf layer (`schedule`, `run`, `snapshot`, the wire) and never
 //! the worker process (`crate::worker`), which never imports it either.
@@ -36,6 +37,7 @@ mod drain;
 mod handle;
 mod io;
 mod job_run;
+mod lease;
 mod lifecycle;
 mod local;
 mod members;
@@ -152,6 +154,10 @@ struct Config {
     /// The file of [`Builder::timeline`], and its writer once built.
     timeline_path: Option<std::path::PathBuf>,
     timeline: Option<Arc<crate::timeline::Sink>>,
+    /// The length of a job id's lease ([`Builder::job_lease`]).
+    lease: Duration,
+    /// The lease of the job run's id: set only in a run's own copy (`lease.rs`).
+    run_lease: Option<lease::RunLease>,
 }
 
 /// The executor's runtimes, never a runtime of the caller's, and never running compute:
@@ -299,6 +305,8 @@ impl Default for Builder {
                 autoscale: None,
                 timeline_path: None,
                 timeline: None,
+                lease: crate::snapshot::DEFAULT_LEASE,
+                run_lease: None,
             },
         }
     }
@@ -361,6 +369,38 @@ impl Builder {
     /// The job id snapshots are stored under (default: the job's [`Job::NAME`]).
     pub fn job_id(mut self, id: impl Into<String>) -> Self {
         self.config.snapshots.job_id = Some(id.into());
+        self
+    }
+
+    /// How long a run's hold on its job id lasts unless renewed (default 30 s, at least
+    /// [`MIN_LEASE`](crate::snapshot::MIN_LEASE)).
+    ///
+    /// A run that may write snapshots (a store given with [`snapshots`](Self::snapshots) or
+    /// [`snapshot_store`](Self::snapshot_store), a snapshot period, a deadline, signals or a
+    /// token, and every run of [`Executor::resume`] and [`Executor::submit_or_resume`])
+    /// first takes its job id's *lease* in the store (an object under
+    /// `{prefix}/{job_id}/lease/`), renews it every quarter of this length on the
+    /// executor's I/O thread, and releases it when the job ends (finished, suspended,
+    /// failed or cancelled; [`JobHandle::wait`] and awaiting return once it is released).
+    /// A second run of the same job id, in this process or any other, is refused at submit
+    /// with [`Error::JobIdHeld`], which names the holder (host, process id, when it took
+    /// it), before any work. A run that died without releasing it holds the job id until the
+    /// lease expires: a later run then takes it over. A run that loses its lease (not
+    /// renewed in time, taken over) commits no snapshot any more and ends with
+    /// [`Error::LeaseLost`]. A run with no store given and no snapshot trigger takes no lease
+    /// (a snapshot asked for by hand is then committed without one).
+    ///
+    /// # Clocks
+    ///
+    /// Expiry is judged by the run that wants to take the lease over: the newest lease
+    /// record's date *as the store dates it* must be a lease length behind this host's
+    /// clock, and the record must then stay unrenewed while this run watches it for half a
+    /// lease on its own monotonic clock. A live holder renews every quarter lease, so clock
+    /// skew between hosts never takes a live lease; a taker whose clock is behind only
+    /// waits longer. See the protocol in the source's `snapshot/lease.rs` for the window
+    /// that remains (a holder frozen between its check and its commit).
+    pub fn job_lease(mut self, length: Duration) -> Self {
+        self.config.lease = length;
         self
     }
 
@@ -584,7 +624,8 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a chunk count or size of zero, a guided schedule with
+    /// [`Error::InvalidConfig`] for a job lease shorter than
+    /// [`MIN_LEASE`](crate::snapshot::MIN_LEASE), a chunk count or size of zero, a guided schedule with
     /// zero workers or a zero minimum chunk, or an autoscaling policy out of bounds
     /// ([`Autoscale::validate`](crate::schedule::Autoscale::validate), or worker processes
     /// without a listener and a launcher); [`Error::Snapshot`] for a snapshot URL that
@@ -594,6 +635,13 @@ impl Builder {
     /// loopback without a token.
     pub fn build(mut self) -> Result<Executor> {
         signals::check(&self.config.snapshots.signals).map_err(Error::InvalidConfig)?;
+        if self.config.lease < crate::snapshot::MIN_LEASE {
+            return Err(Error::InvalidConfig(format!(
+                "a job id's lease of {:?} is shorter than the minimum, {:?}",
+                self.config.lease,
+                crate::snapshot::MIN_LEASE
+            )));
+        }
         if self.config.snapshots.url.is_some() {
             self.config.snapshots.store()?;
         }
@@ -713,11 +761,32 @@ impl Executor {
 
     /// Starts `job` in the background on its own worker threads.
     ///
+    /// A run that may write snapshots first takes its job id's lease in the store (see
+    /// [`Builder::job_lease`]): this blocks while it does (a few requests; half a lease
+    /// when the lease of a run that died is to be taken over).
+    ///
     /// # Errors
     ///
+    /// [`Error::JobIdHeld`] if another run holds the job id (nothing was started);
+    /// [`Error::Snapshot`] if the store cannot be read or written for the lease;
     /// [`Error::Panicked`] if `iterations` or `reducer` panics on the first phase;
     /// [`Error::Spawn`] if a worker thread cannot be started.
     pub fn submit<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
+        let lease = if lease::wanted(&self.config) {
+            let store = self.config.snapshots.store()?;
+            Some(self.take_lease::<J>(&store)?)
+        } else {
+            None
+        };
+        self.leased(lease, |lease| self.submit_leased(job, lease))
+    }
+
+    /// [`Executor::submit`] with the job id's lease taken already (or none).
+    fn submit_leased<J: Job>(
+        &self,
+        job: J,
+        lease: Option<lease::RunLease>,
+    ) -> Result<JobHandle<J>> {
         let (core, chunking) = first_phase(&job, &self.config)?;
         let origin = io::Origin::new(Some(crate::codec::encode("the job", &job)?), &job, 0)?;
         self.launch(
@@ -728,6 +797,7 @@ impl Executor {
             Snapshots::default(),
             (self.config.schedule, chunking),
             origin,
+            lease,
         )
     }
 
@@ -742,11 +812,13 @@ impl Executor {
         snap: Snapshots,
         (schedule, chunking): (Schedule, Chunking),
         origin: io::Origin,
+        lease: Option<lease::RunLease>,
     ) -> Result<JobHandle<J>> {
         let config = Config {
             schedule,
             chunking,
             origin,
+            run_lease: lease,
             ..self.config.clone()
         };
         let shared = Arc::new(Shared {
@@ -772,6 +844,7 @@ impl Executor {
                 return Err(e);
             }
         }
+        lease::spawn_renewal(&shared);
         triggers::spawn_triggers(&shared);
         if let Some(l) = &self.listener {
             let weak: std::sync::Weak<dyn crate::wire::listener::Attach> =

@@ -7,6 +7,7 @@
 //!
 //! - [`format`](mod@format): the manifest file layout, its encoder and decoder, and the checks of parts.
 //! - [`store`]: keys, the commit protocol, listing and retention ([`Store`]).
+//! - `lease.rs`: the lease that lets one run at a time own a job id ([`LeaseHolder`]).
 //! - [`Error`]: every way a snapshot can be missing, corrupt, foreign or refused.
 //!
 //! The items of both modules are re-exported here.
@@ -25,6 +26,7 @@
 mod blocking;
 mod error;
 pub mod format;
+pub(crate) mod lease;
 mod open;
 pub mod store;
 
@@ -35,6 +37,7 @@ pub use format::{
     Dimension, FORMAT_VERSION, HEADER_LEN, MAGIC, Manifest, PartRef, check_part, decode_manifest,
     encode_manifest,
 };
+pub use lease::{DEFAULT_LEASE, LeaseHolder, LeaseLoss, MIN_LEASE};
 pub(crate) use open::shareable_options;
 pub use store::{
     ABANDONED_AFTER, Cleanup, MAX_JOB_ID_LEN, MULTIPART_PIECE, MULTIPART_THRESHOLD, Skipped,

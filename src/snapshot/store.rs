@@ -7,6 +7,7 @@
 //! ```text
 //! {prefix}/{job_id}/{epoch:020}/manifest                               the commit record
 //! {prefix}/{job_id}/{epoch:020}/parts/{phase}-{chunk}-{random:016x}    one suspended chunk state
+//! {prefix}/{job_id}/lease/{seq:020}                                     the job id's lease (see `lease.rs`)
 //! ```
 //!
 //! Epochs are zero-padded to 20 digits so that they sort as numbers in any listing. A
@@ -1217,8 +1218,13 @@ impl Store {
         Ok(scan)
     }
 
+    /// The backend (for the lease records of `lease.rs`).
+    pub(super) fn backend(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.store
+    }
+
     /// The full path of a key relative to the prefix.
-    fn path(&self, key: &str) -> Result<Path> {
+    pub(super) fn path(&self, key: &str) -> Result<Path> {
         let relative =
             Path::parse(key).map_err(|e| Error::Inconsistent(format!("bad key {key:?}: {e}")))?;
         Ok(Path::from_iter(
@@ -1306,7 +1312,7 @@ pub(crate) fn check_part_key(key: &str) -> Result<()> {
 /// A random `u64` for part keys, from the standard library's randomly keyed hasher (seeded
 /// from the OS), a process-wide counter, the process id and the time: unique enough that two
 /// writers never pick the same key in one epoch folder.
-fn random_u64() -> u64 {
+pub(super) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();

@@ -1,0 +1,856 @@
+//! Job id leases: one run at a time owns a job id in a store.
+//!
+//! Two runs given the same job id (a Slurm array with one id for every task, a job started
+//! twice by hand) would interleave their snapshots in one folder. So a run that may write
+//! snapshots first takes the job id's *lease*, keeps it renewed while it runs, and gives it
+//! back when it ends; a second run finds it held and is refused before any work.
+//!
+//! # Keys and records
+//!
+//! ```text
+//! {prefix}/{job_id}/lease/{seq:020}    one lease record (JSON, a few hundred bytes)
+//! ```
+//!
+//! The record with the highest sequence number is *the* lease; lower ones are history,
+//! deleted as the chain moves on. A record says who wrote it ([`LeaseHolder`]: host name,
+//! process id, a random run id, when the run took the lease by its own clock), the lease's
+//! length, and whether it is held or was released. `object_store`'s local file system has
+//! no conditional replace (`PutMode::Update`), only a conditional create
+//! (`PutMode::Create`, which every backend has: the local file system, memory, S3 with
+//! `If-None-Match: *`), so a lease is never updated in place: each renewal, takeover or
+//! release *creates* the next record.
+//!
+//! # Protocol
+//!
+//! 1. **Take.** List the records. With none, create `0`; if the newest (`n`) is released,
+//!    create `n + 1`. If it is held, judge its expiry (below): not expired, the run is
+//!    refused with the holder's name and the time left; expired, create `n + 1` (a
+//!    takeover, logged). Every create is `PutMode::Create`: if the key exists, another run
+//!    got there first, and the taker starts over from a new listing.
+//! 2. **Renew.** Every quarter of the lease, on the executor's I/O runtime, the holder of
+//!    `n` creates `n + 1` and lists: if the create finds the key taken, or a record above
+//!    `n + 1` exists, another run took the lease over and this run has lost it. A renewal
+//!    that fails for the store's sake is retried every second; once the lease has run out
+//!    (its length after the *start* of the last renewal that succeeded, on the holder's
+//!    monotonic clock) without one, it is lost too.
+//! 3. **Check before each commit.** Before a snapshot's retention and again before its
+//!    manifest is created, the holder checks that its lease has not run out and that a
+//!    listing shows its record as the newest. A run that lost its lease commits nothing and
+//!    ends with [`Error::LeaseLost`](crate::Error::LeaseLost).
+//! 4. **Release.** When the run ends (finished, suspended, failed, cancelled) and no
+//!    snapshot write is in flight, the holder creates `n + 1` marked released. A run that
+//!    dies without releasing holds the job id until its lease expires.
+//! 5. **Cleanup.** Whoever holds the newest record deletes the records below it. The newest
+//!    record is never deleted, not even by [`Store::remove_job`](super::Store::remove_job):
+//!    a job id whose snapshots were all removed keeps one small record of its lease.
+//!
+//! Why one run at a time:
+//!
+//! - *One successor per record.* Each successor of record `n` (a renewal, a takeover, a
+//!   release) is created at `n + 1` with a conditional create, so a renewal and a takeover
+//!   cannot both succeed: exactly one of them wins, and the loser learns it.
+//! - *The newest only grows.* Records are deleted only below the newest one the deleter
+//!   holds, so a sequence number above every record listed was never used. A frozen holder
+//!   that wakes and creates `k + 1` where `k + 1` was already deleted sees the higher
+//!   records when it lists (step 2) and knows it lost.
+//! - *Takeover only after expiry.* See "Clocks".
+//!
+//! # Clocks
+//!
+//! Expiry is judged by the taker. Hosts' clocks may disagree, so two observations must
+//! agree before a held lease is taken over:
+//!
+//! - *the store's date*: the newest record's last-modified time (dated by the store) is at
+//!   least the lease's length (as the record states it) before the taker's clock; and
+//! - *the taker's own watch*: the taker then watches the record for half the lease on its
+//!   monotonic clock, and takes over only if no newer record appeared meanwhile.
+//!
+//! A live holder renews every quarter lease, so the watch sees its renewal even when the
+//! taker's clock runs ahead of the store's by more than a lease; a taker whose clock runs
+//! behind only waits longer. A holder frozen (stopped, swapped out) for longer than its
+//! lease may be taken over; when it wakes, its next renewal or commit check sees the newer
+//! record. The *remaining window*: a holder frozen after its check and before its manifest's
+//! create, for longer than its lease, may commit that one snapshot after the takeover (in
+//! an epoch of its own: commits never replace one another). Nothing in `object_store`
+//! ties a create to the lease's state on every backend, so this window cannot be closed
+//! without a conditional replace; it is as wide as the time between a check and a create,
+//! milliseconds unless the process is frozen right there.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use super::error::{Error, Result};
+use super::store::{Store, check_job_id};
+
+/// The default length of a job id's lease: 30 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The shortest lease a run may take: 100 ms (for tests; a lease that short is renewed
+/// ten times a second).
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The format of a lease record; a record of another format names no holder.
+const RECORD_FORMAT: u32 = 1;
+
+/// How many listings a take goes through before it gives up on a job id that keeps
+/// changing hands (each one a race lost to another taker).
+const TAKE_ROUNDS: u32 = 16;
+
+/// The run that holds (or last held) a job id's lease, as its lease record names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseHolder {
+    /// The host name of the process that holds it.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// A random id of the run (two runs of one process have different ones).
+    pub run: String,
+    /// When the run took the lease, by the holder's clock.
+    pub since: SystemTime,
+}
+
+impl fmt::Display for LeaseHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "process {} on host {} (run {}), which took it at {} by its clock",
+            self.pid,
+            self.host,
+            self.run,
+            utc(self.since)
+        )
+    }
+}
+
+/// How a run lost its lease (see [`Error::LeaseLost`](crate::Error::LeaseLost)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseLoss {
+    /// Another run took the lease over (it judged it expired: this run did not renew it in
+    /// time, frozen or cut off from the store), or the record chain moved on without it.
+    /// The new holder, when its record can be read.
+    TakenOver(Option<LeaseHolder>),
+    /// The lease ran out before a renewal succeeded (the store did not answer, or refused).
+    Expired,
+    /// The lease was already given back (the run had ended).
+    Released,
+}
+
+impl fmt::Display for LeaseLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseLoss::TakenOver(Some(h)) => write!(f, "another run took it over: {h}"),
+            LeaseLoss::TakenOver(None) => {
+                f.write_str("another run took it over (its lease record cannot be read)")
+            }
+            LeaseLoss::Expired => f.write_str("it ran out before it could be renewed"),
+            LeaseLoss::Released => f.write_str("it was already released"),
+        }
+    }
+}
+
+/// One lease record, as stored (JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+struct Record {
+    /// [`RECORD_FORMAT`].
+    format: u32,
+    /// Held, or released by its run.
+    released: bool,
+    host: String,
+    pid: u32,
+    run: String,
+    /// When the run took the lease (its clock, ms since the Unix epoch).
+    taken_unix_ms: u64,
+    /// When this record was written (its clock), for people reading the store.
+    written_unix_ms: u64,
+    /// The lease's length: how long after this record a taker must wait (milliseconds).
+    lease_ms: u64,
+}
+
+impl Record {
+    fn decode(bytes: &[u8]) -> Option<Record> {
+        serde_json::from_slice::<Record>(bytes)
+            .ok()
+            .filter(|r| r.format == RECORD_FORMAT)
+    }
+
+    fn holder(&self) -> LeaseHolder {
+        LeaseHolder {
+            host: self.host.clone(),
+            pid: self.pid,
+            run: self.run.clone(),
+            since: UNIX_EPOCH + Duration::from_millis(self.taken_unix_ms),
+        }
+    }
+}
+
+/// The newest lease record of a job id.
+struct Newest {
+    seq: u64,
+    meta: ObjectMeta,
+    /// `None` when it cannot be read or decoded (a holder nobody can name).
+    record: Option<Record>,
+}
+
+/// A lease that another run holds: why a take was refused.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    /// The holder, when its record can be read.
+    pub(crate) holder: Option<LeaseHolder>,
+    /// How long until it expires unless renewed, as the taker judges it.
+    pub(crate) expires_in: Duration,
+}
+
+/// The state of a lease this run took.
+#[derive(Debug)]
+struct State {
+    /// The sequence number of this run's newest record.
+    seq: u64,
+    /// When the lease runs out unless renewed (this process's monotonic clock).
+    valid_until: Instant,
+    /// Why it is no longer held, once it is not.
+    gone: Option<LeaseLoss>,
+}
+
+/// What a renewal did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// Renewed: the lease is good for another lease length.
+    Yes,
+    /// The store failed; try again soon (the lease still holds until it runs out).
+    Retry,
+    /// Lost, or released: no more renewals.
+    Gone,
+}
+
+/// A job id's lease held by this run: taken with [`Lease::take`], renewed, checked before
+/// each commit and released (see the [module docs](self)).
+pub(crate) struct Lease {
+    store: Store,
+    job_id: String,
+    length: Duration,
+    me: Record,
+    /// Serialises renewals, checks and the release (each a few store requests).
+    state: tokio::sync::Mutex<State>,
+    /// Why the lease was lost or released, readable without waiting for `state`.
+    gone: Mutex<Option<LeaseLoss>>,
+    /// The last store error of a renewal, for the loss's report.
+    last_error: Mutex<Option<Arc<Error>>>,
+    /// The runtime it was taken on, where a lease dropped while held is released.
+    rt: Option<tokio::runtime::Handle>,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("store", &self.store.url())
+            .field("job_id", &self.job_id)
+            .field("length", &self.length)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    /// Takes the lease of `job_id` in `store` for `length` (at least [`MIN_LEASE`]), or says
+    /// who holds it. Waits half the holder's lease when the newest record looks expired,
+    /// to see that nobody renews it (see "Clocks" in the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`], or the store's failure.
+    pub(crate) async fn take(
+        store: &Store,
+        job_id: &str,
+        length: Duration,
+    ) -> Result<std::result::Result<Lease, Held>> {
+        check_job_id(job_id)?;
+        let length = length.max(MIN_LEASE);
+        let now = unix_ms(SystemTime::now());
+        let me = Record {
+            format: RECORD_FORMAT,
+            released: false,
+            host: host_name(),
+            pid: std::process::id(),
+            run: format!("{:016x}", super::store::random_u64()),
+            taken_unix_ms: now,
+            written_unix_ms: now,
+            lease_ms: u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
+        };
+        // The record being watched, and since when (the taker's monotonic clock).
+        let mut watched: Option<(u64, Instant)> = None;
+        let mut last_held = None;
+        for _ in 0..TAKE_ROUNDS {
+            let newest = newest(store, job_id).await?;
+            let seq = match &newest {
+                None => 0,
+                Some(n) if n.record.as_ref().is_some_and(|r| r.released) => n.seq + 1,
+                Some(n) => {
+                    let holder_length = n
+                        .record
+                        .as_ref()
+                        .map_or(length, |r| Duration::from_millis(r.lease_ms));
+                    let dated: SystemTime = n.meta.last_modified.into();
+                    let age = SystemTime::now()
+                        .duration_since(dated)
+                        .unwrap_or(Duration::ZERO);
+                    let holder = n.record.as_ref().map(Record::holder);
+                    if age < holder_length {
+                        return Ok(Err(Held {
+                            holder,
+                            expires_in: holder_length - age,
+                        }));
+                    }
+                    let watch = holder_length / 2;
+                    match watched {
+                        Some((s, since)) if s == n.seq && since.elapsed() >= watch => {
+                            tracing::warn!(
+                                job_id,
+                                store = store.url(),
+                                holder = %holder.as_ref().map_or_else(|| "an unknown run".to_owned(), |h| h.to_string()),
+                                "the lease of the job id expired (not renewed for {age:?}): taking it over"
+                            );
+                            n.seq + 1
+                        }
+                        _ => {
+                            if watched.is_none_or(|(s, _)| s != n.seq) {
+                                watched = Some((n.seq, Instant::now()));
+                                tracing::info!(
+                                    job_id,
+                                    store = store.url(),
+                                    "the lease of the job id looks expired (not renewed for \
+                                     {age:?}): watching it for {watch:?} before taking it over"
+                                );
+                            }
+                            let since = watched.map_or_else(Instant::now, |(_, t)| t);
+                            tokio::time::sleep(watch.saturating_sub(since.elapsed())).await;
+                            last_held = Some(Held {
+                                holder,
+                                expires_in: Duration::ZERO,
+                            });
+                            continue;
+                        }
+                    }
+                }
+            };
+            let sent = Instant::now();
+            if create(store, job_id, seq, &me).await? {
+                let lease = Lease {
+                    store: store.clone(),
+                    job_id: job_id.to_owned(),
+                    length,
+                    me,
+                    state: tokio::sync::Mutex::new(State {
+                        seq,
+                        valid_until: sent + length,
+                        gone: None,
+                    }),
+                    gone: Mutex::new(None),
+                    last_error: Mutex::new(None),
+                    rt: tokio::runtime::Handle::try_current().ok(),
+                };
+                lease.delete_below(seq).await;
+                tracing::debug!(
+                    job_id,
+                    seq,
+                    store = store.url(),
+                    "the job id's lease is taken"
+                );
+                return Ok(Ok(lease));
+            }
+            // Another run created that record first: look again.
+        }
+        // The job id kept changing hands: someone else has it.
+        let newest = newest(store, job_id).await?;
+        Ok(Err(Held {
+            holder: newest
+                .and_then(|n| n.record)
+                .map(|r| r.holder())
+                .or_else(|| last_held.and_then(|h| h.holder)),
+            expires_in: length,
+        }))
+    }
+
+    /// How often the holder renews: a quarter of the lease.
+    pub(crate) fn renew_every(&self) -> Duration {
+        self.length / 4
+    }
+
+    /// The job id.
+    pub(crate) fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    /// The store's URL.
+    pub(crate) fn url(&self) -> &str {
+        self.store.url()
+    }
+
+    /// This run, as its records name it.
+    #[cfg(test)]
+    fn holder(&self) -> LeaseHolder {
+        self.me.holder()
+    }
+
+    /// Why the lease is no longer held (lost or released), if it is not.
+    pub(crate) fn gone(&self) -> Option<LeaseLoss> {
+        self.gone.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether it was lost (not released).
+    pub(crate) fn lost(&self) -> Option<LeaseLoss> {
+        self.gone().filter(|g| *g != LeaseLoss::Released)
+    }
+
+    /// The last store error of a renewal, if any.
+    pub(crate) fn last_error(&self) -> Option<Arc<Error>> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Step 2: creates the next record and checks that it is the newest.
+    pub(crate) async fn renew(&self) -> Renewed {
+        let mut st = self.state.lock().await;
+        if st.gone.is_some() {
+            return Renewed::Gone;
+        }
+        if Instant::now() >= st.valid_until {
+            self.set_gone(&mut st, LeaseLoss::Expired);
+            return Renewed::Gone;
+        }
+        let next = st.seq + 1;
+        let mut record = self.me.clone();
+        record.written_unix_ms = unix_ms(SystemTime::now());
+        let sent = Instant::now();
+        let created = match create(&self.store, &self.job_id, next, &record).await {
+            Ok(created) => created,
+            Err(e) => return self.store_failed(e),
+        };
+        if !created {
+            let by = self.newest_holder().await;
+            self.set_gone(&mut st, LeaseLoss::TakenOver(by));
+            return Renewed::Gone;
+        }
+        match newest(&self.store, &self.job_id).await {
+            Ok(Some(n)) if n.seq == next => {}
+            Ok(n) => {
+                // A record above ours: ours reused a deleted number, the chain had moved on.
+                let by = n.and_then(|n| n.record).map(|r| r.holder());
+                self.delete(next).await;
+                self.set_gone(&mut st, LeaseLoss::TakenOver(by));
+                return Renewed::Gone;
+            }
+            Err(e) => {
+                // Our record is there; whether it is the newest is checked next time.
+                st.seq = next;
+                return self.store_failed(e);
+            }
+        }
+        st.seq = next;
+        st.valid_until = sent + self.length;
+        drop(st);
+        self.delete_below(next).await;
+        Renewed::Yes
+    }
+
+    /// Step 3: whether this run still holds the lease, by its clock and by a listing of the
+    /// store. `Ok(Some(loss))` when it does not (the loss is recorded).
+    ///
+    /// # Errors
+    ///
+    /// The store's failure to list or read (the lease is not lost for that).
+    pub(crate) async fn check(&self) -> Result<Option<LeaseLoss>> {
+        let mut st = self.state.lock().await;
+        if let Some(g) = &st.gone {
+            return Ok(Some(g.clone()));
+        }
+        if Instant::now() >= st.valid_until {
+            self.set_gone(&mut st, LeaseLoss::Expired);
+            return Ok(Some(LeaseLoss::Expired));
+        }
+        let newest = newest(&self.store, &self.job_id).await?;
+        match newest {
+            Some(n) if n.seq == st.seq => Ok(None),
+            n => {
+                let loss = LeaseLoss::TakenOver(n.and_then(|n| n.record).map(|r| r.holder()));
+                self.set_gone(&mut st, loss.clone());
+                Ok(Some(loss))
+            }
+        }
+    }
+
+    /// Step 4: gives the lease back (once; later calls do nothing). A failure is logged:
+    /// the lease then expires by itself.
+    pub(crate) async fn release(&self) {
+        let mut st = self.state.lock().await;
+        if st.gone.is_some() {
+            return;
+        }
+        let next = st.seq + 1;
+        let mut record = self.me.clone();
+        record.released = true;
+        record.written_unix_ms = unix_ms(SystemTime::now());
+        self.set_gone(&mut st, LeaseLoss::Released);
+        match create(&self.store, &self.job_id, next, &record).await {
+            Ok(true) => {
+                drop(st);
+                self.delete_below(next).await;
+                tracing::debug!(job_id = self.job_id, "the job id's lease is released");
+            }
+            Ok(false) => tracing::warn!(
+                job_id = self.job_id,
+                store = self.store.url(),
+                "the job id's lease was taken over before this run released it"
+            ),
+            Err(e) => tracing::warn!(
+                job_id = self.job_id,
+                store = self.store.url(),
+                error = &e as &dyn std::error::Error,
+                "the job id's lease could not be released: it expires in {:?}",
+                self.length
+            ),
+        }
+    }
+
+    /// Whether the lease is still held and not yet released (for a release on drop).
+    fn needs_release(&self) -> bool {
+        self.gone().is_none()
+    }
+
+    fn set_gone(&self, st: &mut State, loss: LeaseLoss) {
+        if loss != LeaseLoss::Released {
+            tracing::warn!(
+                job_id = self.job_id,
+                store = self.store.url(),
+                "this run lost the job id's lease: {loss}"
+            );
+        }
+        st.gone = Some(loss.clone());
+        *self.gone.lock().unwrap_or_else(|p| p.into_inner()) = Some(loss);
+    }
+
+    fn store_failed(&self, e: Error) -> Renewed {
+        tracing::warn!(
+            job_id = self.job_id,
+            store = self.store.url(),
+            error = &e as &dyn std::error::Error,
+            "the job id's lease could not be renewed; trying again"
+        );
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(e));
+        Renewed::Retry
+    }
+
+    /// The holder named by the newest record (for a loss's report), if it can be read.
+    async fn newest_holder(&self) -> Option<LeaseHolder> {
+        newest(&self.store, &self.job_id)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.record)
+            .map(|r| r.holder())
+    }
+
+    /// Step 5: deletes the records below `seq` (best effort: a leftover is deleted later).
+    async fn delete_below(&self, seq: u64) {
+        let listed = match list(&self.store, &self.job_id).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(
+                    error = &e as &dyn std::error::Error,
+                    "old lease records not listed"
+                );
+                return;
+            }
+        };
+        for (s, _) in listed.into_iter().filter(|(s, _)| *s < seq) {
+            self.delete(s).await;
+        }
+    }
+
+    async fn delete(&self, seq: u64) {
+        let key = record_key(&self.job_id, seq);
+        let Ok(path) = self.store.path(&key) else {
+            return;
+        };
+        match self.store.backend().delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => tracing::debug!(
+                key,
+                error = &e as &dyn std::error::Error,
+                "an old lease record was not deleted"
+            ),
+        }
+    }
+}
+
+impl Drop for Lease {
+    /// A lease dropped still held (its run never started, or was dropped unwaited) is
+    /// released in the background on the runtime it was taken on; if that runtime is gone,
+    /// it expires by itself.
+    fn drop(&mut self) {
+        if !self.needs_release() {
+            return;
+        }
+        let Some(rt) = self.rt.take() else {
+            return;
+        };
+        let lease = Lease {
+            store: self.store.clone(),
+            job_id: self.job_id.clone(),
+            length: self.length,
+            me: self.me.clone(),
+            state: tokio::sync::Mutex::new(State {
+                seq: self.state.get_mut().seq,
+                valid_until: self.state.get_mut().valid_until,
+                gone: None,
+            }),
+            gone: Mutex::new(None),
+            last_error: Mutex::new(None),
+            rt: None,
+        };
+        *self.gone.lock().unwrap_or_else(|p| p.into_inner()) = Some(LeaseLoss::Released);
+        rt.spawn(async move { lease.release().await });
+    }
+}
+
+/// The key of record `seq` of `job_id`, relative to the prefix.
+fn record_key(job_id: &str, seq: u64) -> String {
+    format!("{job_id}/lease/{seq:020}")
+}
+
+/// The lease records of `job_id`, by ascending sequence number.
+async fn list(store: &Store, job_id: &str) -> Result<Vec<(u64, ObjectMeta)>> {
+    let folder = format!("{job_id}/lease");
+    let path = store.path(&folder)?;
+    let objects: Vec<ObjectMeta> = store
+        .backend()
+        .list(Some(&path))
+        .try_collect()
+        .await
+        .map_err(|e| Error::store("list", &folder, e))?;
+    let mut records: Vec<(u64, ObjectMeta)> = objects
+        .into_iter()
+        .filter_map(|meta| {
+            let name = meta.location.filename()?;
+            let seq = (name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| name.parse().ok())??;
+            Some((seq, meta))
+        })
+        .collect();
+    records.sort_by_key(|(s, _)| *s);
+    Ok(records)
+}
+
+/// The newest record of `job_id`, read.
+async fn newest(store: &Store, job_id: &str) -> Result<Option<Newest>> {
+    let Some((seq, meta)) = list(store, job_id).await?.pop() else {
+        return Ok(None);
+    };
+    let key = record_key(job_id, seq);
+    let read = async {
+        let got = store.backend().get(&meta.location).await?;
+        got.bytes().await
+    }
+    .await;
+    let record = match read {
+        Ok(bytes) => {
+            let r = Record::decode(&bytes);
+            if r.is_none() {
+                tracing::warn!(key, "a lease record does not decode: its holder is unknown");
+            }
+            r
+        }
+        // Deleted since the listing: the chain moved on (the caller looks again later).
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(e) => return Err(Error::store("get", &key, e)),
+    };
+    Ok(Some(Newest { seq, meta, record }))
+}
+
+/// Creates record `seq` of `job_id` if no object is there: `Ok(false)` if one is.
+async fn create(store: &Store, job_id: &str, seq: u64, record: &Record) -> Result<bool> {
+    let key = record_key(job_id, seq);
+    let path = store.path(&key)?;
+    let body = serde_json::to_vec(record)
+        .map_err(|e| Error::Inconsistent(format!("a lease record does not encode: {e}")))?;
+    let opts = PutOptions::from(PutMode::Create);
+    match store
+        .backend()
+        .put_opts(&path, PutPayload::from(Bytes::from(body)), opts)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+        Err(e) => Err(Error::store("put", &key, e)),
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// This host's name (`?` if it has none).
+fn host_name() -> String {
+    #[cfg(unix)]
+    {
+        let mut buf = [0u8; 256];
+        // SAFETY: `gethostname` writes at most `buf.len()` bytes into `buf`, a valid writable
+        // array that outlives the call.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        if rc == 0 {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+            if !name.is_empty() {
+                return name;
+            }
+        }
+    }
+    std::env::var("HOSTNAME")
+        .or_else(|_| std::env::var("COMPUTERNAME"))
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// `t` as `YYYY-MM-DD HH:MM:SS UTC`.
+fn utc(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_print_in_utc() {
+        assert_eq!(utc(UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
+        let t = UNIX_EPOCH + Duration::from_secs(1_798_761_599);
+        assert_eq!(utc(t), "2026-12-31 23:59:59 UTC");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(utc(leap), "2000-02-29 00:00:00 UTC");
+    }
+
+    #[test]
+    fn records_round_trip_and_garbage_names_no_holder() {
+        let r = Record {
+            format: RECORD_FORMAT,
+            released: false,
+            host: "node17".into(),
+            pid: 42,
+            run: "00ff".into(),
+            taken_unix_ms: 1_000,
+            written_unix_ms: 2_000,
+            lease_ms: 30_000,
+        };
+        let bytes = serde_json::to_vec(&r).unwrap();
+        assert_eq!(Record::decode(&bytes), Some(r.clone()));
+        assert_eq!(Record::decode(b"\xff\x00garbage"), None);
+        let other = Record { format: 2, ..r };
+        assert_eq!(Record::decode(&serde_json::to_vec(&other).unwrap()), None);
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_held_lease_refuses_a_second_taker_until_released() {
+        rt().block_on(async {
+            let store = Store::open("memory://").unwrap();
+            let a = Lease::take(&store, "job", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap();
+            let held = Lease::take(&store, "job", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert_eq!(held.holder, Some(a.holder()));
+            assert!(held.expires_in > Duration::from_secs(25), "{held:?}");
+            assert_eq!(a.renew().await, Renewed::Yes);
+            assert_eq!(a.check().await.unwrap(), None);
+            a.release().await;
+            let b = Lease::take(&store, "job", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(a.check().await.unwrap(), Some(LeaseLoss::Released));
+            assert_eq!(b.check().await.unwrap(), None);
+            // Only the newest record is left.
+            assert_eq!(list(&store, "job").await.unwrap().len(), 1);
+        });
+    }
+
+    #[test]
+    fn an_expired_lease_is_taken_over_after_a_watch_and_its_holder_learns_it() {
+        rt().block_on(async {
+            let store = Store::open("memory://").unwrap();
+            let length = Duration::from_millis(300);
+            let a = Lease::take(&store, "job", length).await.unwrap().unwrap();
+            tokio::time::sleep(length).await;
+            let t = Instant::now();
+            let b = Lease::take(&store, "job", length).await.unwrap().unwrap();
+            assert!(t.elapsed() >= length / 2, "watched before the takeover");
+            assert_eq!(a.renew().await, Renewed::Gone);
+            assert_eq!(a.lost(), Some(LeaseLoss::Expired));
+            assert_eq!(b.check().await.unwrap(), None);
+        });
+    }
+
+    #[test]
+    fn a_renewal_racing_a_takeover_loses_to_it() {
+        rt().block_on(async {
+            let store = Store::open("memory://").unwrap();
+            let a = Lease::take(&store, "job", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap();
+            // Another run created the successor of a's record first.
+            let mut other = a.me.clone();
+            other.run = "other".into();
+            other.pid = 7;
+            assert!(create(&store, "job", 1, &other).await.unwrap());
+            assert_eq!(a.renew().await, Renewed::Gone);
+            match a.lost() {
+                Some(LeaseLoss::TakenOver(Some(h))) => assert_eq!(h.run, "other"),
+                other => panic!("{other:?}"),
+            }
+            // A number reused below the newest: the renewal sees the higher record.
+            let b = Lease::take(&store, "job2", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(create(&store, "job2", 5, &other).await.unwrap());
+            assert_eq!(b.renew().await, Renewed::Gone);
+            assert!(matches!(b.lost(), Some(LeaseLoss::TakenOver(Some(_)))));
+            assert_eq!(b.check().await.unwrap(), b.lost());
+        });
+    }
+}
