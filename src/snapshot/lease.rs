@@ -423,7 +423,8 @@ impl Lease {
             return Renewed::Gone;
         }
         if Instant::now() >= st.valid_until {
-            self.set_gone(&mut st, LeaseLoss::Expired);
+            let loss = self.ran_out(&st).await;
+            self.set_gone(&mut st, loss);
             return Renewed::Gone;
         }
         let next = st.seq + 1;
@@ -473,8 +474,9 @@ impl Lease {
             return Ok(Some(g.clone()));
         }
         if Instant::now() >= st.valid_until {
-            self.set_gone(&mut st, LeaseLoss::Expired);
-            return Ok(Some(LeaseLoss::Expired));
+            let loss = self.ran_out(&st).await;
+            self.set_gone(&mut st, loss.clone());
+            return Ok(Some(loss));
         }
         let newest = newest(&self.store, &self.job_id).await?;
         match newest {
@@ -546,6 +548,17 @@ impl Lease {
         );
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(e));
         Renewed::Retry
+    }
+
+    /// Why a lease that ran out is lost: taken over if a newer record is there (naming its
+    /// holder), else expired (also when the store cannot be read).
+    async fn ran_out(&self, st: &State) -> LeaseLoss {
+        match newest(&self.store, &self.job_id).await {
+            Ok(Some(n)) if n.seq > st.seq => {
+                LeaseLoss::TakenOver(n.record.map(|r| r.holder()))
+            }
+            _ => LeaseLoss::Expired,
+        }
     }
 
     /// The holder named by the newest record (for a loss's report), if it can be read.
@@ -819,8 +832,12 @@ mod tests {
             let b = Lease::take(&store, "job", length).await.unwrap().unwrap();
             assert!(t.elapsed() >= length / 2, "watched before the takeover");
             assert_eq!(a.renew().await, Renewed::Gone);
-            assert_eq!(a.lost(), Some(LeaseLoss::Expired));
+            assert_eq!(a.lost(), Some(LeaseLoss::TakenOver(Some(b.holder()))));
             assert_eq!(b.check().await.unwrap(), None);
+            // Ran out with nobody after it: expired.
+            let c = Lease::take(&store, "alone", length).await.unwrap().unwrap();
+            tokio::time::sleep(length).await;
+            assert_eq!(c.check().await.unwrap(), Some(LeaseLoss::Expired));
         });
     }
 
