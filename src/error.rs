@@ -201,7 +201,9 @@ pub enum Error {
         code: u64,
     },
     /// Another run holds the job id's lease in the store: this run was refused before any
-    /// work (two runs of one job id would interleave their snapshots). The holder's lease
+    /// work (two runs of one job id would interleave their snapshots). A run started while
+    /// the store could not be reached takes the lease later, before its first commit, and
+    /// ends with this error if it finds the job id held then. The holder's lease
     /// expires unless it renews it; a run that ended released it, a run that died holds it
     /// until then (see [`Builder::job_lease`](crate::Builder::job_lease)).
     #[error(

@@ -37,10 +37,7 @@ fn sum(n: u64) -> u64 {
 }
 
 fn folder(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "malleable-lease-{name}-{}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("malleable-lease-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
@@ -112,7 +109,12 @@ impl Holder {
             .collect::<Vec<_>>()
             .join(";");
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "lease_holder_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "lease_holder_process",
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(STORE_ENV, url)
             .env(OPTIONS_ENV, options)
@@ -195,9 +197,14 @@ fn a_second_run_of_a_held_job_id_is_refused_naming_the_holder_and_runs_after_the
     let me = std::process::id();
     let refused = second.submit(Folded(Slow { n: 1_000 })).unwrap_err();
     let text = refused.to_string();
-    assert!(text.contains(&format!("process {me} on host {}", host())), "{text}");
+    assert!(
+        text.contains(&format!("process {me} on host {}", host())),
+        "{text}"
+    );
     assert_held_by(refused, "array", me, lease);
-    let refused = second.submit_or_resume(Folded(Slow { n: 1_000 })).unwrap_err();
+    let refused = second
+        .submit_or_resume(Folded(Slow { n: 1_000 }))
+        .unwrap_err();
     assert_held_by(refused, "array", me, lease);
     let refused = second.resume::<Folded<Slow>>(&url, At::Latest).unwrap_err();
     assert_held_by(refused, "array", me, lease);
@@ -211,7 +218,11 @@ fn a_second_run_of_a_held_job_id_is_refused_naming_the_holder_and_runs_after_the
     let fin = second.run(Folded(Slow { n })).unwrap();
     assert_eq!(fin.value, sum(n));
     // And so does a third, after it, through `submit_or_resume` (nothing to resume).
-    let fin = first.submit_or_resume(Folded(Slow { n })).unwrap().wait().unwrap();
+    let fin = first
+        .submit_or_resume(Folded(Slow { n }))
+        .unwrap()
+        .wait()
+        .unwrap();
     assert_eq!(fin.finished().unwrap().value, sum(n));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -277,7 +288,11 @@ fn a_run_whose_lease_was_taken_over_commits_no_more_and_ends_with_lease_lost() {
         other => panic!("expected LeaseLost, got {other:?}"),
     }
     // Found out at the next renewal (a quarter lease) or the next commit's check.
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     // At most the snapshot whose check came before the record was planted committed.
     let after = store.latest("job").unwrap().unwrap().epoch;
     assert!(after <= planted + 1, "committed {planted} then {after}");
@@ -319,7 +334,10 @@ fn refused_then_taken_over_after_a_kill(url: &str, options: &[(String, String)])
         "taken over {:?} after the kill",
         killed.elapsed()
     );
-    assert!(handle.resumed().is_some(), "resumed from the holder's snapshot");
+    assert!(
+        handle.resumed().is_some(),
+        "resumed from the holder's snapshot"
+    );
     handle.cancel();
     assert!(matches!(handle.wait(), Err(Error::Cancelled { .. })));
 }
@@ -344,7 +362,10 @@ fn a_frozen_holder_process_taken_over_ends_with_lease_lost_when_it_wakes() {
         assert!(Instant::now() < end, "the holder did not stop");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let exec = builder(&url, &[], "frozen").job_lease(lease).build().unwrap();
+    let exec = builder(&url, &[], "frozen")
+        .job_lease(lease)
+        .build()
+        .unwrap();
     let handle = loop {
         match exec.submit(Folded(Slow { n: 2_000_000 })) {
             Ok(h) => break h,

@@ -53,11 +53,27 @@ impl Executor {
         let length = self.config.lease;
         let taken = super::io::block_on_io(self.io.handle(), {
             let (store, job_id) = (store.clone(), job_id.clone());
-            async move { Ok(Lease::take(&store, &job_id, length).await?) }
+            async move { Ok(Lease::take(&store, &job_id, length).await) }
         })?;
         match taken {
-            Ok(lease) => Ok(Arc::new(lease)),
-            Err(held) => {
+            Ok(Ok(lease)) => Ok(Arc::new(lease)),
+            Err(e @ crate::snapshot::Error::InvalidJobId { .. }) => Err(e.into()),
+            Err(e) => {
+                // The store cannot be reached now (one given with `check_store(false)` that
+                // comes up later, refused credentials): the run starts, and takes the lease
+                // at its first renewal or commit check that reaches the store. No snapshot
+                // commits before; they would fail on that store anyway.
+                tracing::warn!(
+                    job = J::NAME,
+                    job_id,
+                    store = store.url(),
+                    error = &e as &dyn std::error::Error,
+                    "the job id's lease cannot be taken now: the job starts, and takes it \
+                     before its first snapshot commits"
+                );
+                Ok(Arc::new(Lease::pending(store, &job_id, length, e)?))
+            }
+            Ok(Err(held)) => {
                 let error = Error::JobIdHeld {
                     job_id,
                     store: store.url().to_owned(),
@@ -108,6 +124,15 @@ fn release_now(io: &super::IoRuntime, lease: RunLease) {
 
 /// The error a run that lost its lease ends with.
 pub(crate) fn lost(lease: &Lease, reason: LeaseLoss) -> Error {
+    if let LeaseLoss::Held { holder, expires_in } = reason {
+        // Never taken: the run started while the store could not be reached.
+        return Error::JobIdHeld {
+            job_id: lease.job_id().to_owned(),
+            store: lease.url().to_owned(),
+            holder,
+            expires_in,
+        };
+    }
     let source = match reason {
         LeaseLoss::Expired => lease.last_error(),
         _ => None,

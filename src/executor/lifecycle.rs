@@ -84,6 +84,13 @@ impl Executor {
     /// snapshot exists under [`Resume::Required`]; else as [`Executor::submit`].
     pub fn submit_or_resume<J: Job>(&self, job: J) -> Result<JobHandle<J>> {
         let store = self.config.snapshots.store()?;
+        if self.config.resume == Resume::Required {
+            // Refused before the lease is taken: nothing is written under a misspelt job id.
+            let job_id = self.config.snapshots.job_id::<J>();
+            if self.latest(&store, &job_id)?.is_none() {
+                return Err(self.nothing_to_resume::<J>(store, job_id));
+            }
+        }
         // The job id's lease first: the store is read by its holder only.
         let lease = self.take_lease::<J>(&store)?;
         self.leased(Some(lease), |lease| {
@@ -100,11 +107,7 @@ impl Executor {
     ) -> Result<JobHandle<J>> {
         let job_id = self.config.snapshots.job_id::<J>();
         let url = store.url().to_owned();
-        let latest = super::io::block_on_io(self.io.handle(), {
-            let (store, job_id) = (store.clone(), job_id.clone());
-            async move { Ok(store.latest(&job_id).await?) }
-        })?;
-        if latest.is_some() {
+        if self.latest(&store, &job_id)?.is_some() {
             let handle = self.resume_with(&url, At::Latest, Some(job), lease)?;
             if let Some(from) = handle.resumed().map(|r| r.from) {
                 tracing::info!(
@@ -118,25 +121,7 @@ impl Executor {
         }
         let under = format!("{}/{job_id}", url.trim_end_matches('/'));
         if self.config.resume == Resume::Required {
-            let listed =
-                super::io::block_on_io(self.io.handle(), async move { Ok(store.jobs().await?) });
-            // The list only helps the message: without it, the error is the same.
-            let others = listed.unwrap_or_else(|e| {
-                tracing::debug!(
-                    error = &e as &dyn std::error::Error,
-                    "the store's job ids could not be listed"
-                );
-                Vec::new()
-            });
-            tracing::debug!(
-                job = J::NAME,
-                "no committed snapshot under {under}: not starting afresh"
-            );
-            return Err(Error::NothingToResume {
-                others: alike(&job_id, others),
-                store: url,
-                job_id,
-            });
+            return Err(self.nothing_to_resume::<J>(store, job_id));
         }
         tracing::info!(
             job = J::NAME,
@@ -145,6 +130,43 @@ impl Executor {
             "no committed snapshot under {under}: the job starts from its first phase"
         );
         self.submit_leased(job, lease)
+    }
+
+    /// The newest committed snapshot of `job_id` in `store`, read on the I/O runtime.
+    fn latest(
+        &self,
+        store: &crate::snapshot::Store,
+        job_id: &str,
+    ) -> Result<Option<crate::snapshot::SnapshotId>> {
+        super::io::block_on_io(self.io.handle(), {
+            let (store, job_id) = (store.clone(), job_id.to_owned());
+            async move { Ok(store.latest(&job_id).await?) }
+        })
+    }
+
+    /// [`Error::NothingToResume`] for `job_id` in `store`, with the job ids it holds.
+    fn nothing_to_resume<J: Job>(&self, store: crate::snapshot::Store, job_id: String) -> Error {
+        let url = store.url().to_owned();
+        let under = format!("{}/{job_id}", url.trim_end_matches('/'));
+        let listed =
+            super::io::block_on_io(self.io.handle(), async move { Ok(store.jobs().await?) });
+        // The list only helps the message: without it, the error is the same.
+        let others = listed.unwrap_or_else(|e| {
+            tracing::debug!(
+                error = &e as &dyn std::error::Error,
+                "the store's job ids could not be listed"
+            );
+            Vec::new()
+        });
+        tracing::debug!(
+            job = J::NAME,
+            "no committed snapshot under {under}: not starting afresh"
+        );
+        Error::NothingToResume {
+            others: alike(&job_id, others),
+            store: url,
+            job_id,
+        }
     }
 
     /// Resumes a job from a committed snapshot in this executor's own store (the one given

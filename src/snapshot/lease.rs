@@ -13,46 +13,50 @@
 //!
 //! The record with the highest sequence number is *the* lease; lower ones are history,
 //! deleted as the chain moves on. A record says who wrote it ([`LeaseHolder`]: host name,
-//! process id, a random run id, when the run took the lease by its own clock), the lease's
-//! length, and whether it is held or was released. `object_store`'s local file system has
-//! no conditional replace (`PutMode::Update`), only a conditional create
-//! (`PutMode::Create`, which every backend has: the local file system, memory, S3 with
-//! `If-None-Match: *`), so a lease is never updated in place: each renewal, takeover or
-//! release *creates* the next record.
+//! process id, a random run id, when the run took the lease by its own clock) and the
+//! lease's length. `object_store`'s local file system has no conditional replace
+//! (`PutMode::Update`), only a conditional create (`PutMode::Create`, which every backend
+//! has: the local file system, memory, S3 with `If-None-Match: *`), so a lease is never
+//! updated in place: each renewal or takeover *creates* the next record.
 //!
 //! # Protocol
 //!
-//! 1. **Take.** List the records. With none, create `0`; if the newest (`n`) is released,
-//!    create `n + 1`. If it is held, judge its expiry (below): not expired, the run is
-//!    refused with the holder's name and the time left; expired, create `n + 1` (a
+//! 1. **Take.** List the records. With none, create the first one, numbered with the
+//!    taker's clock in milliseconds since the Unix epoch (so that a new chain numbers above
+//!    any earlier one). If there is one, `n`, judge its expiry (below): not expired, the run
+//!    is refused with the holder's name and the time left; expired, create `n + 1` (a
 //!    takeover, logged). Every create is `PutMode::Create`: if the key exists, another run
 //!    got there first, and the taker starts over from a new listing.
 //! 2. **Renew.** Every quarter of the lease, on the executor's I/O runtime, the holder of
-//!    `n` creates `n + 1` and lists: if the create finds the key taken, or a record above
-//!    `n + 1` exists, another run took the lease over and this run has lost it. A renewal
-//!    that fails for the store's sake is retried every second; once the lease has run out
-//!    (its length after the *start* of the last renewal that succeeded, on the holder's
-//!    monotonic clock) without one, it is lost too.
+//!    `n` creates `n + 1` and lists: if the create finds the key taken, or the listing shows
+//!    a record above `n + 1` or no longer shows `n`, another run took the lease over (or
+//!    released it after a takeover) and this run has lost it. A renewal that fails for the
+//!    store's sake is retried every second; once the lease has run out (its length after the
+//!    *start* of the last renewal that succeeded, on the holder's monotonic clock) without
+//!    one, it is lost too.
 //! 3. **Check before each commit.** Before a snapshot's retention and again before its
 //!    manifest is created, the holder checks that its lease has not run out and that a
 //!    listing shows its record as the newest. A run that lost its lease commits nothing and
 //!    ends with [`Error::LeaseLost`](crate::Error::LeaseLost).
 //! 4. **Release.** When the run ends (finished, suspended, failed, cancelled) and no
-//!    snapshot write is in flight, the holder creates `n + 1` marked released. A run that
-//!    dies without releasing holds the job id until its lease expires.
-//! 5. **Cleanup.** Whoever holds the newest record deletes the records below it. The newest
-//!    record is never deleted, not even by [`Store::remove_job`](super::Store::remove_job):
-//!    a job id whose snapshots were all removed keeps one small record of its lease.
+//!    snapshot write is in flight, the holder deletes its records, older ones first. The
+//!    job id is free once its newest record is gone. A run that dies without releasing holds
+//!    the job id until its lease expires.
+//! 5. **Cleanup.** After a take or a renewal, the holder deletes the records below its own.
 //!
 //! Why one run at a time:
 //!
-//! - *One successor per record.* Each successor of record `n` (a renewal, a takeover, a
-//!   release) is created at `n + 1` with a conditional create, so a renewal and a takeover
-//!   cannot both succeed: exactly one of them wins, and the loser learns it.
-//! - *The newest only grows.* Records are deleted only below the newest one the deleter
-//!   holds, so a sequence number above every record listed was never used. A frozen holder
-//!   that wakes and creates `k + 1` where `k + 1` was already deleted sees the higher
-//!   records when it lists (step 2) and knows it lost.
+//! - *One successor per record.* Each successor of record `n` (a renewal or a takeover)
+//!   is created at `n + 1` with a conditional create, so a renewal and a takeover cannot
+//!   both succeed: exactly one of them wins, and the loser learns it.
+//! - *A holder's record is deleted only by itself or after it lost.* Others delete only
+//!   records below their own (so below a successor of it), or their own. So while the
+//!   holder of `n` sees `n` as the newest record, nobody took it over. A holder that lost and
+//!   renews anyway (it woke from a freeze) may create `n + 1` where that record was already
+//!   deleted, but its listing then shows a newer record, or `n` missing, and it deletes
+//!   what it created. A new chain (after a release) starts at the taker's clock in
+//!   milliseconds, far above the numbers an old chain reached with a few renewals a minute,
+//!   so such a leftover is never above the new holder's record.
 //! - *Takeover only after expiry.* See "Clocks".
 //!
 //! # Clocks
@@ -141,6 +145,15 @@ pub enum LeaseLoss {
     Expired,
     /// The lease was already given back (the run had ended).
     Released,
+    /// Never taken: the run started while the store could not be reached, and when it could,
+    /// another run held the job id (the run ends with
+    /// [`Error::JobIdHeld`](crate::Error::JobIdHeld)).
+    Held {
+        /// The run that holds it, when its record can be read.
+        holder: Option<LeaseHolder>,
+        /// How long until its lease expires unless renewed, as this run judged it.
+        expires_in: Duration,
+    },
 }
 
 impl fmt::Display for LeaseLoss {
@@ -152,6 +165,12 @@ impl fmt::Display for LeaseLoss {
             }
             LeaseLoss::Expired => f.write_str("it ran out before it could be renewed"),
             LeaseLoss::Released => f.write_str("it was already released"),
+            LeaseLoss::Held {
+                holder: Some(h), ..
+            } => write!(f, "another run holds it: {h}"),
+            LeaseLoss::Held { holder: None, .. } => {
+                f.write_str("another run holds it (its lease record cannot be read)")
+            }
         }
     }
 }
@@ -161,8 +180,6 @@ impl fmt::Display for LeaseLoss {
 struct Record {
     /// [`RECORD_FORMAT`].
     format: u32,
-    /// Held, or released by its run.
-    released: bool,
     host: String,
     pid: u32,
     run: String,
@@ -211,8 +228,10 @@ pub(crate) struct Held {
 /// The state of a lease this run took.
 #[derive(Debug)]
 struct State {
-    /// The sequence number of this run's newest record.
+    /// The sequence number of this run's newest record (none while `pending`).
     seq: u64,
+    /// Not taken yet (the store could not be reached when the run started).
+    pending: bool,
     /// When the lease runs out unless renewed (this process's monotonic clock).
     valid_until: Instant,
     /// Why it is no longer held, once it is not.
@@ -270,12 +289,45 @@ impl Lease {
         job_id: &str,
         length: Duration,
     ) -> Result<std::result::Result<Lease, Held>> {
+        let lease = Lease::new(store, job_id, length)?;
+        let taken = {
+            let mut st = lease.state.lock().await;
+            lease.acquire(&mut st).await?
+        };
+        Ok(match taken {
+            None => Ok(lease),
+            Some(held) => {
+                // Never taken: nothing to release.
+                lease.set_gone_quietly(LeaseLoss::Released);
+                Err(held)
+            }
+        })
+    }
+
+    /// A lease of `job_id` in `store` not taken yet: for a run that starts while the store
+    /// cannot be reached. It is taken at its first renewal or commit check that reaches the
+    /// store ([`Lease::renew`], [`Lease::check`]); until then no snapshot commits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidJobId`].
+    pub(crate) fn pending(
+        store: &Store,
+        job_id: &str,
+        length: Duration,
+        why: Error,
+    ) -> Result<Lease> {
+        let lease = Lease::new(store, job_id, length)?;
+        *lease.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(why));
+        Ok(lease)
+    }
+
+    fn new(store: &Store, job_id: &str, length: Duration) -> Result<Lease> {
         check_job_id(job_id)?;
         let length = length.max(MIN_LEASE);
         let now = unix_ms(SystemTime::now());
         let me = Record {
             format: RECORD_FORMAT,
-            released: false,
             host: host_name(),
             pid: std::process::id(),
             run: format!("{:016x}", super::store::random_u64()),
@@ -283,14 +335,37 @@ impl Lease {
             written_unix_ms: now,
             lease_ms: u64::try_from(length.as_millis()).unwrap_or(u64::MAX),
         };
+        Ok(Lease {
+            store: store.clone(),
+            job_id: job_id.to_owned(),
+            length,
+            me,
+            state: tokio::sync::Mutex::new(State {
+                seq: 0,
+                pending: true,
+                valid_until: Instant::now(),
+                gone: None,
+            }),
+            gone: Mutex::new(None),
+            last_error: Mutex::new(None),
+            rt: tokio::runtime::Handle::try_current().ok(),
+        })
+    }
+
+    /// Step 1 for a lease not taken yet: `Ok(None)` once taken (the state says which
+    /// record), `Ok(Some(held))` if another run holds it.
+    async fn acquire(&self, st: &mut State) -> Result<Option<Held>> {
+        let (store, job_id, length) = (&self.store, self.job_id.as_str(), self.length);
+        let now = unix_ms(SystemTime::now());
+        let mut me = self.me.clone();
+        me.written_unix_ms = now;
         // The record being watched, and since when (the taker's monotonic clock).
         let mut watched: Option<(u64, Instant)> = None;
         let mut last_held = None;
         for _ in 0..TAKE_ROUNDS {
             let newest = newest(store, job_id).await?;
             let seq = match &newest {
-                None => 0,
-                Some(n) if n.record.as_ref().is_some_and(|r| r.released) => n.seq + 1,
+                None => now.max(1),
                 Some(n) => {
                     let holder_length = n
                         .record
@@ -302,7 +377,7 @@ impl Lease {
                         .unwrap_or(Duration::ZERO);
                     let holder = n.record.as_ref().map(Record::holder);
                     if age < holder_length {
-                        return Ok(Err(Held {
+                        return Ok(Some(Held {
                             holder,
                             expires_in: holder_length - age,
                         }));
@@ -341,34 +416,23 @@ impl Lease {
             };
             let sent = Instant::now();
             if create(store, job_id, seq, &me).await? {
-                let lease = Lease {
-                    store: store.clone(),
-                    job_id: job_id.to_owned(),
-                    length,
-                    me,
-                    state: tokio::sync::Mutex::new(State {
-                        seq,
-                        valid_until: sent + length,
-                        gone: None,
-                    }),
-                    gone: Mutex::new(None),
-                    last_error: Mutex::new(None),
-                    rt: tokio::runtime::Handle::try_current().ok(),
-                };
-                lease.delete_below(seq).await;
+                st.seq = seq;
+                st.pending = false;
+                st.valid_until = sent + length;
+                self.delete_below(seq).await;
                 tracing::debug!(
                     job_id,
                     seq,
                     store = store.url(),
                     "the job id's lease is taken"
                 );
-                return Ok(Ok(lease));
+                return Ok(None);
             }
             // Another run created that record first: look again.
         }
         // The job id kept changing hands: someone else has it.
         let newest = newest(store, job_id).await?;
-        Ok(Err(Held {
+        Ok(Some(Held {
             holder: newest
                 .and_then(|n| n.record)
                 .map(|r| r.holder())
@@ -422,6 +486,22 @@ impl Lease {
         if st.gone.is_some() {
             return Renewed::Gone;
         }
+        if st.pending {
+            return match self.acquire(&mut st).await {
+                Ok(None) => Renewed::Yes,
+                Ok(Some(held)) => {
+                    self.set_gone(
+                        &mut st,
+                        LeaseLoss::Held {
+                            holder: held.holder,
+                            expires_in: held.expires_in,
+                        },
+                    );
+                    Renewed::Gone
+                }
+                Err(e) => self.store_failed(e),
+            };
+        }
         if Instant::now() >= st.valid_until {
             let loss = self.ran_out(&st).await;
             self.set_gone(&mut st, loss);
@@ -440,20 +520,23 @@ impl Lease {
             self.set_gone(&mut st, LeaseLoss::TakenOver(by));
             return Renewed::Gone;
         }
-        match newest(&self.store, &self.job_id).await {
-            Ok(Some(n)) if n.seq == next => {}
-            Ok(n) => {
-                // A record above ours: ours reused a deleted number, the chain had moved on.
-                let by = n.and_then(|n| n.record).map(|r| r.holder());
-                self.delete(next).await;
-                self.set_gone(&mut st, LeaseLoss::TakenOver(by));
-                return Renewed::Gone;
-            }
+        let listed = match list(&self.store, &self.job_id).await {
+            Ok(listed) => listed,
             Err(e) => {
                 // Our record is there; whether it is the newest is checked next time.
                 st.seq = next;
                 return self.store_failed(e);
             }
+        };
+        let newest = listed.last().map(|(s, _)| *s);
+        let previous = listed.iter().any(|(s, _)| *s == st.seq);
+        if newest != Some(next) || !previous {
+            // The chain had moved on (a record above ours), or our previous record was
+            // deleted by a successor: ours reused a number, and is not the lease.
+            self.delete(next).await;
+            let by = self.newest_holder().await;
+            self.set_gone(&mut st, LeaseLoss::TakenOver(by));
+            return Renewed::Gone;
         }
         st.seq = next;
         st.valid_until = sent + self.length;
@@ -473,6 +556,20 @@ impl Lease {
         if let Some(g) = &st.gone {
             return Ok(Some(g.clone()));
         }
+        if st.pending {
+            // Taken now, or the store's error fails this commit as it would have anyway.
+            return match self.acquire(&mut st).await? {
+                None => Ok(None),
+                Some(held) => {
+                    let loss = LeaseLoss::Held {
+                        holder: held.holder,
+                        expires_in: held.expires_in,
+                    };
+                    self.set_gone(&mut st, loss.clone());
+                    Ok(Some(loss))
+                }
+            };
+        }
         if Instant::now() >= st.valid_until {
             let loss = self.ran_out(&st).await;
             self.set_gone(&mut st, loss.clone());
@@ -489,29 +586,31 @@ impl Lease {
         }
     }
 
-    /// Step 4: gives the lease back (once; later calls do nothing). A failure is logged:
-    /// the lease then expires by itself.
+    /// Step 4: gives the lease back (once; later calls do nothing): deletes this run's
+    /// records, the newest last. A failure is logged: the lease then expires by itself.
     pub(crate) async fn release(&self) {
         let mut st = self.state.lock().await;
         if st.gone.is_some() {
             return;
         }
-        let next = st.seq + 1;
-        let mut record = self.me.clone();
-        record.released = true;
-        record.written_unix_ms = unix_ms(SystemTime::now());
+        if st.pending {
+            self.set_gone(&mut st, LeaseLoss::Released);
+            return;
+        }
+        self.delete_below(st.seq).await;
+        let key = record_key(&self.job_id, st.seq);
+        let deleted = match self.store.path(&key) {
+            Ok(path) => match self.store.backend().delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(Error::store("delete", &key, e)),
+            },
+            Err(e) => Err(e),
+        };
+        // Marked released once done: whoever saw it not released yet and called this waited
+        // for the gate, so it returns only when the records are gone.
         self.set_gone(&mut st, LeaseLoss::Released);
-        match create(&self.store, &self.job_id, next, &record).await {
-            Ok(true) => {
-                drop(st);
-                self.delete_below(next).await;
-                tracing::debug!(job_id = self.job_id, "the job id's lease is released");
-            }
-            Ok(false) => tracing::warn!(
-                job_id = self.job_id,
-                store = self.store.url(),
-                "the job id's lease was taken over before this run released it"
-            ),
+        match deleted {
+            Ok(()) => tracing::debug!(job_id = self.job_id, "the job id's lease is released"),
             Err(e) => tracing::warn!(
                 job_id = self.job_id,
                 store = self.store.url(),
@@ -525,6 +624,11 @@ impl Lease {
     /// Whether the lease is still held and not yet released (for a release on drop).
     fn needs_release(&self) -> bool {
         self.gone().is_none()
+    }
+
+    /// Marks a lease that was never taken as gone (nothing to release, nothing to log).
+    fn set_gone_quietly(&self, loss: LeaseLoss) {
+        *self.gone.lock().unwrap_or_else(|p| p.into_inner()) = Some(loss);
     }
 
     fn set_gone(&self, st: &mut State, loss: LeaseLoss) {
@@ -554,9 +658,7 @@ impl Lease {
     /// holder), else expired (also when the store cannot be read).
     async fn ran_out(&self, st: &State) -> LeaseLoss {
         match newest(&self.store, &self.job_id).await {
-            Ok(Some(n)) if n.seq > st.seq => {
-                LeaseLoss::TakenOver(n.record.map(|r| r.holder()))
-            }
+            Ok(Some(n)) if n.seq > st.seq => LeaseLoss::TakenOver(n.record.map(|r| r.holder())),
             _ => LeaseLoss::Expired,
         }
     }
@@ -622,6 +724,7 @@ impl Drop for Lease {
             me: self.me.clone(),
             state: tokio::sync::Mutex::new(State {
                 seq: self.state.get_mut().seq,
+                pending: self.state.get_mut().pending,
                 valid_until: self.state.get_mut().valid_until,
                 gone: None,
             }),
@@ -771,7 +874,6 @@ mod tests {
     fn records_round_trip_and_garbage_names_no_holder() {
         let r = Record {
             format: RECORD_FORMAT,
-            released: false,
             host: "node17".into(),
             pid: 42,
             run: "00ff".into(),
@@ -816,8 +918,10 @@ mod tests {
                 .unwrap();
             assert_eq!(a.check().await.unwrap(), Some(LeaseLoss::Released));
             assert_eq!(b.check().await.unwrap(), None);
-            // Only the newest record is left.
+            // Only the newest record is left; none once it is released.
             assert_eq!(list(&store, "job").await.unwrap().len(), 1);
+            b.release().await;
+            assert_eq!(list(&store, "job").await.unwrap().len(), 0);
         });
     }
 
@@ -853,7 +957,8 @@ mod tests {
             let mut other = a.me.clone();
             other.run = "other".into();
             other.pid = 7;
-            assert!(create(&store, "job", 1, &other).await.unwrap());
+            let n = a.state.lock().await.seq;
+            assert!(create(&store, "job", n + 1, &other).await.unwrap());
             assert_eq!(a.renew().await, Renewed::Gone);
             match a.lost() {
                 Some(LeaseLoss::TakenOver(Some(h))) => assert_eq!(h.run, "other"),
@@ -864,9 +969,27 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap();
-            assert!(create(&store, "job2", 5, &other).await.unwrap());
+            let n = b.state.lock().await.seq;
+            assert!(create(&store, "job2", n + 5, &other).await.unwrap());
             assert_eq!(b.renew().await, Renewed::Gone);
             assert!(matches!(b.lost(), Some(LeaseLoss::TakenOver(Some(_)))));
+            // Its stray record is gone again.
+            let left: Vec<u64> = list(&store, "job2")
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.0)
+                .collect();
+            assert_eq!(left, [n, n + 5]);
+            // Its record deleted under it (released by a run that took it over): lost too.
+            let c = Lease::take(&store, "job3", Duration::from_secs(30))
+                .await
+                .unwrap()
+                .unwrap();
+            let n = c.state.lock().await.seq;
+            c.delete(n).await;
+            assert_eq!(c.renew().await, Renewed::Gone);
+            assert!(list(&store, "job3").await.unwrap().is_empty());
             assert_eq!(b.check().await.unwrap(), b.lost());
         });
     }
