@@ -290,6 +290,9 @@ fn trial(setup: &Setup, k: usize, delay_ms: u64) -> TrialReport {
         out.status
     );
 
+    // The killed child's job id lease would hold the job id for its 30 s: it is dead, so
+    // its lease is deleted, as a person who knows the holder is gone may do.
+    let _ = std::fs::remove_dir_all(dir.join(JOB_ID).join("lease"));
     let store = Store::open(&url).unwrap();
     let epochs = check_committed(&store, k);
     let (in_flight, staged, _) = leftovers(&dir, epochs.last().copied());

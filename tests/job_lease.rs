@@ -234,10 +234,26 @@ fn a_suspended_run_releases_its_job_id_for_the_run_that_resumes_it() {
     let exec = builder(&url, &[], "job").build().unwrap();
     let n = 40_000;
     let handle = exec.submit(Folded(Slow { n })).unwrap();
+    let other = builder(&url, &[], "job").local_workers(2).build().unwrap();
     std::thread::sleep(Duration::from_millis(100));
+    let snapshot = handle.snapshot().wait().unwrap();
+    // A committed snapshot does not make the job id free while its run goes on.
+    let refused = other.submit_or_resume(Folded(Slow { n })).unwrap_err();
+    assert_held_by(
+        refused,
+        "job",
+        std::process::id(),
+        malleable::snapshot::DEFAULT_LEASE,
+    );
+    let refused = other
+        .resume::<Folded<Slow>>(&url, At::Epoch(snapshot.epoch))
+        .unwrap_err();
+    assert!(matches!(refused, Error::JobIdHeld { .. }), "{refused:?}");
     handle.suspend().wait().unwrap();
     assert!(matches!(handle.wait().unwrap(), Outcome::Suspended(_)));
-    let other = builder(&url, &[], "job").local_workers(2).build().unwrap();
+    // Nothing of the lease is left in the store.
+    let lease = dir.join("job").join("lease");
+    assert_eq!(std::fs::read_dir(&lease).map_or(0, |d| d.count()), 0);
     let resumed = other.submit_or_resume(Folded(Slow { n })).unwrap();
     assert!(resumed.resumed().is_some());
     assert_eq!(resumed.wait().unwrap().finished().unwrap().value, sum(n));

@@ -392,6 +392,8 @@ fn idle_snapshots(url: &str, n: usize, keep: usize, full: bool) -> Vec<u64> {
         handle.snapshot().wait().unwrap();
     }
     handle.cancel();
+    // The run ends (and frees its job id) before the next one starts.
+    let _ = handle.wait();
     block_on(Store::open(url).unwrap().epochs(JOB)).unwrap()
 }
 
@@ -605,6 +607,8 @@ fn retention_spares_the_parts_a_resumed_run_reuses() {
         "the resumed run reuses the older snapshot's parts"
     );
     block_on(store.read(&second)).unwrap();
+    // The run ends (and frees its job id) before the next one starts.
+    let _ = handle.wait();
     let fin = Executor::builder()
         .local_workers(2)
         .build()

@@ -317,7 +317,10 @@ impl<J: Job> JobHandle<J> {
     }
 
     /// Cancels the job: workers stop at their next adjustment point, and waiting returns
-    /// [`Error::Cancelled`]. No effect on a job that has already ended.
+    /// [`Error::Cancelled`]. No effect on a job that has already ended. The run's job id
+    /// lease ([`Builder::job_lease`](crate::Builder::job_lease)) is released once it has
+    /// ended, in the background: [`wait`](Self::wait) for it before starting another run
+    /// of the same job id.
     pub fn cancel(&self) {
         let mut st = self.shared.lock();
         st.fail(&self.shared, Error::Cancelled { job: J::NAME });

@@ -385,7 +385,8 @@ impl Builder {
     /// A second run of the same job id, in this process or any other, is refused at submit
     /// with [`Error::JobIdHeld`], which names the holder (host, process id, when it took
     /// it), before any work. A run that died without releasing it holds the job id until the
-    /// lease expires: a later run then takes it over. A run that loses its lease (not
+    /// lease expires: a later run then takes it over (or, when it is known to be dead,
+    /// deleting `{prefix}/{job_id}/lease/` frees the job id at once). A run that loses its lease (not
     /// renewed in time, taken over) commits no snapshot any more and ends with
     /// [`Error::LeaseLost`]. A run with no store given and no snapshot trigger takes no lease
     /// (a snapshot asked for by hand is then committed without one).
