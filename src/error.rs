@@ -221,7 +221,7 @@ pub enum Error {
         /// The store's URL (without credentials).
         store: String,
         /// The run that holds it, when its lease record can be read.
-        holder: Option<crate::snapshot::LeaseHolder>,
+        holder: Option<Box<crate::snapshot::LeaseHolder>>,
         /// How long until its lease expires unless renewed, as this run judges it (see
         /// "Clocks" in [`Builder::job_lease`](crate::Builder::job_lease)).
         expires_in: std::time::Duration,

@@ -140,7 +140,7 @@ pub enum LeaseLoss {
     /// Another run took the lease over (it judged it expired: this run did not renew it in
     /// time, frozen or cut off from the store), or the record chain moved on without it.
     /// The new holder, when its record can be read.
-    TakenOver(Option<LeaseHolder>),
+    TakenOver(Option<Box<LeaseHolder>>),
     /// The lease ran out before a renewal succeeded (the store did not answer, or refused).
     Expired,
     /// The lease was already given back (the run had ended).
@@ -150,7 +150,7 @@ pub enum LeaseLoss {
     /// [`Error::JobIdHeld`](crate::Error::JobIdHeld)).
     Held {
         /// The run that holds it, when its record can be read.
-        holder: Option<LeaseHolder>,
+        holder: Option<Box<LeaseHolder>>,
         /// How long until its lease expires unless renewed, as this run judged it.
         expires_in: Duration,
     },
@@ -198,13 +198,13 @@ impl Record {
             .filter(|r| r.format == RECORD_FORMAT)
     }
 
-    fn holder(&self) -> LeaseHolder {
-        LeaseHolder {
+    fn holder(&self) -> Box<LeaseHolder> {
+        Box::new(LeaseHolder {
             host: self.host.clone(),
             pid: self.pid,
             run: self.run.clone(),
             since: UNIX_EPOCH + Duration::from_millis(self.taken_unix_ms),
-        }
+        })
     }
 }
 
@@ -220,7 +220,7 @@ struct Newest {
 #[derive(Debug, Clone)]
 pub(crate) struct Held {
     /// The holder, when its record can be read.
-    pub(crate) holder: Option<LeaseHolder>,
+    pub(crate) holder: Option<Box<LeaseHolder>>,
     /// How long until it expires unless renewed, as the taker judges it.
     pub(crate) expires_in: Duration,
 }
@@ -458,7 +458,7 @@ impl Lease {
 
     /// This run, as its records name it.
     #[cfg(test)]
-    fn holder(&self) -> LeaseHolder {
+    fn holder(&self) -> Box<LeaseHolder> {
         self.me.holder()
     }
 
@@ -664,7 +664,7 @@ impl Lease {
     }
 
     /// The holder named by the newest record (for a loss's report), if it can be read.
-    async fn newest_holder(&self) -> Option<LeaseHolder> {
+    async fn newest_holder(&self) -> Option<Box<LeaseHolder>> {
         newest(&self.store, &self.job_id)
             .await
             .ok()
