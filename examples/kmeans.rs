@@ -163,7 +163,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .chunking(Chunking::Size(CHUNK))
         .build()?;
     let t = Instant::now();
-    let Finished { job, value: sums } = exec.run(KMeans {
+    let Finished {
+        job, value: sums, ..
+    } = exec.run(KMeans {
         seed,
         points: n,
         centroids: init.clone(),

@@ -94,6 +94,20 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A partition's [`Partition::output`](crate::Partition::output) (or
+    /// [`Rows::output`](crate::Rows::output)) returned an error: the job is stopped.
+    #[error("job {job}: the output of chunk {chunk} after phase {phase} failed")]
+    Output {
+        /// The job's name.
+        job: &'static str,
+        /// The phase whose end was being written (0-based).
+        phase: u64,
+        /// The chunk whose partition it was.
+        chunk: u64,
+        /// What the hook returned (from a worker process: its text and its causes').
+        #[source]
+        source: BoxError,
+    },
     /// The job was cancelled through its handle.
     #[error("job {job} was cancelled")]
     Cancelled {
@@ -599,6 +613,7 @@ debug_as_report!(Error {
     Timeline { path, source },
     Panicked { job, site, message },
     Input { job, source },
+    Output { job, phase, chunk, source },
     Cancelled { job },
     OutcomeTaken { job },
     Snapshot(inner),
@@ -804,6 +819,7 @@ mod tests {
     fn errors() -> Vec<Error> {
         let sourced = |e: &Error| match e {
             Error::Input { .. }
+            | Error::Output { .. }
             | Error::Snapshot(_)
             | Error::Cluster(_)
             | Error::SnapshotFailed(_)
@@ -842,6 +858,12 @@ mod tests {
             Error::Codec {
                 what: "a chunk state",
                 source: codec_error(),
+            },
+            Error::Output {
+                job: "heat",
+                phase: 9,
+                chunk: 2,
+                source: Box::new(io::Error::new(io::ErrorKind::StorageFull, "disk full")),
             },
             Error::Spawn(io::Error::new(io::ErrorKind::OutOfMemory, "no memory")),
             Error::Timeline {

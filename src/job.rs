@@ -313,6 +313,56 @@ pub trait Partition: Chunk {
         before: Option<Self::Halo>,
         after: Option<Self::Halo>,
     );
+
+    /// How often the partitions are handed to [`Partition::output`]: `Some(k)` after every
+    /// `k`-th phase (phases `k - 1`, `2k - 1`, … counted from 0) and after the job's last
+    /// phase; `Some(0)` after the last phase only; `None` (the default) never. Asked on the
+    /// worker at each chunk's end with the job as it ran the phase, and once more when the
+    /// job finishes.
+    fn output_every(job: &Self::Job) -> Option<u64> {
+        let _ = job;
+        None
+    }
+
+    /// Writes out this partition as phase `phase` left it (an image, a VTK or HDF5 piece),
+    /// when [`Partition::output_every`] asks for it. It runs where the partition is, with
+    /// no message to the coordinator: on the worker right after the step that ended the
+    /// phase (a thread of this process or of a worker process), or, after the job's last
+    /// phase when that was not an output phase already, once the job finished (in this
+    /// process for the partitions held here, in the worker process that holds the others),
+    /// before [`Executor::run`](crate::Executor::run) returns. `job` is the job as it ran
+    /// `phase` (before its `end_phase`).
+    ///
+    /// A phase that runs again (after a rollback to a snapshot, or a resume) is output
+    /// again: write each phase to its own name, replacing what is there.
+    ///
+    /// # Errors
+    ///
+    /// An error ends the job with [`Error::Output`](crate::Error::Output); a panic with
+    /// [`Error::Panicked`](crate::Error::Panicked) at the chunk.
+    fn output(
+        &self,
+        job: &Self::Job,
+        input: &<Self::Job as Job>::Input,
+        phase: u64,
+    ) -> Result<(), BoxError> {
+        let _ = (job, input, phase);
+        Ok(())
+    }
+
+    /// Whether the finished job hands its partitions back to the caller, in chunk order
+    /// ([`Finished::partitions`](crate::Finished::partitions)): those held by worker
+    /// processes are brought back first. The default (`false`) leaves them where they are.
+    fn gather_at_end(job: &Self::Job) -> bool {
+        let _ = job;
+        false
+    }
+}
+
+/// Whether partitions are output ([`Partition::output`]) after `phase` when they are output
+/// `every` phases (see [`Partition::output_every`]), not counting the job's last phase.
+pub(crate) fn output_due(every: Option<u64>, phase: u64) -> bool {
+    matches!(every, Some(k) if k > 0 && (phase + 1) % k == 0)
 }
 
 /// Whether a job's chunks are owned partitions: the value of [`Job::OWNERSHIP`].
@@ -332,6 +382,12 @@ pub(crate) struct Hooks<J: Job> {
     pub(crate) decode_halo: fn(&[u8]) -> Result<AnyHalo, crate::codec::Error>,
     /// Traces the halo's type, for the job's [`Layout`](crate::Layout).
     pub(crate) trace_halo: crate::layout::Trace,
+    /// [`Partition::output_every`].
+    pub(crate) output_every: fn(&J) -> Option<u64>,
+    /// [`Partition::output`].
+    pub(crate) output: Output<J>,
+    /// [`Partition::gather_at_end`].
+    pub(crate) gather: fn(&J) -> bool,
     /// The job's dimensions beyond its plan, recorded in every snapshot and checked on
     /// resume ([`Manifest::shape`](crate::snapshot::Manifest::shape)); `None`: none.
     pub(crate) shape: Option<fn(&J) -> Vec<crate::snapshot::Dimension>>,
@@ -339,6 +395,10 @@ pub(crate) struct Hooks<J: Job> {
     /// job before anything runs, without decoding all of it; `None`: not checked.
     pub(crate) fits: Option<Fits<J>>,
 }
+
+/// [`Partition::output`] of a job's chunk: the partition, the job, its input, the phase.
+pub(crate) type Output<J> =
+    fn(&<J as Job>::Chunk, &J, &<J as Job>::Input, u64) -> Result<(), BoxError>;
 
 /// Checks the stored bytes of the partition of a chunk against the job and the chunk's
 /// range in the job's plan: [`Hooks::fits`].
@@ -386,6 +446,9 @@ where
             encode_halo: encode_halo::<J>,
             decode_halo: decode_halo::<J>,
             trace_halo: crate::layout::trace::<<J::Chunk as Partition>::Halo>,
+            output_every: <J::Chunk as Partition>::output_every,
+            output: <J::Chunk as Partition>::output,
+            gather: <J::Chunk as Partition>::gather_at_end,
             shape: None,
             fits: None,
         }),

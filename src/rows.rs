@@ -160,6 +160,38 @@ pub trait Rows: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
         let _ = (submitted, started_with);
         Err(Box::new(crate::job::NoChange))
     }
+    /// How often the grid is handed to [`Rows::output`]: `Some(k)` after every `k`-th
+    /// phase and after the last; `Some(0)` after the last only; `None` (the default) never
+    /// (as [`Partition::output_every`]).
+    fn output_every(&self) -> Option<u64> {
+        None
+    }
+    /// Writes out the rows `rows` of the grid as phase `phase` left them (`cells`, row
+    /// after row: an image's strip, a VTK or HDF5 piece), when [`Rows::output_every`] asks.
+    /// Called once per band, on the worker that holds the band (a thread of this process or
+    /// of a worker process) right after the band's last row of the phase, or, after the
+    /// last phase, when the job finished; `self` is the grid as it ran `phase`. A phase run
+    /// again (a rollback, a resume) is output again. The default writes nothing. See
+    /// [`Partition::output`].
+    ///
+    /// # Errors
+    ///
+    /// An error ends the job with [`Error::Output`](crate::Error::Output).
+    fn output(
+        &self,
+        input: &Self::Input,
+        phase: u64,
+        rows: Range<u64>,
+        cells: &[Self::Element],
+    ) -> Result<(), BoxError> {
+        let _ = (input, phase, rows, cells);
+        Ok(())
+    }
+    /// Whether the finished job brings the whole grid back to the caller
+    /// ([`Finished::field`](crate::Finished::field)); the default (`false`) does not.
+    fn gather_at_end(&self) -> bool {
+        false
+    }
 }
 
 /// How a phase of a [`Rows`] grid reads the rows next to the one it updates (see the
@@ -871,6 +903,45 @@ impl<R: Rows> Partition for Band<R> {
             self.after = h;
         }
         self.next = self.start;
+    }
+
+    fn output_every(job: &Banded<R>) -> Option<u64> {
+        job.0.output_every()
+    }
+
+    fn output(&self, job: &Banded<R>, input: &BandedInput<R>, phase: u64) -> Result<(), BoxError> {
+        job.0.output(&input.0, phase, self.rows(), self.cells())
+    }
+
+    fn gather_at_end(job: &Banded<R>) -> bool {
+        job.0.gather_at_end()
+    }
+}
+
+impl<R: Rows> Band<R> {
+    /// The rows of the grid this band holds.
+    pub fn rows(&self) -> Range<u64> {
+        self.start..self.end
+    }
+
+    /// The band's cells, row after row, as its last finished phase left them (what
+    /// [`Rows::output`] is given; in the middle of a phase, a mix of two phases).
+    pub fn cells(&self) -> &[R::Element] {
+        &self.cur.0
+    }
+}
+
+impl<R: Rows> crate::Finished<Banded<R>> {
+    /// The whole grid as the last phase left it, row after row (`height() * width()`
+    /// cells), when the grid asked for it ([`Rows::gather_at_end`]); `None` otherwise. The
+    /// same bits for any worker count.
+    pub fn field(&self) -> Option<Vec<R::Element>> {
+        let bands = self.partitions()?;
+        let mut field = Vec::with_capacity(bands.iter().map(|b| b.cells().len()).sum());
+        for b in bands {
+            field.extend_from_slice(b.cells());
+        }
+        Some(field)
     }
 }
 

@@ -48,18 +48,48 @@ where
     }
 }
 
-/// A finished job: the job as its last `end_phase` left it, and the last phase's value.
+/// A finished job: the job as its last `end_phase` left it, and the last phase's value; for
+/// a job with owned partitions that asks for them
+/// ([`Partition::gather_at_end`](crate::Partition::gather_at_end),
+/// [`Rows::gather_at_end`](crate::Rows::gather_at_end)), its final partitions too.
+///
+/// A pattern that takes it apart names its fields with `..`
+/// (`let Finished { job, value, .. } = done;`).
 pub struct Finished<J: Job> {
     /// The job after its last phase.
     pub job: J,
     /// The value of the last phase.
     pub value: Value<J>,
+    /// The final partitions in chunk order, when gathered.
+    pub(crate) partitions: Option<Vec<J::Chunk>>,
 }
 
 impl<J: Job> Finished<J> {
+    /// A finished job with no gathered partitions.
+    pub(crate) fn new(job: J, value: Value<J>) -> Finished<J> {
+        Finished {
+            job,
+            value,
+            partitions: None,
+        }
+    }
+
     /// The value of the last phase.
     pub fn into_value(self) -> Value<J> {
         self.value
+    }
+
+    /// The job's final partitions (its chunks as the last phase left them) in chunk order,
+    /// brought here from the workers that held them, when the job asked for them
+    /// ([`Partition::gather_at_end`](crate::Partition::gather_at_end)); `None` otherwise.
+    /// They are the same bits for any worker count and any scaling history.
+    pub fn partitions(&self) -> Option<&[J::Chunk]> {
+        self.partitions.as_deref()
+    }
+
+    /// The final partitions, taken out (see [`partitions`](Self::partitions)).
+    pub fn into_partitions(self) -> Option<Vec<J::Chunk>> {
+        self.partitions
     }
 }
 

@@ -28,7 +28,7 @@ use super::progress::Publisher;
 use super::remote::{Fetch, Remotes};
 use super::rollback::Rollback;
 use super::snapshot::{self, Captured, Snapshots};
-use super::{Config, Finished, IoRuntime, Outcome};
+use super::{Config, IoRuntime, Outcome};
 use crate::error::{Error, Result, Site};
 use crate::job::{AnyHalo, Job, Next, Value};
 use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
@@ -158,6 +158,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) stale_events: u64,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Instant>,
+    /// The last phase ended; its partitions are output and gathered (`finish.rs`).
+    pub(crate) finishing: Option<super::finish::Finishing<J>>,
     /// Progress: the rate meter and the updates (`progress.rs`).
     pub(crate) published: Publisher,
     /// Metrics and timeline of the run (`watch.rs`).
@@ -200,6 +202,7 @@ impl<J: Job> State<J> {
             autoscale: None,
             stale_events: 0,
             recovering: None,
+            finishing: None,
             published,
             watch: super::watch::Watch::new(J::NAME),
         }
@@ -481,6 +484,8 @@ impl<J: Job> State<J> {
     /// After any change: end finished phases, then bring the workers to the target.
     pub(crate) fn settle(&mut self, shared: &Arc<Shared<J>>) {
         if !self.ended && !self.rolling_back() && !self.core.lost_partitions().is_empty() {
+            // A finishing job rolls back like one at a barrier, and finishes again.
+            self.finishing = None;
             self.partitions_lost(shared, &[]);
         }
         if self.rolling_back() {
@@ -492,9 +497,14 @@ impl<J: Job> State<J> {
         }
         // Partitions placed after a rollback export their halos where they are: the barrier
         // waits for them.
-        while !self.ended && self.core.phase_complete() && self.exporting.is_empty() {
+        while !self.ended
+            && self.finishing.is_none()
+            && self.core.phase_complete()
+            && self.exporting.is_empty()
+        {
             self.end_phase(shared);
         }
+        self.poll_finish(shared);
         self.reconcile(shared);
         self.poll_cut(shared);
         self.members.update_gauge();
@@ -527,12 +537,17 @@ impl<J: Job> State<J> {
         metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
         self.watch_phase_end(phase);
         self.phase_done_after_rollback();
+        // The job as it ran this phase, if the last output would need it.
+        let ran = match super::finish::before_end_phase(&job, phase) {
+            Ok(ran) => ran,
+            Err(e) => return self.fail(shared, e),
+        };
         let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
             Ok(next) => next,
             Err(e) => return self.fail(shared, e),
         };
         match next {
-            Next::Finish => self.complete(Ok(Outcome::Finished(Finished { job, value }))),
+            Next::Finish => self.finish(shared, job, value, phase, ran),
             Next::Continue => {
                 let (plan, reducer, phases) =
                     match catch(Site::Job { phase: phase + 1 }, J::NAME, || {

@@ -34,6 +34,7 @@
 
 mod autoscale;
 mod drain;
+mod finish;
 mod handle;
 mod io;
 mod job_run;

@@ -1254,6 +1254,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::FailedHeld { chunk, .. } => ("failed held", Some(*chunk)),
                 ToCoordinator::Yielded { chunk, .. } => ("yielded", Some(*chunk)),
                 ToCoordinator::Abandoned { chunk, .. } => ("abandoned", Some(*chunk)),
+                ToCoordinator::OutputDone { chunk } => ("output done", Some(*chunk)),
                 ToCoordinator::Captured { chunk, .. } => ("captured", Some(*chunk)),
                 ToCoordinator::CapturedPart { chunk, .. } => ("captured part", Some(*chunk)),
                 ToCoordinator::Failed { chunk, .. } => ("failed", Some(*chunk)),
@@ -1420,6 +1421,14 @@ impl<J: Job> State<J> {
                 self.captured_held(shared, id, chunk, Part::Reuse(part));
                 return Ok(());
             }
+            ToCoordinator::OutputDone { chunk } => {
+                // Only for an `Output` the finishing job asked of it (`finish.rs`).
+                if !self.held_by(id).contains(&chunk) || !self.output_done(chunk) {
+                    return Err(bad(format!("chunk {chunk} was not asked to be output")));
+                }
+                self.settle(shared);
+                return Ok(());
+            }
             ToCoordinator::Missing { chunk } | ToCoordinator::FailedHeld { chunk, .. }
                 if foreign =>
             {
@@ -1573,6 +1582,12 @@ fn error_of<J: Job>(failure: Failure, phase: u64, chunk: ChunkId, peer: &str) ->
         Failure::Codec { what, error } => Error::Codec {
             what: codec::what_of(&what),
             source: error,
+        },
+        Failure::Output { phase, chain } => Error::Output {
+            job: J::NAME,
+            phase,
+            chunk,
+            source: Box::new(RemoteCause::chain(peer, chain)),
         },
     }
 }

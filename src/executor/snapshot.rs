@@ -323,6 +323,8 @@ impl<J: Job> State<J> {
             || self.snap.cut.is_open()
             || self.snap.cut.is_writing()
             || self.rolling_back()
+            // The last phase ended: the job is being output and gathered (`finish.rs`).
+            || self.finishing.is_some()
         {
             return;
         }

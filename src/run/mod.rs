@@ -34,6 +34,27 @@ pub(crate) fn catch<T>(site: Site, job: &'static str, f: impl FnOnce() -> T) -> 
     })
 }
 
+/// Hands partition `c` of `chunk` to [`Partition::output`](crate::Partition::output) for
+/// phase `phase`: a panic is [`Error::Panicked`] at the chunk, an error [`Error::Output`].
+pub(crate) fn output<J: Job>(
+    hooks: &crate::job::Hooks<J>,
+    c: &J::Chunk,
+    job: &J,
+    input: &J::Input,
+    phase: u64,
+    chunk: u64,
+) -> Result<(), Error> {
+    catch(Site::Chunk { phase, chunk }, J::NAME, || {
+        (hooks.output)(c, job, input, phase)
+    })?
+    .map_err(|source| Error::Output {
+        job: J::NAME,
+        phase,
+        chunk,
+        source,
+    })
+}
+
 /// A chunk's state as whoever holds it has it: live, or as the bytes it arrived in (from a
 /// snapshot, or from a remote worker).
 ///

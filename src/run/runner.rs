@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::{Cell, Held, Inputs, catch};
 use crate::codec;
 use crate::error::{Error, Site};
-use crate::job::{AnyHalo, Chunk, Job, Step};
+use crate::job::{AnyHalo, Chunk, Job, Step, output_due};
 use crate::metrics::StepStats;
 use crate::schedule::{ChunkId, Work};
 
@@ -132,15 +132,23 @@ pub(crate) fn run<J: Job>(
         Ok(r) => r,
         Err(e) => return Ran::Failed(e),
     };
-    // An owned partition exports its halos on the worker, right after its last step.
+    // An owned partition exports its halos on the worker, right after its last step, and
+    // is output there after an output phase (`Partition::output_every`).
     let kept = match (&output, J::OWNERSHIP.hooks) {
         (Some(_), Some(hooks)) => {
-            match catch(Site::Chunk { phase, chunk }, J::NAME, || {
-                (hooks.export)(&c, job)
-            }) {
-                Ok(halos) => Some(halos),
+            let exported = catch(Site::Chunk { phase, chunk }, J::NAME, || {
+                let halos = (hooks.export)(&c, job);
+                (halos, output_due((hooks.output_every)(job), phase))
+            });
+            let halos = match exported {
+                Ok((halos, false)) => halos,
+                Ok((halos, true)) => match super::output(&hooks, &c, job, input, phase, chunk) {
+                    Ok(()) => halos,
+                    Err(e) => return Ran::Failed(e),
+                },
                 Err(e) => return Ran::Failed(e),
-            }
+            };
+            Some(halos)
         }
         _ => None,
     };

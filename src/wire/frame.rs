@@ -44,8 +44,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// a halo whose neighbour is in the same process stays there ([`Halo::Kept`] in `Done`,
 /// `Exported` and `Begin`), and goes up with `Released` before that neighbour leaves.
 /// Version 13: a rollback stops the chunks a process runs or has queued with `Abandon`,
-/// answered by `Abandoned`, with no state: they are dropped, not handed back.
-pub const PROTOCOL_VERSION: u32 = 14;
+/// answered by `Abandoned`, with no state: they are dropped, not handed back. Version 15:
+/// when the job finishes, a partition held by a process is output there (`Output`,
+/// answered by `OutputDone`, or `FailedHeld` with [`Failure::Output`]).
+pub const PROTOCOL_VERSION: u32 = 15;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -242,6 +244,15 @@ pub enum ToWorker {
         /// The chunk.
         chunk: u64,
     },
+    /// Owned partitions, when the job finished: hand the partition of `chunk` this process
+    /// holds to the job's `Partition::output` for `phase` (the last phase; the process has
+    /// its job value), and keep it. Answered by `OutputDone`, or `FailedHeld`.
+    Output {
+        /// The chunk.
+        chunk: u64,
+        /// The phase whose end the partition holds.
+        phase: u64,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -409,6 +420,12 @@ pub enum ToCoordinator {
     Abandoned {
         /// The slot.
         slot: u32,
+        /// The chunk.
+        chunk: u64,
+    },
+    /// Owned partitions: the partition of `chunk` was output after an `Output`; the
+    /// process keeps it.
+    OutputDone {
         /// The chunk.
         chunk: u64,
     },
@@ -613,6 +630,13 @@ pub enum Failure {
         what: String,
         /// The codec's error.
         error: postcard::Error,
+    },
+    /// The job's `Partition::output` returned an error.
+    Output {
+        /// The phase whose end was being written.
+        phase: u64,
+        /// The hook's error and its causes, each on its own (outermost first).
+        chain: Vec<String>,
     },
 }
 

@@ -23,7 +23,7 @@ use super::machine::{self, Check, Code, Machine, Out, Place, Put, Source, ToThre
 use super::thread::{HeldParts, Run, SlotMsg, Thread, lock};
 use crate::codec;
 use crate::job::Job;
-use crate::run::{MAIL, SuspendToken};
+use crate::run::{Inputs, MAIL, SuspendToken};
 use crate::wire::Error;
 use crate::wire::frame::{self, Failure, ToCoordinator, ToWorker};
 
@@ -64,6 +64,8 @@ struct Pump<J: Job> {
     /// it is placed.
     placing: Placements<J>,
     background: UnboundedSender<Background>,
+    /// The job's input, shared with the threads (for `Partition::output`).
+    inputs: Arc<Inputs<J>>,
 }
 
 impl<J: Job> Pump<J> {
@@ -167,6 +169,47 @@ impl<J: Job> Pump<J> {
                     },
                 }))
             }
+            Code::Output { chunk, phase } => {
+                let (Some((held_phase, j)), Some(hooks)) = (self.job.as_ref(), J::OWNERSHIP.hooks)
+                else {
+                    return Err(Error::Rejected {
+                        peer: peer.to_owned(),
+                        what: "a message to a worker",
+                        reason: "an output before the job value".into(),
+                        source: None,
+                    });
+                };
+                if *held_phase != phase {
+                    // The coordinator sends the phase's job value first.
+                    return Err(Error::Rejected {
+                        peer: peer.to_owned(),
+                        what: "a message to a worker",
+                        reason: format!(
+                            "an output of phase {phase} with the job value of phase {held_phase}"
+                        ),
+                        source: None,
+                    });
+                }
+                let failed = |e| {
+                    Ok(Some(ToCoordinator::FailedHeld {
+                        chunk,
+                        failure: super::thread::failure_of(e),
+                    }))
+                };
+                let input = match self.inputs.get(j) {
+                    Ok(input) => input,
+                    Err(e) => return failed(e),
+                };
+                let parts = lock(held);
+                let Some(part) = parts.get(&chunk) else {
+                    tracing::warn!(chunk, "an output of a partition this process does not hold");
+                    return Ok(Some(ToCoordinator::Missing { chunk }));
+                };
+                match crate::run::output(&hooks, part, j, input, phase, chunk) {
+                    Ok(()) => Ok(Some(ToCoordinator::OutputDone { chunk })),
+                    Err(e) => failed(e),
+                }
+            }
         }
     }
 
@@ -259,6 +302,7 @@ impl Io {
         framed: Framed<crate::wire::transport::Stream, tokio_util::codec::LengthDelimitedCodec>,
         threads: &mut [Thread<J>],
         held: &HeldParts<J::Chunk>,
+        inputs: &Arc<Inputs<J>>,
         mut out_rx: UnboundedReceiver<ToCoordinator>,
     ) -> Result<bool, Error> {
         let peer = &self.peer;
@@ -287,6 +331,7 @@ impl Io {
             job: None,
             placing: Placements::new(),
             background: bg_tx,
+            inputs: Arc::clone(inputs),
         };
         let ended: Result<bool, Error> = async {
             loop {
@@ -834,7 +879,9 @@ mod tests {
             let (_out_tx, out_rx) = unbounded_channel();
             let held = HeldParts::<Strip>::default();
             let framed = Framed::new(socket, frame::codec(1 << 20));
-            let ended = io.run::<Strips>(framed, &mut [], &held, out_rx).await;
+            let ended = io
+                .run::<Strips>(framed, &mut [], &held, &Arc::default(), out_rx)
+                .await;
             assert!(matches!(ended, Ok(false)), "{ended:?}");
             let mut got = coordinator.await.unwrap();
             // Chunk 1's answers in the order sent, before the others'.
@@ -914,7 +961,9 @@ mod tests {
                 let (_out_tx, out_rx) = unbounded_channel();
                 let held = HeldParts::<IdleChunk>::default();
                 let framed = Framed::new(socket, frame::codec(1 << 20));
-                let ended = io.run::<Idle>(framed, &mut [], &held, out_rx).await;
+                let ended = io
+                    .run::<Idle>(framed, &mut [], &held, &Arc::default(), out_rx)
+                    .await;
                 assert!(
                     matches!(ended, Ok(false)),
                     "round {round}: the loop ended with {ended:?}"

@@ -30,8 +30,10 @@
 //! 1. *Messages from the coordinator are taken one at a time, in the order they came.* A
 //!    message is finished before the next is taken: at once, or when the job's code answered
 //!    it ([`Out::Code`]), or, for a message about a partition being placed here (`Run` of a
-//!    held partition, `Begin`, `Surrender`, `CaptureHeld`, `Place`, `PlacePart`), once that
-//!    placement ended ([`Machine::placed`]). Until then later messages wait in `inbox`.
+//!    held partition, `Begin`, `Surrender`, `CaptureHeld`, `Output`, `Place`, `PlacePart`),
+//!    once that placement ended ([`Machine::placed`]). Until then later messages wait in
+//!    `inbox`. (An `Output`, when the job finished, runs the job's `Partition::output` here
+//!    in the pump: the coordinator waits for it anyway, and no chunk runs any more.)
 //!    Messages from the threads and background outcomes are not held up meanwhile: they are
 //!    about other chunks (a chunk whose message waits was not handed to a thread yet), so
 //!    taking them earlier is one of the orders the process could have seen them in anyway.
@@ -170,6 +172,9 @@ pub(super) enum Code {
     /// Encode the partition held for `chunk` (and drop it if `surrender`); answered by
     /// `Surrendered`, `CapturedHeld`, `Missing` or `FailedHeld`.
     Held { chunk: u64, surrender: bool },
+    /// Hand the partition held for `chunk` to the job's `Partition::output` for `phase`
+    /// (the job finished); answered by `OutputDone`, `Missing` or `FailedHeld`.
+    Output { chunk: u64, phase: u64 },
 }
 
 /// Where a placed partition's bytes are.
@@ -697,6 +702,12 @@ impl Machine {
                 part,
                 export,
             } => self.place(chunk, Source::Part(part), export),
+            ToWorker::Output { chunk, phase } => {
+                if !self.config.partitioned {
+                    return self.fail(self.bad("an output for a job without partitions".into()));
+                }
+                self.code(Code::Output { chunk, phase }, None);
+            }
             ToWorker::Forget => {
                 // No thread runs one of the partitions: the coordinator waited for every
                 // chunk to come back before it rolled the job back. Placements under way
@@ -884,7 +895,8 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Abandoned { chunk, .. }
         | ToCoordinator::Captured { chunk, .. }
         | ToCoordinator::CapturedPart { chunk, .. }
-        | ToCoordinator::Failed { chunk, .. } => Some(*chunk),
+        | ToCoordinator::Failed { chunk, .. }
+        | ToCoordinator::OutputDone { chunk } => Some(*chunk),
         ToCoordinator::Heartbeat { .. }
         | ToCoordinator::Leave { .. }
         | ToCoordinator::Piece { .. }
@@ -901,6 +913,7 @@ fn held_chunk(msg: &ToWorker) -> Option<u64> {
         | ToWorker::Begin { chunk, .. }
         | ToWorker::Surrender { chunk }
         | ToWorker::CaptureHeld { chunk, .. }
+        | ToWorker::Output { chunk, .. }
         | ToWorker::Place { chunk, .. }
         | ToWorker::PlacePart { chunk, .. } => Some(*chunk),
         _ => None,

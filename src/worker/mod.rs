@@ -512,7 +512,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         parts_written: std::cell::Cell::new(0),
         parts_sent: std::cell::Cell::new(0),
     };
-    let ended = rt.block_on(io.run(framed, &mut threads, &held, out_rx));
+    let ended = rt.block_on(io.run(framed, &mut threads, &held, &inputs, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
     let mut done = (0, 0);
     for s in &mut threads {

@@ -447,6 +447,10 @@ pub(super) fn failure_of(e: Error) -> Failure {
             what: what.to_owned(),
             error: source,
         },
+        Error::Output { phase, source, .. } => Failure::Output {
+            phase,
+            chain: chain_texts(&*source),
+        },
         // The runner loses a chunk only for the reasons above.
         other => Failure::Panicked {
             input: false,
