@@ -1478,6 +1478,69 @@ mod tests {
         );
     }
 
+    /// `Output` (the job finished) asks the job's code, after a placement of its partition
+    /// ended, and takes nothing else until answered; its answer goes before the
+    /// `Surrendered` asked after it. A job without partitions is refused.
+    #[test]
+    fn an_output_asks_the_job_s_code_in_order_with_the_partition_s_other_answers() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(
+            t0,
+            Some(ToWorker::Place {
+                chunk: 2,
+                state: Bytes::from_static(b"partition"),
+                export: false,
+            }),
+        );
+        assert!(matches!(&polled(&mut m)[..], [Out::Place(_)]));
+        m.received(t0, Some(ToWorker::Output { chunk: 2, phase: 2 }));
+        m.received(t0, Some(ToWorker::Surrender { chunk: 2 }));
+        assert!(polled(&mut m).is_empty(), "waits for the placement");
+        m.placed(2, Ok(None));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(&outs[..], [Out::Code(Code::Output { chunk: 2, phase: 2 })]),
+            "{outs:?}"
+        );
+        m.answer(Ok(Some(ToCoordinator::OutputDone { chunk: 2 })));
+        let outs = polled(&mut m);
+        let [
+            Out::Send(ToCoordinator::OutputDone { chunk: 2 }),
+            Out::Code(Code::Held {
+                chunk: 2,
+                surrender: true,
+            }),
+        ] = &outs[..]
+        else {
+            panic!("{outs:?}");
+        };
+        m.answer(Ok(Some(ToCoordinator::Surrendered {
+            chunk: 2,
+            state: Bytes::from_static(b"partition"),
+        })));
+        assert!(matches!(
+            &sent(polled(&mut m))[..],
+            [ToCoordinator::Surrendered { chunk: 2, .. }]
+        ));
+        assert_eq!(chunk_of(&ToCoordinator::OutputDone { chunk: 7 }), Some(7));
+        // A job without partitions.
+        let (mut m, t0) = machine(false, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(ToWorker::Output { chunk: 1, phase: 2 }));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::End {
+                    result: Err(Error::Rejected { .. }),
+                    ..
+                }]
+            ),
+            "{outs:?}"
+        );
+    }
+
     /// `Forget` drops the partitions here and the placements under way: halos are no
     /// longer kept for them, and a message about a partition that was being placed no
     /// longer waits.
