@@ -200,6 +200,13 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
         ("surrender", ToWorker::Surrender { chunk: 16 }),
         ("abandon", ToWorker::Abandon { slot: 2, chunk: 18 }),
         (
+            "output",
+            ToWorker::Output {
+                chunk: 16,
+                phase: 9,
+            },
+        ),
+        (
             "place",
             ToWorker::Place {
                 chunk: 14,
@@ -416,6 +423,17 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             },
         ),
         ("abandoned", ToCoordinator::Abandoned { slot: 2, chunk: 18 }),
+        ("output-done", ToCoordinator::OutputDone { chunk: 16 }),
+        (
+            "failed-held-output",
+            ToCoordinator::FailedHeld {
+                chunk: 16,
+                failure: Failure::Output {
+                    phase: 9,
+                    chain: vec!["cannot write heat-9.png".to_owned(), "disk full".to_owned()],
+                },
+            },
+        ),
         (
             "released",
             ToCoordinator::Released {
