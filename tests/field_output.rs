@@ -200,9 +200,12 @@ fn bands(f: &Field) -> Vec<Range<u64>> {
         .collect()
 }
 
+/// An output's phase, first row and end row.
+type Key = (u64, u64, u64);
+
 /// What was output: per (phase, rows), the process ids that wrote it (one per call) and
 /// the rows' hashes of the last call.
-fn outputs(dir: &Path) -> BTreeMap<(u64, u64, u64), (Vec<u32>, Vec<u64>)> {
+fn outputs(dir: &Path) -> BTreeMap<Key, (Vec<u32>, Vec<u64>)> {
     let mut all = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let e = e.unwrap();
@@ -229,7 +232,7 @@ fn outputs(dir: &Path) -> BTreeMap<(u64, u64, u64), (Vec<u32>, Vec<u64>)> {
 /// rows; returns the process ids that wrote each phase's bands.
 fn check_outputs(f: &Field, phases: &[u64]) -> BTreeMap<u64, Vec<u32>> {
     let got = outputs(&f.dir);
-    let want: Vec<(u64, u64, u64)> = phases
+    let want: Vec<Key> = phases
         .iter()
         .flat_map(|&p| bands(f).into_iter().map(move |r| (p, r.start, r.end)))
         .collect();
