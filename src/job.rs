@@ -235,6 +235,15 @@ pub trait Chunk: Serialize + DeserializeOwned + Send + Sized + 'static {
     fn iterations_done(&self) -> Option<u64> {
         None
     }
+
+    /// Called on the worker before the chunk's steps, each time the chunk is handed to a
+    /// worker (thread or process), with the 0-based phase those steps belong to: the
+    /// executor's count, which a snapshot records, so it is the same after a move, a
+    /// rollback or a resume. The default ignores it. ([`Rows`](crate::Rows) bands show it
+    /// to `update` as [`Window::phase`](crate::rows::Window::phase).)
+    fn running_in(&mut self, phase: u64) {
+        let _ = phase;
+    }
 }
 
 /// What one [`Chunk::step`] ended with.

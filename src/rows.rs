@@ -22,6 +22,17 @@
 //!   which updates only cells whose neighbours it does not update, gives the same bits as the
 //!   sequential loop; a plain Gauss-Seidel sweep depends on where the bands start (fixed for
 //!   the job, so still deterministic for any worker count).
+//! - [`Sweep::ThreeLevel`]: a scheme that reads two earlier phases (a wave equation's
+//!   `uⁿ⁺¹ = f(uⁿ, uⁿ⁻¹)`): as [`Sweep::Jacobi`], and the row written holds, on entry, the
+//!   row two phases back. The two levels are the band's two buffers, so a cell is one level
+//!   and a halo carries only the level its neighbours read.
+//!
+//! # The phase
+//!
+//! [`Window::phase`] is the phase an update belongs to (the executor's count, kept by
+//! snapshots), and [`Window::last`] says whether [`Rows::phases`] announced it as the last:
+//! a red-black colour, a different first step, or the row hashes of the final grid need no
+//! phase counter in the job value.
 //!
 //! # Step length
 //!
@@ -35,7 +46,7 @@
 //! writes only what it still reads to finish its phase exactly (see `BandRef` in the source):
 //! its rows, never the stale second buffer of [`Sweep::Jacobi`], and a halo only while a row
 //! still to update reads it. A snapshot of the whole grid is then the grid's bytes and a few
-//! rows more.
+//! rows more ([`Sweep::ThreeLevel`]: both levels, twice the grid's bytes).
 
 use std::fmt;
 use std::ops::Range;
@@ -140,7 +151,15 @@ pub trait Rows: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
         let _ = value;
         Next::Finish
     }
-    /// As [`Job::phases`]: how many phases (sweeps) the job runs in all, when it knows.
+    /// As [`Job::phases`]: how many phases (sweeps) the job runs in all, when it knows. It
+    /// also sets [`Window::last`].
+    ///
+    /// `Some(0)` is a job of no phase: nothing is initialized or updated, `end_phase` is not
+    /// called, and the job finishes at once with the job value as submitted and, as its
+    /// value, the reducer's identity (`reducer().identity()`, an empty accumulator). A job
+    /// whose `end_phase` asks for another phase while `phases()` says `Some(0)` is refused
+    /// at that barrier: that phase would have no rows
+    /// ([`Error::PartitionsChanged`](crate::Error::PartitionsChanged)).
     fn phases(&self) -> Option<u64> {
         None
     }
@@ -206,20 +225,43 @@ pub enum Sweep {
     /// `above` is row `i - 1` as this phase left it (the previous phase's at a band's first
     /// row), `below` row `i + 1` as the previous phase left it.
     InPlace,
+    /// A three-level scheme (a wave equation's leapfrog: `uⁿ⁺¹` from `uⁿ` and `uⁿ⁻¹`):
+    /// `above`, `old` and `below` are rows `i - 1`, `i` and `i + 1` as the previous phase
+    /// left them (`uⁿ`), as for [`Jacobi`](Sweep::Jacobi); `row` holds, on entry, row `i`
+    /// as the phase before the previous one left it (`uⁿ⁻¹`; in phase 0 the initial row,
+    /// the same as `old`) and is written with this phase's (`uⁿ⁺¹`). The band keeps the two
+    /// levels in its two buffers and swaps them at the end of a phase, so a cell holds one
+    /// level (`f64`, not `[f64; 2]`), a step reads and writes each cell of `row` once, and
+    /// halos carry only the previous phase's rows, which is all a neighbour reads. A
+    /// snapshot holds both levels.
+    ThreeLevel,
 }
 
-/// What [`Rows::update`] reads and writes for one row (see [`Sweep`]).
+/// What [`Rows::update`] reads and writes for one row (see [`Sweep`]), and the phase it
+/// belongs to.
 #[derive(Debug)]
 pub struct Window<'a, E> {
     /// Row `i - 1`; `None` for the first row of the grid.
     pub above: Option<&'a [E]>,
-    /// Row `i` as the previous phase left it ([`Sweep::Jacobi`]); empty for
-    /// [`Sweep::InPlace`].
+    /// Row `i` as the previous phase left it ([`Sweep::Jacobi`], [`Sweep::ThreeLevel`]);
+    /// empty for [`Sweep::InPlace`].
     pub old: &'a [E],
-    /// Row `i`, to write.
+    /// Row `i`, to write (on entry: unspecified for [`Sweep::Jacobi`], row `i` as the phase
+    /// before the previous one left it for [`Sweep::ThreeLevel`], as the previous phase left
+    /// it for [`Sweep::InPlace`]).
     pub row: &'a mut [E],
     /// Row `i + 1`; `None` for the last row of the grid.
     pub below: Option<&'a [E]>,
+    /// The phase this update belongs to, 0-based: the executor's count of the job's phases,
+    /// which snapshots record, so it is the same on every worker and after a move, a
+    /// rollback or a resume. A red-black sweep's colour is `phase % 2`; the job value need
+    /// not count phases for `update`.
+    pub phase: u64,
+    /// Whether this is the job's last phase as [`Rows::phases`] announces it
+    /// (`phases() == Some(phase + 1)`): the phase to hash or sum the final rows in. Always
+    /// `false` when `phases()` is `None`, and in the last phase of a job whose
+    /// [`end_phase`](Rows::end_phase) finishes before the announced count.
+    pub last: bool,
 }
 
 /// A cell type a [`Rows`] grid can hold: stored as little-endian bytes, in bulk.
@@ -321,6 +363,10 @@ impl<R: Rows> Job for Banded<R> {
     type Input = BandedInput<R>;
 
     fn iterations(&self) -> u64 {
+        // A job of no phase: the one phase the executor runs has no rows (see `Rows::phases`).
+        if self.0.phases() == Some(0) {
+            return 0;
+        }
         self.0.height()
     }
 
@@ -343,6 +389,7 @@ impl<R: Rows> Job for Banded<R> {
             acc: self.0.reducer().identity(),
             fresh: true,
             batch: 0,
+            phase: 0,
         }
     }
 
@@ -351,6 +398,9 @@ impl<R: Rows> Job for Banded<R> {
     }
 
     fn end_phase(&mut self, value: &R::Acc) -> Next {
+        if self.0.phases() == Some(0) {
+            return Next::Finish;
+        }
         self.0.end_phase(value)
     }
 
@@ -451,6 +501,8 @@ pub struct Band<R: Rows> {
     cur: Cells<R::Element>,
     /// [`Sweep::Jacobi`]: rows `start..next` as this phase computed them (the buffer is
     /// allocated at the first step of a phase and only its filled rows are serialized).
+    /// [`Sweep::ThreeLevel`]: the same rows, then rows `next..end` as the phase before the
+    /// previous one left them (the whole buffer is serialized).
     new: Cells<R::Element>,
     /// Row `start - 1` as the previous phase left it (empty at the top of the grid).
     before: Cells<R::Element>,
@@ -461,6 +513,9 @@ pub struct Band<R: Rows> {
     fresh: bool,
     /// Rows per step; not serialized (0 = start from one row).
     batch: u64,
+    /// The phase the band's steps belong to ([`Window::phase`]); not serialized: the worker
+    /// that steps the band says it ([`Chunk::running_in`]).
+    phase: u64,
 }
 
 /// How a [`Band`] is serialized: its fields in this order, each holding only what the band
@@ -471,8 +526,9 @@ pub struct Band<R: Rows> {
 ///   of a phase: the rows above `next - 1` were read for the last time, and are the buffer
 ///   the next phase writes into, whose content is unspecified), else all of them. A band that
 ///   finished its phase (`next == end`) holds its new rows in `cur`.
-/// - `new`: [`Sweep::Jacobi`] only, rows `start..next` as this phase computed them (empty
-///   once the phase is finished: the buffer then holds stale rows the next phase overwrites).
+/// - `new`: [`Sweep::Jacobi`], rows `start..next` as this phase computed them (empty
+///   once the phase is finished: the buffer then holds stale rows the next phase overwrites);
+///   [`Sweep::ThreeLevel`], all of it (the older level is state); else empty.
 /// - `before`: only while `next == start` (the first row still reads it); `after`: only
 ///   while `next < end`. A finished band's halos are replaced at the barrier by the ones its
 ///   neighbours export ([`Partition::begin_phase`]).
@@ -510,6 +566,8 @@ impl<R: Rows> Serialize for Band<R> {
             Sweep::Jacobi if !finished && !self.fresh => {
                 (done.saturating_sub(1) * w, (done * w).min(self.new.0.len()))
             }
+            // Both levels are state: `cur` is the next phase's older level.
+            Sweep::ThreeLevel => (0, self.new.0.len()),
             _ => (0, 0),
         };
         let none: &[R::Element] = &[];
@@ -651,7 +709,10 @@ impl<R: Rows> BandData<R> {
         };
         let short = full.checked_sub(cur.0.len());
         let halo_ok = |h: &Cells<R::Element>| h.0.is_empty() || h.0.len() == w;
+        // A three-level band holds its older level whole once it has been initialized.
+        let levels_ok = R::SWEEP != Sweep::ThreeLevel || new.0.len() == if fresh { 0 } else { full };
         if short.is_none_or(|s| s > needed)
+            || !levels_ok
             || new.0.len() > full
             || !halo_ok(&before)
             || !halo_ok(&after)
@@ -684,6 +745,7 @@ impl<R: Rows> BandData<R> {
             acc,
             fresh,
             batch: 0,
+            phase: 0,
         })
     }
 }
@@ -716,6 +778,10 @@ impl<R: Rows> Band<R> {
             self.after.0 = vec![R::Element::default(); w];
             grid.init(input, self.end, &mut self.after.0);
         }
+        if R::SWEEP == Sweep::ThreeLevel {
+            // Phase 0's older level is the initial grid.
+            self.new.0.clone_from(&self.cur.0);
+        }
         self.fresh = false;
     }
 
@@ -726,8 +792,10 @@ impl<R: Rows> Band<R> {
         let height = grid.height();
         let edge_above = |i: u64| i == 0;
         let edge_below = |i: u64| i + 1 == height;
+        let phase = self.phase;
+        let last_phase = grid.phases() == Some(phase.saturating_add(1));
         match R::SWEEP {
-            Sweep::Jacobi => {
+            Sweep::Jacobi | Sweep::ThreeLevel => {
                 // Allocated once, or grown after a restore that stored only the filled rows.
                 if self.new.0.len() != self.cur.0.len() {
                     self.new.0.resize(self.cur.0.len(), R::Element::default());
@@ -754,6 +822,8 @@ impl<R: Rows> Band<R> {
                         old: &cur[k * w..(k + 1) * w],
                         row: &mut self.new.0[k * w..(k + 1) * w],
                         below,
+                        phase,
+                        last: last_phase,
                     };
                     grid.update(input, i, window, &mut self.acc);
                 }
@@ -782,6 +852,8 @@ impl<R: Rows> Band<R> {
                         old: &[],
                         row,
                         below,
+                        phase,
+                        last: last_phase,
                     };
                     grid.update(input, i, window, &mut self.acc);
                 }
@@ -856,7 +928,7 @@ impl<R: Rows> Chunk for Band<R> {
         if self.next < self.end {
             return Step::Yield;
         }
-        if R::SWEEP == Sweep::Jacobi {
+        if R::SWEEP != Sweep::InPlace {
             std::mem::swap(&mut self.cur, &mut self.new);
         }
         Step::Done(std::mem::replace(&mut self.acc, grid.reducer().identity()))
@@ -864,6 +936,10 @@ impl<R: Rows> Chunk for Band<R> {
 
     fn iterations_done(&self) -> Option<u64> {
         Some(self.next - self.start)
+    }
+
+    fn running_in(&mut self, phase: u64) {
+        self.phase = phase;
     }
 }
 
@@ -903,6 +979,9 @@ impl<R: Rows> Partition for Band<R> {
             self.after = h;
         }
         self.next = self.start;
+        // The worker that steps the band says its phase too (`running_in`); this keeps a band
+        // stepped by hand, as the tests do, in step.
+        self.phase += 1;
     }
 
     fn output_every(job: &Banded<R>) -> Option<u64> {

@@ -114,6 +114,7 @@ pub(crate) fn run<J: Job>(
             Some(c) => c,
             None => job.chunk(range.clone()),
         };
+        c.running_in(phase);
         let before = c.iterations_done().unwrap_or(0);
         let output = loop {
             if let Some(output) = steps(&mut c, job, input, cell, stats) {
