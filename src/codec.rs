@@ -25,6 +25,36 @@ pub(crate) fn encode<T: Serialize + ?Sized>(
     postcard::to_allocvec(value).map_err(|source| Error { what, source })
 }
 
+thread_local! {
+    /// Whether the value being encoded on this thread goes to worker processes
+    /// ([`encode_for_workers`]).
+    static FOR_WORKERS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Serializes a job value for worker processes: as [`encode`], except that what only the
+/// coordinator reads is left out ([`Series`](crate::Series) writes no values, see
+/// [`for_workers`]).
+pub(crate) fn encode_for_workers<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<Vec<u8>, Error> {
+    /// Ends the mode even if a `Serialize` panics.
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FOR_WORKERS.with(|f| f.set(self.0));
+        }
+    }
+    let _reset = Reset(FOR_WORKERS.with(|f| f.replace(true)));
+    encode(what, value)
+}
+
+/// Whether this thread is encoding a value for worker processes ([`encode_for_workers`]):
+/// a `Serialize` of coordinator-only data writes none then.
+pub(crate) fn for_workers() -> bool {
+    FOR_WORKERS.with(std::cell::Cell::get)
+}
+
 /// Serializes `value` into a buffer of `capacity` bytes to start with (the size of the
 /// worker's previous capture): a worker's snapshot pause then does not regrow the buffer.
 pub(crate) fn encode_sized<T: Serialize + ?Sized>(

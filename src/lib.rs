@@ -59,6 +59,8 @@
 //!
 //! - [`job`](Job): the user contract ([`Job`], [`Chunk`], [`Step`], [`Next`], [`Input`]).
 //! - [`Fold`]: the fold shortcut over single iterations.
+//! - [`Rows`]: the shortcut for a grid cut in bands of rows that live across phases;
+//!   [`Series`]: a per-phase record a job keeps at the coordinator.
 //! - [`Layout`]: the serialized layout of a job's types, traced and recorded in snapshots.
 //! - [`reduce`]: [`Reducer`](reduce::Reducer), the built-ins and the ordered merge.
 //! - [`schedule`]: chunk plans, schedules and the sans-IO core.
@@ -102,6 +104,7 @@ pub mod reduce;
 pub mod rows;
 mod run;
 pub mod schedule;
+mod series;
 pub mod slurm;
 pub mod snapshot;
 pub mod timeline;
@@ -140,3 +143,4 @@ pub use layout::{Fingerprint, Layout};
 pub use rows::{Banded, Rows};
 pub use run::SuspendToken;
 pub use schedule::{Chunking, Guided, Schedule};
+pub use series::Series;

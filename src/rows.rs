@@ -710,7 +710,8 @@ impl<R: Rows> BandData<R> {
         let short = full.checked_sub(cur.0.len());
         let halo_ok = |h: &Cells<R::Element>| h.0.is_empty() || h.0.len() == w;
         // A three-level band holds its older level whole once it has been initialized.
-        let levels_ok = R::SWEEP != Sweep::ThreeLevel || new.0.len() == if fresh { 0 } else { full };
+        let levels_ok =
+            R::SWEEP != Sweep::ThreeLevel || new.0.len() == if fresh { 0 } else { full };
         if short.is_none_or(|s| s > needed)
             || !levels_ok
             || new.0.len() > full

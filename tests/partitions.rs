@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use malleable::reduce::CollectInOrder;
 use malleable::rows::{Rows, Sweep, Window};
-use malleable::{At, Banded, Error, Executor, Next};
+use malleable::{At, Banded, Error, Executor, Next, Series};
 use serde::{Deserialize, Serialize};
 
 /// FNV-1a over the bits of a row.
@@ -352,6 +352,257 @@ fn a_phase_of_another_size_is_an_error() {
             ..
         }) => {}
         other => panic!("{other:?}"),
+    }
+}
+
+/// A wave equation, leapfrog in time ([`Sweep::ThreeLevel`]): `uⁿ⁺¹` from `uⁿ` (the rows
+/// next to it) and `uⁿ⁻¹` (the row written, on entry). Its first phase is the half step of a
+/// start from rest, told by `Window::phase`; the last phase hashes the rows, told by
+/// `Window::last`; every phase's sum of squares goes into a `Series`, which also counts the
+/// phases: the job value holds no phase counter.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Leapfrog {
+    n: u64,
+    w: usize,
+    bands: u64,
+    phases: u64,
+    /// Each phase's `[Σ u², phase]`, the sum taken row by row in row order.
+    series: Series,
+}
+
+impl Leapfrog {
+    fn new(n: u64, w: usize, bands: u64, phases: u64) -> Leapfrog {
+        Leapfrog {
+            n,
+            w,
+            bands,
+            phases,
+            series: Series::new(2),
+        }
+    }
+}
+
+/// Courant number squared.
+const C2: f64 = 0.2;
+
+/// What a [`Leapfrog`] band reports: each row's sum of squares in row order, and the
+/// rows' hashes in the last phase.
+type LeapAcc = Vec<(f64, Option<u64>)>;
+
+impl Rows for Leapfrog {
+    const NAME: &'static str = "partitions-leapfrog";
+    const SWEEP: Sweep = Sweep::ThreeLevel;
+    type Element = f64;
+    type Acc = LeapAcc;
+    type Reducer = CollectInOrder<(f64, Option<u64>)>;
+    type Input = ();
+
+    fn height(&self) -> u64 {
+        self.n
+    }
+    fn width(&self) -> usize {
+        self.w
+    }
+    fn bands(&self) -> u64 {
+        self.bands
+    }
+    fn reducer(&self) -> Self::Reducer {
+        CollectInOrder::new()
+    }
+    fn init(&self, _: &(), i: u64, row: &mut [f64]) {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = init(i, j) - 7.0;
+        }
+    }
+    fn update(&self, _: &(), _i: u64, win: Window<'_, f64>, acc: &mut LeapAcc) {
+        match (win.above, win.below) {
+            (Some(a), Some(b)) => leapfrog_row(win.phase, a, win.old, b, win.row),
+            _ => win.row.copy_from_slice(win.old),
+        }
+        let squares = win.row.iter().map(|x| x * x).sum();
+        acc.push((squares, win.last.then(|| hash(win.row))));
+    }
+    fn end_phase(&mut self, rows: &LeapAcc) -> Next {
+        let total = rows.iter().map(|r| r.0).sum::<f64>();
+        self.series.push(&[total, self.series.len() as f64]);
+        if (self.series.len() as u64) < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+    fn phases(&self) -> Option<u64> {
+        Some(self.phases)
+    }
+    fn target_step(&self) -> Duration {
+        Duration::from_micros(50)
+    }
+}
+
+/// Row `i` of phase `phase + 1` into `row`, which holds it as of phase `phase - 1` (as of
+/// phase 0 in phase 0: a start from rest takes half a step).
+fn leapfrog_row(phase: u64, above: &[f64], old: &[f64], below: &[f64], row: &mut [f64]) {
+    let w = old.len();
+    row[0] = old[0];
+    row[w - 1] = old[w - 1];
+    for j in 1..w - 1 {
+        let lap = above[j] + below[j] + old[j - 1] + old[j + 1] - 4.0 * old[j];
+        row[j] = if phase == 0 {
+            old[j] + 0.5 * C2 * lap
+        } else {
+            2.0 * old[j] - row[j] + C2 * lap
+        };
+    }
+}
+
+/// The leapfrog as a plain loop: its last rows' hashes and every phase's `[Σ u², phase]`.
+fn leapfrog_sequential(n: u64, w: usize, phases: u64) -> (Vec<u64>, Vec<[u64; 2]>) {
+    let mut cur: Vec<Vec<f64>> = (0..n)
+        .map(|i| (0..w).map(|j| init(i, j) - 7.0).collect())
+        .collect();
+    let mut older = cur.clone();
+    let mut series = Vec::new();
+    for p in 0..phases {
+        let mut total = 0.0;
+        for i in 0..n as usize {
+            if i > 0 && i + 1 < n as usize {
+                leapfrog_row(p, &cur[i - 1], &cur[i], &cur[i + 1], &mut older[i]);
+            } else {
+                older[i].copy_from_slice(&cur[i]);
+            }
+            total += older[i].iter().map(|x| x * x).sum::<f64>();
+        }
+        series.push([total.to_bits(), (p as f64).to_bits()]);
+        std::mem::swap(&mut cur, &mut older);
+    }
+    (cur.iter().map(|r| hash(r)).collect(), series)
+}
+
+/// A finished leapfrog's last rows' hashes and its series, in bits.
+fn leapfrog_result(done: &malleable::Finished<Banded<Leapfrog>>) -> (Vec<u64>, Vec<[u64; 2]>) {
+    let hashes = done.value.iter().map(|r| r.1.expect("hashed")).collect();
+    let series = done
+        .job
+        .0
+        .series
+        .iter()
+        .map(|r| [r[0].to_bits(), r[1].to_bits()]);
+    (hashes, series.collect())
+}
+
+#[test]
+fn three_level_with_the_phase_in_the_window_is_the_sequential_grid_for_any_worker_count() {
+    let expected = leapfrog_sequential(61, 23, 40);
+    for workers in [0, 1, 2, 3] {
+        let exec = Executor::builder().local_workers(workers).build().unwrap();
+        for bands in [1, 4, 7, 61] {
+            let done = exec.run(Banded(Leapfrog::new(61, 23, bands, 40))).unwrap();
+            assert_eq!(
+                leapfrog_result(&done),
+                expected,
+                "{workers} workers, {bands} bands"
+            );
+        }
+    }
+}
+
+/// The phase, both levels of a three-level scheme and the series survive snapshots in the
+/// middle of phases, a suspend and resumes with other worker counts.
+#[test]
+fn three_level_grids_and_their_series_suspend_and_resume() {
+    let dir = tempfile_dir("leapfrog");
+    let url = format!("file://{}", dir.display());
+    let (n, w, phases) = (1200, 256, 400);
+    let expected = leapfrog_sequential(n, w, phases);
+    let exec = Executor::builder()
+        .local_workers(2)
+        .snapshots(&url)
+        .build()
+        .unwrap();
+    let handle = exec.submit(Banded(Leapfrog::new(n, w, 9, phases))).unwrap();
+    let mut snapshots = 0;
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(1));
+        if handle.is_finished() {
+            break;
+        }
+        if handle.snapshot().wait().is_ok() {
+            snapshots += 1;
+        }
+    }
+    let suspended = handle.suspend().wait();
+    let mut outcome = match handle.wait().unwrap() {
+        malleable::Outcome::Finished(f) => Some(leapfrog_result(&f)),
+        _ => {
+            assert!(suspended.is_ok());
+            None
+        }
+    };
+    let mut workers = [1usize, 3, 0, 2].into_iter().cycle();
+    let mut resumes = 0;
+    while outcome.is_none() {
+        resumes += 1;
+        let exec = Executor::builder()
+            .local_workers(workers.next().unwrap())
+            .snapshots(&url)
+            .build()
+            .unwrap();
+        let h = exec.resume::<Banded<Leapfrog>>(&url, At::Latest).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let _ = h.suspend().wait();
+        if let malleable::Outcome::Finished(f) = h.wait().unwrap() {
+            outcome = Some(leapfrog_result(&f));
+        }
+    }
+    assert!(snapshots > 0);
+    assert!(resumes > 1, "{resumes} resumes");
+    let (hashes, series) = outcome.unwrap();
+    assert_same(&hashes, &expected.0);
+    assert_eq!(series.len(), phases as usize);
+    assert_eq!(series, expected.1, "every phase's record, once, in order");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A grid of no phase finishes at once with the reducer's identity: nothing is initialized
+/// or updated, and `end_phase` is not called.
+#[test]
+fn a_grid_of_no_phase_finishes_with_an_empty_value() {
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    struct Never(Leapfrog);
+    impl Rows for Never {
+        const NAME: &'static str = "partitions-never";
+        type Element = f64;
+        type Acc = LeapAcc;
+        type Reducer = CollectInOrder<(f64, Option<u64>)>;
+        type Input = ();
+        fn height(&self) -> u64 {
+            self.0.n
+        }
+        fn width(&self) -> usize {
+            self.0.w
+        }
+        fn reducer(&self) -> Self::Reducer {
+            CollectInOrder::new()
+        }
+        fn init(&self, _: &(), i: u64, _: &mut [f64]) {
+            panic!("row {i} initialized in a job of no phase");
+        }
+        fn update(&self, _: &(), i: u64, _: Window<'_, f64>, _: &mut LeapAcc) {
+            panic!("row {i} updated in a job of no phase");
+        }
+        fn end_phase(&mut self, _: &LeapAcc) -> Next {
+            panic!("end_phase called in a job of no phase");
+        }
+        fn phases(&self) -> Option<u64> {
+            Some(0)
+        }
+    }
+    for workers in [0, 2] {
+        let exec = Executor::builder().local_workers(workers).build().unwrap();
+        let done = exec.run(Banded(Never(Leapfrog::new(40, 8, 4, 0)))).unwrap();
+        assert_eq!(done.value, Vec::new());
+        assert!(done.job.0.0.series.is_empty());
+        assert_eq!(done.job.0.0.n, 40);
     }
 }
 

@@ -705,7 +705,7 @@ impl<J: Job> State<J> {
             }
         }
         if !remote_begins.is_empty() {
-            let job_bytes = bytes::Bytes::from(crate::codec::encode("the job", job)?);
+            let job_bytes = bytes::Bytes::from(crate::codec::encode_for_workers("the job", job)?);
             self.remote.begin_remote(next, job_bytes, remote_begins);
         }
         // Every partition changed: nothing of the last snapshot can be reused.

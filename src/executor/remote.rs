@@ -482,7 +482,7 @@ impl<J: Job> State<J> {
             .job
             .as_deref()
             .ok_or_else(|| Error::Internal("no job value to send".into()))?;
-        let b = Bytes::from(codec::encode("the job", job)?);
+        let b = Bytes::from(codec::encode_for_workers("the job", job)?);
         self.remote.job_bytes = Some((phase, b.clone()));
         Ok(b)
     }
