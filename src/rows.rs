@@ -1458,6 +1458,89 @@ mod tests {
         assert_eq!(shape, want);
     }
 
+    /// A three-level [`Bar`]: the older level on entry of `row` is part of the update.
+    #[derive(Serialize, Deserialize)]
+    struct Leap(Bar<false>);
+
+    impl Rows for Leap {
+        const NAME: &'static str = "leap";
+        const SWEEP: Sweep = Sweep::ThreeLevel;
+        type Element = f64;
+        type Acc = f64;
+        type Reducer = Max<f64>;
+        type Input = ();
+        fn height(&self) -> u64 {
+            self.0.n
+        }
+        fn width(&self) -> usize {
+            self.0.w
+        }
+        fn reducer(&self) -> Max<f64> {
+            Max::new()
+        }
+        fn init(&self, _: &(), i: u64, row: &mut [f64]) {
+            self.0.init(&(), i, row);
+        }
+        fn update(&self, _: &(), _: u64, win: Window<'_, f64>, acc: &mut f64) {
+            if let (Some(a), Some(b)) = (win.above, win.below) {
+                for j in 0..win.row.len() {
+                    let older = win.row[j];
+                    win.row[j] = 0.5 * (a[j] + b[j]) - 0.25 * older + win.phase as f64;
+                    *acc = acc.max(win.row[j]);
+                }
+            } else {
+                win.row.copy_from_slice(win.old);
+            }
+        }
+    }
+
+    /// A three-level band in the middle of a phase, at every row, and at the barrier: its
+    /// part holds both levels, and the band decoded from it goes on with the same bits; the
+    /// phase counts on with `begin_phase` and comes from `running_in`.
+    #[test]
+    fn three_level_band_parts_hold_both_levels() {
+        let (n, w) = (64u64, 40usize);
+        let job = Banded(Leap(Bar { n, w }));
+        let input = BandedInput(());
+        let range = 16..32;
+        let rows = (range.end - range.start) as usize;
+        for phase in 0..3u64 {
+            for stop in 1..rows as u64 {
+                let mut a = job.chunk(range.clone());
+                for _ in 0..phase {
+                    finish(&mut a, &job, &input);
+                    let (up, down) = halos(&job, &a);
+                    a.begin_phase(&job, Some(up), Some(down));
+                }
+                assert_eq!(a.phase, phase);
+                a.initialize(&job.0, &());
+                a.sweep(&job.0, &(), range.start + stop);
+                let (size, mut back) = round_trip(&a);
+                assert!(size >= 2 * rows * w * 8, "both levels: {size} bytes");
+                back.running_in(phase);
+                let want = finish(&mut a, &job, &input);
+                assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+                assert_eq!(
+                    bits(&a.cur.0),
+                    bits(&back.cur.0),
+                    "phase {phase}, row {stop}"
+                );
+                // The next phase reads the older level the part carried.
+                for b in [&mut a, &mut back] {
+                    let (up, down) = halos(&job, b);
+                    b.begin_phase(&job, Some(up), Some(down));
+                }
+                let want = finish(&mut a, &job, &input);
+                assert_eq!(want.to_bits(), finish(&mut back, &job, &input).to_bits());
+                assert_eq!(
+                    bits(&a.cur.0),
+                    bits(&back.cur.0),
+                    "phase {phase}, row {stop}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn jacobi_band_parts_hold_only_what_matters() {
         states::<false>();
