@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use malleable::reduce::CollectInOrder;
 use malleable::rows::{Rows, Sweep, Window};
-use malleable::{Banded, Executor, Finished, Next, Series};
+use malleable::{Banded, Executor, Next, Series};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -363,12 +363,10 @@ impl Rows for PairedMembrane {
 }
 
 /// A finished membrane's solution.
-fn solution(done: &Finished<Banded<Membrane>>) -> Solution {
+fn solution(job: &Membrane, value: &[RowReport]) -> Solution {
     Solution {
-        hashes: done.value.iter().filter_map(|r| r.hash).collect(),
-        series: done
-            .job
-            .0
+        hashes: value.iter().filter_map(|r| r.hash).collect(),
+        series: job
             .series
             .iter()
             .map(|r| [r[0].to_bits(), r[1].to_bits()])
@@ -460,15 +458,12 @@ fn run(args: &Args) -> Result<bool, Error> {
     let t = Instant::now();
     let done = exec.run(Banded(Membrane::new(n, steps, bands)))?;
     line("malleable (2), ThreeLevel f64", t.elapsed());
-    let by_malleable = solution(&done);
+    let by_malleable = solution(&done.job.0, &done.value);
 
     let t = Instant::now();
     let paired = exec.run(Banded(PairedMembrane(Membrane::new(n, steps, bands))))?;
     line("malleable (2), [f64; 2] cells", t.elapsed());
-    let by_paired = solution(&Finished {
-        job: Banded(paired.job.0.0),
-        value: paired.value,
-    });
+    let by_paired = solution(&paired.job.0.0, &paired.value);
 
     if let Some(last) = done.job.0.series.last() {
         println!(
