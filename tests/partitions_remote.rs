@@ -1066,3 +1066,42 @@ fn a_loss_of_a_slot_the_ledger_already_dropped_is_not_an_error() {
     let _ = b.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A process is lost in the job's first phase, after it ended partitions there, and no
+/// snapshot was taken: the first phase starts again, every partition made anew from the job
+/// value (the loss ended the job with `PartitionsLost`, although a first phase's partitions
+/// can be made again). The grid is exact, and the handle shows a rollback from the start.
+#[test]
+fn a_loss_in_the_first_phase_without_a_snapshot_starts_it_again() {
+    let stall = stall_file("first-phase");
+    std::fs::write(&stall, b"").unwrap();
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(20);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    // `b` stalls in its first band of the first phase; `a` ends its own.
+    let mut b = start_stalling(&addr, &stall);
+    until("b", || h.remote_workers() == 1);
+    let mut a = start(&addr);
+    until("a", || h.remote_workers() == 2);
+    until("a's bands done", || h.progress().done > 0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(phase_of(&h), 0, "still in the first phase");
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("a's loss", || h.remote_workers() == 1);
+    std::fs::remove_file(&stall).unwrap();
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let rollbacks = h.rollbacks();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    assert!(rollbacks[0].from_start, "{rollbacks:?}");
+    assert_eq!((rollbacks[0].from_phase, rollbacks[0].to_phase), (0, 0));
+    let _ = b.kill();
+    let _ = b.wait();
+}

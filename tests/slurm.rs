@@ -229,7 +229,9 @@ impl Batch {
         loop {
             let (state, exit) = self.state();
             match state.as_str() {
-                "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" => {}
+                // SIGNALING: Slurm is delivering a signal to the job (its time limit's, or the
+                // batch script's): it has not ended yet.
+                "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SIGNALING" => {}
                 "COMPLETED" if exit == "0:0" => return t.elapsed(),
                 _ => panic!(
                     "job {} ended {state}, exit code {exit}:\n{}",

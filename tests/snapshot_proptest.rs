@@ -17,7 +17,9 @@ enum Op {
     /// Sleep, then suspend and resume from the latest snapshot with this many workers.
     SuspendResume(u64, usize),
     /// Sleep, then resume a *second* copy from the last remembered snapshot with this many
-    /// workers and check that it finishes with the right value too.
+    /// workers and check that it finishes with the right value too. The copy writes its
+    /// snapshots to a store of its own: a job id is owned by one run at a time in a store
+    /// (its lease), and a second run of it there is refused.
     Fork(u64, usize),
     /// Sleep, then change the local worker count.
     Scale(u64, usize),
@@ -97,7 +99,9 @@ proptest! {
                 Op::Fork(t, w) => {
                     std::thread::sleep(Duration::from_micros(t));
                     if let Some(id) = &remembered {
-                        forks.push(exec(w).resume::<Kernel>(&url, At::Epoch(id.epoch)).unwrap());
+                        let own = format!("file://{}", dir.join(format!("fork-{}", forks.len())).display());
+                        let fork = Executor::builder().local_workers(w).schedule(schedule).chunking(chunking).snapshots(&own).build().unwrap();
+                        forks.push(fork.resume::<Kernel>(&url, At::Epoch(id.epoch)).unwrap());
                     }
                 }
                 Op::Scale(t, w) => {

@@ -44,8 +44,10 @@
 //!
 //! The value stays exact: the restored run is the run a `resume` of that snapshot would be,
 //! with the same workers (see `io.rs`). A run that committed no snapshot yet (none taken,
-//! or none written since it started) has nothing to go back to: it ends with
-//! [`Error::PartitionsLost`]; a snapshot that cannot be read back ends it with
+//! or none written since it started) goes back to the start of its first phase if the loss
+//! came there (every partition is made anew from the job value, which no phase changed
+//! yet); in a later phase it has nothing to go back to and ends with
+//! [`Error::PartitionsLost`]. A snapshot that cannot be read back ends it with
 //! [`Error::RollbackFailed`] naming why.
 
 use std::collections::HashMap;
@@ -90,6 +92,10 @@ pub struct Rollback {
     /// partitions before the coordinator had read its own parts (step 6); 0 mostly. `lost`
     /// counts the partitions of every loss.
     pub started_over: u64,
+    /// The loss came in the job's first phase with no snapshot committed: the run went back
+    /// to the start of that phase, its partitions made anew from the job value (`epoch` is 0
+    /// then, nothing was read, and the timeline has no rollback events for it).
+    pub from_start: bool,
 }
 
 impl<J: Job> State<J> {
@@ -123,7 +129,8 @@ impl<J: Job> State<J> {
             .lost(&chunks, self.phase, committed, writing, now, &mut out);
         if before.is_some() && self.rollback.attempt() != before {
             tracing::warn!(job = J::NAME, lost = ?chunks, "owned partitions were lost while the job rolled back: rolling back again");
-        } else if before.is_none() && committed.is_none() && self.rollback.is_under_way() {
+        } else if before.is_none() && committed.is_none() && writing && self.rollback.is_under_way()
+        {
             tracing::warn!(
                 job = J::NAME,
                 "the first snapshot is being written: rolling back to it if it commits"
@@ -151,15 +158,27 @@ impl<J: Job> State<J> {
                     self.drive_core(crate::schedule::Core::halt);
                 }
                 RollbackCommand::Started { lost, epoch } => {
-                    tracing::warn!(
-                        job = J::NAME,
-                        ?lost,
-                        epoch,
-                        "rolling back to the latest committed snapshot"
-                    );
                     metrics::counter!(crate::metrics::ROLLBACKS, "job" => J::NAME).increment(1);
-                    self.watch_rollback(&lost, epoch);
+                    match epoch {
+                        Some(epoch) => {
+                            tracing::warn!(
+                                job = J::NAME,
+                                ?lost,
+                                epoch,
+                                "rolling back to the latest committed snapshot"
+                            );
+                            self.watch_rollback(&lost, epoch);
+                        }
+                        None => {
+                            tracing::warn!(
+                                job = J::NAME,
+                                ?lost,
+                                "no snapshot to roll back to in the first phase: it starts again"
+                            );
+                        }
+                    }
                 }
+                RollbackCommand::Rebuild { attempt } => self.rebuild_first_phase(shared, attempt),
                 RollbackCommand::ReadManifest { epoch, attempt } => {
                     self.read_manifest(shared, epoch, attempt);
                 }
@@ -247,52 +266,36 @@ impl<J: Job> State<J> {
         });
     }
 
-    /// Step 4: the snapshot's manifest is read (or could not be); the run is reset to it,
-    /// halted, its workers join and its partitions are placed on the processes that read
-    /// them from the store themselves (step 5); then the coordinator reads the parts it
-    /// needs (step 6: those of local workers and of processes that do not read the store).
-    fn rolled_back(
+    /// Step 4's reset, shared by a rollback to a snapshot and a restart of the first phase:
+    /// the ledger, the job value (unless `job` is `None`: the first phase's is the one
+    /// running), the phase and the snapshot bookkeeping are replaced, the restored ledger is
+    /// halted, worker processes forget the partitions they hold, every worker joins the
+    /// restored ledger, and requests waiting for a snapshot (or a suspend) are asked again of
+    /// it.
+    fn reset_run(
         &mut self,
         shared: &Arc<Shared<J>>,
-        restored: crate::Result<(Restored<J>, crate::snapshot::Store)>,
-        attempt: u64,
+        core: crate::executor::JobCore<J>,
+        job: Option<J>,
+        phase: u64,
+        iterations_before: u64,
+        snap: Snapshots,
     ) {
-        if self.ended {
-            return;
-        }
-        let mut out = Vec::new();
-        let now = Self::since_start(shared);
-        self.rollback
-            .manifest_read(attempt, restored.is_ok(), now, &mut out);
-        let (
-            Restored {
-                job,
-                core,
-                manifest,
-                ..
-            },
-            store,
-        ) = match restored {
-            Ok(r) if out.contains(&RollbackCommand::Reset) => r,
-            Ok(_) => return,
-            Err(e) => return self.rollback_commands(shared, out, Some(e)),
-        };
-        // Each restored partition's part.
-        let parts: HashMap<ChunkId, PartRef> =
-            manifest.all_parts().map(|p| (p.chunk, p.clone())).collect();
         // Requests waiting for a snapshot are asked again of the restored run (below; no cut
         // starts while the rollback lasts).
         let (requests, suspend) = self.snap.cut.take_requests();
-        let old = std::mem::replace(&mut self.snap, Snapshots::restored(&manifest));
+        let old = std::mem::replace(&mut self.snap, snap);
         self.snap.longest = old.longest;
         (self.snap.failures, self.snap.resumed) = (old.failures, old.resumed);
         // A part asked of a process before the rollback may still come back: it is taken
         // (and dropped) rather than counted as a broken peer.
         self.snap.held_outstanding = old.held_outstanding;
         self.core = core;
-        self.job = Some(Arc::new(job));
-        self.phase = manifest.phase;
-        self.iterations_before = manifest.iterations_before;
+        if let Some(job) = job {
+            self.job = Some(Arc::new(job));
+        }
+        self.phase = phase;
+        self.iterations_before = iterations_before;
         self.exports.clear();
         self.exporting.clear();
         self.moved = 0;
@@ -327,6 +330,73 @@ impl<J: Job> State<J> {
                 let _ = self.feed(shared, Event::Retire { worker }, None);
             }
         }
+    }
+
+    /// Step 3 without a snapshot, in the job's first phase (for `attempt`): the run starts
+    /// that phase again, every partition made anew from the job value, which no phase has
+    /// changed yet. Nothing is read: the restored run restarts at once.
+    fn rebuild_first_phase(&mut self, shared: &Arc<Shared<J>>, attempt: u64) {
+        let Some(job) = self.job.clone() else { return };
+        let core = match super::first_phase(&*job, &shared.config) {
+            Ok((core, _)) => core,
+            Err(e) => return self.fail(shared, e),
+        };
+        let mut out = Vec::new();
+        let now = Self::since_start(shared);
+        self.rollback.manifest_read(attempt, true, now, &mut out);
+        if !out.contains(&RollbackCommand::Reset) {
+            return;
+        }
+        tracing::warn!(
+            job = J::NAME,
+            "no snapshot was committed: the first phase starts again, its partitions made anew"
+        );
+        self.reset_run(shared, core, None, 0, 0, Snapshots::default());
+        self.parts_read(shared, attempt, Ok(Vec::new()));
+    }
+
+    /// Step 4: the snapshot's manifest is read (or could not be); the run is reset to it,
+    /// halted, its workers join and its partitions are placed on the processes that read
+    /// them from the store themselves (step 5); then the coordinator reads the parts it
+    /// needs (step 6: those of local workers and of processes that do not read the store).
+    fn rolled_back(
+        &mut self,
+        shared: &Arc<Shared<J>>,
+        restored: crate::Result<(Restored<J>, crate::snapshot::Store)>,
+        attempt: u64,
+    ) {
+        if self.ended {
+            return;
+        }
+        let mut out = Vec::new();
+        let now = Self::since_start(shared);
+        self.rollback
+            .manifest_read(attempt, restored.is_ok(), now, &mut out);
+        let (
+            Restored {
+                job,
+                core,
+                manifest,
+                ..
+            },
+            store,
+        ) = match restored {
+            Ok(r) if out.contains(&RollbackCommand::Reset) => r,
+            Ok(_) => return,
+            Err(e) => return self.rollback_commands(shared, out, Some(e)),
+        };
+        // Each restored partition's part.
+        let parts: HashMap<ChunkId, PartRef> =
+            manifest.all_parts().map(|p| (p.chunk, p.clone())).collect();
+        let snap = Snapshots::restored(&manifest);
+        self.reset_run(
+            shared,
+            core,
+            Some(job),
+            manifest.phase,
+            manifest.iterations_before,
+            snap,
+        );
         self.place_restored(&parts, true);
         // Step 6: the parts still to read here.
         let need: Vec<PartRef> = self
@@ -402,17 +472,18 @@ impl<J: Job> State<J> {
         } = record;
         tracing::info!(
             job = J::NAME,
-            epoch,
+            ?epoch,
             phase = self.phase,
             ?lost,
             quiesce_ms = quiesce.as_millis() as u64,
             read_ms = read.as_millis() as u64,
-            "rolled back to a committed snapshot"
+            "rolled back (to a committed snapshot, or to the first phase's start)"
         );
         self.rollbacks.push(Rollback {
             lost,
             from_phase,
-            epoch,
+            epoch: epoch.unwrap_or_default(),
+            from_start: epoch.is_none(),
             to_phase: self.phase,
             quiesce,
             read,
@@ -421,7 +492,9 @@ impl<J: Job> State<J> {
             started_over,
         });
         self.recovering = Some(shared.started + since);
-        self.watch_rolled_back();
+        if epoch.is_some() {
+            self.watch_rolled_back();
+        }
         // A suspend asked for keeps it halted until its snapshot is written.
         if !self.snap.cut.suspending() {
             self.drive_core(crate::schedule::Core::unhalt);

@@ -12,17 +12,21 @@
 //! # The protocol
 //!
 //! 1. *Loss* ([`RollbackMachine::lost`]). With a committed snapshot, or the job's first one
-//!    being written (its outcome decides, step 2), the rollback starts:
-//!    [`RollbackCommand::Halt`] (stop handing out chunks, drop the running ones) and the
-//!    snapshot cut whose marker is out gives way (what it waits for is dropped). With neither,
-//!    [`RollbackCommand::NothingToRollBackTo`]: the job ends. A loss during a rollback adds
+//!    being written (its outcome decides, step 2), or in the job's first phase (whose
+//!    partitions are made from the job value alone: the phase can be run again from its
+//!    start), the rollback starts: [`RollbackCommand::Halt`] (stop handing out chunks, drop
+//!    the running ones) and the snapshot cut whose marker is out gives way (what it waits
+//!    for is dropped). With none of these, [`RollbackCommand::NothingToRollBackTo`]: the job
+//!    ends. A loss during a rollback adds
 //!    its chunks; one while the restored run is being filled (step 4) starts the rollback
 //!    over from step 2 (the restored partitions placed on the lost process are gone too).
 //! 2. *Quiet* ([`RollbackMachine::poll`]). Once no chunk runs, no partition is on its way
 //!    and no snapshot is being written, the snapshot to go back to is the newest committed
 //!    one (a write that committed meanwhile is newer than the one at the loss):
 //!    [`RollbackCommand::ReadManifest`] with this attempt's number. None committed (the first
-//!    write failed): [`RollbackCommand::NothingToRollBackTo`].
+//!    write failed, or there was none) in the first phase: [`RollbackCommand::Rebuild`], the
+//!    run starts its first phase again; in a later phase,
+//!    [`RollbackCommand::NothingToRollBackTo`].
 //! 3. *Read* ([`RollbackMachine::manifest_read`]). The manifest of that attempt, read: the
 //!    run is reset to it and placed ([`RollbackCommand::Reset`]); could not be read:
 //!    [`RollbackCommand::Failed`]. An answer of an earlier attempt is stale and ignored.
@@ -45,18 +49,26 @@ use super::ChunkId;
 pub(crate) enum RollbackCommand {
     /// Step 1: halt the ledger (running chunks are dropped) and let an open cut give way.
     Halt,
-    /// A rollback to `epoch` is decided: count it and put it on the timeline.
+    /// A rollback to `epoch` (`None`: to the start of the first phase) is decided: count it
+    /// and put it on the timeline.
     Started {
         /// The chunks lost so far.
         lost: Vec<ChunkId>,
         /// The snapshot gone back to.
-        epoch: u64,
+        epoch: Option<u64>,
     },
     /// Step 3: read the manifest of `epoch`; answer with [`RollbackMachine::manifest_read`]
     /// and this `attempt`.
     ReadManifest {
         /// The snapshot to read.
         epoch: u64,
+        /// The attempt the answer belongs to.
+        attempt: u64,
+    },
+    /// Step 3 without a snapshot, in the job's first phase: reset the run to the start of
+    /// that phase (every partition made again from the job value), then answer with
+    /// [`RollbackMachine::manifest_read`] and this `attempt`, as if a manifest was read.
+    Rebuild {
         /// The attempt the answer belongs to.
         attempt: u64,
     },
@@ -87,8 +99,8 @@ pub(crate) struct RollbackRecord {
     pub(crate) lost: Vec<ChunkId>,
     /// The phase the job was in at the first loss.
     pub(crate) from_phase: u64,
-    /// The snapshot gone back to.
-    pub(crate) epoch: u64,
+    /// The snapshot gone back to; `None`: the start of the first phase.
+    pub(crate) epoch: Option<u64>,
     /// From the first loss until the run was quiet for the last attempt.
     pub(crate) quiesce: Duration,
     /// The last attempt's reads: the manifest's and the coordinator's parts'.
@@ -116,8 +128,11 @@ enum Step {
 struct Under {
     lost: Vec<ChunkId>,
     from_phase: u64,
-    /// `None` while the first snapshot is being written.
+    /// `None` while the first snapshot is being written, and when the run goes back to the
+    /// start of its first phase.
     epoch: Option<u64>,
+    /// The loss came while the first snapshot was written: its outcome decides.
+    awaited_write: bool,
     since: Duration,
     /// When the last attempt's read started (the quiet point).
     quiet_at: Option<Duration>,
@@ -164,20 +179,21 @@ impl RollbackMachine {
         let mut lost = lost.to_vec();
         lost.sort_unstable();
         lost.dedup();
-        if committed.is_none() && !writing {
+        if committed.is_none() && !writing && phase > 0 {
             out.push(RollbackCommand::NothingToRollBackTo { lost });
             return;
         }
-        if let Some(epoch) = committed {
+        if committed.is_some() || !writing {
             out.push(RollbackCommand::Started {
                 lost: lost.clone(),
-                epoch,
+                epoch: committed,
             });
         }
         self.under = Some(Under {
             lost,
             from_phase: phase,
             epoch: committed,
+            awaited_write: committed.is_none() && writing,
             since: now,
             quiet_at: None,
             step: Step::Quiescing,
@@ -200,25 +216,37 @@ impl RollbackMachine {
         if !quiet || u.step != Step::Quiescing {
             return;
         }
-        let Some(epoch) = committed.max(u.epoch) else {
+        let epoch = committed.max(u.epoch);
+        if epoch.is_none() && u.from_phase > 0 {
             let lost = std::mem::take(&mut u.lost);
             self.under = None;
             out.push(RollbackCommand::NothingToRollBackTo { lost });
             return;
-        };
-        if u.epoch.is_none() {
+        }
+        if epoch.is_some() && u.epoch.is_none() {
+            // The first snapshot, being written at the loss, committed.
             out.push(RollbackCommand::Started {
                 lost: u.lost.clone(),
                 epoch,
             });
+        } else if epoch.is_none() && u.awaited_write {
+            // It did not: the first phase starts again.
+            u.awaited_write = false;
+            out.push(RollbackCommand::Started {
+                lost: u.lost.clone(),
+                epoch: None,
+            });
         }
-        u.epoch = Some(epoch);
+        u.epoch = epoch;
         u.quiet_at = Some(now);
         u.read = Duration::ZERO;
         u.step = Step::Reading { at: now };
-        out.push(RollbackCommand::ReadManifest {
-            epoch,
-            attempt: u.attempt,
+        out.push(match epoch {
+            Some(epoch) => RollbackCommand::ReadManifest {
+                epoch,
+                attempt: u.attempt,
+            },
+            None => RollbackCommand::Rebuild { attempt: u.attempt },
         });
     }
 
@@ -263,7 +291,7 @@ impl RollbackMachine {
         }
         let Some(u) = self.under.take() else { return };
         out.push(RollbackCommand::Restart(RollbackRecord {
-            epoch: u.epoch.unwrap_or_default(),
+            epoch: u.epoch,
             quiesce: u.quiet_at.unwrap_or(now).saturating_sub(u.since),
             restart: now.saturating_sub(u.since),
             lost: u.lost,
@@ -321,7 +349,7 @@ mod tests {
             vec![
                 C::Started {
                     lost: vec![2],
-                    epoch: 4
+                    epoch: Some(4)
                 },
                 C::Halt
             ]
@@ -344,7 +372,7 @@ mod tests {
             vec![C::Restart(RollbackRecord {
                 lost: vec![2],
                 from_phase: 9,
-                epoch: 5,
+                epoch: Some(5),
                 quiesce: ms(5),
                 read: ms(15),
                 restart: ms(20),
@@ -369,7 +397,7 @@ mod tests {
             vec![
                 C::Started {
                     lost: vec![7],
-                    epoch: 0
+                    epoch: Some(0)
                 },
                 C::ReadManifest {
                     epoch: 0,
@@ -417,7 +445,7 @@ mod tests {
         };
         assert_eq!(
             (r.lost.clone(), r.started_over, r.epoch),
-            (vec![1, 5], 1, 2)
+            (vec![1, 5], 1, Some(2))
         );
         assert_eq!(
             r.quiesce,
@@ -441,6 +469,59 @@ mod tests {
             panic!("{out:?}")
         };
         assert_eq!(r.lost, vec![0, 1]);
+    }
+
+    /// In the job's first phase, with no snapshot, the run starts that phase again: every
+    /// partition is made anew from the job value (a partition done there and lost with its
+    /// worker ended the job with `PartitionsLost`). The same when the first snapshot, being
+    /// written at the loss, fails; in a later phase it is the end.
+    #[test]
+    fn a_loss_in_the_first_phase_without_a_snapshot_starts_it_again() {
+        let mut m = RollbackMachine::default();
+        assert_eq!(
+            run(|o| m.lost(&[3], 0, None, false, ms(0), o)),
+            vec![
+                C::Started {
+                    lost: vec![3],
+                    epoch: None
+                },
+                C::Halt
+            ]
+        );
+        assert_eq!(
+            run(|o| m.poll(true, None, ms(4), o)),
+            vec![C::Rebuild { attempt: 0 }]
+        );
+        assert_eq!(run(|o| m.manifest_read(0, true, ms(5), o)), vec![C::Reset]);
+        let out = run(|o| m.parts_read(0, true, ms(6), o));
+        let [C::Restart(r)] = out.as_slice() else {
+            panic!("{out:?}")
+        };
+        assert_eq!((r.epoch, r.from_phase, r.lost.clone()), (None, 0, vec![3]));
+
+        // The first snapshot was being written and failed: the first phase starts again.
+        let mut m = RollbackMachine::default();
+        assert_eq!(
+            run(|o| m.lost(&[3], 0, None, true, ms(0), o)),
+            vec![C::Halt]
+        );
+        assert_eq!(
+            run(|o| m.poll(true, None, ms(4), o)),
+            vec![
+                C::Started {
+                    lost: vec![3],
+                    epoch: None
+                },
+                C::Rebuild { attempt: 0 }
+            ]
+        );
+        // In a later phase, the same failed write ends the job.
+        let mut m = RollbackMachine::default();
+        run(|o| m.lost(&[3], 1, None, true, ms(0), o));
+        assert_eq!(
+            run(|o| m.poll(true, None, ms(4), o)),
+            vec![C::NothingToRollBackTo { lost: vec![3] }]
+        );
     }
 
     #[test]
