@@ -724,6 +724,28 @@ struct GatedReads {
     reading_manifests: std::sync::atomic::AtomicUsize,
 }
 
+/// A coordinator with `local` workers whose snapshot store is a gated folder (`name`), and
+/// its lease of `lease`: the folder, the gates and the executor.
+fn gated_coordinator(
+    name: &str,
+    local: usize,
+    lease: Duration,
+) -> (std::path::PathBuf, std::sync::Arc<GatedReads>, Executor) {
+    let (dir, url) = folder(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gated = std::sync::Arc::new(GatedReads::new(&dir, &url));
+    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
+    assert!(store.url().starts_with(&url), "{}", store.url());
+    let exec = Executor::builder()
+        .local_workers(local)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), lease)
+        .snapshot_store(store)
+        .build()
+        .unwrap();
+    (dir, gated, exec)
+}
+
 impl GatedReads {
     fn new(dir: &std::path::Path, url: &str) -> GatedReads {
         GatedReads {
@@ -834,21 +856,9 @@ impl object_store::ObjectStore for GatedReads {
 /// worker alone, and the grid is exact.
 #[test]
 fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
-    use std::sync::Arc;
     use std::sync::atomic::Ordering::SeqCst;
     common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
-    let (dir, url) = folder("rollback-again");
-    std::fs::create_dir_all(&dir).unwrap();
-    let gated = Arc::new(GatedReads::new(&dir, &url));
-    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
-    assert!(store.url().starts_with(&url), "{}", store.url());
-    let exec = Executor::builder()
-        .local_workers(1)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .snapshot_store(store)
-        .build()
-        .unwrap();
+    let (dir, gated, exec) = gated_coordinator("rollback-again", 1, Duration::from_secs(3));
     let addr = exec.local_addr().unwrap().to_string();
     let job = grid(1000);
     let h = exec.submit(Banded(job.clone())).unwrap();
@@ -891,20 +901,9 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
 /// snapshot was committed", and the job rolls back to that snapshot once it commits, exact.
 #[test]
 fn a_loss_during_the_first_snapshots_write_waits_for_its_commit() {
-    use std::sync::Arc;
     use std::sync::atomic::Ordering::SeqCst;
     common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
-    let (dir, url) = folder("first-write");
-    std::fs::create_dir_all(&dir).unwrap();
-    let gated = Arc::new(GatedReads::new(&dir, &url));
-    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
-    let exec = Executor::builder()
-        .local_workers(1)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .snapshot_store(store)
-        .build()
-        .unwrap();
+    let (dir, gated, exec) = gated_coordinator("first-write", 1, Duration::from_secs(3));
     let addr = exec.local_addr().unwrap().to_string();
     let job = grid(400);
     let h = exec.submit(Banded(job.clone())).unwrap();
@@ -1005,20 +1004,9 @@ fn a_cut_open_at_a_loss_commits_nothing_the_rollback_dropped() {
 /// (it did: "event from worker 5 rejected: unknown worker"). The grid is exact.
 #[test]
 fn a_loss_of_a_slot_the_ledger_already_dropped_is_not_an_error() {
-    use std::sync::Arc;
     use std::sync::atomic::Ordering::SeqCst;
     common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
-    let (dir, url) = folder("stale-slot");
-    std::fs::create_dir_all(&dir).unwrap();
-    let gated = Arc::new(GatedReads::new(&dir, &url));
-    let store = malleable::snapshot::Store::from_object_store(gated.clone(), "");
-    let exec = Executor::builder()
-        .local_workers(0)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
-        .snapshot_store(store)
-        .build()
-        .unwrap();
+    let (dir, gated, exec) = gated_coordinator("stale-slot", 0, Duration::from_secs(2));
     let addr = exec.local_addr().unwrap().to_string();
     // Slow rows (a band takes about 10 ms), so that the stall can catch a phase's start.
     let job = Grid {
