@@ -708,10 +708,10 @@ fn a_process_thread_gets_one_thread_s_share_of_the_grid() {
 }
 
 /// A folder store whose reads of a snapshot's parts, at the coordinator, wait while the gate
-/// `open` is shut, its reads of manifests while `manifests` is shut, and whose commits (a manifest's write) wait while `commits` is shut; the
-/// test sees them waiting. It shows itself as the folder's URL, which
-/// `Store::from_object_store` hands the worker processes: they read and write the folder
-/// directly, ungated.
+/// `open` is shut, its reads of manifests while `manifests` is shut, and whose commits (a
+/// manifest's write) while `commits` is shut; the test sees them waiting. It shows itself as
+/// the folder's URL, which `Store::from_object_store` hands the worker processes: they read
+/// and write the folder directly, ungated.
 #[derive(Debug)]
 struct GatedReads {
     inner: object_store::local::LocalFileSystem,
@@ -997,11 +997,12 @@ fn a_cut_open_at_a_loss_commits_nothing_the_rollback_dropped() {
 }
 
 /// Process `b` (the only worker: none is local) is frozen past its lease while a slot of
-/// process `a`, which joined meanwhile, waits for a partition `b` was asked to hand over: `b`'s loss leaves that slot out of the
-/// ledger (it never got its `Run`). Then `a` is killed while the rollback reads the snapshot
-/// back (the store holds the manifest's read): the loss of that slot is news from a worker
-/// the ledger no longer has, dropped and counted, never an internal error that ends the job
-/// (it did: "event from worker 5 rejected: unknown worker"). The grid is exact.
+/// process `a`, which joined meanwhile, waits for a partition `b` was asked to hand over:
+/// `b`'s loss leaves that slot out of the ledger (it never got its `Run`). Then `a` is
+/// killed while the rollback reads the snapshot back (the store holds the manifest's read):
+/// the loss of that slot is news from a worker the ledger no longer has, dropped and counted,
+/// never an internal error that ends the job (it was: "event from worker 4 rejected: unknown
+/// worker"). The grid is exact.
 #[test]
 fn a_loss_of_a_slot_the_ledger_already_dropped_is_not_an_error() {
     use std::sync::atomic::Ordering::SeqCst;
