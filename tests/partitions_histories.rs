@@ -257,7 +257,12 @@ fn finish(mut run: Run, log: &str) {
             .exec
             .peer_errors()
             .into_iter()
-            .filter(|e| !matches!(&**e, cluster::Error::UnknownJob { .. }))
+            .filter(|e| {
+                !matches!(
+                    &**e,
+                    cluster::Error::UnknownJob { .. } | cluster::Error::JobEnded { .. }
+                )
+            })
             .collect();
         assert!(errors.is_empty(), "{log}\n{errors:?}");
     }

@@ -35,7 +35,10 @@ pub fn serve_and_exit(
             Err(cluster::Error::UnknownJob { .. }) if start.elapsed() < refused => {
                 std::thread::sleep(Duration::from_micros(500));
             }
-            Err(cluster::Error::UnknownJob { .. }) => std::process::exit(4),
+            // Refused for good: no job it runs started in time, or the job had ended.
+            Err(cluster::Error::UnknownJob { .. } | cluster::Error::JobEnded { .. }) => {
+                std::process::exit(4)
+            }
             Ok(_) => std::process::exit(0),
             Err(e) => {
                 println!("WORKER ERROR {e}");
