@@ -150,17 +150,18 @@ struct Polls {
 /// Whether no worker can run the job: no local worker (target 0) and nobody in `wait` or
 /// awaiting it to run it inline, no worker process connected, and it has not ended.
 fn unattended<J: Job>(st: &State<J>) -> bool {
-    !st.ended && st.members.target == 0 && st.members.waiter.is_none() && st.remote_count() == 0
+    !st.ended && st.members.target == 0 && !st.members.waiting && st.remote_count() == 0
 }
 
 /// Gives the inline role (the job's worker while it has zero local workers) to a new helper
 /// thread, which runs the job's chunks until the job ends. `st` is the job's state, locked.
 fn start_inline_helper<J: Job>(
     shared: &Arc<Shared<J>>,
-    mut st: std::sync::MutexGuard<'_, State<J>>,
+    mut st: super::job_run::Guard<'_, J>,
 ) -> std::io::Result<()> {
     let (tx, rx) = crossbeam_channel::unbounded::<Msg<J>>();
-    st.members.waiter = Some(tx);
+    let (state, links) = st.links();
+    links.set_waiter(state, Some(tx));
     st.settle(shared);
     drop(st);
     let shared2 = Arc::clone(shared);
@@ -173,11 +174,14 @@ fn start_inline_helper<J: Job>(
             // then the mailbox is the waiting thread's, and stays.
             let mut st = shared2.lock();
             if st.ended {
-                st.members.waiter = None;
+                let (state, links) = st.links();
+                links.set_waiter(state, None);
             }
         });
     if let Err(e) = spawned {
-        shared.lock().members.waiter = None;
+        let mut st = shared.lock();
+        let (state, links) = st.links();
+        links.set_waiter(state, None);
         return Err(e);
     }
     Ok(())
@@ -408,13 +412,15 @@ impl<J: Job> JobHandle<J> {
         let (tx, rx) = crossbeam_channel::unbounded();
         {
             let mut st = self.shared.lock();
-            st.members.waiter = Some(tx);
+            let (state, links) = st.links();
+            links.set_waiter(state, Some(tx));
             st.settle(&self.shared);
         }
         local::serve_inline(&self.shared, &rx);
         let result = {
             let mut st = self.shared.lock();
-            st.members.waiter = None;
+            let (state, links) = st.links();
+            links.set_waiter(state, None);
             st.result
                 .take()
                 .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME }))
@@ -532,8 +538,8 @@ impl<J: Job> Future for JobFuture<J> {
                     .unwrap_or(Err(Error::OutcomeTaken { job: J::NAME })),
             );
         }
-        st.waker = Some(cx.waker().clone());
-        if !self.helper && st.members.waiter.is_none() {
+        st.links().1.set_waker(cx.waker().clone());
+        if !self.helper && !st.members.waiting {
             // The inline role, should the target be or become zero, goes to a helper thread.
             if let Err(e) = start_inline_helper(&self.shared, st) {
                 let mut st = self.shared.lock();

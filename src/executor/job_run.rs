@@ -19,10 +19,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Waker;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
+use super::links::{Links, Order};
 use super::members::{Member, Members, Msg};
 use super::progress::Publisher;
 use super::remote::{Fetch, Remotes};
@@ -107,7 +108,61 @@ pub(crate) struct Shared<J: Job> {
     pub(crate) listener: Option<Arc<Listener>>,
     pub(crate) inputs: Inputs<J>,
     pub(crate) started: Instant,
-    pub(crate) state: Mutex<State<J>>,
+    /// This, for the threads its orders spawn (`links.rs`).
+    pub(crate) me: Weak<Shared<J>>,
+    pub(crate) state: Mutex<Locked<J>>,
+}
+
+/// What the job's mutex guards: the state, which decides, and the links its orders go out
+/// through.
+pub(crate) struct Locked<J: Job> {
+    pub(crate) state: State<J>,
+    pub(crate) links: Links<J>,
+}
+
+impl<J: Job> Locked<J> {
+    pub(crate) fn new(state: State<J>) -> Locked<J> {
+        Locked {
+            state,
+            links: Links::default(),
+        }
+    }
+}
+
+/// The job's state, locked: the orders it queued go out when the guard drops, before the
+/// lock is released (`links.rs`).
+pub(crate) struct Guard<'a, J: Job> {
+    locked: MutexGuard<'a, Locked<J>>,
+    shared: &'a Shared<J>,
+}
+
+impl<J: Job> Guard<'_, J> {
+    /// The links the state's orders go out through.
+    pub(crate) fn links(&mut self) -> (&mut State<J>, &mut Links<J>) {
+        let Locked { state, links } = &mut *self.locked;
+        (state, links)
+    }
+}
+
+impl<J: Job> Deref for Guard<'_, J> {
+    type Target = State<J>;
+
+    fn deref(&self) -> &State<J> {
+        &self.locked.state
+    }
+}
+
+impl<J: Job> DerefMut for Guard<'_, J> {
+    fn deref_mut(&mut self) -> &mut State<J> {
+        &mut self.locked.state
+    }
+}
+
+impl<J: Job> Drop for Guard<'_, J> {
+    fn drop(&mut self) {
+        let Locked { state, links } = &mut *self.locked;
+        links.carry_out(state, self.shared);
+    }
 }
 
 impl<J: Job> fmt::Debug for Shared<J> {
@@ -129,7 +184,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) result: Option<Result<Outcome<J>>>,
     /// Set once, when the result is stored (it stays set after the result is taken).
     pub(crate) ended: bool,
-    pub(crate) waker: Option<Waker>,
+    /// Orders for local workers, carried out when the lock is released (`links.rs`).
+    pub(crate) orders: Vec<Order<J>>,
     /// The core's command buffer, reused.
     pub(crate) out: Vec<Command<Held<J::Chunk>>>,
     /// The job's workers, local or remote (`members.rs`).
@@ -189,7 +245,7 @@ impl<J: Job> State<J> {
             iterations_before,
             result: None,
             ended: false,
-            waker: None,
+            orders: Vec::new(),
             out: Vec::new(),
             members: Members::new(target),
             remote: Remotes::default(),
@@ -220,20 +276,19 @@ impl<J: Job> State<J> {
 
     /// Wakes whoever waits for the outcome (the waiting thread's mailbox, an awaiting task).
     pub(crate) fn wake_waiters(&mut self) {
-        if let Some(tx) = &self.members.waiter {
-            let _ = tx.send(Msg::Wake);
-        }
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
+        self.orders.push(Order::Wake);
     }
 }
 
 impl<J: Job> Shared<J> {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State<J>> {
+    pub(crate) fn lock(&self) -> Guard<'_, J> {
         // A panic never happens while the lock is held (user code under it is caught), but be
         // robust: the state stays consistent, so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        Guard {
+            locked,
+            shared: self,
+        }
     }
 }
 
@@ -440,12 +495,11 @@ impl<J: Job> State<J> {
                                 job: Arc::clone(job),
                                 cell: Arc::clone(&local.cell),
                             };
-                            let tx = local.tx.clone();
                             self.snap.on_run(chunk);
                             if me == Some(worker) {
                                 mine = Some(msg);
                             } else {
-                                let _ = tx.send(msg);
+                                self.orders.push(Order::Local(worker, msg));
                             }
                         }
                         (Some(Member::Remote(slot)), _) => {
@@ -461,11 +515,11 @@ impl<J: Job> State<J> {
                     None => {}
                 },
                 Command::Release { worker } => match self.members.remove(worker) {
-                    Some(Member::Local(local)) => {
+                    Some(Member::Local(_)) => {
                         if me == Some(worker) {
                             mine = Some(Msg::Release);
                         } else {
-                            let _ = local.tx.send(Msg::Release);
+                            self.orders.push(Order::Local(worker, Msg::Release));
                         }
                     }
                     Some(Member::Remote(slot)) => self.release_remote(slot),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crossbeam_channel::Receiver;
 
 use super::job_run::{Halo, Shared, State};
+use super::links::Order;
 use super::members::Msg;
 use super::snapshot::{Captured, Part};
 use crate::codec;
@@ -163,35 +164,25 @@ impl<J: Job> State<J> {
             self.retire(shared, w);
         }
         for _ in threads.len()..self.members.target {
-            if let Err(e) = self.spawn(shared) {
-                return self.fail(shared, e);
-            }
+            self.spawn(shared);
         }
         match (self.members.target, inline) {
-            (0, None) => {
-                if let Some(tx) = self.members.waiter.clone() {
-                    let w = self.members.join_local(tx, true);
-                    let _ = self.feed(shared, Event::Joined { worker: w }, None);
-                }
+            (0, None) if self.members.waiting => {
+                let w = self.members.join_local(true);
+                self.orders.push(Order::Inline(w));
+                let _ = self.feed(shared, Event::Joined { worker: w }, None);
             }
             (1.., Some(w)) => self.retire(shared, w),
             _ => {}
         }
     }
 
-    fn spawn(&mut self, shared: &Arc<Shared<J>>) -> Result<()> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let w = self.members.join_local(tx, false);
-        let shared2 = Arc::clone(shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("malleable-{}-{w}", J::NAME))
-            .spawn(move || thread_main(shared2, rx));
-        if let Err(e) = spawned {
-            self.members.remove(w);
-            return Err(Error::Spawn(e));
-        }
+    /// A new local thread joins (the driver spawns it; if it cannot, the job ends with
+    /// [`Error::Spawn`]).
+    fn spawn(&mut self, shared: &Arc<Shared<J>>) {
+        let w = self.members.join_local(false);
+        self.orders.push(Order::Spawn(w));
         let _ = self.feed(shared, Event::Joined { worker: w }, None);
-        Ok(())
     }
 
     pub(crate) fn retire(&mut self, shared: &Arc<Shared<J>>, w: WorkerId) {

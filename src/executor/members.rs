@@ -9,8 +9,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crossbeam_channel::Sender;
-
 use crate::job::Job;
 use crate::run::{Assignment, Cell};
 use crate::schedule::ProcessId;
@@ -31,9 +29,8 @@ pub(crate) enum Msg<J: Job> {
     Wake,
 }
 
-/// A local thread, or the inline worker.
-pub(crate) struct Local<J: Job> {
-    pub(crate) tx: Sender<Msg<J>>,
+/// A local thread, or the inline worker. Its mailbox is the driver's (`links.rs`).
+pub(crate) struct Local {
     pub(crate) cell: Arc<Cell>,
     pub(crate) inline: bool,
     pub(crate) retiring: bool,
@@ -47,20 +44,22 @@ pub(crate) struct Slot {
 }
 
 /// A worker of the job.
-pub(crate) enum Member<J: Job> {
-    Local(Local<J>),
+pub(crate) enum Member {
+    Local(Local),
     Remote(Slot),
 }
 
 /// The job's workers, their ids, and the local target.
 pub(crate) struct Members<J: Job> {
-    table: HashMap<WorkerId, Member<J>>,
+    table: HashMap<WorkerId, Member>,
     next_id: WorkerId,
     /// Requested local worker threads.
     pub(crate) target: usize,
-    /// The mailbox of the thread blocked in `wait`, which runs the job when `target` is 0.
-    pub(crate) waiter: Option<Sender<Msg<J>>>,
+    /// Whether a thread is blocked in `wait` (or a helper stands in for an awaiting task):
+    /// it runs the job when `target` is 0. Its mailbox is the driver's (`links.rs`).
+    pub(crate) waiting: bool,
     gauge: metrics::Gauge,
+    job: std::marker::PhantomData<fn() -> J>,
 }
 
 impl<J: Job> Members<J> {
@@ -69,22 +68,22 @@ impl<J: Job> Members<J> {
             table: HashMap::new(),
             next_id: 0,
             target,
-            waiter: None,
+            waiting: false,
             gauge: metrics::gauge!(crate::metrics::WORKERS, "job" => J::NAME),
+            job: std::marker::PhantomData,
         }
     }
 
-    fn join(&mut self, member: Member<J>) -> WorkerId {
+    fn join(&mut self, member: Member) -> WorkerId {
         let w = self.next_id;
         self.next_id += 1;
         self.table.insert(w, member);
         w
     }
 
-    /// A new local worker (a thread, or the inline worker) with its mailbox.
-    pub(crate) fn join_local(&mut self, tx: Sender<Msg<J>>, inline: bool) -> WorkerId {
+    /// A new local worker (a thread, or the inline worker).
+    pub(crate) fn join_local(&mut self, inline: bool) -> WorkerId {
         self.join(Member::Local(Local {
-            tx,
             cell: Arc::default(),
             inline,
             retiring: false,
@@ -96,25 +95,25 @@ impl<J: Job> Members<J> {
         self.join(Member::Remote(Slot { conn, slot }))
     }
 
-    pub(crate) fn get(&self, w: WorkerId) -> Option<&Member<J>> {
+    pub(crate) fn get(&self, w: WorkerId) -> Option<&Member> {
         self.table.get(&w)
     }
 
-    pub(crate) fn local(&self, w: WorkerId) -> Option<&Local<J>> {
+    pub(crate) fn local(&self, w: WorkerId) -> Option<&Local> {
         match self.table.get(&w) {
             Some(Member::Local(l)) => Some(l),
             _ => None,
         }
     }
 
-    pub(crate) fn local_mut(&mut self, w: WorkerId) -> Option<&mut Local<J>> {
+    pub(crate) fn local_mut(&mut self, w: WorkerId) -> Option<&mut Local> {
         match self.table.get_mut(&w) {
             Some(Member::Local(l)) => Some(l),
             _ => None,
         }
     }
 
-    pub(crate) fn remove(&mut self, w: WorkerId) -> Option<Member<J>> {
+    pub(crate) fn remove(&mut self, w: WorkerId) -> Option<Member> {
         self.table.remove(&w)
     }
 
@@ -126,7 +125,7 @@ impl<J: Job> Members<J> {
     }
 
     /// The local workers.
-    pub(crate) fn locals(&self) -> impl Iterator<Item = (WorkerId, &Local<J>)> {
+    pub(crate) fn locals(&self) -> impl Iterator<Item = (WorkerId, &Local)> {
         self.table.iter().filter_map(|(&w, m)| match m {
             Member::Local(l) => Some((w, l)),
             Member::Remote(_) => None,

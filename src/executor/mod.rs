@@ -40,6 +40,7 @@ mod io;
 mod job_run;
 mod lease;
 mod lifecycle;
+mod links;
 mod local;
 mod members;
 mod progress;
@@ -823,20 +824,22 @@ impl Executor {
             run_lease: lease,
             ..self.config.clone()
         };
-        let shared = Arc::new(Shared {
+        let state = State::new(
+            core,
+            job,
+            phase,
+            iterations_before,
+            snap,
+            self.config.local_workers,
+        );
+        let shared = Arc::new_cyclic(|me| Shared {
             config,
             io: Arc::clone(&self.io),
             listener: self.listener.clone(),
             inputs: Inputs::default(),
             started: Instant::now(),
-            state: Mutex::new(State::new(
-                core,
-                job,
-                phase,
-                iterations_before,
-                snap,
-                self.config.local_workers,
-            )),
+            me: me.clone(),
+            state: Mutex::new(job_run::Locked::new(state)),
         });
         {
             let mut st = shared.lock();

@@ -95,7 +95,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::job_run::{Halo, Shared, State};
 use super::members::Slot;
@@ -155,7 +155,6 @@ fn check_part(
 
 /// A connected worker process.
 pub(crate) struct Conn {
-    tx: UnboundedSender<ToWorker>,
     /// Shared with every message's error path (cloned per message, so not a `String`).
     peer: Arc<str>,
     /// The phase whose job value it has.
@@ -184,6 +183,9 @@ impl Conn {
 #[derive(Default)]
 pub(crate) struct Remotes {
     pub(crate) conns: HashMap<ProcessId, Conn>,
+    /// Frames for worker processes, in order, sent when the job's lock is released
+    /// (`links.rs`).
+    pub(crate) outbox: Vec<(ProcessId, ToWorker)>,
     /// The number of the next process to connect.
     next: u64,
     /// The job value of a phase, encoded once for all connections.
@@ -235,17 +237,16 @@ impl Remotes {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
                     c.phase_sent = Some(phase);
-                    let _ = c.tx.send(ToWorker::Phase {
-                        phase,
-                        job: job.clone(),
-                    });
+                    let job = job.clone();
+                    self.outbox.push((id, ToWorker::Phase { phase, job }));
                 }
                 tracing::debug!(conn = %id, chunk, phase, "begin");
-                let _ = c.tx.send(ToWorker::Begin {
+                let begin = ToWorker::Begin {
                     chunk,
                     before,
                     after,
-                });
+                };
+                self.outbox.push((id, begin));
             }
         }
     }
@@ -297,7 +298,7 @@ impl Remotes {
         if let Some(c) = self.conns.get_mut(&id) {
             if c.phase_sent != Some(phase) {
                 c.phase_sent = Some(phase);
-                let _ = c.tx.send(ToWorker::Phase { phase, job });
+                self.outbox.push((id, ToWorker::Phase { phase, job }));
             }
         }
     }
@@ -313,8 +314,10 @@ impl Remotes {
     }
 
     /// Sends `msg` to connection `id`; `None` if it is gone.
-    pub(crate) fn send_to(&self, id: ProcessId, msg: ToWorker) -> Option<()> {
-        self.conns.get(&id).and_then(|c| c.tx.send(msg).ok())
+    pub(crate) fn send_to(&mut self, id: ProcessId, msg: ToWorker) -> Option<()> {
+        self.conns
+            .contains_key(&id)
+            .then(|| self.outbox.push((id, msg)))
     }
 }
 
@@ -361,7 +364,9 @@ impl<J: Job> Attach for Shared<J> {
                 let _ = tx.send(ToWorker::End);
                 None
             } else {
-                Some(st.join_remote(&self, tx, conn.peer.clone(), conn.threads))
+                let id = st.join_remote(&self, conn.peer.clone(), conn.threads);
+                st.links().1.link_conn(id, tx);
+                Some(id)
             }
         };
         let io = self.io.handle().clone();
@@ -488,13 +493,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 1: each slot of the connection joins the core.
-    fn join_remote(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        tx: UnboundedSender<ToWorker>,
-        peer: String,
-        threads: u32,
-    ) -> ProcessId {
+    fn join_remote(&mut self, shared: &Arc<Shared<J>>, peer: String, threads: u32) -> ProcessId {
         let id = ProcessId(self.remote.next);
         self.remote.next += 1;
         let threads = threads.clamp(1, 4096);
@@ -505,7 +504,6 @@ impl<J: Job> State<J> {
         self.remote.conns.insert(
             id,
             Conn {
-                tx,
                 peer: peer.into(),
                 phase_sent: None,
                 slots: slots.clone(),
@@ -526,7 +524,7 @@ impl<J: Job> State<J> {
     /// Tells connection `to` (or every connection) where the job's snapshots are, once one is
     /// committed there (see `ToWorker::Store`). Secrets are not sent: the URL is the store's
     /// shown form (credentials removed) and only options on a list of non-secret keys go.
-    pub(crate) fn offer_store(&self, shared: &Arc<Shared<J>>, to: Option<ProcessId>) {
+    pub(crate) fn offer_store(&mut self, shared: &Arc<Shared<J>>, to: Option<ProcessId>) {
         let Some((epoch, created_unix_ms)) = self.snap.witness else {
             return;
         };
@@ -541,9 +539,9 @@ impl<J: Job> State<J> {
             epoch,
             created_unix_ms,
         };
-        for (id, c) in &self.remote.conns {
+        for id in self.remote.conns.keys() {
             if to.is_none_or(|t| t == *id) {
-                let _ = c.tx.send(msg.clone());
+                self.remote.outbox.push((*id, msg.clone()));
             }
         }
     }
@@ -609,17 +607,16 @@ impl<J: Job> State<J> {
             self.remote.sent += b.len() as u64;
         }
         self.remote.send_phase(conn_id, phase, job_bytes);
-        if let Some(c) = self.remote.conns.get_mut(&conn_id) {
-            tracing::debug!(conn = %conn_id, slot, chunk, held, phase, "run");
-            let _ = c.tx.send(ToWorker::Run {
-                slot,
-                chunk,
-                start: range.start,
-                end: range.end,
-                state: state.clone(),
-                held,
-            });
-        }
+        tracing::debug!(conn = %conn_id, slot, chunk, held, phase, "run");
+        let run = ToWorker::Run {
+            slot,
+            chunk,
+            start: range.start,
+            end: range.end,
+            state: state.clone(),
+            held,
+        };
+        let _ = self.remote.send_to(conn_id, run);
         // The state the chunk was sent with is the one it falls back to if this worker is
         // lost (the ledger keeps no copy of what it hands out). The core accepts it: the
         // slot runs `chunk` since the `Run` command.
@@ -644,9 +641,10 @@ impl<J: Job> State<J> {
                 return;
             }
         }
-        if let (Some(chunk), Some(c)) =
-            (self.core.running_on(worker), self.remote.conns.get(&r.conn))
-        {
+        if let (Some(chunk), true) = (
+            self.core.running_on(worker),
+            self.remote.conns.contains_key(&r.conn),
+        ) {
             // A rollback throws the chunk away: it is dropped there, not handed back.
             let msg = if self.rolling_back() {
                 ToWorker::Abandon {
@@ -659,7 +657,7 @@ impl<J: Job> State<J> {
                     chunk,
                 }
             };
-            let _ = c.tx.send(msg);
+            self.remote.outbox.push((r.conn, msg));
         }
     }
 
@@ -669,13 +667,12 @@ impl<J: Job> State<J> {
             *capture = true;
             return;
         }
-        if let Some(c) = self.remote.conns.get(&r.conn) {
-            let _ = c.tx.send(ToWorker::Capture {
-                slot: r.slot,
-                chunk,
-                folder: self.snap.next_folder(),
-            });
-        }
+        let capture = ToWorker::Capture {
+            slot: r.slot,
+            chunk,
+            folder: self.snap.next_folder(),
+        };
+        let _ = self.remote.send_to(r.conn, capture);
     }
 
     /// A `Release` for remote slot `r` (no longer a member). The connection gets `End` with
@@ -685,7 +682,9 @@ impl<J: Job> State<J> {
             if let Some(s) = c.slots.get_mut(r.slot as usize) {
                 *s = None;
             }
-            let _ = c.tx.send(ToWorker::Release { slot: r.slot });
+            self.remote
+                .outbox
+                .push((r.conn, ToWorker::Release { slot: r.slot }));
         }
         self.end_if_drained(r.conn);
     }
@@ -698,7 +697,7 @@ impl<J: Job> State<J> {
         if c.slots.iter().any(Option::is_some) || self.holds_partitions(id) {
             return;
         }
-        let _ = c.tx.send(ToWorker::End);
+        self.remote.outbox.push((id, ToWorker::End));
         self.remote.conns.remove(&id);
         self.snap
             .held_outstanding
@@ -775,10 +774,8 @@ impl<J: Job> State<J> {
                 self.remote
                     .fetches
                     .insert(chunk, (from, to, std::time::Instant::now()));
-                if let Some(c) = self.remote.conns.get(&from) {
-                    tracing::debug!(conn = %from, chunk, "surrender");
-                    let _ = c.tx.send(ToWorker::Surrender { chunk });
-                }
+                tracing::debug!(conn = %from, chunk, "surrender");
+                let _ = self.remote.send_to(from, ToWorker::Surrender { chunk });
             }
         }
     }
@@ -950,8 +947,8 @@ impl<J: Job> State<J> {
 
     /// Protocol step 6: every connection ends (the core has already let go of the job).
     pub(crate) fn end_remotes(&mut self) {
-        for (_, c) in self.remote.conns.drain() {
-            let _ = c.tx.send(ToWorker::End);
+        for (id, _) in self.remote.conns.drain() {
+            self.remote.outbox.push((id, ToWorker::End));
         }
         // A local runner waiting for a partition on its way is let go (it reports to an ended
         // job); nothing holds its answer any more.

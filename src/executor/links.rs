@@ -1,0 +1,149 @@
+//! The driver side of a job run: the mailboxes of its local workers and of the thread that
+//! waits for it, the connections of its worker processes, and the orders that go out
+//! through them.
+//!
+//! [`State`] decides and queues; it never sends. It queues frames for worker processes
+//! (`Remotes::outbox`) and [`Order`]s for local workers; each locked section ends by carrying
+//! them out ([`Guard`](super::job_run::Guard)'s drop), in the order they were queued and
+//! before the lock is released, so a worker never sees an order the state has already
+//! withdrawn. The mailboxes live here, not in the state: the state names a worker by its
+//! [`WorkerId`] and a worker process by its [`ProcessId`], and holds no channel.
+
+use std::collections::HashMap;
+
+use crossbeam_channel::Sender;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::job_run::{Shared, State};
+use super::local::thread_main;
+use super::members::Msg;
+use crate::error::Error;
+use crate::job::Job;
+use crate::schedule::{ProcessId, WorkerId};
+use crate::wire::frame::ToWorker;
+
+/// An order of the state for a local worker, carried out by [`Links::carry_out`].
+pub(crate) enum Order<J: Job> {
+    /// A message for local worker `0` (a thread, or the thread waiting inline). A
+    /// [`Msg::Release`] also forgets its mailbox.
+    Local(WorkerId, Msg<J>),
+    /// A new thread for local worker `0`.
+    Spawn(WorkerId),
+    /// The thread waiting for the job becomes local worker `0` (the inline worker).
+    Inline(WorkerId),
+    /// Whoever waits for the outcome looks again: the waiting thread's mailbox, an awaiting
+    /// task.
+    Wake,
+}
+
+/// The mailboxes and connections the orders of one job run go out through.
+pub(crate) struct Links<J: Job> {
+    /// Local workers' mailboxes (the inline worker's is the waiting thread's).
+    locals: HashMap<WorkerId, Sender<Msg<J>>>,
+    /// The mailbox of the thread blocked in `wait`, or of the helper standing in for an
+    /// awaiting task.
+    waiter: Option<Sender<Msg<J>>>,
+    /// The task awaiting the outcome, if any.
+    waker: Option<std::task::Waker>,
+    /// Each worker process's connection task.
+    conns: HashMap<ProcessId, UnboundedSender<ToWorker>>,
+}
+
+impl<J: Job> Default for Links<J> {
+    fn default() -> Self {
+        Links {
+            locals: HashMap::new(),
+            waiter: None,
+            waker: None,
+            conns: HashMap::new(),
+        }
+    }
+}
+
+impl<J: Job> Links<J> {
+    /// The connection task of worker process `id`, which the state has just joined.
+    pub(crate) fn link_conn(&mut self, id: ProcessId, tx: UnboundedSender<ToWorker>) {
+        self.conns.insert(id, tx);
+    }
+
+    /// The mailbox of the thread that waits for the job (and runs it inline at target 0).
+    pub(crate) fn set_waiter(&mut self, state: &mut State<J>, tx: Option<Sender<Msg<J>>>) {
+        state.members.waiting = tx.is_some();
+        self.waiter = tx;
+    }
+
+    /// The task to wake when the job's outcome is ready.
+    pub(crate) fn set_waker(&mut self, waker: std::task::Waker) {
+        self.waker = Some(waker);
+    }
+
+    /// Carries out what `state` queued, in order, until nothing is left (carrying out an
+    /// order can fail, and the state's answer queues more); then forgets the mailboxes and
+    /// connections the state no longer names.
+    pub(crate) fn carry_out(&mut self, state: &mut State<J>, shared: &Shared<J>) {
+        loop {
+            for (id, frame) in state.remote.outbox.drain(..) {
+                if let Some(tx) = self.conns.get(&id) {
+                    let _ = tx.send(frame);
+                }
+            }
+            if state.orders.is_empty() {
+                break;
+            }
+            for order in std::mem::take(&mut state.orders) {
+                self.carry(order, state, shared);
+            }
+        }
+        if self.conns.len() != state.remote.conns.len() {
+            self.conns
+                .retain(|id, _| state.remote.conns.contains_key(id));
+        }
+        if self.locals.len() != state.members.local_count() {
+            self.locals.retain(|w, _| state.members.local(*w).is_some());
+        }
+    }
+
+    fn carry(&mut self, order: Order<J>, state: &mut State<J>, shared: &Shared<J>) {
+        match order {
+            Order::Local(w, msg) => {
+                let release = matches!(msg, Msg::Release);
+                if let Some(tx) = self.locals.get(&w) {
+                    let _ = tx.send(msg);
+                }
+                if release {
+                    self.locals.remove(&w);
+                }
+            }
+            Order::Spawn(w) => {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                let spawned = shared.me.upgrade().map(|shared| {
+                    std::thread::Builder::new()
+                        .name(format!("malleable-{}-{w}", J::NAME))
+                        .spawn(move || thread_main(shared, rx))
+                });
+                match spawned {
+                    Some(Ok(_)) => {
+                        self.locals.insert(w, tx);
+                    }
+                    // The job's handle and workers are gone: nothing runs it any more.
+                    None => {}
+                    Some(Err(e)) if !state.ended => state.complete(Err(Error::Spawn(e))),
+                    Some(Err(_)) => {}
+                }
+            }
+            Order::Inline(w) => {
+                if let Some(tx) = &self.waiter {
+                    self.locals.insert(w, tx.clone());
+                }
+            }
+            Order::Wake => {
+                if let Some(tx) = &self.waiter {
+                    let _ = tx.send(Msg::Wake);
+                }
+                if let Some(w) = self.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
