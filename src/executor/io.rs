@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::job_run::{Shared, State};
 use super::lifecycle::Resubmit;
+use super::links::StoreOp;
 use super::snapshot::{At, Header, Part, Reply, Resumed, RunConfig, SnapshotConfig, Snapshots};
 use crate::codec::{decode, encode};
 use crate::error::{Cause, Error, Result, Site};
@@ -55,94 +56,122 @@ fn digest(bytes: &[u8]) -> Fingerprint {
 }
 
 impl<J: Job> State<J> {
-    /// Protocol step 3: hands a complete cut to the background writer.
-    pub(crate) fn write(
+    /// Protocol step 3: hands a complete cut to the background writer (`write`).
+    pub(crate) fn write(&mut self, cut: Write<Header, Part, bytes::Bytes, Reply>) {
+        let after = self.snap.last_epoch;
+        let cut = Box::new(cut);
+        self.store_ops.push(StoreOp::Write { cut, after });
+    }
+
+    /// Protocol step 3's outcome: the cut written as `written` (its manifest as written,
+    /// `took` since its marker, `bytes` new bytes), or why not; `lease_lost` if the run
+    /// lost its job id's lease meanwhile.
+    pub(crate) fn snapshot_written(
         &mut self,
         shared: &Arc<Shared<J>>,
-        cut: Write<Header, Part, bytes::Bytes, Reply>,
+        written: Result<SnapshotId>,
+        manifest: &Manifest,
+        (took, bytes): (std::time::Duration, u64),
+        (suspend, replies): (bool, Vec<Reply>),
+        lease_lost: Option<Error>,
     ) {
-        let after = self.snap.last_epoch;
-        let shared2 = Arc::clone(shared);
-        shared.io.writer().spawn(async move {
-            let Write {
-                header,
-                parts,
-                done,
-                kept,
-                suspend,
-                replies,
-            } = cut;
-            let Header {
-                mut manifest,
-                started,
-            } = header;
-            let origin = &shared2.config.origin;
-            manifest.submitted = origin.submitted.as_deref().cloned();
-            manifest.shape = origin.shape.to_vec();
-            manifest
-                .done
-                .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
-            let bytes = super::watch::new_bytes(&parts, &kept);
-            let lease = shared2.config.run_lease.as_deref();
-            let cfg = &shared2.config.snapshots;
-            let written = store(cfg, lease, after, &mut manifest, parts, kept).await;
-            let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
-            let took = started.elapsed();
-            let mut st = shared2.lock();
-            st.watch_snapshot(&written, took, bytes, suspend);
-            let mut out = std::mem::take(&mut st.snap.out);
-            let outcome = if written.is_ok() {
-                Written::Committed
-            } else {
-                Written::Failed
-            };
-            let unchanged = st.snap.cut.written(outcome, &mut out);
-            if let Ok(id) = &written {
-                let full = is_full(&manifest);
-                st.snapshot_committed(full);
-                st.snap.last_epoch = Some(id.epoch);
-                st.snap.witness = Some((id.epoch, manifest.created_unix_ms));
-                st.offer_store(&shared2, None);
-                st.snap.longest = Some(st.snap.longest.map_or(took, |l| l.max(took)));
-                let by_chunk: HashMap<ChunkId, &PartRef> =
-                    manifest.all_parts().map(|p| (p.chunk, p)).collect();
-                for c in unchanged {
-                    if let Some(p) = by_chunk.get(&c) {
-                        st.snap.cache.insert(c, (*p).clone());
-                    }
+        self.watch_snapshot(&written, took, bytes, suspend);
+        let mut out = std::mem::take(&mut self.snap.out);
+        let outcome = if written.is_ok() {
+            Written::Committed
+        } else {
+            Written::Failed
+        };
+        let unchanged = self.snap.cut.written(outcome, &mut out);
+        if let Ok(id) = &written {
+            let full = is_full(manifest);
+            self.snapshot_committed(full);
+            self.snap.last_epoch = Some(id.epoch);
+            self.snap.witness = Some((id.epoch, manifest.created_unix_ms));
+            self.offer_store(shared, None);
+            self.snap.longest = Some(self.snap.longest.map_or(took, |l| l.max(took)));
+            let by_chunk: HashMap<ChunkId, &PartRef> =
+                manifest.all_parts().map(|p| (p.chunk, p)).collect();
+            for c in unchanged {
+                if let Some(p) = by_chunk.get(&c) {
+                    self.snap.cache.insert(c, (*p).clone());
                 }
             }
-            let written = written.map_err(Cause::new);
-            for r in replies {
-                let _ = r.send(match &written {
-                    Ok(id) => Ok(id.clone()),
-                    Err(e) => Err(Error::SnapshotFailed(e.clone())),
-                });
+        }
+        let written = written.map_err(Cause::new);
+        for r in replies {
+            let _ = r.send(match &written {
+                Ok(id) => Ok(id.clone()),
+                Err(e) => Err(Error::SnapshotFailed(e.clone())),
+            });
+        }
+        if let Err(cause) = &written {
+            self.snapshot_failed(cause.clone(), "to be written");
+        }
+        self.cut_commands(shared, &mut out);
+        self.snap.out = out;
+        // A run that lost its job id's lease commits nothing more: it ends.
+        if let Some(e) = lease_lost {
+            self.fail(shared, e);
+        }
+        if suspend && !self.ended {
+            if let Ok(id) = written {
+                self.complete(Ok(super::Outcome::Suspended(id)));
             }
-            if let Err(cause) = &written {
-                st.snapshot_failed(cause.clone(), "to be written");
-            }
-            st.cut_commands(&shared2, &mut out);
-            st.snap.out = out;
-            // A run that lost its job id's lease commits nothing more: it ends.
-            if let Some(reason) = lease.and_then(|l| l.lost()) {
-                let l = lease.expect("a lost lease");
-                st.fail(&shared2, super::lease::lost(l, reason));
-            }
-            if suspend && !st.ended {
-                if let Ok(id) = written {
-                    st.complete(Ok(super::Outcome::Suspended(id)));
-                }
-            }
-            st.poll_cut(&shared2);
-            // A rollback waits for a write in flight to end before it reads the store back.
-            st.poll_rollback(&shared2);
-            // The outcome of a job that ended meanwhile waited for this write.
-            if st.outcome_ready() {
-                st.wake_waiters();
-            }
-        });
+        }
+        self.poll_cut(shared);
+        // A rollback waits for a write in flight to end before it reads the store back.
+        self.poll_rollback(shared);
+        // The outcome of a job that ended meanwhile waited for this write.
+        if self.outcome_ready() {
+            self.wake_waiters();
+        }
     }
+}
+
+/// Protocol step 3 on the store writer: writes `cut` (after epoch `after`), then hands the
+/// outcome to the state.
+pub(crate) fn write<J: Job>(
+    shared: Arc<Shared<J>>,
+    cut: Write<Header, Part, bytes::Bytes, Reply>,
+    after: Option<u64>,
+) {
+    let io = shared.io.writer().clone();
+    io.spawn(async move {
+        let Write {
+            header,
+            parts,
+            done,
+            kept,
+            suspend,
+            replies,
+        } = cut;
+        let Header {
+            mut manifest,
+            started,
+        } = header;
+        let origin = &shared.config.origin;
+        manifest.submitted = origin.submitted.as_deref().cloned();
+        manifest.shape = origin.shape.to_vec();
+        manifest
+            .done
+            .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
+        let bytes = super::watch::new_bytes(&parts, &kept);
+        let lease = shared.config.run_lease.as_deref();
+        let cfg = &shared.config.snapshots;
+        let written = store(cfg, lease, after, &mut manifest, parts, kept).await;
+        let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
+        let took = started.elapsed();
+        let lease_lost = lease.and_then(|l| Some(super::lease::lost(l, l.lost()?)));
+        shared.lock().snapshot_written(
+            &shared,
+            written,
+            &manifest,
+            (took, bytes),
+            (suspend, replies),
+            lease_lost,
+        );
+    });
 }
 
 /// Whether a committed snapshot references no part of an earlier one (its parts are all in

@@ -186,6 +186,8 @@ pub(crate) struct State<J: Job> {
     pub(crate) ended: bool,
     /// Orders for local workers, carried out when the lock is released (`links.rs`).
     pub(crate) orders: Vec<Order<J>>,
+    /// Operations on the snapshot store, started when the lock is released (`links.rs`).
+    pub(crate) store_ops: Vec<super::links::StoreOp>,
     /// The core's command buffer, reused.
     pub(crate) out: Vec<Command<Held<J::Chunk>>>,
     /// The job's workers, local or remote (`members.rs`).
@@ -246,6 +248,7 @@ impl<J: Job> State<J> {
             result: None,
             ended: false,
             orders: Vec::new(),
+            store_ops: Vec::new(),
             out: Vec::new(),
             members: Members::new(target),
             remote: Remotes::default(),

@@ -10,6 +10,9 @@
 //! [`WorkerId`] and a worker process by its [`ProcessId`], and holds no channel.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 use crossbeam_channel::Sender;
 use tokio::sync::mpsc::UnboundedSender;
@@ -17,10 +20,32 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::job_run::{Shared, State};
 use super::local::thread_main;
 use super::members::Msg;
+use super::snapshot::{Header, Part, Reply};
 use crate::error::Error;
 use crate::job::Job;
-use crate::schedule::{ProcessId, WorkerId};
+use crate::schedule::{ProcessId, WorkerId, Write};
+use crate::snapshot::{PartRef, SnapshotId};
 use crate::wire::frame::ToWorker;
+
+/// An operation of the state on the job's snapshot store, carried out on the I/O runtime
+/// by [`Links::carry_out`]; its outcome comes back to the state as a call
+/// (`State::snapshot_written`, `State::rolled_back`, `State::parts_read`).
+pub(crate) enum StoreOp {
+    /// Protocol step 3 of `schedule/cut.rs`: write a complete cut, in an epoch after
+    /// `after` (`io.rs`).
+    Write {
+        cut: Box<Write<Header, Part, Bytes, Reply>>,
+        after: Option<u64>,
+    },
+    /// Read back and decode the manifest of `epoch` for rollback `attempt` (`rollback.rs`).
+    ReadManifest { epoch: u64, attempt: u64 },
+    /// Read the parts `need` of snapshot `id` for rollback `attempt` (`rollback.rs`).
+    ReadParts {
+        id: SnapshotId,
+        need: Vec<PartRef>,
+        attempt: u64,
+    },
+}
 
 /// An order of the state for a local worker, carried out by [`Links::carry_out`].
 pub(crate) enum Order<J: Job> {
@@ -87,6 +112,12 @@ impl<J: Job> Links<J> {
                     let _ = tx.send(frame);
                 }
             }
+            if !state.store_ops.is_empty() {
+                let ops = std::mem::take(&mut state.store_ops);
+                if let Some(shared) = shared.me.upgrade() {
+                    ops.into_iter().for_each(|op| store_op(&shared, op));
+                }
+            }
             if state.orders.is_empty() {
                 break;
             }
@@ -144,6 +175,20 @@ impl<J: Job> Links<J> {
                     w.wake();
                 }
             }
+        }
+    }
+}
+
+/// Starts `op` on the I/O runtime.
+fn store_op<J: Job>(shared: &Arc<Shared<J>>, op: StoreOp) {
+    let shared = Arc::clone(shared);
+    match op {
+        StoreOp::Write { cut, after } => super::io::write(shared, *cut, after),
+        StoreOp::ReadManifest { epoch, attempt } => {
+            super::rollback::read_back(shared, epoch, attempt);
+        }
+        StoreOp::ReadParts { id, need, attempt } => {
+            super::rollback::read_parts(shared, id, need, attempt);
         }
     }
 }

@@ -56,6 +56,7 @@ use std::time::Duration;
 
 use super::io::{Restored, read_manifest, restore};
 use super::job_run::{Shared, State};
+use super::links::StoreOp;
 use super::members::Member;
 use super::snapshot::Snapshots;
 use crate::error::Error;
@@ -180,7 +181,7 @@ impl<J: Job> State<J> {
                 }
                 RollbackCommand::Rebuild { attempt } => self.rebuild_first_phase(shared, attempt),
                 RollbackCommand::ReadManifest { epoch, attempt } => {
-                    self.read_manifest(shared, epoch, attempt);
+                    self.read_manifest(epoch, attempt);
                 }
                 // Carried out by `rolled_back`, which asked.
                 RollbackCommand::Reset => {}
@@ -235,35 +236,10 @@ impl<J: Job> State<J> {
         self.rollback_commands(shared, out, None);
     }
 
-    /// Step 3: reads the manifest of `epoch` on the I/O runtime, for `attempt`.
-    fn read_manifest(&mut self, shared: &Arc<Shared<J>>, epoch: u64, attempt: u64) {
-        let cfg = shared.config.snapshots.clone();
-        let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
-        let shared2 = Arc::clone(shared);
-        shared.io.handle().spawn(async move {
-            let read = match cfg.store() {
-                Ok(store) => read_manifest::<J>(&store, &id).await.map(|m| (m, store)),
-                Err(e) => Err(e),
-            };
-            // Decoding runs user code (`iterations`, `reducer`): off the I/O thread. The
-            // states stay in the store for now (empty bytes in the ledger): a process that
-            // reads the store reads its own, and the coordinator reads the rest (step 6)
-            // before anything runs.
-            let restored = tokio::task::spawn_blocking(move || {
-                read.and_then(|(m, store)| {
-                    let empty = vec![bytes::Bytes::new(); m.all_parts().count()];
-                    restore::<J>(m, empty).map(|r| (r, store))
-                })
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(Error::Internal(format!(
-                    "reading a snapshot back stopped: {e}"
-                )))
-            });
-            let mut st = shared2.lock();
-            st.rolled_back(&shared2, restored, attempt);
-        });
+    /// Step 3: reads the manifest of `epoch` back, for `attempt` (`read_back`).
+    fn read_manifest(&mut self, epoch: u64, attempt: u64) {
+        self.store_ops
+            .push(StoreOp::ReadManifest { epoch, attempt });
     }
 
     /// Step 4's reset, shared by a rollback to a snapshot and a restart of the first phase:
@@ -359,10 +335,10 @@ impl<J: Job> State<J> {
     /// halted, its workers join and its partitions are placed on the processes that read
     /// them from the store themselves (step 5); then the coordinator reads the parts it
     /// needs (step 6: those of local workers and of processes that do not read the store).
-    fn rolled_back(
+    pub(crate) fn rolled_back(
         &mut self,
         shared: &Arc<Shared<J>>,
-        restored: crate::Result<(Restored<J>, crate::snapshot::Store)>,
+        restored: crate::Result<Restored<J>>,
         attempt: u64,
     ) {
         if self.ended {
@@ -372,15 +348,12 @@ impl<J: Job> State<J> {
         let now = Self::since_start(shared);
         self.rollback
             .manifest_read(attempt, restored.is_ok(), now, &mut out);
-        let (
-            Restored {
-                job,
-                core,
-                manifest,
-                ..
-            },
-            store,
-        ) = match restored {
+        let Restored {
+            job,
+            core,
+            manifest,
+            ..
+        } = match restored {
             Ok(r) if out.contains(&RollbackCommand::Reset) => r,
             Ok(_) => return,
             Err(e) => return self.rollback_commands(shared, out, Some(e)),
@@ -415,20 +388,13 @@ impl<J: Job> State<J> {
         }
         self.settle(shared);
         let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
-        let shared2 = Arc::clone(shared);
-        shared.io.handle().spawn(async move {
-            let read = store.read_parts(&id, need.iter()).await;
-            let mut st = shared2.lock();
-            let got = read
-                .map(|bytes| need.into_iter().map(|p| p.chunk).zip(bytes).collect())
-                .map_err(Error::from);
-            st.parts_read(&shared2, attempt, got);
-        });
+        self.store_ops
+            .push(StoreOp::ReadParts { id, need, attempt });
     }
 
     /// Step 6: the parts the coordinator reads itself, read for `attempt` (or why not): they
     /// go into the ledger, and the run restarts (an answer of an earlier attempt is dropped).
-    fn parts_read(
+    pub(crate) fn parts_read(
         &mut self,
         shared: &Arc<Shared<J>>,
         attempt: u64,
@@ -647,4 +613,55 @@ impl super::remote::Remotes {
             let _ = self.send_to(id, ToWorker::Forget);
         }
     }
+}
+
+/// Step 3 on the I/O runtime: reads the manifest of `epoch` and decodes it (user code, off
+/// the I/O thread), then hands it to the state for `attempt`. The states stay in the store
+/// for now (empty bytes in the ledger): a process that reads the store reads its own, and the
+/// coordinator reads the rest (step 6, `read_parts`) before anything runs.
+pub(crate) fn read_back<J: Job>(shared: Arc<Shared<J>>, epoch: u64, attempt: u64) {
+    let io = shared.io.handle().clone();
+    io.spawn(async move {
+        let cfg = shared.config.snapshots.clone();
+        let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
+        let read = match cfg.store() {
+            Ok(store) => read_manifest::<J>(&store, &id).await,
+            Err(e) => Err(e),
+        };
+        let restored = tokio::task::spawn_blocking(move || {
+            read.and_then(|m| {
+                let empty = vec![bytes::Bytes::new(); m.all_parts().count()];
+                restore::<J>(m, empty)
+            })
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(Error::Internal(format!(
+                "reading a snapshot back stopped: {e}"
+            )))
+        });
+        shared.lock().rolled_back(&shared, restored, attempt);
+    });
+}
+
+/// Step 6 on the I/O runtime: reads the parts `need` of snapshot `id` that the coordinator
+/// reads itself, then hands them to the state for `attempt`.
+pub(crate) fn read_parts<J: Job>(
+    shared: Arc<Shared<J>>,
+    id: SnapshotId,
+    need: Vec<PartRef>,
+    attempt: u64,
+) {
+    let io = shared.io.handle().clone();
+    io.spawn(async move {
+        let read = match shared.config.snapshots.store() {
+            Ok(store) => store
+                .read_parts(&id, need.iter())
+                .await
+                .map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        let got = read.map(|bytes| need.into_iter().map(|p| p.chunk).zip(bytes).collect());
+        shared.lock().parts_read(&shared, attempt, got);
+    });
 }

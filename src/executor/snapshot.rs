@@ -617,7 +617,7 @@ impl<J: Job> State<J> {
                     }
                     self.snapshot_failed(cause, "before its write");
                 }
-                CutCommand::Write(write) => self.write(shared, write),
+                CutCommand::Write(write) => self.write(write),
             }
         }
         self.end_if_failing(shared);
