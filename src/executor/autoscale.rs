@@ -182,7 +182,7 @@ fn apply<J: Job>(shared: &Arc<Shared<J>>, d: &Decision) {
         .increment(1);
     shared.lock().watch_decision(d);
     if d.local != d.from_local {
-        shared.lock().set_target(shared, d.local);
+        shared.lock().set_target(d.local);
     }
     if d.remote != d.from_remote {
         if let Err(e) = super::remote::scale_remote(shared, d.remote) {

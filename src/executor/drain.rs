@@ -30,7 +30,7 @@ impl<J: Job> JobHandle<J> {
             let mut st = self.shared.lock();
             let ids = st.newest_conns(n);
             for &id in &ids {
-                st.retire_conn(&self.shared, id);
+                st.retire_conn(id);
             }
             ids
         };
@@ -105,7 +105,7 @@ async fn watch<J: Job>(
             "drained worker processes are still there near the end of their grace period: taking a snapshot"
         );
         let (tx, rx) = tokio::sync::oneshot::channel();
-        shared.lock().request_snapshot(&shared, tx);
+        shared.lock().request_snapshot(tx);
         rx
     };
     let end = start + grace;
@@ -140,6 +140,6 @@ async fn watch<J: Job>(
     );
     let mut st = shared.lock();
     for id in still {
-        st.let_go(&shared, id);
+        st.let_go(id);
     }
 }

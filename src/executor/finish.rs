@@ -25,11 +25,10 @@
 //! ends the job with its error ([`Error::Output`], [`Error::Panicked`]).
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::job_run::{Shared, State};
+use super::job_run::State;
 use super::remote::Fetch;
 use super::{Finished, Outcome};
 use crate::error::{Error, Result, Site};
@@ -71,18 +70,11 @@ pub(crate) fn before_end_phase<J: Job>(job: &J, phase: u64) -> Result<Option<Byt
 impl<J: Job> State<J> {
     /// The last phase ended with `job` and `value`; `ran` is what [`before_end_phase`]
     /// kept. Completes the job, at once or once its partitions are output and gathered.
-    pub(crate) fn finish(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        job: J,
-        value: Value<J>,
-        phase: u64,
-        ran: Option<Bytes>,
-    ) {
+    pub(crate) fn finish(&mut self, job: J, value: Value<J>, phase: u64, ran: Option<Bytes>) {
         let gather = match J::OWNERSHIP.hooks {
             Some(hooks) => match catch(Site::Job { phase }, J::NAME, || (hooks.gather)(&job)) {
                 Ok(g) => g,
-                Err(e) => return self.fail(shared, e),
+                Err(e) => return self.fail(e),
             },
             None => false,
         };
@@ -94,7 +86,7 @@ impl<J: Job> State<J> {
             .transpose()
         {
             Ok(ran) => ran,
-            Err(e) => return self.fail(shared, e.into()),
+            Err(e) => return self.fail(e.into()),
         };
         self.finishing = Some(Finishing {
             job,
@@ -105,25 +97,25 @@ impl<J: Job> State<J> {
             asked: HashSet::new(),
             done: HashSet::new(),
         });
-        self.poll_finish(shared);
+        self.poll_finish();
     }
 
     /// Moves the finishing job on (see the module docs): outputs what is here, asks the
     /// worker processes for the rest, and completes the job once nothing is awaited.
-    pub(crate) fn poll_finish(&mut self, shared: &Arc<Shared<J>>) {
+    pub(crate) fn poll_finish(&mut self) {
         let Some(mut f) = self.finishing.take() else {
             return;
         };
         if self.ended {
             return;
         }
-        match self.advance(shared, &mut f) {
+        match self.advance(&mut f) {
             Ok(false) => self.finishing = Some(f),
             Ok(true) => {
                 let partitions = if f.gather {
                     match self.gathered() {
                         Ok(p) => Some(p),
-                        Err(e) => return self.fail(shared, e),
+                        Err(e) => return self.fail(e),
                     }
                 } else {
                     None
@@ -133,7 +125,7 @@ impl<J: Job> State<J> {
                 done.partitions = partitions;
                 self.complete(Ok(Outcome::Finished(done)));
             }
-            Err(e) => self.fail(shared, e),
+            Err(e) => self.fail(e),
         }
     }
 
@@ -147,7 +139,7 @@ impl<J: Job> State<J> {
     }
 
     /// One round of the finishing; `true` once nothing is awaited.
-    fn advance(&mut self, shared: &Arc<Shared<J>>, f: &mut Finishing<J>) -> Result<bool> {
+    fn advance(&mut self, f: &mut Finishing<J>) -> Result<bool> {
         let Some(hooks) = J::OWNERSHIP.hooks else {
             return Ok(true);
         };
@@ -196,7 +188,7 @@ impl<J: Job> State<J> {
                 }
             }
             if !here.is_empty() {
-                let input = shared.inputs.get(ran)?;
+                let input = self.inputs.get(ran)?;
                 for (chunk, held) in self.core.kept_mut() {
                     if !here.contains(&chunk) {
                         continue;

@@ -162,7 +162,7 @@ fn start_inline_helper<J: Job>(
     let (tx, rx) = crossbeam_channel::unbounded::<Msg<J>>();
     let (state, links) = st.links();
     links.set_waiter(state, Some(tx));
-    st.settle(shared);
+    st.settle();
     drop(st);
     let shared2 = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
@@ -248,7 +248,7 @@ impl<J: Job> JobHandle<J> {
              workers, or call wait() instead of polling, to choose the thread that computes)"
         );
         if let Err(e) = start_inline_helper(&self.shared, st) {
-            self.shared.lock().fail(&self.shared, Error::Spawn(e));
+            self.shared.lock().fail(Error::Spawn(e));
         }
     }
 
@@ -256,7 +256,7 @@ impl<J: Job> JobHandle<J> {
     /// retired worker hands its chunk over with its live state at its next adjustment point
     /// and exits. Zero runs the job inline on the thread blocked in [`JobHandle::wait`].
     pub fn set_local_workers(&self, n: usize) {
-        self.shared.lock().set_target(&self.shared, n);
+        self.shared.lock().set_target(n);
     }
 
     /// The requested number of local worker threads.
@@ -333,7 +333,7 @@ impl<J: Job> JobHandle<J> {
     /// Gracefully retires the `n` most recently joined worker processes: their threads hand
     /// their chunks back at their next adjustment point, then the processes are told to end.
     pub fn retire_remote(&self, n: usize) {
-        self.shared.lock().retire_remote(&self.shared, n);
+        self.shared.lock().retire_remote(n);
     }
 
     /// Brings the job to `n` worker processes: starts the missing ones with the executor's
@@ -357,7 +357,7 @@ impl<J: Job> JobHandle<J> {
     /// of the same job id.
     pub fn cancel(&self) {
         let mut st = self.shared.lock();
-        st.fail(&self.shared, Error::Cancelled { job: J::NAME });
+        st.fail(Error::Cancelled { job: J::NAME });
     }
 
     /// Takes a coordinated snapshot: each running chunk is serialized at its next adjustment
@@ -365,7 +365,7 @@ impl<J: Job> JobHandle<J> {
     /// (`.await` it, or [`SnapshotRequest::wait`]).
     pub fn snapshot(&self) -> SnapshotRequest {
         let (tx, rx) = oneshot::channel();
-        self.shared.lock().request_snapshot(&self.shared, tx);
+        self.shared.lock().request_snapshot(tx);
         SnapshotRequest { rx, job: J::NAME }
     }
 
@@ -374,7 +374,7 @@ impl<J: Job> JobHandle<J> {
     /// request resolves to the snapshot's id. If the snapshot fails, the job goes on.
     pub fn suspend(&self) -> SnapshotRequest {
         let (tx, rx) = oneshot::channel();
-        self.shared.lock().request_suspend(&self.shared, Some(tx));
+        self.shared.lock().request_suspend(Some(tx));
         SnapshotRequest { rx, job: J::NAME }
     }
 
@@ -414,7 +414,7 @@ impl<J: Job> JobHandle<J> {
             let mut st = self.shared.lock();
             let (state, links) = st.links();
             links.set_waiter(state, Some(tx));
-            st.settle(&self.shared);
+            st.settle();
         }
         local::serve_inline(&self.shared, &rx);
         let result = {
@@ -543,7 +543,7 @@ impl<J: Job> Future for JobFuture<J> {
             // The inline role, should the target be or become zero, goes to a helper thread.
             if let Err(e) = start_inline_helper(&self.shared, st) {
                 let mut st = self.shared.lock();
-                st.fail(&self.shared, Error::Spawn(e));
+                st.fail(Error::Spawn(e));
                 return Poll::Ready(
                     st.result
                         .take()

@@ -68,7 +68,6 @@ impl<J: Job> State<J> {
     /// lost its job id's lease meanwhile.
     pub(crate) fn snapshot_written(
         &mut self,
-        shared: &Arc<Shared<J>>,
         written: Result<SnapshotId>,
         manifest: &Manifest,
         (took, bytes): (std::time::Duration, u64),
@@ -88,7 +87,7 @@ impl<J: Job> State<J> {
             self.snapshot_committed(full);
             self.snap.last_epoch = Some(id.epoch);
             self.snap.witness = Some((id.epoch, manifest.created_unix_ms));
-            self.offer_store(shared, None);
+            self.offer_store(None);
             self.snap.longest = Some(self.snap.longest.map_or(took, |l| l.max(took)));
             let by_chunk: HashMap<ChunkId, &PartRef> =
                 manifest.all_parts().map(|p| (p.chunk, p)).collect();
@@ -108,20 +107,20 @@ impl<J: Job> State<J> {
         if let Err(cause) = &written {
             self.snapshot_failed(cause.clone(), "to be written");
         }
-        self.cut_commands(shared, &mut out);
+        self.cut_commands(&mut out);
         self.snap.out = out;
         // A run that lost its job id's lease commits nothing more: it ends.
         if let Some(e) = lease_lost {
-            self.fail(shared, e);
+            self.fail(e);
         }
         if suspend && !self.ended {
             if let Ok(id) = written {
                 self.complete(Ok(super::Outcome::Suspended(id)));
             }
         }
-        self.poll_cut(shared);
+        self.poll_cut();
         // A rollback waits for a write in flight to end before it reads the store back.
-        self.poll_rollback(shared);
+        self.poll_rollback();
         // The outcome of a job that ended meanwhile waited for this write.
         if self.outcome_ready() {
             self.wake_waiters();
@@ -150,6 +149,9 @@ pub(crate) fn write<J: Job>(
             mut manifest,
             started,
         } = header;
+        manifest.created_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let origin = &shared.config.origin;
         manifest.submitted = origin.submitted.as_deref().cloned();
         manifest.shape = origin.shape.to_vec();
@@ -161,10 +163,9 @@ pub(crate) fn write<J: Job>(
         let cfg = &shared.config.snapshots;
         let written = store(cfg, lease, after, &mut manifest, parts, kept).await;
         let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
-        let took = started.elapsed();
+        let took = shared.started.elapsed().saturating_sub(started);
         let lease_lost = lease.and_then(|l| Some(super::lease::lost(l, l.lost()?)));
         shared.lock().snapshot_written(
-            &shared,
             written,
             &manifest,
             (took, bytes),

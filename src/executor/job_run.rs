@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::links::{Links, Order};
 use super::members::{Member, Members, Msg};
@@ -103,10 +103,10 @@ fn kept_astray(conn: ProcessId, chunk: ChunkId) -> Error {
 
 /// Everything one job run shares between its workers and its handle.
 pub(crate) struct Shared<J: Job> {
-    pub(crate) config: Config,
+    pub(crate) config: Arc<Config>,
     pub(crate) io: Arc<IoRuntime>,
     pub(crate) listener: Option<Arc<Listener>>,
-    pub(crate) inputs: Inputs<J>,
+    pub(crate) inputs: Arc<Inputs<J>>,
     pub(crate) started: Instant,
     /// This, for the threads its orders spawn (`links.rs`).
     pub(crate) me: Weak<Shared<J>>,
@@ -129,11 +129,24 @@ impl<J: Job> Locked<J> {
     }
 }
 
+/// A pause of the workers that a locked section of the state costs (they wait for the
+/// lock), which the driver times and records.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pause {
+    /// A cut's marker ([`SNAPSHOT_PAUSE`](crate::metrics::SNAPSHOT_PAUSE)).
+    Marker,
+    /// A partition the cut waits for serialized as it ends
+    /// ([`SNAPSHOT_PAUSE_DONE`](crate::metrics::SNAPSHOT_PAUSE_DONE)).
+    Done,
+}
+
 /// The job's state, locked: the orders it queued go out when the guard drops, before the
 /// lock is released (`links.rs`).
 pub(crate) struct Guard<'a, J: Job> {
     locked: MutexGuard<'a, Locked<J>>,
     shared: &'a Shared<J>,
+    /// When the lock was taken.
+    at: Instant,
 }
 
 impl<J: Job> Guard<'_, J> {
@@ -161,6 +174,14 @@ impl<J: Job> DerefMut for Guard<'_, J> {
 impl<J: Job> Drop for Guard<'_, J> {
     fn drop(&mut self) {
         let Locked { state, links } = &mut *self.locked;
+        if let Some(pause) = state.pause.take() {
+            let seconds = self.at.elapsed().as_secs_f64();
+            let m = &state.watch.metrics;
+            match pause {
+                Pause::Marker => m.snapshot_pause.record(seconds),
+                Pause::Done => m.snapshot_pause_done.record(seconds),
+            }
+        }
         links.carry_out(state, self.shared);
     }
 }
@@ -175,6 +196,10 @@ impl<J: Job> fmt::Debug for Shared<J> {
 
 /// The state of one job run, behind the job's mutex.
 pub(crate) struct State<J: Job> {
+    /// The run's configuration (the executor's, with the job's schedule).
+    pub(crate) config: Arc<Config>,
+    /// The job's input, loaded once (for outputs of partitions held here).
+    pub(crate) inputs: Arc<Inputs<J>>,
     pub(crate) core: Core<J::Reducer, Held<J::Chunk>>,
     /// The job; `None` only while it is handed to the caller at the end.
     pub(crate) job: Option<Arc<J>>,
@@ -215,7 +240,13 @@ pub(crate) struct State<J: Job> {
     /// Events from workers the ledger no longer had, dropped (`stale_event`).
     pub(crate) stale_events: u64,
     /// Since when the run recovers from its last rollback (until a phase is done again).
-    pub(crate) recovering: Option<Instant>,
+    pub(crate) recovering: Option<Duration>,
+    /// The time since the run started, set by the driver each time it takes the lock: the
+    /// state reads no clock.
+    pub(crate) now: Duration,
+    /// A pause of the workers this locked section costs, timed by the driver until the lock
+    /// is released.
+    pub(crate) pause: Option<Pause>,
     /// The last phase ended; its partitions are output and gathered (`finish.rs`).
     pub(crate) finishing: Option<super::finish::Finishing<J>>,
     /// Progress: the rate meter and the updates (`progress.rs`).
@@ -227,6 +258,7 @@ pub(crate) struct State<J: Job> {
 impl<J: Job> State<J> {
     /// The state of a run starting at `phase` with this ledger.
     pub(crate) fn new(
+        (config, inputs): (Arc<Config>, Arc<Inputs<J>>),
         core: Core<J::Reducer, Held<J::Chunk>>,
         job: J,
         phase: u64,
@@ -236,11 +268,13 @@ impl<J: Job> State<J> {
     ) -> State<J> {
         let phases = catch(Site::Job { phase }, J::NAME, || job.phases()).unwrap_or(None);
         let published = Publisher::new(
-            Instant::now(),
+            Duration::ZERO,
             iterations_before + core.progress().0,
             phases,
         );
         State {
+            config,
+            inputs,
             core,
             job: Some(Arc::new(job)),
             phase,
@@ -249,6 +283,8 @@ impl<J: Job> State<J> {
             ended: false,
             orders: Vec::new(),
             store_ops: Vec::new(),
+            now: Duration::ZERO,
+            pause: None,
             out: Vec::new(),
             members: Members::new(target),
             remote: Remotes::default(),
@@ -287,10 +323,13 @@ impl<J: Job> Shared<J> {
     pub(crate) fn lock(&self) -> Guard<'_, J> {
         // A panic never happens while the lock is held (user code under it is caught), but be
         // robust: the state stays consistent, so a poisoned lock is still usable.
-        let locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let at = Instant::now();
+        locked.state.now = at.saturating_duration_since(self.started);
         Guard {
             locked,
             shared: self,
+            at,
         }
     }
 }
@@ -300,12 +339,11 @@ impl<J: Job> State<J> {
     /// A command for `me` is returned instead of sent.
     pub(crate) fn report(
         &mut self,
-        shared: &Arc<Shared<J>>,
         event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
-        let mine = self.feed(shared, event, me);
-        self.settle(shared);
+        let mine = self.feed(event, me);
+        self.settle();
         mine
     }
 
@@ -314,16 +352,15 @@ impl<J: Job> State<J> {
     /// returned instead of sent.
     pub(crate) fn feed(
         &mut self,
-        shared: &Arc<Shared<J>>,
         event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
     ) -> Option<Msg<J>> {
-        match self.feed_at(shared, event, me, None) {
+        match self.feed_at(event, me, None) {
             Ok(mine) => mine,
             // Local workers never send an event the ledger refuses; if one does, stop the
             // job rather than risk a wrong value.
             Err(rejected) => {
-                self.fail(shared, Error::Internal(rejected.to_string()));
+                self.fail(Error::Internal(rejected.to_string()));
                 None
             }
         }
@@ -334,18 +371,16 @@ impl<J: Job> State<J> {
     /// nothing.
     pub(crate) fn feed_checked(
         &mut self,
-        shared: &Arc<Shared<J>>,
         event: Event<Held<J::Chunk>, Value<J>>,
         output_bytes: Option<bytes::Bytes>,
     ) -> std::result::Result<(), crate::schedule::Rejected> {
-        self.feed_at(shared, event, None, output_bytes).map(|_| ())
+        self.feed_at(event, None, output_bytes).map(|_| ())
     }
 
     /// Feeds an event to the core and carries out the commands; returns the command for
     /// `me`, or the ledger's refusal. `output_bytes` is a `Done`'s output already encoded.
     fn feed_at(
         &mut self,
-        shared: &Arc<Shared<J>>,
         event: Event<Held<J::Chunk>, Value<J>>,
         me: Option<WorkerId>,
         output_bytes: Option<bytes::Bytes>,
@@ -383,8 +418,8 @@ impl<J: Job> State<J> {
                     // An owned partition that ended before its capture is serialized here,
                     // under the lock (it ended between the marker and its next step: for a
                     // band whose step is the whole band, the usual case). The lock is held
-                    // meanwhile: a pause of the workers that need it, recorded as one.
-                    let held = std::time::Instant::now();
+                    // meanwhile: a pause of the workers that need it, recorded as one (by
+                    // the driver, which times the locked section).
                     let captured = bytes.and_then(|o| match kept.as_ref().map(Held::to_bytes) {
                         Some(Some(p)) => {
                             let p = p.map_err(Error::from)?;
@@ -400,10 +435,9 @@ impl<J: Job> State<J> {
                         None => Ok(Captured::Output(o)),
                     });
                     if matches!(captured, Ok(Captured::Kept(..))) {
-                        let pause = held.elapsed().as_secs_f64();
-                        self.watch.metrics.snapshot_pause_done.record(pause);
+                        self.pause = Some(Pause::Done);
                     }
-                    self.captured(shared, *worker, *chunk, captured);
+                    self.captured(*worker, *chunk, captured);
                 }
                 Event::Yielded {
                     worker,
@@ -418,7 +452,7 @@ impl<J: Job> State<J> {
                         )),
                     };
                     let captured = bytes.map(|b| Captured::State(snapshot::Part::New(b)));
-                    self.captured(shared, *worker, *chunk, captured);
+                    self.captured(*worker, *chunk, captured);
                 }
                 _ => {}
             }
@@ -432,7 +466,7 @@ impl<J: Job> State<J> {
         }) {
             Ok(Ok(())) => {}
             Ok(Err(r)) => rejected = Some(r),
-            Err(panic) => self.fail(shared, panic),
+            Err(panic) => self.fail(panic),
         }
         let mine = self.execute(&mut out, me);
         self.out = out;
@@ -539,15 +573,15 @@ impl<J: Job> State<J> {
     }
 
     /// After any change: end finished phases, then bring the workers to the target.
-    pub(crate) fn settle(&mut self, shared: &Arc<Shared<J>>) {
+    pub(crate) fn settle(&mut self) {
         if !self.ended && !self.rolling_back() && !self.core.lost_partitions().is_empty() {
             // A finishing job rolls back like one at a barrier, and finishes again.
             self.finishing = None;
-            self.partitions_lost(shared, &[]);
+            self.partitions_lost(&[]);
         }
         if self.rolling_back() {
-            self.reconcile(shared);
-            self.poll_rollback(shared);
+            self.reconcile();
+            self.poll_rollback();
             self.members.update_gauge();
             self.watch_members();
             return;
@@ -559,24 +593,24 @@ impl<J: Job> State<J> {
             && self.core.phase_complete()
             && self.exporting.is_empty()
         {
-            self.end_phase(shared);
+            self.end_phase();
         }
-        self.poll_finish(shared);
-        self.reconcile(shared);
-        self.poll_cut(shared);
+        self.poll_finish();
+        self.reconcile();
+        self.poll_cut();
         self.members.update_gauge();
         self.publish_progress(false);
         self.watch_members();
     }
 
     /// The barrier between phases: every chunk is done and no worker holds the job.
-    fn end_phase(&mut self, shared: &Arc<Shared<J>>) {
+    fn end_phase(&mut self) {
         let phase = self.phase;
         let value = match catch(Site::Reducer { phase }, J::NAME, || {
             self.core.finish_phase()
         }) {
             Ok(v) => v,
-            Err(e) => return self.fail(shared, e),
+            Err(e) => return self.fail(e),
         };
         let Some(arc) = self.job.take() else { return };
         // Workers drop their handle on the job before they report, and no chunk is pending,
@@ -585,10 +619,9 @@ impl<J: Job> State<J> {
             Ok(job) => job,
             Err(arc) => {
                 self.job = Some(arc);
-                return self.fail(
-                    shared,
-                    Error::Internal("job still shared at a phase barrier".into()),
-                );
+                return self.fail(Error::Internal(
+                    "job still shared at a phase barrier".into(),
+                ));
             }
         };
         metrics::counter!(crate::metrics::PHASES, "job" => J::NAME).increment(1);
@@ -597,31 +630,31 @@ impl<J: Job> State<J> {
         // The job as it ran this phase, if the last output would need it.
         let ran = match super::finish::before_end_phase(&job, phase) {
             Ok(ran) => ran,
-            Err(e) => return self.fail(shared, e),
+            Err(e) => return self.fail(e),
         };
         let next = match catch(Site::Job { phase }, J::NAME, || job.end_phase(&value)) {
             Ok(next) => next,
-            Err(e) => return self.fail(shared, e),
+            Err(e) => return self.fail(e),
         };
         match next {
-            Next::Finish => self.finish(shared, job, value, phase, ran),
+            Next::Finish => self.finish(job, value, phase, ran),
             Next::Continue => {
                 let (plan, reducer, phases) =
                     match catch(Site::Job { phase: phase + 1 }, J::NAME, || {
-                        let chunking = job.chunking().unwrap_or(shared.config.chunking);
+                        let chunking = job.chunking().unwrap_or(self.config.chunking);
                         (
-                            Plan::new(job.iterations(), shared.config.schedule, chunking),
+                            Plan::new(job.iterations(), self.config.schedule, chunking),
                             job.reducer(),
                             job.phases(),
                         )
                     }) {
                         Ok(x) => x,
-                        Err(e) => return self.fail(shared, e),
+                        Err(e) => return self.fail(e),
                     };
                 if self.core.is_partitioned() {
                     if let Err(e) = self.begin_partitions(&job, &plan, phase + 1) {
                         self.job = None;
-                        return self.fail(shared, e);
+                        return self.fail(e);
                     }
                 }
                 self.iterations_before += self.core.progress().1;
@@ -633,7 +666,7 @@ impl<J: Job> State<J> {
                 });
                 if let Err(e) = started {
                     self.out = out;
-                    return self.fail(shared, e);
+                    return self.fail(e);
                 }
                 // Nobody is waiting for a reply here: every worker is idle in its mailbox.
                 let mine = self.execute(&mut out, None);
@@ -783,7 +816,7 @@ impl<J: Job> State<J> {
 
     /// Ends the run with an error: every worker is retired (running ones hand their chunk
     /// back at their next adjustment point and exit).
-    pub(crate) fn fail(&mut self, _shared: &Arc<Shared<J>>, error: Error) {
+    pub(crate) fn fail(&mut self, error: Error) {
         if !self.ended {
             self.complete(Err(error));
         }

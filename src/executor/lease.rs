@@ -185,7 +185,7 @@ pub(super) fn spawn_renewal<J: Job>(shared: &Arc<Shared<J>>) {
                     if let (Some(reason), Some(shared)) = (lease.lost(), weak.upgrade()) {
                         let error = lost(&lease, reason);
                         tracing::warn!(job = J::NAME, "the job ends: {error}");
-                        shared.lock().fail(&shared, error);
+                        shared.lock().fail(error);
                     }
                     return;
                 }

@@ -56,6 +56,8 @@ pub(crate) enum Order<J: Job> {
     Spawn(WorkerId),
     /// The thread waiting for the job becomes local worker `0` (the inline worker).
     Inline(WorkerId),
+    /// Worker processes `0` were retired with a grace period `1` to drain in (`drain.rs`).
+    Drain(Vec<ProcessId>, std::time::Duration),
     /// Whoever waits for the outcome looks again: the waiting thread's mailbox, an awaiting
     /// task.
     Wake,
@@ -165,6 +167,11 @@ impl<J: Job> Links<J> {
             Order::Inline(w) => {
                 if let Some(tx) = &self.waiter {
                     self.locals.insert(w, tx.clone());
+                }
+            }
+            Order::Drain(ids, grace) => {
+                if let Some(shared) = shared.me.upgrade() {
+                    super::drain::watch_drain(&shared, ids, grace);
                 }
             }
             Order::Wake => {

@@ -86,7 +86,7 @@ impl<J: Job> Host for Local<'_, J> {
             .map_err(Error::from);
         self.shared
             .lock()
-            .captured(self.shared, self.worker, self.chunk, captured);
+            .captured(self.worker, self.chunk, captured);
     }
 }
 
@@ -135,13 +135,13 @@ fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) 
             work,
         },
     };
-    st.report(shared, event, Some(worker))
+    st.report(event, Some(worker))
 }
 
 impl<J: Job> State<J> {
     /// Brings the local workers to the target: spawn or retire threads, start or stop the
     /// inline worker.
-    pub(crate) fn reconcile(&mut self, shared: &Arc<Shared<J>>) {
+    pub(crate) fn reconcile(&mut self) {
         if self.ended {
             return;
         }
@@ -161,34 +161,34 @@ impl<J: Job> State<J> {
             .find(|(_, l)| l.inline && !l.retiring)
             .map(|(w, _)| w);
         for &w in threads.iter().skip(self.members.target).rev() {
-            self.retire(shared, w);
+            self.retire(w);
         }
         for _ in threads.len()..self.members.target {
-            self.spawn(shared);
+            self.spawn();
         }
         match (self.members.target, inline) {
             (0, None) if self.members.waiting => {
                 let w = self.members.join_local(true);
                 self.orders.push(Order::Inline(w));
-                let _ = self.feed(shared, Event::Joined { worker: w }, None);
+                let _ = self.feed(Event::Joined { worker: w }, None);
             }
-            (1.., Some(w)) => self.retire(shared, w),
+            (1.., Some(w)) => self.retire(w),
             _ => {}
         }
     }
 
     /// A new local thread joins (the driver spawns it; if it cannot, the job ends with
     /// [`Error::Spawn`]).
-    fn spawn(&mut self, shared: &Arc<Shared<J>>) {
+    fn spawn(&mut self) {
         let w = self.members.join_local(false);
         self.orders.push(Order::Spawn(w));
-        let _ = self.feed(shared, Event::Joined { worker: w }, None);
+        let _ = self.feed(Event::Joined { worker: w }, None);
     }
 
-    pub(crate) fn retire(&mut self, shared: &Arc<Shared<J>>, w: WorkerId) {
+    pub(crate) fn retire(&mut self, w: WorkerId) {
         if let Some(l) = self.members.local_mut(w) {
             l.retiring = true;
-            let _ = self.feed(shared, Event::Retire { worker: w }, None);
+            let _ = self.feed(Event::Retire { worker: w }, None);
         }
     }
 
@@ -198,9 +198,9 @@ impl<J: Job> State<J> {
     }
 
     /// The caller's new target for local threads.
-    pub(crate) fn set_target(&mut self, shared: &Arc<Shared<J>>, n: usize) {
+    pub(crate) fn set_target(&mut self, n: usize) {
         self.members.target = n;
-        self.settle(shared);
+        self.settle();
     }
 }
 
@@ -208,7 +208,7 @@ impl<J: Job> State<J> {
 /// did not load, a restored state did not decode): the chunk's state is gone, so the worker
 /// leaves the core as lost, and is released.
 fn abandon<J: Job>(
-    shared: &Arc<Shared<J>>,
+    _shared: &Arc<Shared<J>>,
     st: &mut State<J>,
     worker: WorkerId,
     error: Error,
@@ -217,9 +217,9 @@ fn abandon<J: Job>(
     // it (and this worker).
     let replaced = st.rolling_back() && matches!(error, Error::PartitionGone { .. });
     if !replaced {
-        st.fail(shared, error);
+        st.fail(error);
     }
-    st.report(shared, Event::Lost { worker }, Some(worker));
+    st.report(Event::Lost { worker }, Some(worker));
     st.release(worker);
     Some(Msg::Release)
 }

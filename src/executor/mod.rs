@@ -824,7 +824,9 @@ impl Executor {
             run_lease: lease,
             ..self.config.clone()
         };
+        let (config, inputs) = (Arc::new(config), Arc::new(Inputs::default()));
         let state = State::new(
+            (Arc::clone(&config), Arc::clone(&inputs)),
             core,
             job,
             phase,
@@ -836,15 +838,15 @@ impl Executor {
             config,
             io: Arc::clone(&self.io),
             listener: self.listener.clone(),
-            inputs: Inputs::default(),
+            inputs,
             started: Instant::now(),
             me: me.clone(),
             state: Mutex::new(job_run::Locked::new(state)),
         });
         {
             let mut st = shared.lock();
-            st.watch_start(&shared);
-            st.settle(&shared);
+            st.watch_start();
+            st.settle();
             if let Some(Err(e)) = st.result.take_if(|r| r.is_err()) {
                 return Err(e);
             }

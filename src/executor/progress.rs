@@ -12,7 +12,7 @@
 //! [`JobHandle::progress`]: super::JobHandle::progress
 //! [`JobHandle::progress_updates`]: super::JobHandle::progress_updates
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -66,15 +66,15 @@ pub struct Progress {
 #[derive(Debug)]
 pub(crate) struct Meter {
     /// When the run started, and the iterations done then (all phases).
-    start: (Instant, u64),
+    start: (Duration, u64),
     /// The last sample.
-    last: (Instant, u64),
+    last: (Duration, u64),
     /// The moving average, once two samples were far enough apart.
     average: Option<f64>,
 }
 
 impl Meter {
-    pub(crate) fn new(now: Instant, done: u64) -> Meter {
+    pub(crate) fn new(now: Duration, done: u64) -> Meter {
         Meter {
             start: (now, done),
             last: (now, done),
@@ -83,8 +83,8 @@ impl Meter {
     }
 
     /// Takes a sample and returns the rate.
-    pub(crate) fn sample(&mut self, now: Instant, done: u64) -> f64 {
-        let dt = now.saturating_duration_since(self.last.0);
+    pub(crate) fn sample(&mut self, now: Duration, done: u64) -> f64 {
+        let dt = now.saturating_sub(self.last.0);
         if dt >= MIN_SAMPLE {
             let dt = dt.as_secs_f64();
             // A rollback takes work back: the rate counts from there again.
@@ -92,7 +92,7 @@ impl Meter {
             let now_rate = moved / dt;
             self.average = Some(match self.average {
                 None => {
-                    let since = now.saturating_duration_since(self.start.0).as_secs_f64();
+                    let since = now.saturating_sub(self.start.0).as_secs_f64();
                     done.saturating_sub(self.start.1) as f64 / since
                 }
                 Some(avg) => {
@@ -110,7 +110,7 @@ impl Meter {
 #[derive(Debug)]
 pub(crate) struct Publisher {
     tx: watch::Sender<Option<Progress>>,
-    last: Option<Instant>,
+    last: Option<Duration>,
     pub(crate) meter: Meter,
     /// The job's phase count, asked once per phase (user code does not run under the lock
     /// from the handle).
@@ -118,7 +118,7 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn new(now: Instant, done: u64, phases: Option<u64>) -> Publisher {
+    pub(crate) fn new(now: Duration, done: u64, phases: Option<u64>) -> Publisher {
         Publisher {
             tx: watch::Sender::new(None),
             last: None,
@@ -141,7 +141,7 @@ impl<J: Job> State<J> {
             + self.remote_progress();
         let done = (done_chunks + running).min(total);
         let done_all_phases = self.iterations_before + done;
-        let rate = self.published.meter.sample(Instant::now(), done_all_phases);
+        let rate = self.published.meter.sample(self.now, done_all_phases);
         let left = |iterations: u64| {
             (rate > 0.0).then(|| Duration::from_secs_f64(iterations as f64 / rate))
         };
@@ -169,7 +169,7 @@ impl<J: Job> State<J> {
         if !now && self.published.tx.is_closed() {
             return;
         }
-        let t = Instant::now();
+        let t = self.now;
         if !now && self.published.last.is_some_and(|l| t - l < PUBLISH_EVERY) {
             return;
         }
@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn the_rate_counts_this_run_only() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(7);
         // Resumed with a million iterations done before.
         let mut m = Meter::new(t0, 1_000_000);
         let r = m.sample(t0 + Duration::from_secs(1), 1_000_100);
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn the_rate_follows_a_change_within_a_few_windows() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(7);
         let mut m = Meter::new(t0, 0);
         let mut done = 0;
         let mut t = t0;
@@ -274,7 +274,7 @@ mod tests {
 
     #[test]
     fn close_samples_do_not_move_the_rate() {
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(7);
         let mut m = Meter::new(t0, 0);
         let r = m.sample(t0 + Duration::from_secs(1), 1000);
         let r2 = m.sample(

@@ -98,6 +98,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::job_run::{Halo, Shared, State};
+use super::links::Order;
 use super::members::Slot;
 use super::snapshot::{Captured, Part};
 use crate::codec;
@@ -197,7 +198,7 @@ pub(crate) struct Remotes {
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
     /// the connection asked, where the bytes go, and when they were asked for (to time the
     /// move).
-    fetches: HashMap<ChunkId, (ProcessId, Fetch, std::time::Instant)>,
+    fetches: HashMap<ChunkId, (ProcessId, Fetch, Duration)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
     begins: HashMap<ChunkId, (Option<Halo>, Option<Halo>)>,
@@ -364,7 +365,7 @@ impl<J: Job> Attach for Shared<J> {
                 let _ = tx.send(ToWorker::End);
                 None
             } else {
-                let id = st.join_remote(&self, conn.peer.clone(), conn.threads);
+                let id = st.join_remote(conn.peer.clone(), conn.threads);
                 st.links().1.link_conn(id, tx);
                 Some(id)
             }
@@ -440,7 +441,7 @@ async fn connection<J: Job>(
             let Some(msg) = pieces.frame::<ToCoordinator>(&peer, bytes.freeze())? else {
                 continue;
             };
-            shared.lock().on_remote(&shared, id, msg)?;
+            shared.lock().on_remote(id, msg)?;
         }
     };
     // The writer ends after `End`; the reader ends with the connection or a protocol error.
@@ -457,7 +458,7 @@ async fn connection<J: Job>(
                 l.record(e);
             }
         }
-        st.drop_conn(&shared, id);
+        st.drop_conn(id);
     }
     if sent_end {
         // The worker may have written (a heartbeat, a slot's report) while `End` was on its
@@ -493,7 +494,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 1: each slot of the connection joins the core.
-    fn join_remote(&mut self, shared: &Arc<Shared<J>>, peer: String, threads: u32) -> ProcessId {
+    fn join_remote(&mut self, peer: String, threads: u32) -> ProcessId {
         let id = ProcessId(self.remote.next);
         self.remote.next += 1;
         let threads = threads.clamp(1, 4096);
@@ -512,11 +513,11 @@ impl<J: Job> State<J> {
                 reads_store: false,
             },
         );
-        self.offer_store(shared, Some(id));
+        self.offer_store(Some(id));
         for w in slots.into_iter().flatten() {
-            let _ = self.feed(shared, Event::Joined { worker: w }, None);
+            let _ = self.feed(Event::Joined { worker: w }, None);
         }
-        self.settle(shared);
+        self.settle();
         self.remote_gauge();
         id
     }
@@ -524,11 +525,11 @@ impl<J: Job> State<J> {
     /// Tells connection `to` (or every connection) where the job's snapshots are, once one is
     /// committed there (see `ToWorker::Store`). Secrets are not sent: the URL is the store's
     /// shown form (credentials removed) and only options on a list of non-secret keys go.
-    pub(crate) fn offer_store(&mut self, shared: &Arc<Shared<J>>, to: Option<ProcessId>) {
+    pub(crate) fn offer_store(&mut self, to: Option<ProcessId>) {
         let Some((epoch, created_unix_ms)) = self.snap.witness else {
             return;
         };
-        let cfg = &shared.config.snapshots;
+        let cfg = &self.config.snapshots;
         let Ok(store) = cfg.store() else {
             return;
         };
@@ -771,9 +772,7 @@ impl<J: Job> State<J> {
                 }
             }
             None => {
-                self.remote
-                    .fetches
-                    .insert(chunk, (from, to, std::time::Instant::now()));
+                self.remote.fetches.insert(chunk, (from, to, self.now));
                 tracing::debug!(conn = %from, chunk, "surrender");
                 let _ = self.remote.send_to(from, ToWorker::Surrender { chunk });
             }
@@ -789,19 +788,13 @@ impl<J: Job> State<J> {
     }
 
     /// A surrendered partition arrived: it goes where its fetch said.
-    fn surrendered(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        id: ProcessId,
-        chunk: ChunkId,
-        state: Bytes,
-    ) {
+    fn surrendered(&mut self, id: ProcessId, chunk: ChunkId, state: Bytes) {
         let Some((_, to, asked)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
-        self.held_arrived(shared, chunk, &state);
+        self.held_arrived(chunk, &state);
         self.remote.fetched.0 += state.len() as u64;
-        self.remote.fetched.1 += asked.elapsed();
+        self.remote.fetched.1 += self.now.saturating_sub(asked);
         let mut state = state;
         if let Some((before, after)) = self.remote.begins.remove(&chunk) {
             // Its phase began while it was on its way: it takes its halos before it goes on.
@@ -810,7 +803,7 @@ impl<J: Job> State<J> {
                 .and_then(|part| Ok(Bytes::from(codec::encode("a chunk state", &part)?)));
             match begun {
                 Ok(b) => state = b,
-                Err(e) => return self.fail(shared, e),
+                Err(e) => return self.fail(e),
             }
         }
         match to {
@@ -842,7 +835,7 @@ impl<J: Job> State<J> {
                         self.capture_remote(slot, chunk);
                     }
                     if let Some(e) = failed {
-                        self.fail(shared, e);
+                        self.fail(e);
                     }
                 } else {
                     // The slot it was for is gone; the core has the chunk pending again.
@@ -852,7 +845,7 @@ impl<J: Job> State<J> {
             Fetch::Ledger => self.restate(chunk, Held::Bytes(state)),
             Fetch::Begin(before, after) => match self.begin_here(chunk, state, before, after) {
                 Ok(part) => self.restate(chunk, Held::Live(part)),
-                Err(e) => self.fail(shared, e),
+                Err(e) => self.fail(e),
             },
         }
         self.end_if_drained(id);
@@ -959,7 +952,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 4: retires every slot of connection `id`.
-    pub(crate) fn retire_conn(&mut self, shared: &Arc<Shared<J>>, id: ProcessId) {
+    pub(crate) fn retire_conn(&mut self, id: ProcessId) {
         let Some(c) = self.remote.conns.get_mut(&id) else {
             return;
         };
@@ -990,15 +983,15 @@ impl<J: Job> State<J> {
         let mut refused = None;
         self.drive_core(|core, out| refused = core.retire_all(&slots, out).err());
         if let Some(rejected) = refused {
-            self.fail(shared, Error::Internal(rejected.to_string()));
+            self.fail(Error::Internal(rejected.to_string()));
         }
-        self.settle(shared);
+        self.settle();
     }
 
     /// Retires the `n` most recent connections that are not already retiring.
-    pub(crate) fn retire_remote(&mut self, shared: &Arc<Shared<J>>, n: usize) {
+    pub(crate) fn retire_remote(&mut self, n: usize) {
         for id in self.newest_conns(n) {
-            self.retire_conn(shared, id);
+            self.retire_conn(id);
         }
     }
 
@@ -1021,9 +1014,9 @@ impl<J: Job> State<J> {
     }
 
     /// Lets connection `id` go as if it were lost (a drain's grace period is over).
-    pub(crate) fn let_go(&mut self, shared: &Arc<Shared<J>>, id: ProcessId) {
-        self.drop_conn(shared, id);
-        self.settle(shared);
+    pub(crate) fn let_go(&mut self, id: ProcessId) {
+        self.drop_conn(id);
+        self.settle();
     }
 
     /// Iterations done in remote threads' running chunks (from heartbeats; a thread reports
@@ -1042,7 +1035,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 5: connection `id` is gone; its remaining slots are lost.
-    fn drop_conn(&mut self, shared: &Arc<Shared<J>>, id: ProcessId) {
+    fn drop_conn(&mut self, id: ProcessId) {
         let Some(c) = self.remote.conns.remove(&id) else {
             return;
         };
@@ -1070,7 +1063,7 @@ impl<J: Job> State<J> {
             )
             .collect();
         for chunk in unanswered {
-            self.held_capture_lost(shared, chunk);
+            self.held_capture_lost(chunk);
         }
         self.watch_lost(&c.peer);
         if self.core.is_partitioned() {
@@ -1117,10 +1110,10 @@ impl<J: Job> State<J> {
                 tracing::warn!(job = J::NAME, peer = %c.peer, ?lost, "a worker process was lost with the only copy of owned partitions");
                 self.core.lose(&lost);
                 // Halted before its slots leave, so that no chunk goes to a worker meanwhile.
-                self.partitions_lost(shared, &[]);
+                self.partitions_lost(&[]);
             }
             for worker in stranded {
-                let _ = self.feed(shared, Event::Lost { worker }, None);
+                let _ = self.feed(Event::Lost { worker }, None);
             }
         }
         for w in c.slots.into_iter().flatten() {
@@ -1140,12 +1133,12 @@ impl<J: Job> State<J> {
                     }),
                 })
             });
-            let _ = self.feed(shared, Event::Lost { worker: w }, None);
+            let _ = self.feed(Event::Lost { worker: w }, None);
             if let (Some(chunk), Some(fallback)) = (running, fallback) {
-                self.recapture(shared, w, chunk, fallback);
+                self.recapture(w, chunk, fallback);
             }
         }
-        self.settle(shared);
+        self.settle();
     }
 
     /// A cut waited for `chunk`, which was lost with its worker: it takes the state the
@@ -1153,7 +1146,6 @@ impl<J: Job> State<J> {
     /// scratch.
     fn recapture(
         &mut self,
-        shared: &Arc<Shared<J>>,
         worker: WorkerId,
         chunk: ChunkId,
         fallback: Option<crate::Result<Bytes>>,
@@ -1171,7 +1163,7 @@ impl<J: Job> State<J> {
             }),
             None => Ok(Captured::Scratch),
         };
-        self.captured(shared, worker, chunk, captured);
+        self.captured(worker, chunk, captured);
     }
 
     /// The answer of connection `id` to its oldest `CaptureHeld` about `chunk` not answered
@@ -1191,23 +1183,17 @@ impl<J: Job> State<J> {
     /// The part of held `chunk` from connection `id`, for the open cut if it waits for it
     /// from that process (an answer to an earlier request is as good: the partition did not
     /// change since, see `worker/machine.rs`); else dropped.
-    fn captured_held(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        id: ProcessId,
-        chunk: ChunkId,
-        part: Part,
-    ) {
+    fn captured_held(&mut self, id: ProcessId, chunk: ChunkId, part: Part) {
         if self.snap.held_asked.get(&chunk) == Some(&id) {
             self.snap.held_asked.remove(&chunk);
             if self.snap.cut.waits_for_held(chunk) {
                 let mut out = std::mem::take(&mut self.snap.out);
                 self.snap.cut.captured_held(chunk, Ok(part), &mut out);
-                self.cut_commands(shared, &mut out);
+                self.cut_commands(&mut out);
                 self.snap.out = out;
             }
         }
-        self.settle(shared);
+        self.settle();
     }
 
     /// Counts a snapshot part received from worker process `id`
@@ -1231,12 +1217,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
-    fn on_remote(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        id: ProcessId,
-        msg: ToCoordinator,
-    ) -> Result<(), PeerError> {
+    fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         if tracing::enabled!(tracing::Level::DEBUG) {
             let (what, chunk) = match &msg {
                 ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
@@ -1325,7 +1306,7 @@ impl<J: Job> State<J> {
                 }
                 let halos = self.remote.count_halos(id, up, down);
                 self.keep_halos(chunk, halos);
-                self.settle(shared);
+                self.settle();
                 return Ok(());
             }
             ToCoordinator::Piece { .. } => {
@@ -1358,26 +1339,27 @@ impl<J: Job> State<J> {
                 return Ok(());
             }
             ToCoordinator::Leave { grace_ms } => {
-                self.retire_conn(shared, id);
+                self.retire_conn(id);
                 if let Some(ms) = grace_ms {
-                    super::drain::watch_drain(shared, vec![id], Duration::from_millis(ms));
+                    self.orders
+                        .push(Order::Drain(vec![id], Duration::from_millis(ms)));
                 }
                 return Ok(());
             }
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
                 self.remote_parts(id, RemotePart::Running, false);
-                self.captured(shared, w, chunk, Ok(Captured::State(Part::New(state))));
-                self.settle(shared);
+                self.captured(w, chunk, Ok(Captured::State(Part::New(state))));
+                self.settle();
                 return Ok(());
             }
             ToCoordinator::CapturedPart { slot, chunk, part } => {
                 let w = slot_of(conn, slot)?;
-                let job_id = shared.config.snapshots.job_id::<J>();
+                let job_id = self.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, None).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Running, true);
-                self.captured(shared, w, chunk, Ok(Captured::State(Part::Reuse(part))));
-                self.settle(shared);
+                self.captured(w, chunk, Ok(Captured::State(Part::Reuse(part))));
+                self.settle();
                 return Ok(());
             }
             ToCoordinator::Failed {
@@ -1388,7 +1370,7 @@ impl<J: Job> State<J> {
                 slot_of(conn, slot)?;
                 let error = error_of::<J>(failure, self.phase, chunk, &peer);
                 tracing::warn!(peer = %peer, chunk, error = %error, "a worker process lost a chunk: the job ends");
-                self.fail(shared, error);
+                self.fail(error);
                 return Ok(());
             }
             ToCoordinator::Surrendered { chunk, state } => {
@@ -1400,22 +1382,22 @@ impl<J: Job> State<J> {
                 {
                     return Err(bad(format!("chunk {chunk} was not asked for")));
                 }
-                self.surrendered(shared, id, chunk, state);
-                self.settle(shared);
+                self.surrendered(id, chunk, state);
+                self.settle();
                 return Ok(());
             }
             ToCoordinator::CapturedHeld { chunk, state } => {
                 self.held_answer(id, chunk).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Held, false);
-                self.captured_held(shared, id, chunk, Part::New(state));
+                self.captured_held(id, chunk, Part::New(state));
                 return Ok(());
             }
             ToCoordinator::CapturedHeldPart { chunk, part } => {
                 let folder = self.held_answer(id, chunk).map_err(bad)?;
-                let job_id = shared.config.snapshots.job_id::<J>();
+                let job_id = self.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, Some(folder)).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Held, true);
-                self.captured_held(shared, id, chunk, Part::Reuse(part));
+                self.captured_held(id, chunk, Part::Reuse(part));
                 return Ok(());
             }
             ToCoordinator::OutputDone { chunk } => {
@@ -1423,7 +1405,7 @@ impl<J: Job> State<J> {
                 if !self.held_by(id).contains(&chunk) || !self.output_done(chunk) {
                     return Err(bad(format!("chunk {chunk} was not asked to be output")));
                 }
-                self.settle(shared);
+                self.settle();
                 return Ok(());
             }
             ToCoordinator::Missing { chunk } | ToCoordinator::FailedHeld { chunk, .. }
@@ -1437,13 +1419,13 @@ impl<J: Job> State<J> {
                     chunks: vec![chunk],
                 };
                 tracing::warn!(peer = %peer, chunk, "a worker process does not hold a partition it was given");
-                self.fail(shared, error);
+                self.fail(error);
                 return Ok(());
             }
             ToCoordinator::FailedHeld { chunk, failure } => {
                 let error = error_of::<J>(failure, self.phase, chunk, &peer);
                 tracing::warn!(peer = %peer, chunk, error = %error, "a worker process failed on a partition it holds: the job ends");
-                self.fail(shared, error);
+                self.fail(error);
                 return Ok(());
             }
             ToCoordinator::Done {
@@ -1538,9 +1520,9 @@ impl<J: Job> State<J> {
             }
         };
         let (event, output_bytes, kind, slot, chunk) = event;
-        match self.feed_checked(shared, event, output_bytes) {
+        match self.feed_checked(event, output_bytes) {
             Ok(()) => {
-                self.settle(shared);
+                self.settle();
                 Ok(())
             }
             Err(rejected) => Err(PeerError::Rejected {
@@ -1660,7 +1642,7 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
         let present = st.remote_count() + starting;
         if n < st.remote_count() {
             let extra = st.remote_count() - n;
-            st.retire_remote(shared, extra);
+            st.retire_remote(extra);
         }
         (n.saturating_sub(present), st.remote.launched_total)
     };

@@ -105,15 +105,10 @@ impl<J: Job> State<J> {
         self.rollback.is_under_way()
     }
 
-    /// The time the rollback machine reads: since the run started.
-    fn since_start(shared: &Arc<Shared<J>>) -> Duration {
-        shared.started.elapsed()
-    }
-
     /// Owned partitions were lost: roll back to the latest committed snapshot, or end the job
     /// with [`Error::PartitionsLost`] if there is none. `lost` adds chunks the core does not
     /// know as lost yet (a process's held partitions, noticed before its slots leave).
-    pub(crate) fn partitions_lost(&mut self, shared: &Arc<Shared<J>>, lost: &[ChunkId]) {
+    pub(crate) fn partitions_lost(&mut self, lost: &[ChunkId]) {
         if self.ended {
             return;
         }
@@ -125,7 +120,7 @@ impl<J: Job> State<J> {
         }
         let mut out = Vec::new();
         let (committed, writing) = (self.snap.last_epoch, self.snap.cut.is_writing());
-        let now = Self::since_start(shared);
+        let now = self.now;
         self.rollback
             .lost(&chunks, self.phase, committed, writing, now, &mut out);
         if before.is_some() && self.rollback.attempt() != before {
@@ -137,16 +132,11 @@ impl<J: Job> State<J> {
                 "the first snapshot is being written: rolling back to it if it commits"
             );
         }
-        self.rollback_commands(shared, out, None);
+        self.rollback_commands(out, None);
     }
 
     /// Carries out what the rollback machine decided; `error` is why a read failed.
-    fn rollback_commands(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        out: Vec<RollbackCommand>,
-        mut error: Option<Error>,
-    ) {
+    fn rollback_commands(&mut self, out: Vec<RollbackCommand>, mut error: Option<Error>) {
         for cmd in out {
             match cmd {
                 RollbackCommand::Halt => {
@@ -154,7 +144,7 @@ impl<J: Job> State<J> {
                     // are dropped (step 1), and what a dropped chunk leaves is no state.
                     let mut out = std::mem::take(&mut self.snap.out);
                     self.snap.cut.give_way(&mut out);
-                    self.cut_commands(shared, &mut out);
+                    self.cut_commands(&mut out);
                     self.snap.out = out;
                     self.drive_core(crate::schedule::Core::halt);
                 }
@@ -179,30 +169,27 @@ impl<J: Job> State<J> {
                         }
                     }
                 }
-                RollbackCommand::Rebuild { attempt } => self.rebuild_first_phase(shared, attempt),
+                RollbackCommand::Rebuild { attempt } => self.rebuild_first_phase(attempt),
                 RollbackCommand::ReadManifest { epoch, attempt } => {
                     self.read_manifest(epoch, attempt);
                 }
                 // Carried out by `rolled_back`, which asked.
                 RollbackCommand::Reset => {}
-                RollbackCommand::Restart(record) => self.restart_restored(shared, record),
+                RollbackCommand::Restart(record) => self.restart_restored(record),
                 RollbackCommand::NothingToRollBackTo { lost } => {
-                    self.nothing_to_roll_back_to(shared, lost);
+                    self.nothing_to_roll_back_to(lost);
                 }
                 RollbackCommand::Failed { lost, epoch } => {
                     let e = error
                         .take()
                         .unwrap_or_else(|| Error::Internal("a read failed without a cause".into()));
                     tracing::warn!(job = J::NAME, epoch, error = %e, "the snapshot to roll back to could not be read: the job ends");
-                    self.fail(
-                        shared,
-                        Error::RollbackFailed {
-                            job: J::NAME,
-                            epoch,
-                            lost,
-                            source: Box::new(e),
-                        },
-                    );
+                    self.fail(Error::RollbackFailed {
+                        job: J::NAME,
+                        epoch,
+                        lost,
+                        source: Box::new(e),
+                    });
                 }
             }
         }
@@ -210,19 +197,16 @@ impl<J: Job> State<J> {
 
     /// Owned partitions were lost and no snapshot was committed (nor is one being written):
     /// the job ends with [`Error::PartitionsLost`].
-    fn nothing_to_roll_back_to(&mut self, shared: &Arc<Shared<J>>, chunks: Vec<ChunkId>) {
+    fn nothing_to_roll_back_to(&mut self, chunks: Vec<ChunkId>) {
         tracing::warn!(job = J::NAME, lost = ?chunks, "owned partitions were lost and no snapshot was committed: the job ends");
-        self.fail(
-            shared,
-            Error::PartitionsLost {
-                job: J::NAME,
-                chunks,
-            },
-        );
+        self.fail(Error::PartitionsLost {
+            job: J::NAME,
+            chunks,
+        });
     }
 
     /// Step 2: once the run is quiet, the machine decides what to read back (step 3).
-    pub(crate) fn poll_rollback(&mut self, shared: &Arc<Shared<J>>) {
+    pub(crate) fn poll_rollback(&mut self) {
         if self.ended || !self.rolling_back() {
             return;
         }
@@ -230,10 +214,10 @@ impl<J: Job> State<J> {
             && self.remote.fetches_empty()
             && !self.snap.cut.is_writing();
         let mut out = Vec::new();
-        let now = Self::since_start(shared);
+        let now = self.now;
         self.rollback
             .poll(quiet, self.snap.last_epoch, now, &mut out);
-        self.rollback_commands(shared, out, None);
+        self.rollback_commands(out, None);
     }
 
     /// Step 3: reads the manifest of `epoch` back, for `attempt` (`read_back`).
@@ -250,7 +234,6 @@ impl<J: Job> State<J> {
     /// it.
     fn reset_run(
         &mut self,
-        shared: &Arc<Shared<J>>,
         core: crate::executor::JobCore<J>,
         job: Option<J>,
         phase: u64,
@@ -286,7 +269,7 @@ impl<J: Job> State<J> {
             for r in replies {
                 self.snap.cut.suspend(Some(r), &mut out);
             }
-            self.cut_commands(shared, &mut out);
+            self.cut_commands(&mut out);
             self.snap.out = out;
         }
         for r in requests {
@@ -294,7 +277,7 @@ impl<J: Job> State<J> {
         }
         let members: Vec<WorkerId> = self.members.ids().collect();
         for worker in members {
-            let _ = self.feed(shared, Event::Joined { worker }, None);
+            let _ = self.feed(Event::Joined { worker }, None);
             // A thread or a worker process retired during the rollback leaves the restored
             // ledger too.
             let retiring = match self.members.get(worker) {
@@ -303,7 +286,7 @@ impl<J: Job> State<J> {
                 None => false,
             };
             if retiring {
-                let _ = self.feed(shared, Event::Retire { worker }, None);
+                let _ = self.feed(Event::Retire { worker }, None);
             }
         }
     }
@@ -311,14 +294,14 @@ impl<J: Job> State<J> {
     /// Step 3 without a snapshot, in the job's first phase (for `attempt`): the run starts
     /// that phase again, every partition made anew from the job value, which no phase has
     /// changed yet. Nothing is read: the restored run restarts at once.
-    fn rebuild_first_phase(&mut self, shared: &Arc<Shared<J>>, attempt: u64) {
+    fn rebuild_first_phase(&mut self, attempt: u64) {
         let Some(job) = self.job.clone() else { return };
-        let core = match super::first_phase(&*job, &shared.config) {
+        let core = match super::first_phase(&*job, &self.config) {
             Ok((core, _)) => core,
-            Err(e) => return self.fail(shared, e),
+            Err(e) => return self.fail(e),
         };
         let mut out = Vec::new();
-        let now = Self::since_start(shared);
+        let now = self.now;
         self.rollback.manifest_read(attempt, true, now, &mut out);
         if !out.contains(&RollbackCommand::Reset) {
             return;
@@ -327,25 +310,20 @@ impl<J: Job> State<J> {
             job = J::NAME,
             "no snapshot was committed: the first phase starts again, its partitions made anew"
         );
-        self.reset_run(shared, core, None, 0, 0, Snapshots::default());
-        self.parts_read(shared, attempt, Ok(Vec::new()));
+        self.reset_run(core, None, 0, 0, Snapshots::default());
+        self.parts_read(attempt, Ok(Vec::new()));
     }
 
     /// Step 4: the snapshot's manifest is read (or could not be); the run is reset to it,
     /// halted, its workers join and its partitions are placed on the processes that read
     /// them from the store themselves (step 5); then the coordinator reads the parts it
     /// needs (step 6: those of local workers and of processes that do not read the store).
-    pub(crate) fn rolled_back(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        restored: crate::Result<Restored<J>>,
-        attempt: u64,
-    ) {
+    pub(crate) fn rolled_back(&mut self, restored: crate::Result<Restored<J>>, attempt: u64) {
         if self.ended {
             return;
         }
         let mut out = Vec::new();
-        let now = Self::since_start(shared);
+        let now = self.now;
         self.rollback
             .manifest_read(attempt, restored.is_ok(), now, &mut out);
         let Restored {
@@ -356,14 +334,13 @@ impl<J: Job> State<J> {
         } = match restored {
             Ok(r) if out.contains(&RollbackCommand::Reset) => r,
             Ok(_) => return,
-            Err(e) => return self.rollback_commands(shared, out, Some(e)),
+            Err(e) => return self.rollback_commands(out, Some(e)),
         };
         // Each restored partition's part.
         let parts: HashMap<ChunkId, PartRef> =
             manifest.all_parts().map(|p| (p.chunk, p.clone())).collect();
         let snap = Snapshots::restored(&manifest);
         self.reset_run(
-            shared,
             core,
             Some(job),
             manifest.phase,
@@ -384,9 +361,9 @@ impl<J: Job> State<J> {
             "parts the coordinator reads itself"
         );
         if need.is_empty() {
-            return self.parts_read(shared, attempt, Ok(Vec::new()));
+            return self.parts_read(attempt, Ok(Vec::new()));
         }
-        self.settle(shared);
+        self.settle();
         let id = SnapshotId::new(manifest.job_id.clone(), manifest.epoch);
         self.store_ops
             .push(StoreOp::ReadParts { id, need, attempt });
@@ -396,7 +373,6 @@ impl<J: Job> State<J> {
     /// go into the ledger, and the run restarts (an answer of an earlier attempt is dropped).
     pub(crate) fn parts_read(
         &mut self,
-        shared: &Arc<Shared<J>>,
         attempt: u64,
         got: crate::Result<Vec<(ChunkId, bytes::Bytes)>>,
     ) {
@@ -404,7 +380,7 @@ impl<J: Job> State<J> {
             return;
         }
         let mut out = Vec::new();
-        let now = Self::since_start(shared);
+        let now = self.now;
         self.rollback
             .parts_read(attempt, got.is_ok(), now, &mut out);
         match got {
@@ -416,15 +392,15 @@ impl<J: Job> State<J> {
                         *b = bytes;
                     }
                 }
-                self.rollback_commands(shared, out, None);
+                self.rollback_commands(out, None);
             }
-            Err(e) => self.rollback_commands(shared, out, Some(e)),
+            Err(e) => self.rollback_commands(out, Some(e)),
         }
     }
 
     /// Step 6 done: the states the coordinator needed are in the ledger; the rest of the
     /// restored partitions is placed, and the run goes on.
-    fn restart_restored(&mut self, shared: &Arc<Shared<J>>, record: RollbackRecord) {
+    fn restart_restored(&mut self, record: RollbackRecord) {
         self.place_restored(&HashMap::new(), false);
         let RollbackRecord {
             lost,
@@ -457,7 +433,7 @@ impl<J: Job> State<J> {
             recovered: None,
             started_over,
         });
-        self.recovering = Some(shared.started + since);
+        self.recovering = Some(since);
         if epoch.is_some() {
             self.watch_rolled_back();
         }
@@ -465,7 +441,7 @@ impl<J: Job> State<J> {
         if !self.snap.cut.suspending() {
             self.drive_core(crate::schedule::Core::unhalt);
         }
-        self.settle(shared);
+        self.settle();
     }
 
     /// Step 5, *place*: every restored partition that is not running yet and that a worker
@@ -598,7 +574,7 @@ impl<J: Job> State<J> {
     pub(crate) fn phase_done_after_rollback(&mut self) {
         if let Some(since) = self.recovering.take() {
             if let Some(last) = self.rollbacks.last_mut() {
-                last.recovered = Some(since.elapsed());
+                last.recovered = Some(self.now.saturating_sub(since));
             }
         }
     }
@@ -640,7 +616,7 @@ pub(crate) fn read_back<J: Job>(shared: Arc<Shared<J>>, epoch: u64, attempt: u64
                 "reading a snapshot back stopped: {e}"
             )))
         });
-        shared.lock().rolled_back(&shared, restored, attempt);
+        shared.lock().rolled_back(restored, attempt);
     });
 }
 
@@ -662,6 +638,6 @@ pub(crate) fn read_parts<J: Job>(
             Err(e) => Err(e),
         };
         let got = read.map(|bytes| need.into_iter().map(|p| p.chunk).zip(bytes).collect());
-        shared.lock().parts_read(&shared, attempt, got);
+        shared.lock().parts_read(attempt, got);
     });
 }

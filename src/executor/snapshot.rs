@@ -45,11 +45,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::oneshot;
 
-use super::job_run::{Shared, State};
+use super::job_run::State;
 use super::members::Member;
 use crate::codec::{encode, encode_sized};
 use crate::error::{Cause, Error, Result};
@@ -79,7 +79,8 @@ pub(crate) enum Part {
 #[derive(Debug)]
 pub(crate) struct Header {
     pub(crate) manifest: Manifest,
-    pub(crate) started: Instant,
+    /// When, since the run started.
+    pub(crate) started: Duration,
 }
 
 type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
@@ -292,17 +293,17 @@ impl Snapshots {
 
 impl<J: Job> State<J> {
     /// Asks for a snapshot; `reply` gets its id. Joins a cut in progress, or the next one.
-    pub(crate) fn request_snapshot(&mut self, shared: &Arc<Shared<J>>, reply: Reply) {
+    pub(crate) fn request_snapshot(&mut self, reply: Reply) {
         if self.ended {
             let _ = reply.send(Err(Error::Ended { job: J::NAME }));
             return;
         }
         self.snap.cut.request(reply);
-        self.poll_cut(shared);
+        self.poll_cut();
     }
 
     /// Asks for a suspend: halt, snapshot once quiet, end with `Outcome::Suspended`.
-    pub(crate) fn request_suspend(&mut self, shared: &Arc<Shared<J>>, reply: Option<Reply>) {
+    pub(crate) fn request_suspend(&mut self, reply: Option<Reply>) {
         if self.ended {
             if let Some(r) = reply {
                 let _ = r.send(Err(Error::Ended { job: J::NAME }));
@@ -311,14 +312,14 @@ impl<J: Job> State<J> {
         }
         let mut out = std::mem::take(&mut self.snap.out);
         self.snap.cut.suspend(reply, &mut out);
-        self.cut_commands(shared, &mut out);
+        self.cut_commands(&mut out);
         self.snap.out = out;
-        self.poll_cut(shared);
+        self.poll_cut();
     }
 
     /// Starts a cut if one is due (protocol step 1 of `schedule/cut.rs`): queued requests,
     /// or a suspend once no chunk runs. Called after every change (`settle`).
-    pub(crate) fn poll_cut(&mut self, shared: &Arc<Shared<J>>) {
+    pub(crate) fn poll_cut(&mut self) {
         if self.ended
             || self.snap.cut.is_open()
             || self.snap.cut.is_writing()
@@ -329,10 +330,9 @@ impl<J: Job> State<J> {
             return;
         }
         // A full snapshot reuses no part: every state is written again.
-        let full = self.snap.full_due(&shared.config.snapshots);
+        let full = self.snap.full_due(&self.config.snapshots);
         // From here to the marker's end the job's lock is held: every worker that needs it
         // waits (at a barrier, all of them), which is the pause a snapshot costs them.
-        let held = Instant::now();
         let due = self.snap.cut.is_due(&self.core);
         let mut encoded = if due {
             self.encode_pending(full)
@@ -341,9 +341,9 @@ impl<J: Job> State<J> {
         };
         let mut out = std::mem::take(&mut self.snap.out);
         let (cfg, schedule, chunking) = (
-            &shared.config.snapshots,
-            shared.config.schedule,
-            shared.config.chunking,
+            &self.config.snapshots,
+            self.config.schedule,
+            self.config.chunking,
         );
         let State {
             snap,
@@ -351,13 +351,22 @@ impl<J: Job> State<J> {
             job,
             phase,
             iterations_before,
+            now,
             ..
         } = self;
         let (cut, cache) = (&mut snap.cut, &snap.cache);
         let reuse = |c: &ChunkId| if full { None } else { cache.get(c) };
         let header = |core: &Core<J::Reducer, Held<J::Chunk>>| {
             let run = RunConfig { schedule, chunking };
-            header::<J>(cfg, run, job.as_deref(), *phase, *iterations_before, core)
+            header::<J>(
+                cfg,
+                run,
+                job.as_deref(),
+                *phase,
+                *iterations_before,
+                core,
+                *now,
+            )
         };
         let part_of = |c: ChunkId, state: &Held<J::Chunk>| match reuse(&c) {
             Some(p) => Ok(Some(Part::Reuse(p.clone()))),
@@ -369,13 +378,9 @@ impl<J: Job> State<J> {
         };
         cut.poll(core, header, part_of, &mut out);
         if due {
-            let pause = held.elapsed();
-            self.watch
-                .metrics
-                .snapshot_pause
-                .record(pause.as_secs_f64());
+            self.pause = Some(super::job_run::Pause::Marker);
         }
-        self.cut_commands(shared, &mut out);
+        self.cut_commands(&mut out);
         self.snap.out = out;
     }
 
@@ -490,23 +495,17 @@ impl<J: Job> State<J> {
 
     /// Protocol step 2: what `worker` left of `chunk` for the cut (ignored unless the cut
     /// waits for it from that worker); an error abandons the cut.
-    pub(crate) fn captured(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        worker: WorkerId,
-        chunk: ChunkId,
-        what: Result<Captured>,
-    ) {
+    pub(crate) fn captured(&mut self, worker: WorkerId, chunk: ChunkId, what: Result<Captured>) {
         let mut out = std::mem::take(&mut self.snap.out);
         self.snap.cut.captured(worker, chunk, what, &mut out);
-        self.cut_commands(shared, &mut out);
+        self.cut_commands(&mut out);
         self.snap.out = out;
     }
 
     /// Asks the worker process that holds the partition of `chunk` for its part (protocol
     /// step 2 for a partition the ledger has no state of), naming the epoch folder the part
     /// goes to if the process writes it itself.
-    fn capture_held(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
+    fn capture_held(&mut self, chunk: ChunkId) {
         let in_ledger = self
             .core
             .suspended()
@@ -521,7 +520,7 @@ impl<J: Job> State<J> {
             let mut out = std::mem::take(&mut self.snap.out);
             let part = bytes.map(Part::New).map_err(Error::from);
             self.snap.cut.captured_held(chunk, part, &mut out);
-            self.cut_commands(shared, &mut out);
+            self.cut_commands(&mut out);
             self.snap.out = out;
             return;
         }
@@ -549,25 +548,20 @@ impl<J: Job> State<J> {
                     chunk,
                 };
                 self.snap.cut.captured_held(chunk, Err(error), &mut out);
-                self.cut_commands(shared, &mut out);
+                self.cut_commands(&mut out);
             }
         }
     }
 
     /// A held partition the open cut waited for arrived from its worker process after a
     /// `Surrender` (see [`Snapshots::held_on_arrival`]): its bytes are its part.
-    pub(crate) fn held_arrived(
-        &mut self,
-        shared: &Arc<Shared<J>>,
-        chunk: ChunkId,
-        state: &bytes::Bytes,
-    ) {
+    pub(crate) fn held_arrived(&mut self, chunk: ChunkId, state: &bytes::Bytes) {
         if self.snap.held_on_arrival.remove(&chunk) && self.snap.cut.waits_for_held(chunk) {
             let mut out = std::mem::take(&mut self.snap.out);
             self.snap
                 .cut
                 .captured_held(chunk, Ok(Part::New(state.clone())), &mut out);
-            self.cut_commands(shared, &mut out);
+            self.cut_commands(&mut out);
             self.snap.out = out;
         }
     }
@@ -575,7 +569,7 @@ impl<J: Job> State<J> {
     /// The worker process that held `chunk` for the open cut is gone before it answered (a
     /// `CaptureHeld`, or a `Surrender` whose bytes the cut waited for): the cut cannot have
     /// that part, and says so instead of waiting for it.
-    pub(crate) fn held_capture_lost(&mut self, shared: &Arc<Shared<J>>, chunk: ChunkId) {
+    pub(crate) fn held_capture_lost(&mut self, chunk: ChunkId) {
         self.snap.held_asked.remove(&chunk);
         self.snap.held_on_arrival.remove(&chunk);
         if self.snap.cut.waits_for_held(chunk) {
@@ -585,13 +579,13 @@ impl<J: Job> State<J> {
                 chunk,
             };
             self.snap.cut.captured_held(chunk, Err(error), &mut out);
-            self.cut_commands(shared, &mut out);
+            self.cut_commands(&mut out);
             self.snap.out = out;
         }
     }
 
     /// Carries out the cut's commands.
-    pub(crate) fn cut_commands(&mut self, shared: &Arc<Shared<J>>, out: &mut Commands) {
+    pub(crate) fn cut_commands(&mut self, out: &mut Commands) {
         for cmd in out.drain(..) {
             match cmd {
                 CutCommand::Capture { worker, chunk } => match self.members.get(worker) {
@@ -599,7 +593,7 @@ impl<J: Job> State<J> {
                     Some(Member::Remote(slot)) => self.capture_remote(*slot, chunk),
                     None => {}
                 },
-                CutCommand::CaptureHeld { chunk } => self.capture_held(shared, chunk),
+                CutCommand::CaptureHeld { chunk } => self.capture_held(chunk),
                 CutCommand::Withdraw { worker } => {
                     if let Some(local) = self.members.local(worker) {
                         local.cell.lower(CAPTURE);
@@ -620,7 +614,7 @@ impl<J: Job> State<J> {
                 CutCommand::Write(write) => self.write(write),
             }
         }
-        self.end_if_failing(shared);
+        self.end_if_failing();
     }
 
     /// A snapshot failed (its requesters have their answer): logged, counted and kept for
@@ -645,9 +639,9 @@ impl<J: Job> State<J> {
     /// Ends the job with [`Error::SnapshotsFailing`] if `max_snapshot_failures` snapshots
     /// failed in a row. Nothing computed since is lost that a restore could have had: the
     /// error names the last committed snapshot, which stays in the store.
-    fn end_if_failing(&mut self, shared: &Arc<Shared<J>>) {
+    fn end_if_failing(&mut self) {
         let failures = &self.snap.failures;
-        let limit = shared.config.snapshots.max_failures;
+        let limit = self.config.snapshots.max_failures;
         if self.ended || limit.is_none_or(|n| failures.in_a_row < n) {
             return;
         }
@@ -660,11 +654,11 @@ impl<J: Job> State<J> {
             last_committed: self
                 .snap
                 .last_epoch
-                .map(|e| SnapshotId::new(shared.config.snapshots.job_id::<J>(), e)),
+                .map(|e| SnapshotId::new(self.config.snapshots.job_id::<J>(), e)),
             last,
         };
         tracing::warn!(job = J::NAME, error = %error, "the job ends");
-        self.fail(shared, error);
+        self.fail(error);
     }
 
     /// A snapshot was committed: the failures in a row start again from zero, and a full
@@ -703,6 +697,7 @@ fn header<J: Job>(
     phase: u64,
     iterations_before: u64,
     core: &Core<J::Reducer, Held<J::Chunk>>,
+    now: Duration,
 ) -> Result<Header> {
     let job = job.ok_or(Error::Ended { job: J::NAME })?;
     let (merged, value, held) = core.merge_state();
@@ -715,10 +710,8 @@ fn header<J: Job>(
         format_version: FORMAT_VERSION,
         job_name: J::NAME.to_owned(),
         job_id: cfg.job_id::<J>(),
-        epoch: 0, // chosen by the writer
-        created_unix_ms: SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
+        epoch: 0,           // chosen by the writer
+        created_unix_ms: 0, // the writer's clock (io.rs)
         job: encode("the job", job)?,
         phase,
         iterations_before,
@@ -737,6 +730,6 @@ fn header<J: Job>(
     };
     Ok(Header {
         manifest,
-        started: Instant::now(),
+        started: now,
     })
 }

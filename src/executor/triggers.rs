@@ -59,7 +59,7 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
             if want_suspend {
                 if last_ask.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                     let Some(shared) = weak.upgrade() else { return };
-                    shared.lock().request_suspend(&shared, None);
+                    shared.lock().request_suspend(None);
                     last_ask = Some(std::time::Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -99,7 +99,7 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
             }
             let Some(shared) = weak.upgrade() else { return };
             let (reply, _ignored) = oneshot::channel();
-            shared.lock().request_snapshot(&shared, reply);
+            shared.lock().request_snapshot(reply);
         }
     });
 }

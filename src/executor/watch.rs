@@ -10,10 +10,10 @@
 //! its own. Nothing here runs per step.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Outcome;
-use super::job_run::{Shared, State};
+use super::job_run::State;
 use super::snapshot::Part;
 use crate::error::{Error, Result};
 use crate::job::Job;
@@ -27,7 +27,7 @@ pub(crate) struct Watch {
     pub(crate) metrics: JobMetrics,
     sink: Option<Arc<Sink>>,
     /// When the current phase started (or the run, or its restart after a rollback).
-    phase_started: Instant,
+    phase_started: Duration,
     /// The workers last recorded: local, remote, draining, joining.
     last: (usize, usize, usize, usize),
 }
@@ -37,7 +37,7 @@ impl Watch {
         Watch {
             metrics: JobMetrics::new(job),
             sink: None,
-            phase_started: Instant::now(),
+            phase_started: Duration::ZERO,
             last: (0, 0, 0, 0),
         }
     }
@@ -97,9 +97,9 @@ impl<J: Job> State<J> {
     }
 
     /// The run starts (submitted or resumed): its timeline, and its first record.
-    pub(crate) fn watch_start(&mut self, shared: &Shared<J>) {
-        self.watch.sink = shared.config.timeline.clone();
-        self.watch.phase_started = Instant::now();
+    pub(crate) fn watch_start(&mut self) {
+        self.watch.sink = self.config.timeline.clone();
+        self.watch.phase_started = self.now;
         // Only a resumed run starts knowing a committed epoch.
         self.record(Event::Start {
             phase: self.phase,
@@ -137,8 +137,8 @@ impl<J: Job> State<J> {
 
     /// A phase reached its barrier.
     pub(crate) fn watch_phase_end(&mut self, phase: u64) {
-        let seconds = self.watch.phase_started.elapsed().as_secs_f64();
-        self.watch.phase_started = Instant::now();
+        let seconds = (self.now.saturating_sub(self.watch.phase_started)).as_secs_f64();
+        self.watch.phase_started = self.now;
         self.watch.metrics.phase_seconds.record(seconds);
         self.record(Event::PhaseEnd {
             phase,
@@ -215,7 +215,7 @@ impl<J: Job> State<J> {
 
     /// A rollback is done (the last of `rollbacks`): the phase restarts now.
     pub(crate) fn watch_rolled_back(&mut self) {
-        self.watch.phase_started = Instant::now();
+        self.watch.phase_started = self.now;
         if let Some(rb) = self.rollbacks.last() {
             let event = Event::RolledBack {
                 epoch: rb.epoch,
