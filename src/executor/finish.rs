@@ -24,7 +24,7 @@
 //! again), or ends with [`Error::PartitionsLost`] without a snapshot. A failing output
 //! ends the job with its error ([`Error::Output`], [`Error::Panicked`]).
 
-use std::collections::HashSet;
+use crate::schedule::idhash::IdSet;
 
 use bytes::Bytes;
 
@@ -48,9 +48,9 @@ pub(crate) struct Finishing<J: Job> {
     /// The partitions gathered here at the end.
     gather: bool,
     /// Partitions whose `Output` went to the process that holds them.
-    asked: HashSet<ChunkId>,
+    asked: IdSet<ChunkId>,
     /// Partitions output (here, or answered by their process).
-    done: HashSet<ChunkId>,
+    done: IdSet<ChunkId>,
 }
 
 /// The bytes of the job before the `end_phase` of `phase`, if its partitions are output
@@ -94,8 +94,8 @@ impl<J: Job> State<J> {
             phase,
             ran,
             gather,
-            asked: HashSet::new(),
-            done: HashSet::new(),
+            asked: IdSet::default(),
+            done: IdSet::default(),
         });
         self.poll_finish();
     }

@@ -1,7 +1,7 @@
 //! The executor's I/O with the snapshot store: the background writer of complete cuts
 //! (protocol step 3 of `schedule/cut.rs`) and resuming a job from a committed snapshot.
 
-use std::collections::HashMap;
+use crate::schedule::idhash::IdMap;
 use std::sync::Arc;
 
 use super::job_run::{Shared, State};
@@ -89,7 +89,7 @@ impl<J: Job> State<J> {
             self.snap.witness = Some((id.epoch, manifest.created_unix_ms));
             self.offer_store(None);
             self.snap.longest = Some(self.snap.longest.map_or(took, |l| l.max(took)));
-            let by_chunk: HashMap<ChunkId, &PartRef> =
+            let by_chunk: IdMap<ChunkId, &PartRef> =
                 manifest.all_parts().map(|p| (p.chunk, p)).collect();
             for c in unchanged {
                 if let Some(p) = by_chunk.get(&c) {

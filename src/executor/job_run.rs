@@ -17,7 +17,7 @@
 //! here; the workers in `members.rs` (local threads in `local.rs`); connections of worker
 //! processes in `remote.rs`; snapshot bookkeeping in `snapshot.rs`.
 
-use std::collections::HashMap;
+use crate::schedule::idhash::{IdMap, IdSet};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -227,7 +227,7 @@ pub(crate) struct State<J: Job> {
     /// Owned partitions restored by a rollback and done in the snapshot's phase, placed on
     /// a worker process that exports their halos (`rollback.rs`): the barrier waits for
     /// them.
-    pub(crate) exporting: std::collections::HashSet<ChunkId>,
+    pub(crate) exporting: IdSet<ChunkId>,
     /// Owned partitions: moves the core had counted at the last barrier (for the counter).
     pub(crate) moved: u64,
     /// Owned partitions lost: the rollback under way (`rollback.rs`).
@@ -724,7 +724,8 @@ impl<J: Job> State<J> {
             }
         }
         if !restored.is_empty() {
-            let mut decoded: HashMap<ChunkId, Decoded<J>> = HashMap::with_capacity(restored.len());
+            let mut decoded: IdMap<ChunkId, Decoded<J>> =
+                IdMap::with_capacity_and_hasher(restored.len(), Default::default());
             // The first error in chunk order, as when they were decoded one by one.
             for (chunk, r) in decode_restored(job, hooks.export, phase, restored)? {
                 decoded.insert(chunk, r?);

@@ -6,7 +6,7 @@
 //! here; the commands of the core and of the cut are dispatched by kind in one place each
 //! (`State::execute` in `job_run.rs`, `State::cut_commands` in `snapshot.rs`).
 
-use std::collections::HashMap;
+use crate::schedule::idhash::IdMap;
 use std::sync::Arc;
 
 use crate::job::Job;
@@ -51,7 +51,7 @@ pub(crate) enum Member {
 
 /// The job's workers, their ids, and the local target.
 pub(crate) struct Members<J: Job> {
-    table: HashMap<WorkerId, Member>,
+    table: IdMap<WorkerId, Member>,
     next_id: WorkerId,
     /// Requested local worker threads.
     pub(crate) target: usize,
@@ -65,7 +65,7 @@ pub(crate) struct Members<J: Job> {
 impl<J: Job> Members<J> {
     pub(crate) fn new(target: usize) -> Members<J> {
         Members {
-            table: HashMap::new(),
+            table: IdMap::default(),
             next_id: 0,
             target,
             waiting: false,

@@ -89,7 +89,7 @@
 //! its invariants (every chunk done once, merged in chunk order) hold whatever joins, leaves or
 //! is lost.
 
-use std::collections::HashMap;
+use crate::schedule::idhash::IdMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -183,7 +183,7 @@ impl Conn {
 /// `members.rs`).
 #[derive(Default)]
 pub(crate) struct Remotes {
-    pub(crate) conns: HashMap<ProcessId, Conn>,
+    pub(crate) conns: IdMap<ProcessId, Conn>,
     /// Frames for worker processes, in order, sent when the job's lock is released
     /// (`links.rs`).
     pub(crate) outbox: Vec<(ProcessId, ToWorker)>,
@@ -198,10 +198,10 @@ pub(crate) struct Remotes {
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
     /// the connection asked, where the bytes go, and when they were asked for (to time the
     /// move).
-    fetches: HashMap<ChunkId, (ProcessId, Fetch, Duration)>,
+    fetches: IdMap<ChunkId, (ProcessId, Fetch, Duration)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
-    begins: HashMap<ChunkId, (Option<Halo>, Option<Halo>)>,
+    begins: IdMap<ChunkId, (Option<Halo>, Option<Halo>)>,
     /// Owned partitions that arrived from worker processes since the autoscaler last looked:
     /// their bytes, and their transfers' times summed (`autoscale.rs` reports them to the
     /// decider, which learns what a move costs).

@@ -50,7 +50,7 @@
 //! [`Error::PartitionsLost`]. A snapshot that cannot be read back ends it with
 //! [`Error::RollbackFailed`] naming why.
 
-use std::collections::HashMap;
+use crate::schedule::idhash::IdMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -337,7 +337,7 @@ impl<J: Job> State<J> {
             Err(e) => return self.rollback_commands(out, Some(e)),
         };
         // Each restored partition's part.
-        let parts: HashMap<ChunkId, PartRef> =
+        let parts: IdMap<ChunkId, PartRef> =
             manifest.all_parts().map(|p| (p.chunk, p.clone())).collect();
         let snap = Snapshots::restored(&manifest);
         self.reset_run(
@@ -386,7 +386,7 @@ impl<J: Job> State<J> {
         match got {
             Ok(_) if out.is_empty() => {}
             Ok(got) => {
-                let mut got: HashMap<ChunkId, bytes::Bytes> = got.into_iter().collect();
+                let mut got: IdMap<ChunkId, bytes::Bytes> = got.into_iter().collect();
                 for (chunk, held) in self.core.states_mut() {
                     if let (Held::Bytes(b), Some(bytes)) = (&mut *held, got.remove(&chunk)) {
                         *b = bytes;
@@ -401,7 +401,7 @@ impl<J: Job> State<J> {
     /// Step 6 done: the states the coordinator needed are in the ledger; the rest of the
     /// restored partitions is placed, and the run goes on.
     fn restart_restored(&mut self, record: RollbackRecord) {
-        self.place_restored(&HashMap::new(), false);
+        self.place_restored(&IdMap::default(), false);
         let RollbackRecord {
             lost,
             from_phase,
@@ -461,7 +461,7 @@ impl<J: Job> State<J> {
     /// Called twice: with `by_part_only` before the coordinator read any part (only what
     /// goes to processes that read the store, as part references), then once the rest is
     /// read (the bytes for the other processes).
-    fn place_restored(&mut self, parts: &HashMap<ChunkId, PartRef>, by_part_only: bool) {
+    fn place_restored(&mut self, parts: &IdMap<ChunkId, PartRef>, by_part_only: bool) {
         if !self.core.is_partitioned() || self.remote.conns.is_empty() {
             return;
         }
@@ -473,7 +473,7 @@ impl<J: Job> State<J> {
         };
         // Where each pending chunk queued on a process runs, and how soon (its place in its
         // slot's queue).
-        let mut soon: HashMap<ChunkId, (ProcessId, usize)> = HashMap::new();
+        let mut soon: IdMap<ChunkId, (ProcessId, usize)> = IdMap::default();
         for worker in self.members.ids() {
             if let Some(Member::Remote(slot)) = self.members.get(worker) {
                 let conn = slot.conn;
@@ -491,7 +491,7 @@ impl<J: Job> State<J> {
         if by_part_only {
             self.core.deal_unheld_kept();
         }
-        let holders: HashMap<ChunkId, ProcessId> = self
+        let holders: IdMap<ChunkId, ProcessId> = self
             .core
             .kept()
             .filter_map(

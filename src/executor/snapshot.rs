@@ -43,7 +43,7 @@
 //! `n`-th snapshot (counted since the last full one) write every part again: with `n = 1`,
 //! the kept snapshots are independent restore points.
 
-use std::collections::HashMap;
+use crate::schedule::idhash::{IdMap, IdSet};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -99,7 +99,7 @@ type Taken<C> = (ChunkId, bool, C, usize);
 pub(crate) struct Snapshots {
     pub(crate) cut: Cut<Header, Part, bytes::Bytes, Reply>,
     /// Parts of pending chunks whose state has not changed since a committed snapshot.
-    pub(crate) cache: HashMap<ChunkId, PartRef>,
+    pub(crate) cache: IdMap<ChunkId, PartRef>,
     /// The highest epoch this run committed or restored.
     pub(crate) last_epoch: Option<u64>,
     /// The latest snapshot committed in the configured store that this run knows of (epoch,
@@ -111,7 +111,7 @@ pub(crate) struct Snapshots {
     pub(crate) out: Commands,
     /// Worker processes that keep the partitions of chunks whose `Done` reached a cut before
     /// the ledger (their part is asked of them).
-    pub(crate) kept_by: HashMap<ChunkId, ProcessId>,
+    pub(crate) kept_by: IdMap<ChunkId, ProcessId>,
     /// Snapshots committed since the last full one (one that referenced no part of an
     /// earlier snapshot); `u32::MAX` when unknown (a resumed run).
     pub(crate) since_full: u32,
@@ -121,19 +121,19 @@ pub(crate) struct Snapshots {
     pub(crate) resumed: Option<Resumed>,
     /// The worker process each held partition's part was last asked of (`CaptureHeld`) for
     /// the open cut: only that process's answer is taken into it.
-    pub(crate) held_asked: HashMap<ChunkId, ProcessId>,
+    pub(crate) held_asked: IdMap<ChunkId, ProcessId>,
     /// Every `CaptureHeld` not answered yet, by chunk and worker process: the epoch folders
     /// they named, oldest first (a process answers about one chunk in the order it was
     /// asked). An answer that none of them asked for breaks the protocol; an answer to an
     /// abandoned cut's request, or to one from before a rollback, is taken and dropped.
-    pub(crate) held_outstanding: HashMap<(ChunkId, ProcessId), std::collections::VecDeque<u64>>,
+    pub(crate) held_outstanding: IdMap<(ChunkId, ProcessId), std::collections::VecDeque<u64>>,
     /// Held partitions the open cut waits for that were already on their way back from their
     /// worker process (`Surrender`) when the cut wanted them: their bytes are the part, taken
     /// when they arrive (the process no longer has them to answer a `CaptureHeld`).
-    pub(crate) held_on_arrival: std::collections::HashSet<ChunkId>,
+    pub(crate) held_on_arrival: IdSet<ChunkId>,
     /// The size of each chunk's last part serialized by `encode_pending`: the next one's
     /// buffer starts that large, so that a large state is copied into it once.
-    pub(crate) part_sizes: HashMap<ChunkId, usize>,
+    pub(crate) part_sizes: IdMap<ChunkId, usize>,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -337,7 +337,7 @@ impl<J: Job> State<J> {
         let mut encoded = if due {
             self.encode_pending(full)
         } else {
-            HashMap::new()
+            IdMap::default()
         };
         let mut out = std::mem::take(&mut self.snap.out);
         let (cfg, schedule, chunking) = (
@@ -410,7 +410,7 @@ impl<J: Job> State<J> {
     /// What made the pause longer than that was the size of the states: a buffer
     /// sized from the chunk's previous part ([`Snapshots::part_sizes`]) is filled once, not
     /// regrown, and a band's part holds its rows only (`rows.rs`).
-    fn encode_pending(&mut self, full: bool) -> HashMap<ChunkId, Result<bytes::Bytes>> {
+    fn encode_pending(&mut self, full: bool) -> IdMap<ChunkId, Result<bytes::Bytes>> {
         let threads = std::thread::available_parallelism().map_or(1, usize::from);
         let sizes = &self.snap.part_sizes;
         let cache = &self.snap.cache;
@@ -421,7 +421,7 @@ impl<J: Job> State<J> {
         let count = self.core.suspended().filter(unwritten).count()
             + self.core.kept().filter(unwritten).count();
         if threads < 2 || count < 2 {
-            return HashMap::new();
+            return IdMap::default();
         }
         let phase = self.phase;
         let placeholder = || Held::Bytes(bytes::Bytes::new());
@@ -471,8 +471,9 @@ impl<J: Job> State<J> {
                 .map(|h| h.join().unwrap_or_default())
                 .collect()
         });
-        let mut encoded = HashMap::with_capacity(count);
-        let mut back: HashMap<(bool, ChunkId), J::Chunk> = HashMap::with_capacity(count);
+        let mut encoded = IdMap::with_capacity_and_hasher(count, Default::default());
+        let mut back: IdMap<(bool, ChunkId), J::Chunk> =
+            IdMap::with_capacity_and_hasher(count, Default::default());
         for (c, kept, state, bytes) in done.into_iter().flatten() {
             back.insert((kept, c), state);
             if let Ok(b) = &bytes {

@@ -4,11 +4,16 @@
 //! not a concern and SipHash's cost buys nothing; a multiply by an odd constant (Fibonacci
 //! hashing) spreads consecutive ids over the table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A `HashMap` keyed by an id.
 pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A `HashSet` of ids. Like [`IdMap`], its order of iteration depends on its contents only,
+/// never on a random seed: the coordinator's decisions that iterate one replay exactly in
+/// the cluster simulation.
+pub(crate) type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
 /// Hashes one integer by multiplication; anything else falls back to FNV-style mixing.
 #[derive(Debug, Default, Clone, Copy)]

@@ -34,7 +34,7 @@ mod cut;
 mod decide;
 mod dynamic;
 mod guided;
-mod idhash;
+pub(crate) mod idhash;
 mod owned;
 mod plan;
 mod rollback;

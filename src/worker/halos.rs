@@ -13,7 +13,7 @@
 //! partition has not been handed back on the wire, so the coordinator can count on one rule,
 //! "a kept halo is where its partition is, until `Released` says otherwise".
 
-use std::collections::{HashMap, HashSet};
+use crate::schedule::idhash::{IdMap, IdSet};
 
 use bytes::Bytes;
 
@@ -30,9 +30,9 @@ enum From {
 #[derive(Debug, Default)]
 pub(super) struct Keeper {
     /// Chunks whose partition is in this process.
-    here: HashSet<u64>,
+    here: IdSet<u64>,
     /// Kept halos, by the chunk they are for and the neighbour that exported them.
-    kept: HashMap<(u64, From), Bytes>,
+    kept: IdMap<(u64, From), Bytes>,
 }
 
 impl Keeper {

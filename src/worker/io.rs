@@ -76,141 +76,12 @@ impl<J: Job> Pump<J> {
         code: Code,
         held: &HeldParts<J::Chunk>,
     ) -> Result<Option<ToCoordinator>, Error> {
-        // Bytes of the job's own types that do not decode although the versions matched.
-        let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
-            peer: peer.to_owned(),
-            job: J::NAME.to_owned(),
-            version: J::VERSION,
-            what,
-            here: true,
-            source: e.source,
-        };
-        match code {
-            Code::Phase { phase, job: bytes } => {
-                let value: J = codec::decode("the job", &bytes)
-                    .map_err(|e| undecodable("the job value", e))?;
-                self.job = Some((phase, Arc::new(value)));
-                Ok(None)
-            }
-            Code::Begin {
-                chunk,
-                before,
-                after,
-            } => {
-                // The restored phase ended: every placement has started.
-                self.placing.spares.clear();
-                *lock_buffers(&self.placing.buffers) = None;
-                let (Some((phase, j)), Some(hooks)) = (self.job.as_ref(), J::OWNERSHIP.hooks)
-                else {
-                    // The machine asks only for a job with partitions, after its value.
-                    return Err(Error::Rejected {
-                        peer: peer.to_owned(),
-                        what: "a message to a worker",
-                        reason: "a partition's halos for a job without partitions".into(),
-                        source: None,
-                    });
-                };
-                let halo = |h: Option<bytes::Bytes>| {
-                    h.map(|b| (hooks.decode_halo)(&b).map_err(|e| undecodable("a halo", e)))
-                        .transpose()
-                };
-                let (before, after) = (halo(before)?, halo(after)?);
-                let mut parts = lock(held);
-                let Some(part) = parts.get_mut(&chunk) else {
-                    tracing::warn!(
-                        chunk,
-                        "halos came for a partition this process does not hold"
-                    );
-                    return Ok(Some(ToCoordinator::Missing { chunk }));
-                };
-                let site = crate::Site::Chunk {
-                    phase: *phase,
-                    chunk,
-                };
-                if let Err(e) =
-                    crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, before, after))
-                {
-                    return Ok(Some(ToCoordinator::FailedHeld {
-                        chunk,
-                        failure: super::thread::failure_of(e),
-                    }));
-                }
-                Ok(None)
-            }
-            Code::Held { chunk, surrender } => {
-                let mut parts = lock(held);
-                let encoded = if surrender {
-                    parts
-                        .remove(&chunk)
-                        .map(|p| codec::encode("a chunk state", &p))
-                } else {
-                    parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
-                };
-                Ok(Some(match encoded {
-                    None => {
-                        tracing::warn!(
-                            chunk,
-                            surrender,
-                            "asked for a partition this process does not hold"
-                        );
-                        ToCoordinator::Missing { chunk }
-                    }
-                    Some(Err(e)) => ToCoordinator::FailedHeld {
-                        chunk,
-                        failure: super::thread::failure_of(e.into()),
-                    },
-                    Some(Ok(b)) if surrender => ToCoordinator::Surrendered {
-                        chunk,
-                        state: b.into(),
-                    },
-                    Some(Ok(b)) => ToCoordinator::CapturedHeld {
-                        chunk,
-                        state: b.into(),
-                    },
-                }))
-            }
-            Code::Output { chunk, phase } => {
-                let (Some((held_phase, j)), Some(hooks)) = (self.job.as_ref(), J::OWNERSHIP.hooks)
-                else {
-                    return Err(Error::Rejected {
-                        peer: peer.to_owned(),
-                        what: "a message to a worker",
-                        reason: "an output before the job value".into(),
-                        source: None,
-                    });
-                };
-                if *held_phase != phase {
-                    // The coordinator sends the phase's job value first.
-                    return Err(Error::Rejected {
-                        peer: peer.to_owned(),
-                        what: "a message to a worker",
-                        reason: format!(
-                            "an output of phase {phase} with the job value of phase {held_phase}"
-                        ),
-                        source: None,
-                    });
-                }
-                let failed = |e| {
-                    Ok(Some(ToCoordinator::FailedHeld {
-                        chunk,
-                        failure: super::thread::failure_of(e),
-                    }))
-                };
-                let input = match self.inputs.get(j) {
-                    Ok(input) => input,
-                    Err(e) => return failed(e),
-                };
-                let parts = lock(held);
-                let Some(part) = parts.get(&chunk) else {
-                    tracing::warn!(chunk, "an output of a partition this process does not hold");
-                    return Ok(Some(ToCoordinator::Missing { chunk }));
-                };
-                match crate::run::output(&hooks, part, j, input, phase, chunk) {
-                    Ok(()) => Ok(Some(ToCoordinator::OutputDone { chunk })),
-                    Err(e) => failed(e),
-                }
-            }
+        if let Code::Begin { .. } = code {
+            // The restored phase ended: every placement has started.
+            self.placing.spares.clear();
+            *lock_buffers(&self.placing.buffers) = None;
         }
+        run_code(peer, code, &mut self.job, &self.inputs, held)
     }
 
     /// Checks an offered store in the background ([`Out::Check`]).
@@ -237,6 +108,147 @@ impl<J: Job> Pump<J> {
                 .await;
             let _ = tx.send(Background::Stored(put, written));
         });
+    }
+}
+
+/// Runs the job's code for the machine ([`Out::Code`]): `job` is the pump's job value and
+/// its phase, `held` the partitions held here.
+pub(super) fn run_code<J: Job>(
+    peer: &str,
+    code: Code,
+    job: &mut Option<(u64, Arc<J>)>,
+    inputs: &Inputs<J>,
+    held: &HeldParts<J::Chunk>,
+) -> Result<Option<ToCoordinator>, Error> {
+    // Bytes of the job's own types that do not decode although the versions matched.
+    let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
+        peer: peer.to_owned(),
+        job: J::NAME.to_owned(),
+        version: J::VERSION,
+        what,
+        here: true,
+        source: e.source,
+    };
+    match code {
+        Code::Phase { phase, job: bytes } => {
+            let value: J =
+                codec::decode("the job", &bytes).map_err(|e| undecodable("the job value", e))?;
+            *job = Some((phase, Arc::new(value)));
+            Ok(None)
+        }
+        Code::Begin {
+            chunk,
+            before,
+            after,
+        } => {
+            let (Some((phase, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
+                // The machine asks only for a job with partitions, after its value.
+                return Err(Error::Rejected {
+                    peer: peer.to_owned(),
+                    what: "a message to a worker",
+                    reason: "a partition's halos for a job without partitions".into(),
+                    source: None,
+                });
+            };
+            let halo = |h: Option<bytes::Bytes>| {
+                h.map(|b| (hooks.decode_halo)(&b).map_err(|e| undecodable("a halo", e)))
+                    .transpose()
+            };
+            let (before, after) = (halo(before)?, halo(after)?);
+            let mut parts = lock(held);
+            let Some(part) = parts.get_mut(&chunk) else {
+                tracing::warn!(
+                    chunk,
+                    "halos came for a partition this process does not hold"
+                );
+                return Ok(Some(ToCoordinator::Missing { chunk }));
+            };
+            let site = crate::Site::Chunk {
+                phase: *phase,
+                chunk,
+            };
+            if let Err(e) =
+                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, before, after))
+            {
+                return Ok(Some(ToCoordinator::FailedHeld {
+                    chunk,
+                    failure: super::thread::failure_of(e),
+                }));
+            }
+            Ok(None)
+        }
+        Code::Held { chunk, surrender } => {
+            let mut parts = lock(held);
+            let encoded = if surrender {
+                parts
+                    .remove(&chunk)
+                    .map(|p| codec::encode("a chunk state", &p))
+            } else {
+                parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
+            };
+            Ok(Some(match encoded {
+                None => {
+                    tracing::warn!(
+                        chunk,
+                        surrender,
+                        "asked for a partition this process does not hold"
+                    );
+                    ToCoordinator::Missing { chunk }
+                }
+                Some(Err(e)) => ToCoordinator::FailedHeld {
+                    chunk,
+                    failure: super::thread::failure_of(e.into()),
+                },
+                Some(Ok(b)) if surrender => ToCoordinator::Surrendered {
+                    chunk,
+                    state: b.into(),
+                },
+                Some(Ok(b)) => ToCoordinator::CapturedHeld {
+                    chunk,
+                    state: b.into(),
+                },
+            }))
+        }
+        Code::Output { chunk, phase } => {
+            let (Some((held_phase, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
+                return Err(Error::Rejected {
+                    peer: peer.to_owned(),
+                    what: "a message to a worker",
+                    reason: "an output before the job value".into(),
+                    source: None,
+                });
+            };
+            if *held_phase != phase {
+                // The coordinator sends the phase's job value first.
+                return Err(Error::Rejected {
+                    peer: peer.to_owned(),
+                    what: "a message to a worker",
+                    reason: format!(
+                        "an output of phase {phase} with the job value of phase {held_phase}"
+                    ),
+                    source: None,
+                });
+            }
+            let failed = |e| {
+                Ok(Some(ToCoordinator::FailedHeld {
+                    chunk,
+                    failure: super::thread::failure_of(e),
+                }))
+            };
+            let input = match inputs.get(j) {
+                Ok(input) => input,
+                Err(e) => return failed(e),
+            };
+            let parts = lock(held);
+            let Some(part) = parts.get(&chunk) else {
+                tracing::warn!(chunk, "an output of a partition this process does not hold");
+                return Ok(Some(ToCoordinator::Missing { chunk }));
+            };
+            match crate::run::output(&hooks, part, j, input, phase, chunk) {
+                Ok(()) => Ok(Some(ToCoordinator::OutputDone { chunk })),
+                Err(e) => failed(e),
+            }
+        }
     }
 }
 

@@ -82,7 +82,9 @@
 //! drops with the partitions they were for; each thread's message is routed once. Nothing
 //! else is dropped but on the end, when nobody waits for it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::schedule::idhash::IdMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -296,12 +298,12 @@ pub(super) struct Machine {
     /// A check of an offered store is under way.
     checking: bool,
     /// The epoch folder of each requested capture of a running chunk, by slot and chunk.
-    folders: HashMap<(u32, u64), u64>,
+    folders: IdMap<(u32, u64), u64>,
     /// Held partitions whose part is being written, by chunk, with the messages about that
     /// chunk that wait for the write, oldest first.
-    behind: HashMap<u64, VecDeque<Behind>>,
+    behind: IdMap<u64, VecDeque<Behind>>,
     /// Placements under way, by chunk.
-    placing: HashMap<u64, usize>,
+    placing: IdMap<u64, usize>,
     /// Messages from the coordinator not taken yet (step 1).
     inbox: VecDeque<ToWorker>,
     blocked: Option<Blocked>,
@@ -324,9 +326,9 @@ impl Machine {
             keeper: Keeper::default(),
             store: None,
             checking: false,
-            folders: HashMap::new(),
-            behind: HashMap::new(),
-            placing: HashMap::new(),
+            folders: IdMap::default(),
+            behind: IdMap::default(),
+            placing: IdMap::default(),
             inbox: VecDeque::new(),
             blocked: None,
             out: VecDeque::new(),

@@ -289,33 +289,77 @@ pub(super) fn main<J: Job>(
     inputs: &Inputs<J>,
     held: &HeldParts<J::Chunk>,
 ) -> (u64, u64) {
-    let mut stats = StepStats::new(J::NAME);
-    let mut queue = Queue {
-        rx,
-        out,
-        held,
-        waiting: VecDeque::new(),
-        gone: false,
-        done: 0,
-        yielded: 0,
-        abandoned: false,
-    };
-    // When the thread ended its last chunk.
-    let mut free = std::time::Instant::now();
-    loop {
+    let mut compute = Compute::new(rx, out, held);
+    while compute.turn(cell, inputs, true) != Turn::Gone {}
+    compute.counts()
+}
+
+/// What one turn of a compute thread did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Turn {
+    /// It ran a chunk, or answered what was queued.
+    Ran,
+    /// Nothing waits to run (only when not blocking).
+    Idle,
+    /// Its queue closed: the job ended for this process.
+    Gone,
+}
+
+/// A compute thread's queue and clock, turn by turn: [`main`] turns it until its queue
+/// closes; the cluster simulation (`worker/sim.rs`) turns it when it schedules the thread.
+pub(super) struct Compute<'a, J: Job> {
+    queue: Queue<'a, J>,
+    stats: StepStats,
+    /// When the thread ended its last chunk.
+    free: std::time::Instant,
+}
+
+impl<'a, J: Job> Compute<'a, J> {
+    pub(super) fn new(
+        rx: &'a Receiver<SlotMsg<J>>,
+        out: &'a UnboundedSender<ToCoordinator>,
+        held: &'a HeldParts<J::Chunk>,
+    ) -> Compute<'a, J> {
+        Compute {
+            queue: Queue {
+                rx,
+                out,
+                held,
+                waiting: VecDeque::new(),
+                gone: false,
+                done: 0,
+                yielded: 0,
+                abandoned: false,
+            },
+            stats: StepStats::new(J::NAME),
+            free: std::time::Instant::now(),
+        }
+    }
+
+    /// The chunks finished and handed back.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        (self.queue.done, self.queue.yielded)
+    }
+
+    /// Takes the queue and runs the next chunk that waits, if any; if none does, waits for
+    /// one if `block`, or returns [`Turn::Idle`].
+    pub(super) fn turn(&mut self, cell: &Cell, inputs: &Inputs<J>, block: bool) -> Turn {
+        let Compute { queue, stats, free } = self;
+        let (rx, out, held) = (queue.rx, queue.out, queue.held);
         // Between chunks (step 4 of the flag contract): take the bits, then the queue.
         cell.take();
         queue.take(None);
         if queue.gone {
-            return (queue.done, queue.yielded);
+            return Turn::Gone;
         }
         let next = match queue.waiting.pop_front() {
             Some(next) => next,
+            None if !block => return Turn::Idle,
             None => match rx.recv() {
                 Ok(SlotMsg::Run(next)) => next,
                 // A request for a chunk that already ended here: its `Done` crossed it.
-                Ok(_) => continue,
-                Err(_) => return (queue.done, queue.yielded),
+                Ok(_) => return Turn::Ran,
+                Err(_) => return Turn::Gone,
             },
         };
         let Run {
@@ -337,7 +381,7 @@ pub(super) fn main<J: Job>(
                         "a run of a held partition this process does not hold"
                     );
                     let _ = out.send(ToCoordinator::Missing { chunk });
-                    continue;
+                    return Turn::Ran;
                 }
             }
         } else {
@@ -350,23 +394,19 @@ pub(super) fn main<J: Job>(
             state,
         };
         cell.publish(0);
-        let mut host = Slot {
-            queue: &mut queue,
-            slot,
-            chunk,
-        };
-        let ran = run::run(&*job, inputs, assignment, cell, &mut stats, &mut host);
+        let mut host = Slot { queue, slot, chunk };
+        let ran = run::run(&*job, inputs, assignment, cell, stats, &mut host);
         cell.publish(0);
-        let began = queued.max(free);
+        let began = queued.max(*free);
         if queue.gone {
             // The job ended for this process: nobody waits for this chunk.
-            return (queue.done, queue.yielded);
+            return Turn::Gone;
         }
         if std::mem::take(&mut queue.abandoned) && matches!(ran, Ran::Yielded { .. }) {
             // Dropped with its state; one that ended before it stopped goes up as usual.
             let _ = out.send(ToCoordinator::Abandoned { slot, chunk });
-            free = std::time::Instant::now();
-            continue;
+            *free = std::time::Instant::now();
+            return Turn::Ran;
         }
         let mut halos = None;
         let encoded = match ran {
@@ -428,7 +468,8 @@ pub(super) fn main<J: Job>(
             },
         };
         let _ = out.send(msg);
-        free = std::time::Instant::now();
+        *free = std::time::Instant::now();
+        Turn::Ran
     }
 }
 
