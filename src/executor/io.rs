@@ -137,42 +137,73 @@ pub(crate) fn write<J: Job>(
 ) {
     let io = shared.io.writer().clone();
     io.spawn(async move {
-        let Write {
-            header,
-            parts,
-            done,
-            kept,
-            suspend,
-            replies,
-        } = cut;
-        let Header {
-            mut manifest,
-            started,
-        } = header;
-        manifest.created_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let origin = &shared.config.origin;
-        manifest.submitted = origin.submitted.as_deref().cloned();
-        manifest.shape = origin.shape.to_vec();
-        manifest
-            .done
-            .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
-        let bytes = super::watch::new_bytes(&parts, &kept);
+        let w = write_cut(&shared.config, cut, after).await;
+        let took = shared.started.elapsed().saturating_sub(w.started);
         let lease = shared.config.run_lease.as_deref();
-        let cfg = &shared.config.snapshots;
-        let written = store(cfg, lease, after, &mut manifest, parts, kept).await;
-        let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
-        let took = shared.started.elapsed().saturating_sub(started);
         let lease_lost = lease.and_then(|l| Some(super::lease::lost(l, l.lost()?)));
         shared.lock().snapshot_written(
-            written,
-            &manifest,
-            (took, bytes),
-            (suspend, replies),
+            w.written,
+            &w.manifest,
+            (took, w.bytes),
+            (w.suspend, w.replies),
             lease_lost,
         );
     });
+}
+
+/// A cut as [`write_cut`] wrote it, for `State::snapshot_written`.
+pub(crate) struct CutWritten {
+    pub(crate) written: Result<SnapshotId>,
+    /// Its manifest, as committed (or as far as it got).
+    pub(crate) manifest: Manifest,
+    /// New bytes written.
+    pub(crate) bytes: u64,
+    /// When its marker was, since the run started.
+    pub(crate) started: std::time::Duration,
+    pub(crate) suspend: bool,
+    pub(crate) replies: Vec<Reply>,
+}
+
+/// Completes the manifest of `cut` (the writer's clock, what the run was submitted with, the
+/// outputs) and stores it with its parts (see [`store`]).
+pub(crate) async fn write_cut(
+    config: &super::Config,
+    cut: Write<Header, Part, bytes::Bytes, Reply>,
+    after: Option<u64>,
+) -> CutWritten {
+    let Write {
+        header,
+        parts,
+        done,
+        kept,
+        suspend,
+        replies,
+    } = cut;
+    let Header {
+        mut manifest,
+        started,
+    } = header;
+    manifest.created_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let origin = &config.origin;
+    manifest.submitted = origin.submitted.as_deref().cloned();
+    manifest.shape = origin.shape.to_vec();
+    manifest
+        .done
+        .extend(done.into_iter().map(|(c, o)| (c, o.to_vec())));
+    let bytes = super::watch::new_bytes(&parts, &kept);
+    let lease = config.run_lease.as_deref();
+    let written = store(&config.snapshots, lease, after, &mut manifest, parts, kept).await;
+    let bytes = bytes + super::watch::manifest_bytes(&written, &manifest);
+    CutWritten {
+        written,
+        manifest,
+        bytes,
+        started,
+        suspend,
+        replies,
+    }
 }
 
 /// Whether a committed snapshot references no part of an earlier one (its parts are all in

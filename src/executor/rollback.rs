@@ -58,7 +58,7 @@ use super::io::{Restored, read_manifest, restore};
 use super::job_run::{Shared, State};
 use super::links::StoreOp;
 use super::members::Member;
-use super::snapshot::Snapshots;
+use super::snapshot::{SnapshotConfig, Snapshots};
 use crate::error::Error;
 use crate::job::Job;
 use crate::run::Held;
@@ -591,33 +591,40 @@ impl super::remote::Remotes {
     }
 }
 
-/// Step 3 on the I/O runtime: reads the manifest of `epoch` and decodes it (user code, off
-/// the I/O thread), then hands it to the state for `attempt`. The states stay in the store
-/// for now (empty bytes in the ledger): a process that reads the store reads its own, and the
-/// coordinator reads the rest (step 6, `read_parts`) before anything runs.
+/// Step 3 on the I/O runtime: reads the manifest of `epoch` back (`read_back_manifest`),
+/// then hands it to the state for `attempt`.
 pub(crate) fn read_back<J: Job>(shared: Arc<Shared<J>>, epoch: u64, attempt: u64) {
     let io = shared.io.handle().clone();
     io.spawn(async move {
-        let cfg = shared.config.snapshots.clone();
-        let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
-        let read = match cfg.store() {
-            Ok(store) => read_manifest::<J>(&store, &id).await,
-            Err(e) => Err(e),
-        };
-        let restored = tokio::task::spawn_blocking(move || {
-            read.and_then(|m| {
-                let empty = vec![bytes::Bytes::new(); m.all_parts().count()];
-                restore::<J>(m, empty)
-            })
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(Error::Internal(format!(
-                "reading a snapshot back stopped: {e}"
-            )))
-        });
+        let cfg = &shared.config.snapshots;
+        let read = read_back_manifest::<J>(cfg, epoch).await;
+        // Decoding runs user code (`iterations`, `reducer`): off the I/O thread.
+        let restored = tokio::task::spawn_blocking(move || read.and_then(restore_read::<J>))
+            .await
+            .unwrap_or_else(|e| {
+                Err(Error::Internal(format!(
+                    "reading a snapshot back stopped: {e}"
+                )))
+            });
         shared.lock().rolled_back(restored, attempt);
     });
+}
+
+/// Reads the manifest of snapshot `epoch` of the job (step 3).
+pub(crate) async fn read_back_manifest<J: Job>(
+    cfg: &SnapshotConfig,
+    epoch: u64,
+) -> crate::Result<crate::snapshot::Manifest> {
+    let id = SnapshotId::new(cfg.job_id::<J>(), epoch);
+    read_manifest::<J>(&cfg.store()?, &id).await
+}
+
+/// Decodes a manifest read back into the run's restored ledger. The states stay in the
+/// store for now (empty bytes in the ledger): a process that reads the store reads its own,
+/// and the coordinator reads the rest (step 6, [`read_back_parts`]) before anything runs.
+pub(crate) fn restore_read<J: Job>(m: crate::snapshot::Manifest) -> crate::Result<Restored<J>> {
+    let empty = vec![bytes::Bytes::new(); m.all_parts().count()];
+    restore::<J>(m, empty)
 }
 
 /// Step 6 on the I/O runtime: reads the parts `need` of snapshot `id` that the coordinator
@@ -630,14 +637,17 @@ pub(crate) fn read_parts<J: Job>(
 ) {
     let io = shared.io.handle().clone();
     io.spawn(async move {
-        let read = match shared.config.snapshots.store() {
-            Ok(store) => store
-                .read_parts(&id, need.iter())
-                .await
-                .map_err(Error::from),
-            Err(e) => Err(e),
-        };
-        let got = read.map(|bytes| need.into_iter().map(|p| p.chunk).zip(bytes).collect());
+        let got = read_back_parts(&shared.config.snapshots, &id, need).await;
         shared.lock().parts_read(attempt, got);
     });
+}
+
+/// Reads the parts `need` of snapshot `id`, by chunk.
+pub(crate) async fn read_back_parts(
+    cfg: &SnapshotConfig,
+    id: &SnapshotId,
+    need: Vec<PartRef>,
+) -> crate::Result<Vec<(ChunkId, bytes::Bytes)>> {
+    let bytes = cfg.store()?.read_parts(id, need.iter()).await?;
+    Ok(need.into_iter().map(|p| p.chunk).zip(bytes).collect())
 }
