@@ -46,8 +46,12 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// Version 13: a rollback stops the chunks a process runs or has queued with `Abandon`,
 /// answered by `Abandoned`, with no state: they are dropped, not handed back. Version 15:
 /// when the job finishes, a partition held by a process is output there (`Output`,
-/// answered by `OutputDone`, or `FailedHeld` with [`Failure::Output`]).
-pub const PROTOCOL_VERSION: u32 = 15;
+/// answered by `OutputDone`, or `FailedHeld` with [`Failure::Output`]). Version 16: the
+/// hello names each job's layout fingerprint ([`JobType::layout`](super::handshake::JobType));
+/// a worker with the job in its version but types of another layout is refused
+/// (`Refusal::Layout`, carrying the coordinator's layout) and answers with its own
+/// (`WorkerLayout`), so that both sides name the first field that differs.
+pub const PROTOCOL_VERSION: u32 = 16;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
