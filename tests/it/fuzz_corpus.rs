@@ -21,7 +21,7 @@ use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, 
 use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply, WorkerLayout};
 use malleable::snapshot::{Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
-#[path = "../fuzz/checks.rs"]
+#[path = "../../fuzz/checks.rs"]
 mod checks;
 
 use checks::{
