@@ -1,5 +1,5 @@
 //! What each fuzz target does with one input, shared by the targets in `fuzz_targets/` and by
-//! the corpus replay test (`tests/fuzz_corpus.rs`), so that the replay runs exactly the
+//! the corpus replay test (`tests/it/fuzz_corpus.rs`), so that the replay runs exactly the
 //! targets' checks. Every function panics if a decoder misbehaves (a panic of its own, an
 //! undocumented error, a value that does not round-trip) and returns whether the input
 //! decoded.

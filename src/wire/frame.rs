@@ -78,7 +78,7 @@ pub const PROTOCOL_VERSION: u32 = 16;
 /// all full: the first chunks of a phase waited behind fewer others and measured up to the
 /// thread's full speed. One process of one thread beside one local thread, on rows paced
 /// alike, ran 0.59 of the chunk runs, and up to 0.69 once the slots of a process were
-/// balanced as one (`tests/partitions_remote.rs`).
+/// balanced as one (`tests/it/partitions_remote.rs`).
 pub const SLOTS_PER_THREAD: u32 = 4;
 /// The default maximum frame length: 64 MiB. A longer message is sent in pieces.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;

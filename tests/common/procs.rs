@@ -11,7 +11,12 @@ use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
 /// environment variable `env`, no token, and its standard output discarded.
 pub fn start_worker(module: &str, env: &str, addr: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &super::exact(module, "worker_process"), "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            super::exact(module, "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(env, addr)
         .env_remove(TOKEN_ENV)

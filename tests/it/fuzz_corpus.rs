@@ -7,7 +7,7 @@
 //!
 //! The hand-made seeds (`seed-*` and `valid-*`) are written by [`seeds`]; regenerate them
 //! after a format change with
-//! `cargo test --test fuzz_corpus -- --ignored write_seeds`
+//! `cargo test --all-features --test it fuzz_corpus::write_seeds -- --ignored`
 //! ([`seeds_are_current`] fails until then). Other files are inputs the fuzzer found, e.g. with
 //! `cd fuzz && cargo fuzz run -s none frame -- -max_total_time=300` (then
 //! `cargo fuzz cmin -s none frame` if the corpus grows large).
@@ -815,7 +815,7 @@ fn seeds_are_current() {
         let found = std::fs::read(&path).unwrap_or_default();
         assert!(
             found == bytes,
-            "{} is missing or stale: run `cargo test --test fuzz_corpus -- --ignored write_seeds`",
+            "{} is missing or stale: run `cargo test --all-features --test it fuzz_corpus::write_seeds -- --ignored`",
             path.display()
         );
     }

@@ -21,15 +21,28 @@ mod common;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod autoscale_remote;
+mod cluster;
 mod cluster_end;
 mod cluster_hostile;
+mod cluster_pieces;
+mod cluster_shutdown;
 mod cluster_unauthenticated;
+mod cluster_versions;
+mod coordinator_silent;
+mod crash_consistency;
 mod executor;
+mod field_output;
 mod fuzz_corpus;
+mod job_lease;
 mod layering;
 mod lifecycle;
 mod partitions;
+mod partitions_histories;
+mod partitions_kill_stress;
+mod partitions_remote;
 mod progress;
+mod remote_errors;
 mod resume_shape;
 mod resume_submitted;
 mod scaling_histories;

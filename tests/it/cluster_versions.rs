@@ -100,7 +100,7 @@ macro_rules! scaled {
         $def
 
         impl Fold for Scaled {
-            const NAME: &'static str = crate::SCALED;
+            const NAME: &'static str = SCALED;
             type Acc = f64;
             type Reducer = Sum<f64>;
             type Input = ();
@@ -196,7 +196,12 @@ struct Worker {
 impl Worker {
     fn start(addr: &str, env: &[(&str, &str)]) -> Worker {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                crate::common::exact(module_path!(), "worker_process").as_str(),
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(ADDR_ENV, addr)
             .env_remove(TOKEN_ENV)
