@@ -850,7 +850,7 @@ fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
 /// at a phase end), so that no cut is open when it dies and the rollback measured is one
 /// read, not a wait for a write in flight. (A kill while a cut was open, a snapshot every
 /// 20 ms on a small grid, once left the job stuck: the rollback waited for the write in
-/// flight and nothing went on with it when the write ended. `tests/partitions_kill_stress.rs`
+/// flight and nothing went on with it when the write ended. `tests/it/partitions_kill_stress.rs`
 /// kills at such moments.) The snapshot period is long enough for the next cut not to start
 /// before the rollback.
 fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {

@@ -1,5 +1,5 @@
 //! What each fuzz target does with one input, shared by the targets in `fuzz_targets/` and by
-//! the corpus replay test (`tests/fuzz_corpus.rs`), so that the replay runs exactly the
+//! the corpus replay test (`tests/it/fuzz_corpus.rs`), so that the replay runs exactly the
 //! targets' checks. Every function panics if a decoder misbehaves (a panic of its own, an
 //! undocumented error, a value that does not round-trip) and returns whether the input
 //! decoded.
@@ -11,7 +11,9 @@ use malleable::cluster::Error;
 use malleable::cluster::frame::{
     self, PROTOCOL_VERSION, ToCoordinator, decode_to_coordinator, decode_to_worker, encode,
 };
-use malleable::cluster::handshake::{decode_hello, decode_proof, decode_reply, decode_welcome};
+use malleable::cluster::handshake::{
+    decode_hello, decode_proof, decode_reply, decode_welcome, decode_worker_layout,
+};
 use malleable::snapshot::{
     FORMAT_VERSION, MAGIC, PartRef, check_part, decode_manifest, encode_manifest,
 };
@@ -168,8 +170,8 @@ pub(crate) fn frame_target(data: &[u8]) -> bool {
 }
 
 /// The `handshake` target: the input as a first frame to
-/// `decode_hello` and `decode_reply`, and as a body to `decode_proof` and `decode_welcome`.
-/// True if anything decoded.
+/// `decode_hello` and `decode_reply`, and as a body to `decode_proof`, `decode_welcome` and
+/// `decode_worker_layout`. True if anything decoded.
 pub(crate) fn handshake_target(data: &[u8]) -> bool {
     let mut ok = hello(data);
     ok |= round_trip(
@@ -188,6 +190,12 @@ pub(crate) fn handshake_target(data: &[u8]) -> bool {
         decode_welcome(PEER, data),
         |m| encode(m).to_vec(),
         |b| decode_welcome(PEER, b),
+        malformed,
+    );
+    ok |= round_trip(
+        decode_worker_layout(PEER, data),
+        |m| encode(m).to_vec(),
+        |b| decode_worker_layout(PEER, b),
         malformed,
     );
     ok

@@ -718,6 +718,7 @@ mod tests {
             | ClusterError::UnknownJob { .. }
             | ClusterError::JobEnded { .. }
             | ClusterError::JobVersion { .. }
+            | ClusterError::JobLayout { .. }
             | ClusterError::Rejected { .. }
             | ClusterError::Environment { .. }
             | ClusterError::FrameTooLarge { .. }

@@ -93,7 +93,11 @@ pub trait Job: Serialize + DeserializeOwned + Send + Sync + Sized + 'static {
     /// partition changes (a field added, removed, reordered or retyped): a worker process
     /// built with another version of the job is then refused in the handshake with an error
     /// naming both versions ([`cluster::Error::JobVersion`](crate::cluster::Error::JobVersion)),
-    /// instead of failing to decode what it is sent.
+    /// instead of failing to decode what it is sent. A change of the fields that was not
+    /// followed by a new version is found anyway by the [`Layout`](crate::Layout) of the
+    /// job's types, in snapshots and in the handshake
+    /// ([`cluster::Error::JobLayout`](crate::cluster::Error::JobLayout)); keep the version
+    /// for what a layout does not see (the meaning of the bytes, a custom `Serialize`).
     const VERSION: u32 = 1;
     /// The state machine that works through one chunk of a phase.
     type Chunk: Chunk<Job = Self>;

@@ -67,7 +67,8 @@ const UNTRACEABLE: &str = "untraceable";
 
 /// A 64-bit fingerprint (FNV-1a) of a [`Layout`]'s entries, or of a job value's bytes
 /// ([`Error::ResumedJobDiffers`](crate::Error::ResumedJobDiffers)), shown as 16 hex digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct Fingerprint(pub u64);
 
 impl fmt::Display for Fingerprint {
@@ -138,7 +139,18 @@ impl Layout {
     /// has there (a field added or removed) is named as such; otherwise both entries are
     /// (a field renamed, retyped or moved).
     pub fn first_difference(&self, code: &Layout) -> Option<String> {
-        let (snapshot, program) = (&self.entries, &code.entries);
+        self.first_difference_between(code, "the snapshot", "this program")
+    }
+
+    /// [`Layout::first_difference`] between this layout, `mine` (as "the snapshot",
+    /// "the coordinator"), and `other`'s, `theirs` ("this program", "the worker process").
+    pub(crate) fn first_difference_between(
+        &self,
+        other: &Layout,
+        mine: &str,
+        theirs: &str,
+    ) -> Option<String> {
+        let (snapshot, program) = (&self.entries, &other.entries);
         let at = snapshot
             .iter()
             .zip(program)
@@ -146,21 +158,17 @@ impl Layout {
             .unwrap_or(snapshot.len().min(program.len()));
         match (snapshot.get(at), program.get(at)) {
             (None, None) => None,
-            (Some(s), None) => Some(format!(
-                "the snapshot has `{s}`, which this program does not"
-            )),
-            (None, Some(p)) => Some(format!(
-                "this program has `{p}`, which the snapshot does not"
-            )),
+            (Some(s), None) => Some(format!("{mine} has `{s}`, which {theirs} does not")),
+            (None, Some(p)) => Some(format!("{theirs} has `{p}`, which {mine} does not")),
             (Some(s), Some(p)) => {
                 let added = program[at..].contains(s) && !snapshot[at..].contains(p);
                 let removed = snapshot[at..].contains(p) && !program[at..].contains(s);
                 Some(if added {
-                    format!("this program has `{p}`, which the snapshot does not")
+                    format!("{theirs} has `{p}`, which {mine} does not")
                 } else if removed {
-                    format!("the snapshot has `{s}`, which this program does not")
+                    format!("{mine} has `{s}`, which {theirs} does not")
                 } else {
-                    format!("the snapshot has `{s}` where this program has `{p}`")
+                    format!("{mine} has `{s}` where {theirs} has `{p}`")
                 })
             }
         }

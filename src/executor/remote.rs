@@ -351,6 +351,10 @@ impl<J: Job> Attach for Shared<J> {
         J::VERSION
     }
 
+    fn layout(&self) -> &'static crate::Layout {
+        crate::Layout::of::<J>()
+    }
+
     fn accepts(&self) -> bool {
         !self.lock().ended
     }

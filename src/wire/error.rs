@@ -120,6 +120,34 @@ pub enum Error {
         /// The worker process's version of the job.
         worker: u32,
     },
+    /// The coordinator runs a job of a name and version the worker process knows, but the
+    /// job's types (the job, its chunk, output and halo) have another serialized
+    /// [`Layout`](crate::Layout) in the two programs: a field added, removed, renamed,
+    /// reordered or retyped without a new [`Job::VERSION`](crate::Job::VERSION). The worker
+    /// is refused in the handshake, before any of the job's bytes cross (they would decode
+    /// into the wrong fields, or not at all); both sides report it, with both fingerprints and
+    /// the first entry of the layouts that differs.
+    #[error(
+        "job {job:?} (version {version} on both sides): the coordinator's types and the \
+         worker process's have another serialized layout (fingerprint {coordinator} on the \
+         coordinator, {worker} on the worker process; the other side is {peer}): {difference}; \
+         run both with the same build of the job (and bump Job::VERSION whenever its \
+         serialized form changes)"
+    )]
+    JobLayout {
+        /// The other side's address.
+        peer: String,
+        /// The job's name.
+        job: String,
+        /// The version of the job both sides have.
+        version: u32,
+        /// The fingerprint of the coordinator's layout of the job's types.
+        coordinator: crate::Fingerprint,
+        /// The fingerprint of the worker process's layout of the job's types.
+        worker: crate::Fingerprint,
+        /// The first entry that differs, with both sides (`Type.field: type`).
+        difference: String,
+    },
     /// Bytes of the job's own types (the job value, a chunk output, a halo) do not decode,
     /// although both sides have the same version of the job: the two programs serialize the
     /// job differently, and its [`Job::VERSION`](crate::Job::VERSION) was not bumped when
@@ -255,6 +283,7 @@ crate::error::debug_as_report!(Error {
     UnknownJob { peer, known, running },
     JobEnded { peer, job },
     JobVersion { peer, job, coordinator, worker },
+    JobLayout { peer, job, version, coordinator, worker, difference },
     Undecodable { peer, job, version, what, here, source },
     FrameTooLarge { peer, limit },
     HandshakeTooLarge { what, len, limit },
@@ -300,6 +329,7 @@ impl Error {
             Error::UnknownJob { .. } => "unknown_job",
             Error::JobEnded { .. } => "job_ended",
             Error::JobVersion { .. } => "job_version",
+            Error::JobLayout { .. } => "job_layout",
             Error::Undecodable { .. } => "undecodable",
             Error::FrameTooLarge { .. } => "frame_too_large",
             Error::HandshakeTooLarge { .. } => "handshake_too_large",

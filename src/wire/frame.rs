@@ -46,8 +46,12 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// Version 13: a rollback stops the chunks a process runs or has queued with `Abandon`,
 /// answered by `Abandoned`, with no state: they are dropped, not handed back. Version 15:
 /// when the job finishes, a partition held by a process is output there (`Output`,
-/// answered by `OutputDone`, or `FailedHeld` with [`Failure::Output`]).
-pub const PROTOCOL_VERSION: u32 = 15;
+/// answered by `OutputDone`, or `FailedHeld` with [`Failure::Output`]). Version 16: the
+/// hello names each job's layout fingerprint ([`JobType::layout`](super::handshake::JobType));
+/// a worker with the job in its version but types of another layout is refused
+/// (`Refusal::Layout`, carrying the coordinator's layout) and answers with its own
+/// (`WorkerLayout`), so that both sides name the first field that differs.
+pub const PROTOCOL_VERSION: u32 = 16;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -74,7 +78,7 @@ pub const PROTOCOL_VERSION: u32 = 15;
 /// all full: the first chunks of a phase waited behind fewer others and measured up to the
 /// thread's full speed. One process of one thread beside one local thread, on rows paced
 /// alike, ran 0.59 of the chunk runs, and up to 0.69 once the slots of a process were
-/// balanced as one (`tests/partitions_remote.rs`).
+/// balanced as one (`tests/it/partitions_remote.rs`).
 pub const SLOTS_PER_THREAD: u32 = 4;
 /// The default maximum frame length: 64 MiB. A longer message is sent in pieces.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;

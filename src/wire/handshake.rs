@@ -7,8 +7,9 @@
 //! token over `label ‖ a ‖ b`; nonces are 32 bytes from the operating system's generator.
 //!
 //! 1. *Hello* (worker → coordinator): `MAGIC ‖ version` in fixed bytes, then the jobs the
-//!    worker has registered (each a name and its [`Job::VERSION`](crate::Job::VERSION)), its
-//!    thread count and a fresh nonce `nw`.
+//!    worker has registered (each a name, its [`Job::VERSION`](crate::Job::VERSION) and the
+//!    [fingerprint](crate::Fingerprint) of its types' serialized [`Layout`](crate::Layout)),
+//!    its thread count and a fresh nonce `nw`.
 //! 2. *Challenge* (coordinator → worker): `MAGIC ‖ version`, then a fresh nonce `nc` and
 //!    `H("coordinator", nw, nc)`. Or, if the magic or version differ, a refusal (a wrong magic
 //!    gets no answer at all: the peer is not one of ours).
@@ -17,11 +18,18 @@
 //!    sends `H("worker", nc, nw)`.
 //! 4. *Welcome* (coordinator → worker): the coordinator checks the worker's MAC (else it
 //!    answers with a refusal and both sides report [`Error::Auth`]), then picks a running job
-//!    whose name and version the worker has, and names it and its version, with the heartbeat
-//!    period and lease. If the worker has no running job's name, the refusal names the running
-//!    jobs ([`Error::UnknownJob`] on both sides); if it has one only in another version, the
-//!    refusal names the coordinator's version ([`Error::JobVersion`] on both sides, with both
-//!    versions). The worker checks the welcome's version against its own too.
+//!    whose name, version and layout the worker has, and names it and its version, with the
+//!    heartbeat period and lease. If the worker has no running job's name, the refusal names
+//!    the running jobs ([`Error::UnknownJob`] on both sides); if it has one only in another
+//!    version, the refusal names the coordinator's version ([`Error::JobVersion`] on both
+//!    sides, with both versions). The worker checks the welcome's version against its own too.
+//! 5. *Layouts* (only after a refusal for the layout): if the worker has a running job's name
+//!    and version but its types have another layout (both traced, fingerprints that differ),
+//!    the refusal carries the coordinator's layout entries ([`Refusal::Layout`]), and the
+//!    worker answers with its own ([`WorkerLayout`]): each side then names the first entry
+//!    that differs, and both report [`Error::JobLayout`] with both fingerprints. A layout that
+//!    could not be traced on either side
+//!    ([`Layout::untraceable`](crate::Layout::untraceable)) is not checked.
 //!
 //! The whole handshake has a time limit on the coordinator's side (a peer that says nothing or
 //! stalls in the middle of a frame is dropped with [`Error::HandshakeTimeout`]).
@@ -50,10 +58,13 @@
 //!   (which only ever computes "coordinator" MACs) cannot be made to compute a worker's proof.
 //! - *Nothing before the proof.* Job names and job values go only to a peer whose proof was
 //!   checked; an unauthenticated peer learns only the protocol version.
-//! - *Job versions.* A job's serialized form is fixed by its type, which the two sides compile
-//!   separately; the version each announces is how they find out that the types differ
-//!   before any job value, state or output crosses. (A changed type whose version was not
-//!   bumped is found only when its bytes do not decode: [`Error::Undecodable`].)
+//! - *Job versions and layouts.* A job's serialized form is fixed by its types, which the two
+//!   sides compile separately; the version and the layout fingerprint each announces are how
+//!   they find out that the types differ before any job value, state or output crosses. A
+//!   changed type whose version was not bumped is found by its layout (a field added,
+//!   removed, renamed, reordered or retyped); only a change the layout does not see (a custom
+//!   `Serialize`, see [`Layout`](crate::Layout)) is found when its bytes do not decode:
+//!   [`Error::Undecodable`].
 //!
 //! This authenticates; it does not encrypt. On a network where an attacker can sit in the
 //! middle of connections, run the cluster inside a VPN or SSH tunnel.
@@ -71,6 +82,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use super::Error;
 use super::error::AuthFailure;
 use super::frame::{MAGIC, PROTOCOL_VERSION, decode, encode};
+use crate::layout::{Fingerprint, Layout};
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
@@ -170,13 +182,27 @@ fn no_token() -> Token {
 const COORDINATOR: &[u8] = b"malleable coordinator v1";
 const WORKER: &[u8] = b"malleable worker v1";
 
-/// A job type a worker process can run: its name and version.
+/// A job type a worker process can run: its name, version and layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobType {
     /// Its [`Job::NAME`](crate::Job::NAME).
     pub name: String,
     /// Its [`Job::VERSION`](crate::Job::VERSION).
     pub version: u32,
+    /// The fingerprint of its types' serialized [`Layout`], `None` if they cannot be traced
+    /// (protocol 16).
+    pub layout: Option<Fingerprint>,
+}
+
+impl JobType {
+    /// A job type of name `name` and version `version` whose types have layout `layout`.
+    pub fn new(name: impl Into<String>, version: u32, layout: &Layout) -> JobType {
+        JobType {
+            name: name.into(),
+            version,
+            layout: layout.is_traced().then(|| layout.fingerprint()),
+        }
+    }
 }
 
 /// Step 1.
@@ -240,6 +266,42 @@ pub enum Refusal {
         /// The job's name.
         job: String,
     },
+    /// The worker has the running job `job` in the same version, but its types have another
+    /// serialized layout (protocol 16). The worker answers with [`WorkerLayout`].
+    Layout {
+        /// The job's name.
+        job: String,
+        /// Its version (both sides').
+        version: u32,
+        /// The entries of the coordinator's layout of the job's types
+        /// ([`Layout::entries`]).
+        entries: Vec<String>,
+    },
+}
+
+/// Step 5: the worker's layout of a job the coordinator refused for its layout
+/// ([`Refusal::Layout`]), so that the coordinator names the first entry that differs too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLayout {
+    /// The entries of the worker's layout of the job's types ([`Layout::entries`]).
+    pub entries: Vec<String>,
+}
+
+/// Decodes step 5.
+///
+/// # Errors
+///
+/// [`Error::Malformed`].
+pub fn decode_worker_layout(peer: &str, frame: &[u8]) -> Result<WorkerLayout, Error> {
+    decode(peer, "a worker's layout", frame)
+}
+
+/// The first entry where the coordinator's layout and the worker's differ, in the words of
+/// [`Error::JobLayout`].
+fn layout_difference(coordinator: &Layout, worker: &Layout) -> String {
+    coordinator
+        .first_difference_between(worker, "the coordinator", "the worker process")
+        .unwrap_or_else(|| "the two layouts have the same entries".to_owned())
 }
 
 /// Step 3.
@@ -380,6 +442,13 @@ pub(crate) enum NoJob {
     Version { job: String, version: u32 },
     /// No running job is among the worker's, and job `job`, which it has, has ended here.
     Ended { job: String },
+    /// The worker has running job `job` in its version, but with types of another layout than
+    /// the coordinator's `layout`.
+    Layout {
+        job: String,
+        version: u32,
+        layout: Layout,
+    },
 }
 
 /// The timing a coordinator announces in its welcome.
@@ -466,6 +535,43 @@ where
                 job,
             })
         }
+        Err(NoJob::Layout {
+            job,
+            version,
+            layout,
+        }) => {
+            let theirs = hello
+                .jobs
+                .iter()
+                .find(|j| j.name == job)
+                .and_then(|j| j.layout);
+            let refusal = Reply::Refused(Refusal::Layout {
+                job: job.clone(),
+                version,
+                entries: layout.entries().to_vec(),
+            });
+            let _ = send(framed, peer, encode(&refusal)).await;
+            // Step 5: the worker's entries, to name the first that differs. A worker that
+            // does not send them is still refused for its layout.
+            let difference = match framed.next().await {
+                Some(Ok(frame)) => match decode_worker_layout(peer, &frame) {
+                    Ok(w) => layout_difference(&layout, &Layout::from_entries(w.entries)),
+                    Err(e) => format!("(its layout did not decode: {e})"),
+                },
+                Some(Err(e)) => {
+                    format!("(its layout did not arrive: {})", Error::io(peer, e, limit))
+                }
+                None => "(it closed the connection before it sent its layout)".to_owned(),
+            };
+            Err(Error::JobLayout {
+                peer: peer.to_owned(),
+                job,
+                version,
+                coordinator: layout.fingerprint(),
+                worker: theirs.unwrap_or(Fingerprint(0)),
+                difference,
+            })
+        }
         Err(NoJob::Version { job, version }) => {
             let worker = hello
                 .jobs
@@ -495,8 +601,9 @@ pub(crate) struct Welcomed {
     pub(crate) lease_ms: u64,
 }
 
-/// The worker's side of steps 1–4, for a worker that registered `jobs`. The connection's
-/// frame limit is [`HANDSHAKE_MAX_FRAME`] until the coordinator's proof checks, then `limit`.
+/// The worker's side of steps 1–5, for a worker that registered `jobs`, whose layouts
+/// `layout_of` gives by name (for step 5). The connection's frame limit is
+/// [`HANDSHAKE_MAX_FRAME`] until the coordinator's proof checks, then `limit`.
 ///
 /// # Errors
 ///
@@ -509,6 +616,7 @@ pub(crate) async fn worker<S>(
     token: Option<&Token>,
     limit: usize,
     jobs: Vec<JobType>,
+    layout_of: impl Fn(&str) -> Layout,
     threads: u32,
 ) -> Result<Welcomed, Error>
 where
@@ -554,6 +662,12 @@ where
         Refusal::JobEnded { job } => Error::JobEnded {
             peer: peer.to_owned(),
             job,
+        },
+        Refusal::Layout { .. } => Error::Rejected {
+            peer: peer.to_owned(),
+            what: "a handshake reply",
+            reason: "a refusal for the job's layout before the proof".into(),
+            source: None,
         },
         Refusal::Version => Error::Refused {
             peer: peer.to_owned(),
@@ -620,6 +734,31 @@ where
                 lease_ms,
             }),
         },
+        Reply::Refused(Refusal::Layout {
+            job,
+            version,
+            entries,
+        }) => {
+            // Step 5: this side's entries, so that the coordinator names the difference too.
+            let mine = layout_of(&job);
+            let _ = send(
+                framed,
+                peer,
+                encode(&WorkerLayout {
+                    entries: mine.entries().to_vec(),
+                }),
+            )
+            .await;
+            let theirs = Layout::from_entries(entries);
+            Err(Error::JobLayout {
+                peer: peer.to_owned(),
+                difference: layout_difference(&theirs, &mine),
+                job,
+                version,
+                coordinator: theirs.fingerprint(),
+                worker: mine.fingerprint(),
+            })
+        }
         Reply::Refused(r) => Err(refused(r, known)),
         Reply::Challenge { .. } => Err(Error::Rejected {
             peer: peer.to_owned(),
@@ -638,7 +777,13 @@ mod tests {
         JobType {
             name: name.to_owned(),
             version,
+            layout: None,
         }
+    }
+
+    /// No layout: not checked.
+    fn untraced(_: &str) -> Layout {
+        Layout::untraceable()
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -665,7 +810,15 @@ mod tests {
                 super::coordinator(&mut coordinator, "w", None, limit, timing, |jobs| {
                     Ok((jobs[0].name.clone(), jobs[0].version, ()))
                 }),
-                super::worker(&mut worker, "c", None, limit, vec![job("job", 1)], 1),
+                super::worker(
+                    &mut worker,
+                    "c",
+                    None,
+                    limit,
+                    vec![job("job", 1)],
+                    untraced,
+                    1
+                ),
             );
             c.unwrap();
             assert_eq!(w.unwrap().job, "job");
@@ -724,7 +877,15 @@ mod tests {
                     timing,
                     choose
                 ),
-                super::worker(&mut worker, "coordinator:2", wt.as_ref(), limit, known, 1),
+                super::worker(
+                    &mut worker,
+                    "coordinator:2",
+                    wt.as_ref(),
+                    limit,
+                    known,
+                    untraced,
+                    1
+                ),
             );
             (c.map(|a| a.job), w)
         })
@@ -768,6 +929,81 @@ mod tests {
         let (c, w) = shake(None, &[("walk", 2)], None, vec![job("walk", 2)]);
         assert_eq!(c.unwrap(), "walk");
         assert_eq!(w.unwrap().job, "walk");
+    }
+
+    /// A worker with the coordinator's job in its version but types of another layout is
+    /// refused, and both sides name the job, both fingerprints and the first entry that
+    /// differs (each side names the coordinator's and the worker's in the same order).
+    #[test]
+    fn a_job_with_another_layout_is_refused_on_both_sides() {
+        let entries = |e: &[&str]| Layout::from_entries(e.iter().map(|e| e.to_string()).collect());
+        let ours = entries(&["job: Walk", "Walk.scale: f64", "Walk.offset: f64"]);
+        let theirs = entries(&["job: Walk", "Walk.offset: f64", "Walk.scale: f64"]);
+        let offered = JobType::new("walk", 2, &theirs);
+        assert_eq!(offered.layout, Some(theirs.fingerprint()));
+        let (c, w) = runtime().block_on(async {
+            let (a, b) = tokio::io::duplex(1 << 16);
+            let mut coordinator = Framed::new(a, super::super::frame::codec(1 << 20));
+            let mut worker = Framed::new(b, super::super::frame::codec(1 << 20));
+            let timing = Timing {
+                heartbeat_ms: 1,
+                lease_ms: 2,
+            };
+            let layout = ours.clone();
+            let choose = |_: &[JobType]| -> Result<(String, u32, ()), NoJob> {
+                Err(NoJob::Layout {
+                    job: "walk".to_owned(),
+                    version: 2,
+                    layout,
+                })
+            };
+            let mine = theirs.clone();
+            tokio::join!(
+                super::coordinator(&mut coordinator, "worker:1", None, 1 << 20, timing, choose),
+                super::worker(
+                    &mut worker,
+                    "coordinator:2",
+                    None,
+                    1 << 20,
+                    vec![offered],
+                    move |_| mine.clone(),
+                    1
+                ),
+            )
+        });
+        for (side, e) in [("coordinator", c.unwrap_err()), ("worker", w.unwrap_err())] {
+            match &e {
+                Error::JobLayout {
+                    job,
+                    version: 2,
+                    coordinator,
+                    worker,
+                    difference,
+                    ..
+                } if job == "walk" => {
+                    assert_eq!(*coordinator, ours.fingerprint(), "{side}");
+                    assert_eq!(*worker, theirs.fingerprint(), "{side}");
+                    assert_eq!(
+                        difference,
+                        "the coordinator has `Walk.scale: f64` where the worker process has \
+                         `Walk.offset: f64`",
+                        "{side}"
+                    );
+                }
+                other => panic!("{side}: {other:?}"),
+            }
+            assert_eq!(e.kind(), "job_layout");
+            let text = e.to_string();
+            for part in [
+                "job \"walk\"",
+                &ours.fingerprint().to_string(),
+                &theirs.fingerprint().to_string(),
+                "Walk.scale",
+                "Job::VERSION",
+            ] {
+                assert!(text.contains(part), "{side}: {text:?} lacks {part:?}");
+            }
+        }
     }
 
     /// A wrong token: the worker learns that the coordinator does not hold its token (not
@@ -873,7 +1109,15 @@ mod tests {
             };
             let (_, w) = tokio::join!(
                 hostile,
-                super::worker(&mut worker, "c", None, 1 << 20, vec![job("walk", 1)], 1),
+                super::worker(
+                    &mut worker,
+                    "c",
+                    None,
+                    1 << 20,
+                    vec![job("walk", 1)],
+                    untraced,
+                    1
+                ),
             );
             let e = w.unwrap_err();
             assert_eq!(e.kind(), "rejected", "{e:?}");
@@ -892,7 +1136,7 @@ mod tests {
             let (a, _b) = tokio::io::duplex(1 << 16);
             let mut worker = Framed::new(a, super::super::frame::codec(1 << 20));
             let jobs = (0..200).map(|i| job(&format!("job-{i:0>60}"), 1)).collect();
-            let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, 1)
+            let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, untraced, 1)
                 .await
                 .unwrap_err();
             assert!(

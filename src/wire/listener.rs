@@ -10,6 +10,7 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use super::handshake::{self, JobType, NoJob, Timing, Token};
 use super::transport::{Acceptor, Stream};
 use super::{Error, Launcher};
+use crate::layout::Layout;
 
 /// How the coordinator's side of a cluster is set up (from the executor's builder).
 #[derive(Clone, Debug)]
@@ -52,6 +53,8 @@ pub(crate) trait Attach: Send + Sync {
     fn name(&self) -> &'static str;
     /// The job's version (`Job::VERSION`).
     fn version(&self) -> u32;
+    /// The serialized layout of the job's types (`Layout::of` the job).
+    fn layout(&self) -> &'static Layout;
     /// Whether the job still takes workers.
     fn accepts(&self) -> bool;
     /// Takes an accepted worker into the job.
@@ -192,9 +195,13 @@ impl Listener {
         }
     }
 
-    /// The first running job whose name and version the worker has; else the first it has
-    /// in another version; else a job it has that ran here and ended; or the names of the
-    /// running ones.
+    /// The first running job whose name, version and layout the worker has; else the first
+    /// it has in its version with types of another layout; else the first it has in another
+    /// version; else a job it has that ran here and ended; or the names of the running ones.
+    ///
+    /// A layout is compared only where both sides could trace it (a worker's `None`, a
+    /// job's [`Layout::untraceable`]): one that could not be traced is not checked, as in a
+    /// snapshot.
     fn choose(&self, offered: &[JobType]) -> Result<(String, u32, Arc<dyn Attach>), NoJob> {
         let (jobs, mut ended): (Jobs, Vec<&'static str>) = {
             let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -214,8 +221,26 @@ impl Listener {
                 .iter()
                 .any(|o| o.name == j.name() && (!same_version || o.version == j.version()))
         };
-        if let Some(j) = running.iter().find(|j| has(j, true)) {
+        let fits = |j: &Arc<dyn Attach>| {
+            let layout = j.layout();
+            offered.iter().any(|o| {
+                o.name == j.name()
+                    && o.version == j.version()
+                    && match o.layout {
+                        Some(theirs) if layout.is_traced() => theirs == layout.fingerprint(),
+                        _ => true,
+                    }
+            })
+        };
+        if let Some(j) = running.iter().find(|j| fits(j)) {
             return Ok((j.name().to_owned(), j.version(), Arc::clone(j)));
+        }
+        if let Some(j) = running.iter().find(|j| has(j, true)) {
+            return Err(NoJob::Layout {
+                job: j.name().to_owned(),
+                version: j.version(),
+                layout: j.layout().clone(),
+            });
         }
         if let Some(j) = running.iter().find(|j| has(j, false)) {
             return Err(NoJob::Version {

@@ -94,6 +94,8 @@ use io::Io;
 use thread::Thread;
 
 type Runner = fn(&tokio::runtime::Runtime, Session) -> Result<Served, Error>;
+/// [`crate::Layout::of`] a registered job.
+type LayoutOf = fn() -> &'static crate::Layout;
 
 /// The environment variable [`WorkerOptions::from_env`] reads
 /// [`WorkerOptions::wait_for_job`] from: a number of seconds, such as `30` or `2.5`.
@@ -107,6 +109,8 @@ pub const GRACE_ENV: &str = "MALLEABLE_GRACE";
 #[derive(Clone, Default)]
 pub struct Registry {
     jobs: Vec<(&'static str, u32, Runner)>,
+    /// The layout of each job's types, by name ([`crate::Layout::of`] the job).
+    layouts: Vec<(&'static str, LayoutOf)>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -124,12 +128,26 @@ impl Registry {
     }
 
     /// Adds job type `J`, known by its [`Job::NAME`] and [`Job::VERSION`]: the coordinator
-    /// gives this worker a job of that name only if its version is the same.
+    /// gives this worker a job of that name only if its version is the same, and if the
+    /// serialized [`Layout`](crate::Layout) of its types is the same (else the worker is
+    /// refused with [`Error::JobLayout`]).
     pub fn register<J: Job>(mut self) -> Registry {
         if !self.jobs.iter().any(|(n, _, _)| *n == J::NAME) {
             self.jobs.push((J::NAME, J::VERSION, run_job::<J>));
+            self.layouts.push((J::NAME, crate::Layout::of::<J>));
         }
         self
+    }
+
+    /// The layout of the registered job `name`'s types ([`Layout::untraceable`] for a name
+    /// not registered).
+    ///
+    /// [`Layout::untraceable`]: crate::Layout::untraceable
+    fn layout(&self, name: &str) -> crate::Layout {
+        self.layouts
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or_else(crate::Layout::untraceable, |(_, layout)| layout().clone())
     }
 
     /// The registered job names.
@@ -137,14 +155,11 @@ impl Registry {
         self.jobs.iter().map(|(n, _, _)| (*n).to_owned()).collect()
     }
 
-    /// The registered job names and versions.
+    /// The registered job names, versions and layouts.
     fn types(&self) -> Vec<handshake::JobType> {
         self.jobs
             .iter()
-            .map(|(n, v, _)| handshake::JobType {
-                name: (*n).to_owned(),
-                version: *v,
-            })
+            .map(|(n, v, _)| handshake::JobType::new(*n, *v, &self.layout(n)))
             .collect()
     }
 }
@@ -356,7 +371,8 @@ pub(crate) struct Session {
 ///
 /// [`Error`] for a coordinator that cannot be reached or refuses this worker (wrong token:
 /// [`Error::Auth`]; another protocol version; no job in common: [`Error::UnknownJob`]; the
-/// job in another version: [`Error::JobVersion`]), or a connection lost before the end.
+/// job in another version: [`Error::JobVersion`]; the job in its version but with types of
+/// another layout: [`Error::JobLayout`]), or a connection lost before the end.
 pub fn serve(addr: &str, registry: &Registry, options: WorkerOptions) -> Result<Served, Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -445,6 +461,7 @@ async fn connect(
         options.token.as_ref(),
         options.max_frame,
         registry.types(),
+        |name| registry.layout(name),
         threads,
     );
     let welcomed =

@@ -14,6 +14,17 @@ use malleable::reduce::Reducer;
 use malleable::{Chunk, Chunking, Job, Next, Step};
 use serde::{Deserialize, Serialize};
 
+/// The name, for `--exact`, of test `test` of the module whose `module_path!()` is
+/// `module`: a test binary re-executed as a worker or child process runs only that test.
+/// In the shared binary (`tests/it/main.rs`) a test's name starts with its module's
+/// (`cluster_versions::worker_process`); in a binary of its own it is the bare name.
+pub fn exact(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_owned(),
+    }
+}
+
 /// The term of iteration `i` (phase `p`): values that make f64 addition order-sensitive.
 pub fn term(i: u64, p: u64) -> f64 {
     let x = (i ^ (p * 0x9E37_79B9)) as f64;

@@ -6,11 +6,17 @@ use std::time::{Duration, Instant};
 
 use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
 
-/// Starts this test binary again as a worker process running `worker_process`, with `addr`
-/// in the environment variable `env`, no token, and its standard output discarded.
-pub fn start_worker(env: &str, addr: &str) -> Child {
+/// Starts this test binary again as a worker process running `worker_process` of the
+/// module whose `module_path!()` is `module` (see [`super::exact`]), with `addr` in the
+/// environment variable `env`, no token, and its standard output discarded.
+pub fn start_worker(module: &str, env: &str, addr: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            super::exact(module, "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(env, addr)
         .env_remove(TOKEN_ENV)

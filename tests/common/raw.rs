@@ -48,6 +48,7 @@ pub fn hello_frame_for(version: u32, job: &str) -> Vec<u8> {
             jobs: vec![handshake::JobType {
                 name: job.into(),
                 version: 1,
+                layout: None,
             }],
             threads: 1,
             nonce: [7; 32],

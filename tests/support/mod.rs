@@ -1,5 +1,6 @@
-//! Helpers shared by integration tests (`mod support;` in a test file): what the tests
-//! install and start for themselves.
+//! Helpers shared by integration tests (`mod support;` in a test binary of its own,
+//! `use crate::support;` in a module of `tests/it`): what the tests install and start for
+//! themselves.
 // Each test binary uses a part of them.
 #![allow(dead_code)]
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{Registry, WorkerOptions};
 use malleable::{Banded, Error, Executor, JobHandle, Outcome};
 
-mod common;
+use crate::common;
 use common::grid::{Grid, sequential};
 use common::procs::{serve_and_exit, start_worker};
 
@@ -42,7 +42,7 @@ fn worker_process() {
 }
 
 fn start(addr: &str) -> Child {
-    start_worker(ADDR_ENV, addr)
+    start_worker(module_path!(), ADDR_ENV, addr)
 }
 
 fn until(what: &str, h: &JobHandle<Banded<Grid>>, mut cond: impl FnMut() -> bool) {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{self, Registry, WorkerOptions};
 use malleable::{At, Banded, Executor, JobHandle, Outcome};
 
-mod common;
+use crate::common;
 use common::grid::{Grid, sequential};
 use common::procs::{serve_and_exit, start_worker};
 
@@ -52,7 +52,7 @@ fn worker_process() {
 }
 
 fn start(addr: &str) -> Child {
-    start_worker(ADDR_ENV, addr)
+    start_worker(module_path!(), ADDR_ENV, addr)
 }
 
 /// A small generator (64-bit LCG, high bits) so that a seed replays its history.

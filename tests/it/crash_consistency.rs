@@ -13,8 +13,8 @@
 //! `MALLEABLE_CRASH_SEED=<u64>` replays another sequence of kill delays.
 //!
 //! ```text
-//! cargo test --release --test crash_consistency                           # 80 kills
-//! cargo test --release --test crash_consistency -- --ignored --nocapture  # 500 kills
+//! cargo test --release --all-features --test it crash_consistency::                          # 80 kills
+//! cargo test --release --all-features --test it crash_consistency:: -- --ignored --nocapture  # 500 kills
 //! ```
 
 use std::ops::Range;
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use malleable::snapshot::{SnapshotId, Store};
 use malleable::{At, Chunking, Executor, Finished, Job};
 
-mod common;
+use crate::common;
 
 use common::walk::{PACE_ENV, Total, Walk};
 
@@ -270,7 +270,12 @@ fn trial(setup: &Setup, k: usize, delay_ms: u64) -> TrialReport {
 
     let spawned = Instant::now();
     let mut child = Command::new(&setup.exe)
-        .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), "child_writer").as_str(),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, &url)
         .env(PACE_ENV, "1")
         .stdout(Stdio::piped())

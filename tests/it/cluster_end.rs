@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{Token, frame};
 use malleable::{Chunking, Executor, Outcome};
 
-mod common;
+use crate::common;
 
 use common::raw::{authenticated, read_frame, try_send_frame};
 use common::walk::{Walk, pace};

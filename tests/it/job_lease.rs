@@ -11,9 +11,9 @@
 //!   it expires. A holder frozen (SIGSTOP) past its lease and taken over ends with
 //!   `LeaseLost` when it wakes.
 
-mod common;
+use crate::common;
 #[cfg(feature = "s3")]
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -111,7 +111,7 @@ impl Holder {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "lease_holder_process",
+                crate::common::exact(module_path!(), "lease_holder_process").as_str(),
                 "--ignored",
                 "--nocapture",
             ])

@@ -1,7 +1,7 @@
 //! proptest: random snapshot and suspend points, restores with other worker counts (inline
 //! included), several in a row: the value is bit-identical to the uninterrupted run.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

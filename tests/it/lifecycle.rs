@@ -3,9 +3,9 @@
 //! finished job's snapshots, and a blocking store usable with or without a runtime (also on
 //! a real S3 server: SeaweedFS on loopback, provisioned by `tests/support/seaweed.rs`).
 
-mod common;
+use crate::common;
 #[cfg(feature = "s3")]
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;

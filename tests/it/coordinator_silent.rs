@@ -10,7 +10,7 @@
 //! ignored test, so a normal run skips it); the worker is [`cluster::serve`] on a thread of
 //! the test itself.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::ops::Range;
@@ -182,7 +182,12 @@ impl Coordinator {
     /// Runs the job `job` ("slow" or "big").
     fn start(job: &str) -> Coordinator {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "coordinator_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                crate::common::exact(module_path!(), "coordinator_process").as_str(),
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(COORDINATOR_ENV, job)
             .env_remove(TOKEN_ENV)

@@ -1,7 +1,7 @@
 //! The local executor, through the public API: scaling, inline mode, panics, bad input,
 //! async, cancel, progress and phases.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,8 +3,8 @@
 //! test command (`cargo test --all-features`) enables it.
 #![cfg(feature = "s3")]
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use std::time::Duration;
 

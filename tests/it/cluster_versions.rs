@@ -3,6 +3,10 @@
 //! - a worker process built with another version of the job ([`Job::VERSION`]) is refused
 //!   in the handshake: it ends with [`cluster::Error::JobVersion`] naming the job and both
 //!   versions, the coordinator records the same, and the job goes on to its exact value;
+//! - a worker process built with the same name and version of a job whose fields were
+//!   swapped or one added (its serialized [`Layout`]) is refused in the handshake too, with
+//!   [`cluster::Error::JobLayout`] naming the job, both fingerprints and the first field that
+//!   differs, on both sides;
 //! - a worker process started before its coordinator listens, and before the job is
 //!   submitted, waits for it ([`WorkerOptions::wait_for_job`], here from
 //!   [`WAIT_FOR_JOB_ENV`]) and serves it; a wait that runs out ends with the typed error;
@@ -12,6 +16,7 @@
 //! test, so a normal run skips it) with the coordinator's address in [`ADDR_ENV`].
 //!
 //! [`Job::VERSION`]: malleable::Job::VERSION
+//! [`Layout`]: malleable::Layout
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -24,6 +29,11 @@ use serde::{Deserialize, Serialize};
 
 /// Set in a worker process: the coordinator's address.
 const ADDR_ENV: &str = "MALLEABLE_TEST_WORKER_ADDR";
+/// Set in a worker process to register a [`Scaled`] job instead of [`SumV1`]: `swapped` or
+/// `appended`, the variant of its fields.
+const SCALED_ENV: &str = "MALLEABLE_TEST_WORKER_SCALED";
+/// The name of the [`Scaled`] jobs, the same (in the same version) in all three variants.
+const SCALED: &str = "cluster-versions-scaled";
 /// The jobs' name, the same in both versions.
 const NAME: &str = "cluster-versions-sum";
 /// How long any wait of these tests may take before the test fails.
@@ -80,15 +90,79 @@ impl Fold for SumV2 {
     }
 }
 
-/// The entry point of worker processes: serves [`SumV1`] on one thread, with the options of
-/// its environment; prints what happened.
+/// `Σ (i·scale + offset)` over `0..n`, slowly, in three variants of its fields under one
+/// name and version: what the coordinator runs ([`Scaled`]), and what a worker process built
+/// from changed code registers, the two `f64` fields swapped ([`swapped::Scaled`]) or one
+/// appended ([`appended::Scaled`]).
+macro_rules! scaled {
+    ($def:item) => {
+        #[derive(Debug, Clone, Serialize, Deserialize)]
+        $def
+
+        impl Fold for Scaled {
+            const NAME: &'static str = SCALED;
+            type Acc = f64;
+            type Reducer = Sum<f64>;
+            type Input = ();
+            fn iterations(&self) -> u64 {
+                self.n
+            }
+            fn reducer(&self) -> Sum<f64> {
+                Sum::new()
+            }
+            fn body(&self, _: &(), acc: &mut f64, i: u64) {
+                std::thread::sleep(Duration::from_micros(100));
+                *acc += i as f64 * self.scale + self.offset;
+            }
+        }
+    };
+}
+
+scaled!(
+    struct Scaled {
+        n: u64,
+        scale: f64,
+        offset: f64,
+    }
+);
+
+mod swapped {
+    use super::*;
+    scaled!(
+        pub(crate) struct Scaled {
+            pub(crate) n: u64,
+            pub(crate) offset: f64,
+            pub(crate) scale: f64,
+        }
+    );
+}
+
+mod appended {
+    use super::*;
+    scaled!(
+        pub(crate) struct Scaled {
+            pub(crate) n: u64,
+            pub(crate) scale: f64,
+            pub(crate) offset: f64,
+            pub(crate) shift: f64,
+        }
+    );
+}
+
+/// The entry point of worker processes: serves [`SumV1`] (or a variant of [`Scaled`], as
+/// [`SCALED_ENV`] says) on one thread, with the options of its environment; prints what
+/// happened.
 #[test]
 #[ignore = "the body of the worker processes the other tests start"]
 fn worker_process() {
     let Ok(addr) = std::env::var(ADDR_ENV) else {
         return;
     };
-    let registry = Registry::new().register::<Folded<SumV1>>();
+    let registry = match std::env::var(SCALED_ENV).as_deref() {
+        Ok("swapped") => Registry::new().register::<Folded<swapped::Scaled>>(),
+        Ok("appended") => Registry::new().register::<Folded<appended::Scaled>>(),
+        _ => Registry::new().register::<Folded<SumV1>>(),
+    };
     let options = match WorkerOptions::from_env() {
         Ok(o) => o.threads(1),
         Err(e) => {
@@ -122,11 +196,17 @@ struct Worker {
 impl Worker {
     fn start(addr: &str, env: &[(&str, &str)]) -> Worker {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                crate::common::exact(module_path!(), "worker_process").as_str(),
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(ADDR_ENV, addr)
             .env_remove(TOKEN_ENV)
             .env_remove(WAIT_FOR_JOB_ENV)
+            .env_remove(SCALED_ENV)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -237,6 +317,99 @@ fn a_worker_process_with_the_job_in_another_version_is_refused() {
     h.set_local_workers(1);
     match h.wait().unwrap() {
         Outcome::Finished(f) => assert_eq!(f.value, n * (n - 1) / 2),
+        other => panic!("the job did not finish: {other:?}"),
+    }
+}
+
+#[test]
+fn a_worker_process_with_the_job_s_fields_changed_is_refused() {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .chunking(Chunking::Count(16))
+        .listen("127.0.0.1:0")
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let n = 2_000;
+    let h = exec
+        .submit(Folded(Scaled {
+            n,
+            scale: 2.0,
+            offset: 1.0,
+        }))
+        .unwrap();
+    let ours = malleable::Layout::of::<Folded<Scaled>>();
+    assert!(ours.is_traced(), "{ours:?}");
+    let cases = [
+        (
+            "swapped",
+            malleable::Layout::of::<Folded<swapped::Scaled>>(),
+            "the coordinator has `Scaled.scale: f64` where the worker process has \
+             `Scaled.offset: f64`",
+        ),
+        (
+            "appended",
+            malleable::Layout::of::<Folded<appended::Scaled>>(),
+            "the worker process has `Scaled.shift: f64`, which the coordinator does not",
+        ),
+    ];
+    for (i, (variant, theirs, difference)) in cases.into_iter().enumerate() {
+        // The worker's side: it ends with the typed error, naming the job, both
+        // fingerprints and the first field that differs.
+        let (status, line) = Worker::start(&addr, &[(SCALED_ENV, variant)]).finish();
+        assert_eq!(status.code(), Some(3), "{variant}: {line}");
+        assert!(
+            line.starts_with("WORKER ERROR kind=job_layout "),
+            "{variant}: {line}"
+        );
+        for part in [
+            &format!("job {SCALED:?}"),
+            &format!("fingerprint {} on the coordinator", ours.fingerprint()),
+            &format!("{} on the worker process", theirs.fingerprint()),
+            difference,
+            "Job::VERSION",
+        ] {
+            assert!(line.contains(part), "{variant}: {line:?} lacks {part:?}");
+        }
+
+        // The coordinator's side: the same, recorded as a peer error.
+        until("the coordinator's record of the refusal", || {
+            count(&exec, "job_layout") == i + 1
+        });
+        let refused = exec.peer_errors();
+        let recorded = refused
+            .iter()
+            .filter_map(|e| match &**e {
+                cluster::Error::JobLayout {
+                    job,
+                    version: 1,
+                    coordinator,
+                    worker,
+                    difference,
+                    ..
+                } if job == SCALED => Some((*coordinator, *worker, difference.clone())),
+                _ => None,
+            })
+            .nth(i);
+        assert_eq!(
+            recorded,
+            Some((
+                ours.fingerprint(),
+                theirs.fingerprint(),
+                difference.to_owned()
+            )),
+            "{variant}: {refused:?}"
+        );
+        // Nothing of the job reached the worker: no decode failure anywhere.
+        assert_eq!(count(&exec, "undecodable"), 0, "{refused:?}");
+    }
+    assert!(!h.is_finished());
+    h.set_local_workers(1);
+    match h.wait().unwrap() {
+        Outcome::Finished(f) => {
+            let exact: f64 = (0..n).map(|i| i as f64 * 2.0 + 1.0).sum();
+            assert_eq!(f.value, exact);
+        }
         other => panic!("the job did not finish: {other:?}"),
     }
 }

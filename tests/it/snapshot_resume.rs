@@ -1,6 +1,6 @@
 //! Snapshots, suspend and resume through the public API, on a local folder store.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -121,7 +121,12 @@ fn worker_process() {
 
 fn start(addr: &str, frame: usize) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, addr)
         .env(FRAME_ENV, frame.to_string())

@@ -2,7 +2,7 @@
 //! snapshot. The job keeps running, the previous committed snapshot stays restorable, and
 //! every failure is a typed error.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -22,7 +22,7 @@ use malleable::cluster::{
 use malleable::schedule::{Autoscale, Costs, Hysteresis, Reason};
 use malleable::{Banded, Chunking, Executor, Folded, Outcome};
 
-mod common;
+use crate::common;
 use common::grid::{Grid, STALL_ENV, sequential};
 use common::slow::Slow;
 
@@ -84,7 +84,12 @@ impl Launcher for Spawner {
     fn launch(&self, spec: &LaunchSpec) -> io::Result<Box<dyn Launched>> {
         let out = self.dir.join(format!("worker-{}.out", spec.index));
         let child = Command::new(std::env::current_exe()?)
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                crate::common::exact(module_path!(), "worker_process").as_str(),
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(ADDR_ENV, spec.addr.to_string())
             .env_remove(TOKEN_ENV)
@@ -301,7 +306,12 @@ fn a_process_that_cannot_leave_within_its_own_grace_period_is_let_go() {
     until("phase 5", || h.progress().phase >= 5);
     let snap = h.snapshot().wait().unwrap();
     let mut a = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, &addr)
         .env(cluster::GRACE_ENV, "1")

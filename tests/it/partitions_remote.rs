@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
 use malleable::{At, Banded, Error, Executor, JobHandle, Outcome};
 
-mod common;
+use crate::common;
 use common::grid::{Grid, sequential};
 use common::procs::start_worker;
 
@@ -50,13 +50,18 @@ fn worker_process() {
 }
 
 fn start(addr: &str) -> Child {
-    start_worker(ADDR_ENV, addr)
+    start_worker(module_path!(), ADDR_ENV, addr)
 }
 
 /// A worker process whose steps wait while file `stall` exists (its I/O goes on).
 fn start_stalling(addr: &str, stall: &std::path::Path) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, addr)
         .env(common::grid::STALL_ENV, stall)
@@ -84,7 +89,12 @@ fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
         std::process::id()
     ));
     let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, addr)
         .env(cluster::WAIT_FOR_JOB_ENV, "20")
@@ -515,7 +525,12 @@ fn a_process_leaving_with_a_grace_period_is_drained() {
     let job = grid(200);
     let h = exec.submit(Banded(job.clone())).unwrap();
     let mut a = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, &addr)
         .env(cluster::GRACE_ENV, "5")

@@ -142,7 +142,12 @@ fn worker_process() {
 /// This test binary, running one of its ignored tests.
 fn child(test: &str, env: (&str, &str)) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            crate::common::exact(module_path!(), test).as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
         .args(["--test-threads", "1"])
         .env(env.0, env.1)
         .env_remove(TOKEN_ENV)

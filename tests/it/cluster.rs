@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
 use malleable::{Chunking, Executor, Finished, JobHandle, Outcome};
 
-mod common;
+use crate::common;
 #[cfg(feature = "s3")]
-mod support;
+use crate::support;
 
 use common::walk::{PACE_ENV, Total, Walk, pace};
 
@@ -70,13 +70,18 @@ impl Worker {
     fn start_with(addr: &str, threads: usize, token: Option<&str>, env: &[(&str, &str)]) -> Worker {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.envs(env.iter().copied());
-        cmd.args(["--exact", "worker_process", "--ignored", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(ADDR_ENV, addr)
-            .env(THREADS_ENV, threads.to_string())
-            .env(PACE_ENV, "1")
-            .env_remove(TOKEN_ENV)
-            .stdout(Stdio::piped());
+        cmd.args([
+            "--exact",
+            crate::common::exact(module_path!(), "worker_process").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
+        .args(["--test-threads", "1"])
+        .env(ADDR_ENV, addr)
+        .env(THREADS_ENV, threads.to_string())
+        .env(PACE_ENV, "1")
+        .env_remove(TOKEN_ENV)
+        .stdout(Stdio::piped());
         if let Some(t) = token {
             cmd.env(TOKEN_ENV, t);
         }

@@ -7,7 +7,7 @@
 //! Worker processes are this test binary, re-executed to run [`worker_process`] (an ignored
 //! test, so a normal run skips it) with the coordinator's address in [`ADDR_ENV`].
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::ops::Range;
@@ -356,7 +356,12 @@ impl Worker {
             .expect("the coordinator listens")
             .to_string();
         let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                crate::common::exact(module_path!(), "worker_process").as_str(),
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads", "1"])
             .env(ADDR_ENV, addr)
             .env_remove(TOKEN_ENV)

@@ -2,12 +2,12 @@
 //! normal test: no input may panic, and the valid seeds (`valid-*`) must decode.
 //!
 //! Targets: `manifest` and `part` (snapshot files), `frame` (the cluster's messages in both
-//! directions, and the length-delimited framing) and `handshake` (the handshake's four
+//! directions, and the length-delimited framing) and `handshake` (the handshake's five
 //! decoders). The checks are `fuzz/checks.rs`, shared with the fuzz targets.
 //!
 //! The hand-made seeds (`seed-*` and `valid-*`) are written by [`seeds`]; regenerate them
 //! after a format change with
-//! `cargo test --test fuzz_corpus -- --ignored write_seeds`
+//! `cargo test --all-features --test it fuzz_corpus::write_seeds -- --ignored`
 //! ([`seeds_are_current`] fails until then). Other files are inputs the fuzzer found, e.g. with
 //! `cd fuzz && cargo fuzz run -s none frame -- -max_total_time=300` (then
 //! `cargo fuzz cmin -s none frame` if the corpus grows large).
@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use malleable::Layout;
 use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
-use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply};
+use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply, WorkerLayout};
 use malleable::snapshot::{Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
-#[path = "../fuzz/checks.rs"]
+#[path = "../../fuzz/checks.rs"]
 mod checks;
 
 use checks::{
@@ -482,9 +482,12 @@ fn a_hello(jobs: &[&str]) -> Hello {
     Hello {
         jobs: jobs
             .iter()
-            .map(|&j| JobType {
+            .enumerate()
+            .map(|(i, &j)| JobType {
                 name: j.to_owned(),
                 version: 1,
+                // One traced layout, one not.
+                layout: (i % 2 == 0).then_some(malleable::Fingerprint(0x0123_4567_89ab_cdef)),
             })
             .collect(),
         threads: 8,
@@ -530,6 +533,14 @@ fn replies() -> Vec<(&'static str, Reply)> {
             Reply::Refused(Refusal::JobVersion {
                 job: "kmeans".to_owned(),
                 version: 2,
+            }),
+        ),
+        (
+            "refused-job-layout",
+            Reply::Refused(Refusal::Layout {
+                job: "kmeans".to_owned(),
+                version: 2,
+                entries: vec!["job: Kmeans".to_owned(), "Kmeans.k: u64".to_owned()],
             }),
         ),
     ]
@@ -735,6 +746,13 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
         "valid-proof",
         encode(&ProofMsg { proof: nonce(4) }).to_vec(),
     );
+    h(
+        "valid-worker-layout",
+        encode(&WorkerLayout {
+            entries: vec!["job: Kmeans".to_owned(), "Kmeans.k: u32".to_owned()],
+        })
+        .to_vec(),
+    );
     h("seed-empty-input", vec![]);
     h("seed-magic-only", frame::MAGIC.to_vec());
     h(
@@ -762,9 +780,9 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     );
     h("seed-proof-short", vec![9; 31]);
     h("seed-proof-long", vec![9; 33]);
-    // `Welcome` (variant 1) whose job name is not UTF-8; an unknown refusal (variant 4).
+    // `Welcome` (variant 1) whose job name is not UTF-8; an unknown refusal (variant 6).
     h("seed-welcome-not-utf8", vec![1, 2, 0xc3, 0x28, 1, 1, 1]);
-    h("seed-unknown-refusal", vec![2, 4]);
+    h("seed-unknown-refusal", vec![2, 6]);
     h(
         "seed-http-request",
         b"GET / HTTP/1.1\r\nHost: 198.51.100.7\r\n\r\n".to_vec(),
@@ -797,7 +815,7 @@ fn seeds_are_current() {
         let found = std::fs::read(&path).unwrap_or_default();
         assert!(
             found == bytes,
-            "{} is missing or stale: run `cargo test --test fuzz_corpus -- --ignored write_seeds`",
+            "{} is missing or stale: run `cargo test --all-features --test it fuzz_corpus::write_seeds -- --ignored`",
             path.display()
         );
     }

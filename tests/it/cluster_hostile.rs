@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use malleable::cluster::{self, Registry, Token, WorkerOptions, frame, handshake};
 use malleable::{Chunking, Error, Executor, JobHandle, Outcome};
 
-mod common;
+use crate::common;
 
 use common::Kernel;
 use common::raw::{authenticated, hello_frame, read_frame, send_frame};

@@ -20,7 +20,7 @@ use malleable::rows::{Rows, Window};
 use malleable::{Banded, BoxError, Error, Executor, Finished, JobHandle, Next, Outcome, Site};
 use serde::{Deserialize, Serialize};
 
-mod common;
+use crate::common;
 use common::procs::{serve_and_exit, start_worker};
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_FIELD_OUTPUT_ADDR";
@@ -311,7 +311,7 @@ fn run_with_processes(mut f: Field, local: usize, processes: usize) -> Finished<
     let addr = exec.local_addr().unwrap().to_string();
     let h = exec.submit(Banded(f)).unwrap();
     let mut children: Vec<Child> = (0..processes)
-        .map(|_| start_worker(ADDR_ENV, &addr))
+        .map(|_| start_worker(module_path!(), ADDR_ENV, &addr))
         .collect();
     until("the worker processes", || h.remote_workers() == processes);
     std::fs::remove_file(&gate).unwrap();
@@ -450,7 +450,7 @@ fn a_failing_output_ends_the_job_with_its_error() {
         let exec = coordinator(0);
         let addr = exec.local_addr().unwrap().to_string();
         let h = exec.submit(Banded(f.clone())).unwrap();
-        let mut child = start_worker(ADDR_ENV, &addr);
+        let mut child = start_worker(module_path!(), ADDR_ENV, &addr);
         until("the worker process", || h.remote_workers() == 1);
         std::fs::remove_file(&gate).unwrap();
         match h.wait() {

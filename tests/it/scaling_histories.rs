@@ -1,7 +1,7 @@
 //! proptest: random sizes, chunkings, schedules, worker counts and scaling histories (grow,
 //! shrink, down to inline and back) give the sequential fold bit for bit.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! the newest restorable one, retention keeps exactly `k`, full snapshots are independent
 //! restore points, and a job whose snapshots keep failing can be told to end.
 
-mod common;
+use crate::common;
 
 use std::fmt;
 use std::path::{Path as FsPath, PathBuf};

@@ -6,7 +6,7 @@
 //! beside the `Store` under test.
 
 #[cfg(feature = "s3")]
-mod support;
+use crate::support;
 
 use std::fmt;
 use std::sync::Arc;
