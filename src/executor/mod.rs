@@ -48,6 +48,8 @@ mod remote;
 mod rollback;
 mod shutdown;
 mod signals;
+#[cfg(test)]
+mod sim;
 mod snapshot;
 mod triggers;
 mod watch;

@@ -498,7 +498,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 1: each slot of the connection joins the core.
-    fn join_remote(&mut self, peer: String, threads: u32) -> ProcessId {
+    pub(crate) fn join_remote(&mut self, peer: String, threads: u32) -> ProcessId {
         let id = ProcessId(self.remote.next);
         self.remote.next += 1;
         let threads = threads.clamp(1, 4096);
@@ -1039,7 +1039,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 5: connection `id` is gone; its remaining slots are lost.
-    fn drop_conn(&mut self, id: ProcessId) {
+    pub(crate) fn drop_conn(&mut self, id: ProcessId) {
         let Some(c) = self.remote.conns.remove(&id) else {
             return;
         };
@@ -1172,7 +1172,7 @@ impl<J: Job> State<J> {
 
     /// The answer of connection `id` to its oldest `CaptureHeld` about `chunk` not answered
     /// yet: the epoch folder that request named, or why no answer was due.
-    fn held_answer(&mut self, id: ProcessId, chunk: ChunkId) -> Result<u64, String> {
+    fn held_answer(&mut self, id: ProcessId, chunk: ChunkId) -> Result<(u64, u64), String> {
         let asked = &mut self.snap.held_outstanding;
         let Some(folders) = asked.get_mut(&(chunk, id)) else {
             return Err(format!("chunk {chunk} was not asked of this process"));
@@ -1187,8 +1187,8 @@ impl<J: Job> State<J> {
     /// The part of held `chunk` from connection `id`, for the open cut if it waits for it
     /// from that process (an answer to an earlier request is as good: the partition did not
     /// change since, see `worker/machine.rs`); else dropped.
-    fn captured_held(&mut self, id: ProcessId, chunk: ChunkId, part: Part) {
-        if self.snap.held_asked.get(&chunk) == Some(&id) {
+    fn captured_held(&mut self, id: ProcessId, chunk: ChunkId, part: Part, marker: u64) {
+        if self.snap.held_asked.get(&chunk) == Some(&id) && marker == self.snap.markers {
             self.snap.held_asked.remove(&chunk);
             if self.snap.cut.waits_for_held(chunk) {
                 let mut out = std::mem::take(&mut self.snap.out);
@@ -1221,7 +1221,7 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
-    fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
+    pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         if tracing::enabled!(tracing::Level::DEBUG) {
             let (what, chunk) = match &msg {
                 ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
@@ -1391,17 +1391,17 @@ impl<J: Job> State<J> {
                 return Ok(());
             }
             ToCoordinator::CapturedHeld { chunk, state } => {
-                self.held_answer(id, chunk).map_err(bad)?;
+                let (_, marker) = self.held_answer(id, chunk).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Held, false);
-                self.captured_held(id, chunk, Part::New(state));
+                self.captured_held(id, chunk, Part::New(state), marker);
                 return Ok(());
             }
             ToCoordinator::CapturedHeldPart { chunk, part } => {
-                let folder = self.held_answer(id, chunk).map_err(bad)?;
+                let (folder, marker) = self.held_answer(id, chunk).map_err(bad)?;
                 let job_id = self.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, Some(folder)).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Held, true);
-                self.captured_held(id, chunk, Part::Reuse(part));
+                self.captured_held(id, chunk, Part::Reuse(part), marker);
                 return Ok(());
             }
             ToCoordinator::OutputDone { chunk } => {

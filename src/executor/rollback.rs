@@ -249,6 +249,7 @@ impl<J: Job> State<J> {
         // A part asked of a process before the rollback may still come back: it is taken
         // (and dropped) rather than counted as a broken peer.
         self.snap.held_outstanding = old.held_outstanding;
+        self.snap.markers = old.markers;
         self.core = core;
         if let Some(job) = job {
             self.job = Some(Arc::new(job));

@@ -122,11 +122,19 @@ pub(crate) struct Snapshots {
     /// The worker process each held partition's part was last asked of (`CaptureHeld`) for
     /// the open cut: only that process's answer is taken into it.
     pub(crate) held_asked: IdMap<ChunkId, ProcessId>,
-    /// Every `CaptureHeld` not answered yet, by chunk and worker process: the epoch folders
-    /// they named, oldest first (a process answers about one chunk in the order it was
-    /// asked). An answer that none of them asked for breaks the protocol; an answer to an
-    /// abandoned cut's request, or to one from before a rollback, is taken and dropped.
-    pub(crate) held_outstanding: IdMap<(ChunkId, ProcessId), std::collections::VecDeque<u64>>,
+    /// Every `CaptureHeld` not answered yet, by chunk and worker process: the epoch folder
+    /// each named and the cut it was for (its marker, `markers`), oldest first (a process
+    /// answers about one chunk in the order it was asked). An answer that none of them asked
+    /// for breaks the protocol; an answer to an abandoned cut's request, or to one from
+    /// before a rollback, is taken and dropped.
+    pub(crate) held_outstanding:
+        IdMap<(ChunkId, ProcessId), std::collections::VecDeque<(u64, u64)>>,
+    /// Markers so far in this run (rollbacks included): the open cut's is the last. An answer
+    /// to a `CaptureHeld` goes into the open cut only if it was asked for this marker: a
+    /// suspend abandons an open cut, and the next cut (after the barrier, say) asks the same
+    /// process for the same partition again, in the same epoch folder, while the abandoned
+    /// cut's answer, the partition before its new phase began, may still be on its way.
+    pub(crate) markers: u64,
     /// Held partitions the open cut waits for that were already on their way back from their
     /// worker process (`Surrender`) when the cut wanted them: their bytes are the part, taken
     /// when they arrive (the process no longer has them to answer a `CaptureHeld`).
@@ -376,7 +384,11 @@ impl<J: Job> State<J> {
                 None => state.to_bytes().map(|b| Ok(Part::New(b?))).transpose(),
             },
         };
+        let was_open = cut.is_open();
         cut.poll(core, header, part_of, &mut out);
+        if !was_open && cut.is_open() {
+            snap.markers += 1;
+        }
         if due {
             self.pause = Some(super::job_run::Pause::Marker);
         }
@@ -537,7 +549,7 @@ impl<J: Job> State<J> {
                 .send_to(id, ToWorker::CaptureHeld { chunk, folder })?;
             self.snap.held_asked.insert(chunk, id);
             let asked = self.snap.held_outstanding.entry((chunk, id)).or_default();
-            asked.push_back(folder);
+            asked.push_back((folder, self.snap.markers));
             Some(())
         });
         match sent {

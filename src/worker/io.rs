@@ -691,7 +691,7 @@ fn lock_buffers(
 
 /// A placed partition's state decoded (into `spare` if there is one), and its halos
 /// exported with the phase's job value if `export`.
-fn decode_placed<J: Job>(
+pub(super) fn decode_placed<J: Job>(
     chunk: u64,
     state: &[u8],
     export: bool,

@@ -88,6 +88,8 @@ use crate::wire::transport;
 mod halos;
 mod io;
 mod machine;
+#[cfg(test)]
+pub(crate) mod sim;
 mod thread;
 
 use io::Io;

@@ -102,10 +102,10 @@ impl<J: Job> Thread<J> {
 }
 
 /// A thread's queue and the chunks waiting in it.
-struct Queue<'a, J: Job> {
-    rx: &'a Receiver<SlotMsg<J>>,
-    out: &'a UnboundedSender<ToCoordinator>,
-    held: &'a HeldParts<J::Chunk>,
+struct Queue<J: Job> {
+    rx: Receiver<SlotMsg<J>>,
+    out: UnboundedSender<ToCoordinator>,
+    held: HeldParts<J::Chunk>,
     waiting: VecDeque<Run<J>>,
     /// The queue closed: the job ended for this process.
     gone: bool,
@@ -122,7 +122,7 @@ struct Asked {
     capture: bool,
 }
 
-impl<J: Job> Queue<'_, J> {
+impl<J: Job> Queue<J> {
     /// An `Abandon` of `chunk` in `slot`: the running chunk stops at its next adjustment
     /// point (`abandoned`), one that waits to run is dropped at once with its partition;
     /// either is answered by `Abandoned`. One that ended here already was answered by its
@@ -141,7 +141,7 @@ impl<J: Job> Queue<'_, J> {
         };
         if let Some(r) = self.waiting.remove(at) {
             if r.held {
-                lock(self.held).remove(&chunk);
+                lock(&self.held).remove(&chunk);
             }
         }
         let _ = self.out.send(ToCoordinator::Abandoned { slot, chunk });
@@ -190,7 +190,7 @@ impl<J: Job> Queue<'_, J> {
                 (Some(bytes), _) => Ok(bytes.clone()),
                 // A held partition that waits to run: its state is the one held here.
                 (None, true) => {
-                    let held = lock(self.held);
+                    let held = lock(&self.held);
                     match held.get(&chunk) {
                         Some(part) => codec::encode("a chunk state", part).map(Bytes::from),
                         None => {
@@ -219,7 +219,7 @@ impl<J: Job> Queue<'_, J> {
                     if let Some(r) = self.waiting.remove(at) {
                         if r.held {
                             // Handed back: the coordinator holds it now.
-                            lock(self.held).remove(&chunk);
+                            lock(&self.held).remove(&chunk);
                         }
                     }
                     self.yielded += 1;
@@ -238,13 +238,13 @@ impl<J: Job> Queue<'_, J> {
 }
 
 /// The runner's host for one chunk of a slot.
-struct Slot<'q, 'a, J: Job> {
-    queue: &'q mut Queue<'a, J>,
+struct Slot<'q, J: Job> {
+    queue: &'q mut Queue<J>,
     slot: u32,
     chunk: u64,
 }
 
-impl<J: Job> Host for Slot<'_, '_, J> {
+impl<J: Job> Host for Slot<'_, J> {
     fn attend(&mut self, cell: &Cell) -> Attend {
         cell.take();
         let asked = self.queue.take(Some((self.slot, self.chunk)));
@@ -289,7 +289,7 @@ pub(super) fn main<J: Job>(
     inputs: &Inputs<J>,
     held: &HeldParts<J::Chunk>,
 ) -> (u64, u64) {
-    let mut compute = Compute::new(rx, out, held);
+    let mut compute = Compute::new(rx.clone(), out.clone(), Arc::clone(held));
     while compute.turn(cell, inputs, true) != Turn::Gone {}
     compute.counts()
 }
@@ -307,19 +307,19 @@ pub(super) enum Turn {
 
 /// A compute thread's queue and clock, turn by turn: [`main`] turns it until its queue
 /// closes; the cluster simulation (`worker/sim.rs`) turns it when it schedules the thread.
-pub(super) struct Compute<'a, J: Job> {
-    queue: Queue<'a, J>,
+pub(super) struct Compute<J: Job> {
+    queue: Queue<J>,
     stats: StepStats,
     /// When the thread ended its last chunk.
     free: std::time::Instant,
 }
 
-impl<'a, J: Job> Compute<'a, J> {
+impl<J: Job> Compute<J> {
     pub(super) fn new(
-        rx: &'a Receiver<SlotMsg<J>>,
-        out: &'a UnboundedSender<ToCoordinator>,
-        held: &'a HeldParts<J::Chunk>,
-    ) -> Compute<'a, J> {
+        rx: Receiver<SlotMsg<J>>,
+        out: UnboundedSender<ToCoordinator>,
+        held: HeldParts<J::Chunk>,
+    ) -> Compute<J> {
         Compute {
             queue: Queue {
                 rx,
@@ -336,6 +336,12 @@ impl<'a, J: Job> Compute<'a, J> {
         }
     }
 
+    /// Whether a chunk or a request waits for this thread.
+    #[cfg(test)]
+    pub(super) fn has_work(&self) -> bool {
+        !self.queue.waiting.is_empty() || !self.queue.rx.is_empty()
+    }
+
     /// The chunks finished and handed back.
     pub(super) fn counts(&self) -> (u64, u64) {
         (self.queue.done, self.queue.yielded)
@@ -345,7 +351,7 @@ impl<'a, J: Job> Compute<'a, J> {
     /// one if `block`, or returns [`Turn::Idle`].
     pub(super) fn turn(&mut self, cell: &Cell, inputs: &Inputs<J>, block: bool) -> Turn {
         let Compute { queue, stats, free } = self;
-        let (rx, out, held) = (queue.rx, queue.out, queue.held);
+        let (rx, out, held) = (queue.rx.clone(), queue.out.clone(), Arc::clone(&queue.held));
         // Between chunks (step 4 of the flag contract): take the bits, then the queue.
         cell.take();
         queue.take(None);
@@ -373,7 +379,7 @@ impl<'a, J: Job> Compute<'a, J> {
             queued,
         } = next;
         let state = if is_held {
-            match lock(held).remove(&chunk) {
+            match lock(&held).remove(&chunk) {
                 Some(part) => Some(Held::Live(part)),
                 None => {
                     tracing::warn!(
@@ -416,7 +422,7 @@ impl<'a, J: Job> Compute<'a, J> {
                     (Some(k), Some(hooks)) => {
                         let bytes = (hooks.encode_halo)(&k.halos.0)
                             .and_then(|a| (hooks.encode_halo)(&k.halos.1).map(|b| (a, b)));
-                        lock(held).insert(chunk, k.state);
+                        lock(&held).insert(chunk, k.state);
                         bytes
                             .map(|(a, b)| {
                                 halos = Some((Halo::Sent(a.into()), Halo::Sent(b.into())));

@@ -1,0 +1,287 @@
+//! A worker process as the cluster simulation runs it (`executor/sim.rs`): the process's
+//! protocol machine (`machine.rs`), its compute threads (`thread.rs`, turned one chunk at a
+//! time) and the job's code (`io::run_code`), with no socket, task or thread. The simulation
+//! decides when a message arrives, when a thread runs a chunk, when a placement ends and what
+//! time it is; the same seed replays the same process.
+//!
+//! What differs from a real process, on purpose: a placement's bytes always come with it
+//! (the process never takes the offered store, so its snapshot parts go to the coordinator as
+//! bytes); a chunk runs whole in one turn (a request that arrives meanwhile is seen at its
+//! first adjustment point, as when it arrives before the chunk starts).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::io::{decode_placed, run_code};
+use super::machine::{Config, Machine, Out, Place, Source, ToThread, Unusable};
+use super::thread::{Compute, HeldParts, Run, SlotMsg, Turn, failure_of, lock};
+use crate::job::Job;
+use crate::run::{Cell, Inputs, MAIL};
+use crate::wire::Error;
+use crate::wire::frame::{ToCoordinator, ToWorker};
+
+/// A compute thread of a simulated process.
+struct SimThread<J: Job> {
+    tx: Option<Sender<SlotMsg<J>>>,
+    cell: Arc<Cell>,
+    compute: Compute<J>,
+}
+
+/// A simulated worker process (see the module's docs).
+pub(crate) struct SimProcess<J: Job> {
+    machine: Machine,
+    job: Option<(u64, Arc<J>)>,
+    inputs: Arc<Inputs<J>>,
+    held: HeldParts<J::Chunk>,
+    threads: Vec<SimThread<J>>,
+    reports: UnboundedReceiver<ToCoordinator>,
+    /// Placements asked for, in order, ended by [`SimProcess::place`].
+    placing: VecDeque<Place>,
+    /// Messages for the coordinator, in the order they go on the wire.
+    outbox: VecDeque<ToCoordinator>,
+    ended: Option<Result<bool, Error>>,
+}
+
+impl<J: Job> SimProcess<J> {
+    /// A process of `threads` compute threads, dialled at `now`.
+    pub(crate) fn new(threads: usize, heartbeat: Duration, lease: Duration, now: Instant) -> Self {
+        let config = Config {
+            peer: "the simulated coordinator".into(),
+            heartbeat,
+            lease,
+            grace: None,
+            partitioned: J::OWNERSHIP.hooks.is_some(),
+            threads,
+        };
+        let held = HeldParts::default();
+        let (out, reports): (UnboundedSender<ToCoordinator>, _) = unbounded_channel();
+        let threads = (0..threads)
+            .map(|_| {
+                let (tx, rx): (Sender<SlotMsg<J>>, Receiver<SlotMsg<J>>) =
+                    crossbeam_channel::unbounded();
+                SimThread {
+                    tx: Some(tx),
+                    cell: Arc::default(),
+                    compute: Compute::new(rx, out.clone(), Arc::clone(&held)),
+                }
+            })
+            .collect();
+        let mut p = SimProcess {
+            machine: Machine::new(config, now),
+            job: None,
+            inputs: Arc::default(),
+            held,
+            threads,
+            reports,
+            placing: VecDeque::new(),
+            outbox: VecDeque::new(),
+            ended: None,
+        };
+        p.drive();
+        p
+    }
+
+    /// How the process ended, once it did.
+    pub(crate) fn ended(&self) -> Option<&Result<bool, Error>> {
+        self.ended.as_ref()
+    }
+
+    /// Whether a message for the coordinator waits to go.
+    pub(crate) fn has_sent(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// The next message for the coordinator, if any.
+    pub(crate) fn next_sent(&mut self) -> Option<ToCoordinator> {
+        self.outbox.pop_front()
+    }
+
+    /// Whether a thread has a chunk or a request waiting.
+    pub(crate) fn busy_threads(&self) -> Vec<usize> {
+        (0..self.threads.len())
+            .filter(|&t| self.threads[t].compute.has_work())
+            .collect()
+    }
+
+    /// Whether a placement waits to end.
+    pub(crate) fn placing(&self) -> bool {
+        !self.placing.is_empty()
+    }
+
+    /// A message from the coordinator arrives at `now`.
+    pub(crate) fn receive(&mut self, now: Instant, msg: ToWorker) {
+        self.machine.received(now, Some(msg));
+        self.drive();
+    }
+
+    /// The time is `now`: heartbeats, and the coordinator's lease.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        let progress = vec![0; self.threads.len()];
+        self.machine.tick(now, progress);
+        self.drive();
+    }
+
+    /// Thread `t` takes its queue and runs its next chunk.
+    pub(crate) fn turn(&mut self, t: usize) {
+        let thread = &mut self.threads[t];
+        if thread.compute.turn(&thread.cell, &self.inputs, false) == Turn::Gone {
+            thread.tx = None;
+        }
+        while let Ok(msg) = self.reports.try_recv() {
+            self.machine.reported(simulated_time(msg));
+        }
+        self.drive();
+    }
+
+    /// The oldest placement under way ends: the partition is decoded (and exports its halos
+    /// if asked), and held here.
+    pub(crate) fn place(&mut self) {
+        let Some(Place {
+            chunk,
+            from,
+            export,
+            ..
+        }) = self.placing.pop_front()
+        else {
+            return;
+        };
+        let placed = match from {
+            Source::Sent(bytes) => {
+                decode_placed::<J>(chunk, &bytes, export, self.job.clone(), None)
+                    .map(|(part, halos)| {
+                        lock(&self.held).insert(chunk, part);
+                        halos
+                    })
+                    .map_err(failure_of)
+            }
+            Source::Part(part) => Err(failure_of(crate::Error::Internal(format!(
+                "a simulated process reads no store, and was asked to place part {:?}",
+                part.key
+            )))),
+        };
+        self.machine.placed(chunk, placed);
+        self.drive();
+    }
+
+    /// Carries out what the machine decided.
+    fn drive(&mut self) {
+        while let Some(out) = self.machine.poll() {
+            match out {
+                Out::Send(msg) => self.outbox.push_back(msg),
+                Out::Thread(t, msg) => self.to_thread(t, msg),
+                Out::Close(t) => self.threads[t].tx = None,
+                Out::Code(code) => {
+                    let answer = run_code(
+                        "the simulated coordinator",
+                        code,
+                        &mut self.job,
+                        &self.inputs,
+                        &self.held,
+                    );
+                    self.machine.answer(answer);
+                }
+                Out::Place(place) => self.placing.push_back(place),
+                Out::Forget => {
+                    lock(&self.held).clear();
+                    self.placing.clear();
+                }
+                Out::Check(check) => {
+                    let why = crate::snapshot::Error::NotFound {
+                        what: format!("store {} (a simulated process reads none)", check.url),
+                    };
+                    self.machine.checked(Err(Unusable::Read(why)));
+                }
+                Out::Put(put) => {
+                    let why = crate::snapshot::Error::NotFound {
+                        what: "a store (a simulated process writes none)".into(),
+                    };
+                    self.machine.stored(put, Err(why));
+                }
+                Out::End { tell, result } => {
+                    self.outbox.extend(tell);
+                    for t in &mut self.threads {
+                        t.tx = None;
+                    }
+                    self.ended = Some(result);
+                }
+            }
+        }
+    }
+
+    /// A message for thread `t`'s queue (as the I/O loop hands it over).
+    fn to_thread(&mut self, t: usize, msg: ToThread) {
+        let thread = &self.threads[t];
+        let Some(tx) = thread.tx.as_ref() else {
+            return;
+        };
+        let m = match msg {
+            ToThread::Run {
+                slot,
+                chunk,
+                range,
+                state,
+                held,
+                phase,
+            } => {
+                let Some((_, job)) = &self.job else {
+                    return;
+                };
+                SlotMsg::Run(Run {
+                    slot,
+                    chunk,
+                    range,
+                    state,
+                    held,
+                    job: Arc::clone(job),
+                    phase,
+                    queued: Instant::now(),
+                })
+            }
+            ToThread::Interrupt { slot, chunk } => SlotMsg::Interrupt { slot, chunk },
+            ToThread::Capture { slot, chunk } => SlotMsg::Capture { slot, chunk },
+            ToThread::Abandon { slot, chunk } => SlotMsg::Abandon { slot, chunk },
+        };
+        let _ = tx.send(m);
+        thread.cell.raise(MAIL);
+    }
+}
+
+/// A thread's report with its time measures made deterministic: a slot's busy time is its
+/// iterations (in microseconds), so that what the coordinator learns from it replays.
+fn simulated_time(msg: ToCoordinator) -> ToCoordinator {
+    match msg {
+        ToCoordinator::Done {
+            slot,
+            chunk,
+            output,
+            halos,
+            iterations,
+            ..
+        } => ToCoordinator::Done {
+            slot,
+            chunk,
+            output,
+            halos,
+            iterations,
+            busy_ns: iterations * 1_000,
+        },
+        ToCoordinator::Yielded {
+            slot,
+            chunk,
+            state,
+            iterations,
+            ..
+        } => ToCoordinator::Yielded {
+            slot,
+            chunk,
+            state,
+            iterations,
+            busy_ns: iterations * 1_000,
+        },
+        other => other,
+    }
+}
