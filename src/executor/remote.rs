@@ -289,6 +289,13 @@ impl Remotes {
         self.fetches.get(&chunk).map(|(from, ..)| *from)
     }
 
+    /// Whether `chunk` is on its way here with its phase begun meanwhile: its halos wait
+    /// for it (`Fetch::Begin`, or `begins` once it was handed on).
+    pub(crate) fn begin_pending(&self, chunk: ChunkId) -> bool {
+        matches!(self.fetches.get(&chunk), Some((_, Fetch::Begin(..), _)))
+            || self.begins.contains_key(&chunk)
+    }
+
     /// The fetch of `chunk` under way, if any.
     pub(crate) fn fetching(&mut self, chunk: ChunkId) -> Option<&mut Fetch> {
         self.fetches.get_mut(&chunk).map(|(_, f, _)| f)
@@ -796,9 +803,9 @@ impl<J: Job> State<J> {
         let Some((_, to, asked)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
-        self.held_arrived(chunk, &state);
         self.remote.fetched.0 += state.len() as u64;
         self.remote.fetched.1 += self.now.saturating_sub(asked);
+        let raw = state.clone();
         let mut state = state;
         if let Some((before, after)) = self.remote.begins.remove(&chunk) {
             // Its phase began while it was on its way: it takes its halos before it goes on.
@@ -810,6 +817,21 @@ impl<J: Job> State<J> {
                 Err(e) => return self.fail(e),
             }
         }
+        if let Fetch::Begin(before, after) = to {
+            // Back into the ledger, where its phase began while it was on its way.
+            match self.begin_here(chunk, state, before, after) {
+                Ok(part) => {
+                    let encode = || Ok(Bytes::from(codec::encode("a chunk state", &part)?));
+                    self.held_arrived(chunk, &raw, encode);
+                    self.restate(chunk, Held::Live(part));
+                }
+                Err(e) => self.fail(e),
+            }
+            self.end_if_drained(id);
+            return;
+        }
+        let begun = state.clone();
+        self.held_arrived(chunk, &raw, || Ok(begun));
         match to {
             Fetch::Local(tx) => {
                 let _ = tx.send(Ok(state));
@@ -847,10 +869,8 @@ impl<J: Job> State<J> {
                 }
             }
             Fetch::Ledger => self.restate(chunk, Held::Bytes(state)),
-            Fetch::Begin(before, after) => match self.begin_here(chunk, state, before, after) {
-                Ok(part) => self.restate(chunk, Held::Live(part)),
-                Err(e) => self.fail(e),
-            },
+            // Begun and restated above.
+            Fetch::Begin(..) => {}
         }
         self.end_if_drained(id);
     }
@@ -1061,7 +1081,7 @@ impl<J: Job> State<J> {
             .chain(
                 self.snap
                     .held_on_arrival
-                    .iter()
+                    .keys()
                     .copied()
                     .filter(|&c| self.remote.fetching_from(c) == Some(id)),
             )

@@ -43,7 +43,7 @@
 //! `n`-th snapshot (counted since the last full one) write every part again: with `n = 1`,
 //! the kept snapshots are independent restore points.
 
-use crate::schedule::idhash::{IdMap, IdSet};
+use crate::schedule::idhash::IdMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -137,8 +137,11 @@ pub(crate) struct Snapshots {
     pub(crate) markers: u64,
     /// Held partitions the open cut waits for that were already on their way back from their
     /// worker process (`Surrender`) when the cut wanted them: their bytes are the part, taken
-    /// when they arrive (the process no longer has them to answer a `CaptureHeld`).
-    pub(crate) held_on_arrival: IdSet<ChunkId>,
+    /// when they arrive (the process no longer has them to answer a `CaptureHeld`). With each,
+    /// whether its phase had begun at the marker (the barrier came while it was on its way,
+    /// and its halos wait for it, `Fetch::Begin`): then its part is the partition begun, as
+    /// the ledger's other partitions are at that marker, not the bytes that left the process.
+    pub(crate) held_on_arrival: IdMap<ChunkId, bool>,
     /// The size of each chunk's last part serialized by `encode_pending`: the next one's
     /// buffer starts that large, so that a large state is copied into it once.
     pub(crate) part_sizes: IdMap<ChunkId, usize>,
@@ -540,7 +543,8 @@ impl<J: Job> State<J> {
         let holder = in_ledger.and_then(|(elsewhere, _)| elsewhere).or(kept_by);
         if holder.is_some_and(|id| self.remote.fetching_from(chunk) == Some(id)) {
             // Surrendered already: its bytes, on their way, are the part.
-            self.snap.held_on_arrival.insert(chunk);
+            let begun = self.remote.begin_pending(chunk);
+            self.snap.held_on_arrival.insert(chunk, begun);
             return;
         }
         let folder = self.snap.next_folder();
@@ -567,13 +571,28 @@ impl<J: Job> State<J> {
     }
 
     /// A held partition the open cut waited for arrived from its worker process after a
-    /// `Surrender` (see [`Snapshots::held_on_arrival`]): its bytes are its part.
-    pub(crate) fn held_arrived(&mut self, chunk: ChunkId, state: &bytes::Bytes) {
-        if self.snap.held_on_arrival.remove(&chunk) && self.snap.cut.waits_for_held(chunk) {
+    /// `Surrender` (see [`Snapshots::held_on_arrival`]): `raw` as it left the process, and
+    /// `begun`, the same partition once its phase began, if a begin waited for it. The one
+    /// the cut's marker saw is its part.
+    pub(crate) fn held_arrived(
+        &mut self,
+        chunk: ChunkId,
+        raw: &bytes::Bytes,
+        begun: impl FnOnce() -> Result<bytes::Bytes>,
+    ) {
+        let Some(at_marker_begun) = self.snap.held_on_arrival.remove(&chunk) else {
+            return;
+        };
+        if self.snap.cut.waits_for_held(chunk) {
+            let part = if at_marker_begun {
+                begun()
+            } else {
+                Ok(raw.clone())
+            };
             let mut out = std::mem::take(&mut self.snap.out);
             self.snap
                 .cut
-                .captured_held(chunk, Ok(Part::New(state.clone())), &mut out);
+                .captured_held(chunk, part.map(Part::New), &mut out);
             self.cut_commands(&mut out);
             self.snap.out = out;
         }
