@@ -172,7 +172,7 @@ impl<J: Job> SimProcess<J> {
         while let Some(out) = self.machine.poll() {
             match out {
                 Out::Send(msg) => self.outbox.push_back(msg),
-                Out::Thread(t, msg) => self.to_thread(t, msg),
+                Out::Thread(t, msg) => self.hand_to_thread(t, msg),
                 Out::Close(t) => self.threads[t].tx = None,
                 Out::Code(code) => {
                     let answer = run_code(
@@ -213,7 +213,7 @@ impl<J: Job> SimProcess<J> {
     }
 
     /// A message for thread `t`'s queue (as the I/O loop hands it over).
-    fn to_thread(&mut self, t: usize, msg: ToThread) {
+    fn hand_to_thread(&mut self, t: usize, msg: ToThread) {
         let thread = &self.threads[t];
         let Some(tx) = thread.tx.as_ref() else {
             return;
