@@ -272,7 +272,7 @@ impl History {
         config.chunking = chunking;
         let config = Arc::new(config);
         let state = fresh_state(&config, core, wrapped, 0, 0, Snapshots::default());
-        let forced_fault = 1 + rng.below(20);
+        let forced_fault = 1 + rng.below(8);
         let mut h = History {
             rng,
             now: Duration::ZERO,
