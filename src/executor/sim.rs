@@ -192,8 +192,9 @@ enum Action {
     ToCoord(usize),
     /// Process `0`'s thread `1` runs.
     Turn(usize, usize),
-    /// Process `0`'s oldest placement ends.
-    Place(usize),
+    /// Process `0`'s background work `1` ends (a placement, the store's check, a part's
+    /// write).
+    Settle(usize, usize),
     /// Store operation `0` ends.
     Store(usize),
     /// Time passes.
@@ -211,6 +212,7 @@ pub(crate) struct Tally {
     pub(crate) freezes: u64,
     pub(crate) store_failures: u64,
     pub(crate) resumes: u64,
+    pub(crate) crashes: u64,
     pub(crate) rollbacks: u64,
     pub(crate) snapshots: u64,
 }
@@ -235,6 +237,8 @@ struct History {
     /// Whether the log records every message (`MALLEABLE_SIM_TRACE`).
     trace: bool,
     tally: Tally,
+    /// The coordinator was killed: the next step starts a new one.
+    crashed: bool,
     /// The step at which a fault is forced if none happened yet.
     forced_fault: u64,
     /// The last progress seen, and when.
@@ -291,6 +295,7 @@ impl History {
             trace: std::env::var_os("MALLEABLE_SIM_TRACE").is_some(),
             tally: Tally::default(),
             forced_fault,
+            crashed: false,
             progress: ((0, 0, 0), Duration::ZERO),
         };
         h.note(format!(
@@ -361,8 +366,15 @@ impl History {
         self.next_proc += 1;
         let id = self.coord().join_remote(name.clone(), threads);
         let now = self.base + self.now;
-        let sim = SimProcess::new(threads as usize, HEARTBEAT, LEASE, now);
-        self.note(format!("{name} joins as {id} with {threads} threads"));
+        // Half the processes can open the store: they write their parts and read those placed
+        // on them; the others send and get bytes.
+        let opens = self.rng.below(2) == 0;
+        let store = opens.then(|| (self.store.clone(), Arc::clone(&self.rt)));
+        let sim = SimProcess::new(threads as usize, (HEARTBEAT, LEASE), store, now);
+        let reads = if opens { ", opens the store" } else { "" };
+        self.note(format!(
+            "{name} joins as {id} with {threads} threads{reads}"
+        ));
         self.procs.push(Proc {
             id,
             sim,
@@ -405,8 +417,8 @@ impl History {
             for t in p.sim.busy_threads() {
                 out.push((Action::Turn(i, t), 6));
             }
-            if p.sim.placing() {
-                out.push((Action::Place(i), 4));
+            for k in 0..p.sim.background() {
+                out.push((Action::Settle(i, k), 4));
             }
         }
         for k in 0..self.ops.len() {
@@ -459,7 +471,7 @@ impl History {
                 }
             }
             Action::Turn(i, t) => self.procs[i].sim.turn(t),
-            Action::Place(i) => self.procs[i].sim.place(),
+            Action::Settle(i, k) => self.procs[i].sim.settle(k),
             Action::Store(k) => {
                 let op = self.ops.swap_remove(k);
                 self.store_op(op);
@@ -536,7 +548,14 @@ impl History {
     /// A fault, drawn.
     fn fault(&mut self) {
         self.tally.faults += 1;
-        match self.rng.below(4) {
+        match self.rng.below(5) {
+            // The coordinator's process dies: a new one resumes from the store's latest
+            // committed snapshot, or submits the job again if there is none.
+            4 if self.tally.crashes < 2 => {
+                self.tally.crashes += 1;
+                self.note("the coordinator is killed".into());
+                self.crashed = true;
+            }
             0 | 1 if !self.procs.is_empty() => {
                 let i = self.rng.below(self.procs.len() as u64) as usize;
                 self.tally.kills += 1;
@@ -689,6 +708,23 @@ impl History {
     fn run(&mut self) -> Result<Vec<u64>, String> {
         let mut buf = Vec::new();
         loop {
+            if std::mem::take(&mut self.crashed) {
+                self.tally.rollbacks += self.state.rollbacks.len() as u64;
+                // Its callers died with it: their requests go unanswered.
+                self.replies.clear();
+                // A write it had started may still reach the store.
+                for op in std::mem::take(&mut self.ops) {
+                    if let (StoreOp::Write { cut, after }, true) = (op, self.rng.below(2) == 0) {
+                        let w = self.rt.block_on(write_cut(&self.config, *cut, after));
+                        self.note(format!("a dead coordinator's write ends: {:?}", w.written));
+                    }
+                }
+                if self.committed()?.is_empty() {
+                    self.restart()?;
+                } else {
+                    self.resume()?;
+                }
+            }
             if self.state.outcome_ready() {
                 let result = self.state.result.take().expect("an ended run's result");
                 self.tally.rollbacks += self.state.rollbacks.len() as u64;
@@ -886,6 +922,7 @@ mod tests {
             total.freezes += t.freezes;
             total.store_failures += t.store_failures;
             total.resumes += t.resumes;
+            total.crashes += t.crashes;
             total.rollbacks += t.rollbacks;
             total.snapshots += t.snapshots;
         }

@@ -255,14 +255,24 @@ pub(super) fn run_code<J: Job>(
 /// An offered store is the coordinator's if the witness snapshot is there with the same
 /// creation time.
 async fn check_store(check: Check) -> Result<(crate::snapshot::Store, String), Unusable> {
+    let store = crate::snapshot::Store::open_with(&check.url, check.options.clone())
+        .map_err(Unusable::Open)?;
+    check_witness(store, check).await
+}
+
+/// Whether `store`, opened from an offered store's URL, is the coordinator's: its witness
+/// snapshot is there, created at the same time.
+pub(super) async fn check_witness(
+    store: crate::snapshot::Store,
+    check: Check,
+) -> Result<(crate::snapshot::Store, String), Unusable> {
     let Check {
         url,
-        options,
         job_id,
         epoch,
         created_unix_ms,
+        ..
     } = check;
-    let store = crate::snapshot::Store::open_with(&url, options).map_err(Unusable::Open)?;
     let id = crate::snapshot::SnapshotId::new(job_id.clone(), epoch);
     let manifest = store.manifest(&id).await.map_err(Unusable::Read)?;
     if manifest.created_unix_ms != created_unix_ms {
@@ -729,7 +739,7 @@ fn stopped(e: &tokio::task::JoinError) -> Failure {
 }
 
 /// The bytes of a placed partition's part, from the job's store.
-async fn read_placed(
+pub(super) async fn read_placed(
     store: Option<crate::snapshot::Store>,
     part: &crate::snapshot::PartRef,
     buf: Vec<u8>,

@@ -4,10 +4,14 @@
 //! decides when a message arrives, when a thread runs a chunk, when a placement ends and what
 //! time it is; the same seed replays the same process.
 //!
-//! What differs from a real process, on purpose: a placement's bytes always come with it
-//! (the process never takes the offered store, so its snapshot parts go to the coordinator as
-//! bytes); a chunk runs whole in one turn (a request that arrives meanwhile is seen at its
-//! first adjustment point, as when it arrives before the chunk starts).
+//! A process given the simulation's store takes it when it is offered (its witness is
+//! checked there), writes its snapshot parts there and reads the parts placed on it; one
+//! without sends its parts to the coordinator as bytes. Its background work (the store's
+//! check, a part's write, a placement) ends when the simulation says, in any order.
+//!
+//! What differs from a real process, on purpose: a chunk runs whole in one turn (a request
+//! that arrives meanwhile is seen at its first adjustment point, as when it arrives before the
+//! chunk starts).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,8 +20,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::io::{decode_placed, run_code};
-use super::machine::{Config, Machine, Out, Place, Source, ToThread, Unusable};
+use super::io::{check_witness, decode_placed, read_placed, run_code};
+use super::machine::{Check, Config, Machine, Out, Place, Put, Source, ToThread, Unusable};
 use super::thread::{Compute, HeldParts, Run, SlotMsg, Turn, failure_of, lock};
 use crate::job::Job;
 use crate::run::{Cell, Inputs, MAIL};
@@ -31,6 +35,13 @@ struct SimThread<J: Job> {
     compute: Compute<J>,
 }
 
+/// Background work of a simulated process, ended by [`SimProcess::settle`].
+enum Background {
+    Place(Place),
+    Check(Check),
+    Put(Put),
+}
+
 /// A simulated worker process (see the module's docs).
 pub(crate) struct SimProcess<J: Job> {
     machine: Machine,
@@ -39,8 +50,11 @@ pub(crate) struct SimProcess<J: Job> {
     held: HeldParts<J::Chunk>,
     threads: Vec<SimThread<J>>,
     reports: UnboundedReceiver<ToCoordinator>,
-    /// Placements asked for, in order, ended by [`SimProcess::place`].
-    placing: VecDeque<Place>,
+    /// Background work under way, ended by [`SimProcess::settle`].
+    background: Vec<Background>,
+    /// The simulation's store, if this process can open it, and the runtime its futures
+    /// run on.
+    store: Option<(crate::snapshot::Store, Arc<tokio::runtime::Runtime>)>,
     /// Messages for the coordinator, in the order they go on the wire.
     outbox: VecDeque<ToCoordinator>,
     ended: Option<Result<bool, Error>>,
@@ -48,7 +62,12 @@ pub(crate) struct SimProcess<J: Job> {
 
 impl<J: Job> SimProcess<J> {
     /// A process of `threads` compute threads, dialled at `now`.
-    pub(crate) fn new(threads: usize, heartbeat: Duration, lease: Duration, now: Instant) -> Self {
+    pub(crate) fn new(
+        threads: usize,
+        (heartbeat, lease): (Duration, Duration),
+        store: Option<(crate::snapshot::Store, Arc<tokio::runtime::Runtime>)>,
+        now: Instant,
+    ) -> Self {
         let config = Config {
             peer: "the simulated coordinator".into(),
             heartbeat,
@@ -77,7 +96,8 @@ impl<J: Job> SimProcess<J> {
             held,
             threads,
             reports,
-            placing: VecDeque::new(),
+            background: Vec::new(),
+            store,
             outbox: VecDeque::new(),
             ended: None,
         };
@@ -107,9 +127,9 @@ impl<J: Job> SimProcess<J> {
             .collect()
     }
 
-    /// Whether a placement waits to end.
-    pub(crate) fn placing(&self) -> bool {
-        !self.placing.is_empty()
+    /// Background work under way (placements, the store's check, parts' writes).
+    pub(crate) fn background(&self) -> usize {
+        self.background.len()
     }
 
     /// A message from the coordinator arrives at `now`.
@@ -137,34 +157,65 @@ impl<J: Job> SimProcess<J> {
         self.drive();
     }
 
-    /// The oldest placement under way ends: the partition is decoded (and exports its halos
-    /// if asked), and held here.
-    pub(crate) fn place(&mut self) {
-        let Some(Place {
+    /// Background work `k` ends: a placement is read if it is a part, decoded (with its
+    /// halos if asked) and held here; the store is checked; a part is written.
+    pub(crate) fn settle(&mut self, k: usize) {
+        match self.background.swap_remove(k) {
+            Background::Place(place) => self.place(place),
+            Background::Check(check) => {
+                let checked = match &self.store {
+                    Some((store, rt)) => rt.block_on(check_witness(store.clone(), check)),
+                    None => Err(Unusable::Read(crate::snapshot::Error::NotFound {
+                        what: format!("store {} (this simulated process opens none)", check.url),
+                    })),
+                };
+                self.machine.checked(checked);
+            }
+            Background::Put(put) => {
+                let written = match &self.store {
+                    Some((store, rt)) => rt.block_on(store.put_part(
+                        &put.job_id,
+                        put.folder,
+                        put.phase,
+                        put.chunk,
+                        put.state.clone(),
+                    )),
+                    None => Err(crate::snapshot::Error::NotFound {
+                        what: "a store (this simulated process opens none)".into(),
+                    }),
+                };
+                self.machine.stored(put, written);
+            }
+        }
+        self.drive();
+    }
+
+    fn place(&mut self, place: Place) {
+        let Place {
             chunk,
             from,
             export,
-            ..
-        }) = self.placing.pop_front()
-        else {
-            return;
+            store,
+        } = place;
+        let bytes = match from {
+            Source::Sent(bytes) => Ok(bytes.to_vec()),
+            Source::Part(part) => match &self.store {
+                Some((_, rt)) => rt.block_on(read_placed(store, &part, Vec::new())),
+                None => Err(failure_of(crate::Error::Internal(format!(
+                    "part {:?} placed on a simulated process that opens no store",
+                    part.key
+                )))),
+            },
         };
-        let placed = match from {
-            Source::Sent(bytes) => {
-                decode_placed::<J>(chunk, &bytes, export, self.job.clone(), None)
-                    .map(|(part, halos)| {
-                        lock(&self.held).insert(chunk, part);
-                        halos
-                    })
-                    .map_err(failure_of)
-            }
-            Source::Part(part) => Err(failure_of(crate::Error::Internal(format!(
-                "a simulated process reads no store, and was asked to place part {:?}",
-                part.key
-            )))),
-        };
+        let placed = bytes.and_then(|b| {
+            decode_placed::<J>(chunk, &b, export, self.job.clone(), None)
+                .map(|(part, halos)| {
+                    lock(&self.held).insert(chunk, part);
+                    halos
+                })
+                .map_err(failure_of)
+        });
         self.machine.placed(chunk, placed);
-        self.drive();
     }
 
     /// Carries out what the machine decided.
@@ -184,23 +235,14 @@ impl<J: Job> SimProcess<J> {
                     );
                     self.machine.answer(answer);
                 }
-                Out::Place(place) => self.placing.push_back(place),
+                Out::Place(place) => self.background.push(Background::Place(place)),
                 Out::Forget => {
                     lock(&self.held).clear();
-                    self.placing.clear();
+                    self.background
+                        .retain(|b| !matches!(b, Background::Place(_)));
                 }
-                Out::Check(check) => {
-                    let why = crate::snapshot::Error::NotFound {
-                        what: format!("store {} (a simulated process reads none)", check.url),
-                    };
-                    self.machine.checked(Err(Unusable::Read(why)));
-                }
-                Out::Put(put) => {
-                    let why = crate::snapshot::Error::NotFound {
-                        what: "a store (a simulated process writes none)".into(),
-                    };
-                    self.machine.stored(put, Err(why));
-                }
+                Out::Check(check) => self.background.push(Background::Check(check)),
+                Out::Put(put) => self.background.push(Background::Put(put)),
                 Out::End { tell, result } => {
                     self.outbox.extend(tell);
                     for t in &mut self.threads {
