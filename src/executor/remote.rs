@@ -1091,6 +1091,17 @@ impl<J: Job> State<J> {
         }
         self.watch_lost(&c.peer);
         if self.core.is_partitioned() {
+            // Halos it kept for a neighbour it ran are gone with it. Each is an export of a
+            // partition that is elsewhere now (one lost with it rolls the job back below):
+            // it is exported again from that partition at the barrier (`begin_partitions`).
+            for e in &mut self.exports {
+                let kept_here = |h: &Halo| matches!(h, Halo::Kept(p) if *p == id);
+                if e.as_ref()
+                    .is_some_and(|(u, d)| kept_here(u) || kept_here(d))
+                {
+                    *e = None;
+                }
+            }
             // Partitions only it had are lost: the job cannot go on from this run's state.
             let mut lost: Vec<ChunkId> = self
                 .core

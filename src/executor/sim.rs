@@ -868,10 +868,15 @@ mod tests {
     ///   whose phase had begun at the barrier while it travelled (its halos waited for it);
     ///   the cut took the bytes that left the process, the partition before its phase
     ///   began, and the resumed job's band did nothing in that phase.
+    /// - 1751: a process ran two partitions and kept their halos for its neighbours, was
+    ///   retired (both came back) and killed before its neighbours ended; the neighbours
+    ///   ran again elsewhere, and the barrier named the dead process's kept halos to them:
+    ///   the job ended with a refused kept halo, though the partitions that exported them
+    ///   were in the coordinator's hands (they are exported again from there now).
     #[test]
     fn replayed_histories_end_exact() {
         let rt = runtime();
-        for seed in [177, 707] {
+        for seed in [177, 707, 1751] {
             if let Err(e) = history(seed, &rt) {
                 panic!("{e}");
             }
