@@ -4,6 +4,8 @@
 //! - `mod.rs` (this file): [`Executor`], [`Builder`], and starting a job run.
 //! - `handle.rs`: [`JobHandle`] (scale, progress, cancel, wait or await) and [`Outcome`].
 //! - `job_run.rs`: one job run: where workers' events meet the core's and the cut's commands.
+//! - `links.rs`: the driver side of a run: the mailboxes and connections its orders go out
+//!   through, and its store operations, carried out when the job's lock is released.
 //! - `members.rs`: a worker of the job, local or remote, behind one type.
 //! - `local.rs`: local worker threads and the inline worker, hosts of the chunk runner.
 //! - `remote.rs`: the job's side of worker processes (their connections and slots).
@@ -18,8 +20,29 @@
 //! - `autoscale.rs`: measures the job for its autoscaling decider and carries out decisions.
 //! - `lease.rs`: the job id's lease of a run: taken at submit, renewed, released at its end.
 //!
+//! - `sim.rs` (tests only): the deterministic simulation of whole clusters.
+//!
 //! This layer imports every leaf layer (`schedule`, `run`, `snapshot`, the wire) and never
-//! the worker process (`crate::worker`), which never imports it either.
+//! the worker process (`crate::worker`), which never imports it either (but for the
+//! simulation, which runs both).
+//!
+//! # Deciding and carrying out
+//!
+//! A run's [`State`](job_run::State) decides; it does not act. Its inputs are calls: a
+//! worker's event (`report`, `on_remote`), a process joining or gone (`join_remote`,
+//! `drop_conn`), a store operation's outcome (`snapshot_written`, `rolled_back`,
+//! `parts_read`), the handle's requests, and the time, which the driver sets when it takes
+//! the lock (`State::now`: the state reads no clock). Its outputs are queued: frames for
+//! worker processes (`Remotes::outbox`), orders for local workers (`links::Order`), store
+//! operations (`links::StoreOp`); the driver carries them out, in order, before it
+//! releases the lock (`links.rs`). So the same state runs under the deterministic
+//! simulation (`sim.rs`), which feeds it the same calls from simulated processes, store and
+//! clock, and which found three ordering bugs no process test had (see its replayed
+//! histories).
+//!
+//! Still in the state, to be moved out: the snapshot requests' reply channels, the progress
+//! channel, the channel a local runner waits on for a partition fetched from a process, and
+//! the attention cells of local workers (atomics shared with their threads).
 //!
 //! # Inline mode
 //!
