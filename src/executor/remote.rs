@@ -289,6 +289,13 @@ impl Remotes {
         self.fetches.get(&chunk).map(|(from, ..)| *from)
     }
 
+    /// Drops every fetch under way (a rollback resets the ledger they were to go into): the
+    /// answers, when they come, find none and are dropped. Their destinations, to answer.
+    pub(crate) fn drop_fetches(&mut self) -> Vec<(ChunkId, Fetch)> {
+        self.begins.clear();
+        self.fetches.drain().map(|(c, (_, f, _))| (c, f)).collect()
+    }
+
     /// Whether `chunk` is on its way here with its phase begun meanwhile: its halos wait
     /// for it (`Fetch::Begin`, or `begins` once it was handed on).
     pub(crate) fn begin_pending(&self, chunk: ChunkId) -> bool {

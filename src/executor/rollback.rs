@@ -58,6 +58,7 @@ use super::io::{Restored, read_manifest, restore};
 use super::job_run::{Shared, State};
 use super::links::StoreOp;
 use super::members::Member;
+use super::remote::Fetch;
 use super::snapshot::{SnapshotConfig, Snapshots};
 use crate::error::Error;
 use crate::job::Job;
@@ -259,6 +260,17 @@ impl<J: Job> State<J> {
         self.exports.clear();
         self.exporting.clear();
         self.moved = 0;
+        // Partitions asked back after the run went quiet (a process retired while the
+        // snapshot was read) are the old run's: their bytes, when they come, would replace
+        // the restored ones. Nobody waits for them (a local runner that did is answered).
+        for (chunk, fetch) in self.remote.drop_fetches() {
+            if let Fetch::Local(tx) = fetch {
+                let _ = tx.send(Err(Error::PartitionGone {
+                    job: J::NAME,
+                    chunk,
+                }));
+            }
+        }
         self.remote.forget_partitions();
         self.end_drained_remotes();
         // Nothing runs until every state the coordinator hands out is read.

@@ -873,10 +873,13 @@ mod tests {
     ///   ran again elsewhere, and the barrier named the dead process's kept halos to them:
     ///   the job ended with a refused kept halo, though the partitions that exported them
     ///   were in the coordinator's hands (they are exported again from there now).
+    /// - 2014778: a process retired while a rollback read its snapshot back was asked for
+    ///   its partitions; the rollback reset the ledger, and the old run's partition, when it
+    ///   came, replaced the restored one: the band ran a phase from its state two phases on.
     #[test]
     fn replayed_histories_end_exact() {
         let rt = runtime();
-        for seed in [177, 707, 1751] {
+        for seed in [177, 707, 1751, 2014778] {
             if let Err(e) = history(seed, &rt) {
                 panic!("{e}");
             }
