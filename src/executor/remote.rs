@@ -691,7 +691,24 @@ impl<J: Job> State<J> {
             chunk,
             folder: self.snap.next_folder(),
         };
-        let _ = self.remote.send_to(r.conn, capture);
+        if self.remote.send_to(r.conn, capture).is_some() {
+            let asked = (r.conn, r.slot, chunk);
+            let markers = self.snap.captures_outstanding.entry(asked).or_default();
+            markers.push_back(self.snap.markers);
+        }
+    }
+
+    /// The marker a `Captured` or `CapturedPart` of `chunk` from slot `slot` of process `id`
+    /// answers (the oldest not answered yet: a process answers about one slot's chunk in the
+    /// order it was asked); `None` if none was asked.
+    fn capture_answer(&mut self, id: ProcessId, slot: u32, chunk: ChunkId) -> Option<u64> {
+        let asked = &mut self.snap.captures_outstanding;
+        let markers = asked.get_mut(&(id, slot, chunk))?;
+        let marker = markers.pop_front();
+        if markers.is_empty() {
+            asked.remove(&(id, slot, chunk));
+        }
+        marker
     }
 
     /// A `Release` for remote slot `r` (no longer a member). The connection gets `End` with
@@ -1073,6 +1090,9 @@ impl<J: Job> State<J> {
         self.snap
             .held_outstanding
             .retain(|(_, from), _| *from != id);
+        self.snap
+            .captures_outstanding
+            .retain(|(from, ..), _| *from != id);
         self.snap.kept_by.retain(|_, from| *from != id);
         self.remote_gauge();
         if self.ended {
@@ -1391,7 +1411,9 @@ impl<J: Job> State<J> {
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
                 self.remote_parts(id, RemotePart::Running, false);
-                self.captured(w, chunk, Ok(Captured::State(Part::New(state))));
+                if self.capture_answer(id, slot, chunk) == Some(self.snap.markers) {
+                    self.captured(w, chunk, Ok(Captured::State(Part::New(state))));
+                }
                 self.settle();
                 return Ok(());
             }
@@ -1400,7 +1422,9 @@ impl<J: Job> State<J> {
                 let job_id = self.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, None).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Running, true);
-                self.captured(w, chunk, Ok(Captured::State(Part::Reuse(part))));
+                if self.capture_answer(id, slot, chunk) == Some(self.snap.markers) {
+                    self.captured(w, chunk, Ok(Captured::State(Part::Reuse(part))));
+                }
                 self.settle();
                 return Ok(());
             }

@@ -251,6 +251,7 @@ impl<J: Job> State<J> {
         // (and dropped) rather than counted as a broken peer.
         self.snap.held_outstanding = old.held_outstanding;
         self.snap.markers = old.markers;
+        self.snap.captures_outstanding = old.captures_outstanding;
         self.core = core;
         if let Some(job) = job {
             self.job = Some(Arc::new(job));

@@ -876,10 +876,14 @@ mod tests {
     /// - 2014778: a process retired while a rollback read its snapshot back was asked for
     ///   its partitions; the rollback reset the ledger, and the old run's partition, when it
     ///   came, replaced the restored one: the band ran a phase from its state two phases on.
+    /// - 2011863: a process that writes its parts answered a running chunk's capture after
+    ///   the chunk's end (the part is written in the background) and after a rollback; the
+    ///   next cut, which waited for the same chunk on the same slot, took that part of the
+    ///   old run, a phase ahead (answers are matched to the marker that asked now).
     #[test]
     fn replayed_histories_end_exact() {
         let rt = runtime();
-        for seed in [177, 707, 1751, 2014778] {
+        for seed in [177, 707, 1751, 2011863, 2014778] {
             if let Err(e) = history(seed, &rt) {
                 panic!("{e}");
             }

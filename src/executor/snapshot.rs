@@ -129,6 +129,14 @@ pub(crate) struct Snapshots {
     /// before a rollback, is taken and dropped.
     pub(crate) held_outstanding:
         IdMap<(ChunkId, ProcessId), std::collections::VecDeque<(u64, u64)>>,
+    /// Every `Capture` of a running chunk not answered yet, by process, slot and chunk: the
+    /// marker of the cut each was for, oldest first. A process writes a captured state to the
+    /// store in the background and answers when the write ends, which may be after the
+    /// chunk's `Done`, after the cut completed, after a rollback: only an answer to the open
+    /// cut's request goes into it (the same slot often runs the same chunk in the next phase,
+    /// and the next cut waits for it again).
+    pub(crate) captures_outstanding:
+        IdMap<(ProcessId, u32, ChunkId), std::collections::VecDeque<u64>>,
     /// Markers so far in this run (rollbacks included): the open cut's is the last. An answer
     /// to a `CaptureHeld` goes into the open cut only if it was asked for this marker: a
     /// suspend abandons an open cut, and the next cut (after the barrier, say) asks the same
