@@ -857,33 +857,40 @@ mod tests {
         std::env::var(name).ok().and_then(|s| s.parse().ok())
     }
 
-    /// Histories that found a bug, replayed: each ended wrong before its fix.
+    /// Histories that found a bug, replayed: each ends wrong with its fix reverted, under
+    /// this simulator. (A change to what the scheduler draws gives every seed another
+    /// history: the seeds below are then found again, each by running the simulation with
+    /// its fix reverted.)
     ///
-    /// - 707: a snapshot asked for, then a suspend, which abandoned the open cut while a
-    ///   process still owed it two held partitions; the next cut, after the barrier, asked
-    ///   the process for them again, and took the abandoned cut's answers (the partitions
-    ///   before their new phase began) as its own: the suspend's snapshot held two bands a
-    ///   phase behind, and the resumed job's value was wrong from row 3 on.
-    /// - 177: a suspend's cut wanted a partition on its way back from a retired process,
-    ///   whose phase had begun at the barrier while it travelled (its halos waited for it);
-    ///   the cut took the bytes that left the process, the partition before its phase
-    ///   began, and the resumed job's band did nothing in that phase.
-    /// - 1751: a process ran two partitions and kept their halos for its neighbours, was
-    ///   retired (both came back) and killed before its neighbours ended; the neighbours
-    ///   ran again elsewhere, and the barrier named the dead process's kept halos to them:
-    ///   the job ended with a refused kept halo, though the partitions that exported them
-    ///   were in the coordinator's hands (they are exported again from there now).
+    /// - 4008 (found as 707): a snapshot asked for, then a suspend, which abandoned the open
+    ///   cut while a process still owed it held partitions; the next cut, after the barrier,
+    ///   asked the process for them again and took the abandoned cut's answers (the
+    ///   partitions before their new phase began) as its own: the suspend's snapshot held
+    ///   bands a phase behind, and the resumed job's value was wrong (answers to
+    ///   `CaptureHeld` are matched to the marker that asked now).
+    /// - 654 (found as 177): a suspend's cut wanted a partition on its way back from a
+    ///   retired process, whose phase had begun at the barrier while it travelled (its halos
+    ///   waited for it); the cut took the bytes that left the process, the partition before
+    ///   its phase began, and the resumed job's band did nothing in that phase.
+    /// - (found as 1751, a history this simulator no longer draws; 15 934 histories with the
+    ///   fix reverted did not meet it again): a process ran two partitions in the first
+    ///   phase and kept their halos for its neighbours, was retired (both came back) and
+    ///   killed before its neighbours ended; the neighbours ran again elsewhere, and the
+    ///   barrier named the dead process's kept halos to them: the job ended with a refused
+    ///   kept halo, though the partitions that exported them were in the coordinator's
+    ///   hands (they are exported again from there now).
     /// - 2014778: a process retired while a rollback read its snapshot back was asked for
     ///   its partitions; the rollback reset the ledger, and the old run's partition, when it
     ///   came, replaced the restored one: the band ran a phase from its state two phases on.
     /// - 2011863: a process that writes its parts answered a running chunk's capture after
     ///   the chunk's end (the part is written in the background) and after a rollback; the
     ///   next cut, which waited for the same chunk on the same slot, took that part of the
-    ///   old run, a phase ahead (answers are matched to the marker that asked now).
+    ///   old run, a phase ahead (answers to `Capture` are matched to the marker that asked
+    ///   now).
     #[test]
     fn replayed_histories_end_exact() {
         let rt = runtime();
-        for seed in [177, 707, 1751, 2011863, 2014778] {
+        for seed in [654, 2011863, 2014778, 4008] {
             if let Err(e) = history(seed, &rt) {
                 panic!("{e}");
             }
