@@ -152,6 +152,84 @@ fn sequential(g: &SimGrid) -> Vec<u64> {
     hashes
 }
 
+/// The simulation's object store: in memory, and able to tear a commit. Armed, the next
+/// put of a manifest fails after every part of its snapshot is already written: the commit
+/// never happened, and its parts are left in an uncommitted epoch folder.
+#[derive(Debug, Default)]
+struct Tearing {
+    inner: object_store::memory::InMemory,
+    tear: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Display for Tearing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a simulated store")
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for Tearing {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        use std::sync::atomic::Ordering;
+        let manifest = location.filename() == Some("manifest");
+        if manifest && self.tear.swap(false, Ordering::SeqCst) {
+            return Err(object_store::Error::Generic {
+                store: "simulated",
+                source: "the commit was torn".into(),
+            });
+        }
+        self.inner.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
 /// The scheduler's randomness (SplitMix64): a seed replays its history.
 struct Rng(u64);
 
@@ -225,6 +303,8 @@ struct History {
     job: SimGrid,
     config: Arc<Config>,
     store: Store,
+    /// The store's own handle, to tear a commit.
+    tearing: Arc<Tearing>,
     rt: Arc<tokio::runtime::Runtime>,
     state: State<SimJob>,
     procs: Vec<Proc>,
@@ -256,7 +336,8 @@ impl History {
             phases: 2 + rng.below(5),
             done: 0,
         };
-        let store = Store::from_object_store(Arc::new(object_store::memory::InMemory::new()), "");
+        let tearing = Arc::new(Tearing::default());
+        let store = Store::from_object_store(Arc::clone(&tearing) as _, "");
         let mut config = Builder::default().config;
         config.local_workers = 0;
         config.check_store = None;
@@ -284,6 +365,7 @@ impl History {
             job,
             config,
             store,
+            tearing,
             rt,
             state,
             procs: Vec::new(),
@@ -586,8 +668,11 @@ impl History {
         let cfg = &self.config.snapshots;
         match op {
             StoreOp::Write { cut, after } => {
-                let w = if fail {
-                    // Nothing is committed: the write failed before its manifest.
+                // A failed write fails before its commit (nothing written), or is torn (its
+                // parts written, its manifest not): which one, from the step's parity, so
+                // that the choice draws nothing from the scheduler's randomness.
+                let torn = fail && self.tally.steps % 2 == 0;
+                let w = if fail && !torn {
                     let cut = *cut;
                     CutWritten {
                         written: Err(failure()),
@@ -598,6 +683,12 @@ impl History {
                         replies: cut.replies,
                     }
                 } else {
+                    if torn {
+                        self.note("the commit is torn".into());
+                        self.tearing
+                            .tear
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     self.rt.block_on(write_cut(&self.config, *cut, after))
                 };
                 self.note(format!("a snapshot write ends: {:?}", w.written));
