@@ -104,9 +104,7 @@ async fn watch<J: Job>(
             processes = still.len(),
             "drained worker processes are still there near the end of their grace period: taking a snapshot"
         );
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        shared.lock().request_snapshot(tx);
-        rx
+        shared.lock().ask_snapshot(false)
     };
     let end = start + grace;
     let snapshot = tokio::time::timeout_at(end.into(), reply).await;

@@ -364,8 +364,7 @@ impl<J: Job> JobHandle<J> {
     /// point while the job goes on; the returned request resolves to the committed id
     /// (`.await` it, or [`SnapshotRequest::wait`]).
     pub fn snapshot(&self) -> SnapshotRequest {
-        let (tx, rx) = oneshot::channel();
-        self.shared.lock().request_snapshot(tx);
+        let rx = self.shared.lock().ask_snapshot(false);
         SnapshotRequest { rx, job: J::NAME }
     }
 
@@ -373,8 +372,7 @@ impl<J: Job> JobHandle<J> {
     /// snapshot is committed, and the job ends with [`Outcome::Suspended`]. The returned
     /// request resolves to the snapshot's id. If the snapshot fails, the job goes on.
     pub fn suspend(&self) -> SnapshotRequest {
-        let (tx, rx) = oneshot::channel();
-        self.shared.lock().request_suspend(Some(tx));
+        let rx = self.shared.lock().ask_snapshot(true);
         SnapshotRequest { rx, job: J::NAME }
     }
 

@@ -99,10 +99,11 @@ impl<J: Job> State<J> {
         }
         let written = written.map_err(Cause::new);
         for r in replies {
-            let _ = r.send(match &written {
+            let result = match &written {
                 Ok(id) => Ok(id.clone()),
                 Err(e) => Err(Error::SnapshotFailed(e.clone())),
-            });
+            };
+            self.answer(r, result);
         }
         if let Err(cause) = &written {
             self.snapshot_failed(cause.clone(), "to be written");

@@ -150,6 +150,22 @@ pub(crate) struct Guard<'a, J: Job> {
 }
 
 impl<J: Job> Guard<'_, J> {
+    /// Asks the state for a snapshot (or a suspend); the receiver gets its outcome.
+    pub(crate) fn ask_snapshot(
+        &mut self,
+        suspend: bool,
+    ) -> tokio::sync::oneshot::Receiver<Result<crate::snapshot::SnapshotId>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (state, links) = self.links();
+        let reply = links.reply_to(tx);
+        if suspend {
+            state.request_suspend(Some(reply));
+        } else {
+            state.request_snapshot(reply);
+        }
+        rx
+    }
+
     /// The links the state's orders go out through.
     pub(crate) fn links(&mut self) -> (&mut State<J>, &mut Links<J>) {
         let Locked { state, links } = &mut *self.locked;
@@ -830,7 +846,9 @@ impl<J: Job> State<J> {
         self.ended = true;
         // A snapshot that cannot complete any more (its chunks will not be captured) or has
         // not started: its requesters get an error rather than wait forever.
-        self.snap.end(J::NAME);
+        for r in self.snap.end() {
+            self.answer(r, Err(Error::Ended { job: J::NAME }));
+        }
         let mut out = std::mem::take(&mut self.out);
         self.core.halt(&mut out);
         let ids: Vec<WorkerId> = self.members.locals().map(|(w, _)| w).collect();

@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::job_run::{Shared, State};
 use super::local::thread_main;
 use super::members::Msg;
-use super::snapshot::{Header, Part, Reply};
+use super::snapshot::{Header, Part, Reply, ReplyTo};
 use crate::error::Error;
 use crate::job::Job;
 use crate::schedule::{ProcessId, WorkerId, Write};
@@ -58,6 +58,8 @@ pub(crate) enum Order<J: Job> {
     Inline(WorkerId),
     /// Worker processes `0` were retired with a grace period `1` to drain in (`drain.rs`).
     Drain(Vec<ProcessId>, std::time::Duration),
+    /// The outcome of a snapshot for whoever asked for it.
+    Reply(Reply, crate::Result<crate::snapshot::SnapshotId>),
     /// Whoever waits for the outcome looks again: the waiting thread's mailbox, an awaiting
     /// task.
     Wake,
@@ -74,7 +76,13 @@ pub(crate) struct Links<J: Job> {
     waker: Option<std::task::Waker>,
     /// Each worker process's connection task.
     conns: HashMap<ProcessId, UnboundedSender<ToWorker>>,
+    /// Who waits for a snapshot's outcome, by the number the state knows them by.
+    replies: HashMap<u64, Answer>,
+    next_reply: u64,
 }
+
+/// Where a snapshot's outcome goes.
+pub(crate) type Answer = tokio::sync::oneshot::Sender<crate::Result<crate::snapshot::SnapshotId>>;
 
 impl<J: Job> Default for Links<J> {
     fn default() -> Self {
@@ -83,6 +91,8 @@ impl<J: Job> Default for Links<J> {
             waiter: None,
             waker: None,
             conns: HashMap::new(),
+            replies: HashMap::new(),
+            next_reply: 0,
         }
     }
 }
@@ -97,6 +107,14 @@ impl<J: Job> Links<J> {
     pub(crate) fn set_waiter(&mut self, state: &mut State<J>, tx: Option<Sender<Msg<J>>>) {
         state.members.waiting = tx.is_some();
         self.waiter = tx;
+    }
+
+    /// A snapshot's requester: the number the state answers it by.
+    pub(crate) fn reply_to(&mut self, answer: Answer) -> Reply {
+        let r = ReplyTo(self.next_reply);
+        self.next_reply += 1;
+        self.replies.insert(r.0, answer);
+        r
     }
 
     /// The task to wake when the job's outcome is ready.
@@ -130,6 +148,18 @@ impl<J: Job> Links<J> {
         if self.conns.len() != state.remote.conns.len() {
             self.conns
                 .retain(|id, _| state.remote.conns.contains_key(id));
+        }
+        // Requests the state can no longer answer (its outcome is out, no write is in
+        // flight) end as the job did.
+        if !self.replies.is_empty() && state.outcome_ready() {
+            tracing::warn!(
+                job = J::NAME,
+                requests = self.replies.len(),
+                "snapshot requests the job ended without answering: answered as ended"
+            );
+            for (_, answer) in self.replies.drain() {
+                let _ = answer.send(Err(Error::Ended { job: J::NAME }));
+            }
         }
         if self.locals.len() != state.members.local_count() {
             self.locals.retain(|w, _| state.members.local(*w).is_some());
@@ -172,6 +202,11 @@ impl<J: Job> Links<J> {
             Order::Drain(ids, grace) => {
                 if let Some(shared) = shared.me.upgrade() {
                     super::drain::watch_drain(&shared, ids, grace);
+                }
+            }
+            Order::Reply(r, result) => {
+                if let Some(answer) = self.replies.remove(&r.0) {
+                    let _ = answer.send(result);
                 }
             }
             Order::Wake => {

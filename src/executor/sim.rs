@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 
 use super::io::{CutWritten, Origin, restore, write_cut};
 use super::job_run::State;
@@ -310,7 +309,8 @@ struct History {
     procs: Vec<Proc>,
     next_proc: u64,
     ops: Vec<StoreOp>,
-    replies: Vec<oneshot::Receiver<crate::Result<SnapshotId>>>,
+    /// Snapshot requests asked, and those answered.
+    replies: (u64, crate::schedule::idhash::IdSet<u64>),
     /// Store operations to fail, from the next one on.
     fail_store: u32,
     log: Vec<String>,
@@ -371,7 +371,7 @@ impl History {
             procs: Vec::new(),
             next_proc: 0,
             ops: Vec::new(),
-            replies: Vec::new(),
+            replies: (0, Default::default()),
             fail_store: 0,
             log: Vec::new(),
             trace: std::env::var_os("MALLEABLE_SIM_TRACE").is_some(),
@@ -414,7 +414,11 @@ impl History {
             }
         }
         let ops = std::mem::take(&mut st.store_ops);
-        st.orders.clear();
+        for order in st.orders.drain(..) {
+            if let super::links::Order::Reply(r, _) = order {
+                self.replies.1.insert(r.0);
+            }
+        }
         for op in ops {
             if let (true, StoreOp::Write { cut, .. }) = (self.trace, &op) {
                 let parts: Vec<String> = cut
@@ -605,16 +609,14 @@ impl History {
         match self.rng.below(10) {
             0 | 1 if self.procs.len() < 4 => self.start_process(),
             2 if self.tally.resumes < 2 => {
-                let (tx, rx) = oneshot::channel();
+                let r = self.reply_to();
                 self.note("a suspend is asked for".into());
-                self.coord().request_suspend(Some(tx));
-                self.replies.push(rx);
+                self.coord().request_suspend(Some(r));
             }
             3 | 4 => {
-                let (tx, rx) = oneshot::channel();
+                let r = self.reply_to();
                 self.note("a snapshot is asked for".into());
-                self.coord().request_snapshot(tx);
-                self.replies.push(rx);
+                self.coord().request_snapshot(r);
                 self.tally.snapshots += 1;
             }
             5 if !self.procs.is_empty() => {
@@ -728,6 +730,12 @@ impl History {
         }
     }
 
+    /// A new snapshot request's number.
+    fn reply_to(&mut self) -> super::snapshot::ReplyTo {
+        self.replies.0 += 1;
+        super::snapshot::ReplyTo(self.replies.0 - 1)
+    }
+
     /// Progress, to tell a stuck history: (phase, iterations done, resumes).
     fn moved(&mut self) -> bool {
         let now = (
@@ -802,7 +810,7 @@ impl History {
             if std::mem::take(&mut self.crashed) {
                 self.tally.rollbacks += self.state.rollbacks.len() as u64;
                 // Its callers died with it: their requests go unanswered.
-                self.replies.clear();
+                self.replies.1.extend(0..self.replies.0);
                 // A write it had started may still reach the store.
                 for op in std::mem::take(&mut self.ops) {
                     if let (StoreOp::Write { cut, after }, true) = (op, self.rng.below(2) == 0) {
@@ -856,10 +864,8 @@ impl History {
     /// The checks after the end: every request answered, every committed snapshot
     /// restorable.
     fn check_end(&mut self) -> Result<(), String> {
-        for (k, rx) in self.replies.iter_mut().enumerate() {
-            if let Err(e) = rx.try_recv() {
-                return Err(format!("request {k} was never answered ({e})"));
-            }
+        if let Some(k) = (0..self.replies.0).find(|k| !self.replies.1.contains(k)) {
+            return Err(format!("snapshot request {k} was never answered"));
         }
         let job_id = self.config.snapshots.job_id::<SimJob>();
         for epoch in self.committed()? {

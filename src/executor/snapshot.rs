@@ -47,8 +47,6 @@ use crate::schedule::idhash::IdMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::oneshot;
-
 use super::job_run::State;
 use super::members::Member;
 use crate::codec::{encode, encode_sized};
@@ -64,7 +62,12 @@ use crate::wire::frame::ToWorker;
 pub(crate) type Captured = crate::schedule::Captured<Part, bytes::Bytes>;
 
 /// Who waits for a snapshot's id.
-pub(crate) type Reply = oneshot::Sender<Result<SnapshotId>>;
+pub(crate) type Reply = ReplyTo;
+
+/// Who waits for a snapshot's outcome: a number the driver keeps the requester's channel
+/// under (`links.rs`); the state answers it with an order (`Order::Reply`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ReplyTo(pub(crate) u64);
 
 /// A chunk's part in a cut: already in the store (unchanged since a committed snapshot, or
 /// written by the remote worker that runs the chunk), or bytes to write.
@@ -293,12 +296,10 @@ impl Snapshots {
         self.last_epoch.map_or(0, |e| e + 1)
     }
 
-    /// The job ended: every requester still waiting (an open cut's, a suspend's, queued) is
-    /// answered with [`Error::Ended`]. A write in flight still completes.
-    pub(crate) fn end(&mut self, job: &'static str) {
-        for r in self.cut.end() {
-            let _ = r.send(Err(Error::Ended { job }));
-        }
+    /// The job ended: every requester still waiting (an open cut's, a suspend's, queued),
+    /// to answer with [`Error::Ended`]. A write in flight still completes.
+    pub(crate) fn end(&mut self) -> Vec<Reply> {
+        self.cut.end()
     }
 
     /// A chunk is handed to a worker: its state will change.
@@ -311,10 +312,15 @@ impl Snapshots {
 }
 
 impl<J: Job> State<J> {
+    /// Answers whoever waits on `reply` (the driver holds the channel).
+    pub(crate) fn answer(&mut self, reply: Reply, result: Result<SnapshotId>) {
+        self.orders.push(super::links::Order::Reply(reply, result));
+    }
+
     /// Asks for a snapshot; `reply` gets its id. Joins a cut in progress, or the next one.
     pub(crate) fn request_snapshot(&mut self, reply: Reply) {
         if self.ended {
-            let _ = reply.send(Err(Error::Ended { job: J::NAME }));
+            self.answer(reply, Err(Error::Ended { job: J::NAME }));
             return;
         }
         self.snap.cut.request(reply);
@@ -325,7 +331,7 @@ impl<J: Job> State<J> {
     pub(crate) fn request_suspend(&mut self, reply: Option<Reply>) {
         if self.ended {
             if let Some(r) = reply {
-                let _ = r.send(Err(Error::Ended { job: J::NAME }));
+                self.answer(r, Err(Error::Ended { job: J::NAME }));
             }
             return;
         }
@@ -647,7 +653,7 @@ impl<J: Job> State<J> {
                     self.watch_snapshot_failed(&error);
                     let cause = Cause::new(error);
                     for r in replies {
-                        let _ = r.send(Err(Error::SnapshotFailed(cause.clone())));
+                        self.answer(r, Err(Error::SnapshotFailed(cause.clone())));
                     }
                     self.snapshot_failed(cause, "before its write");
                 }

@@ -5,8 +5,6 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::oneshot;
-
 use super::autoscale::Scaler;
 use super::job_run::Shared;
 use super::signals::Signals;
@@ -98,8 +96,8 @@ pub(crate) fn spawn_triggers<J: Job>(shared: &Arc<Shared<J>>) {
                 continue;
             }
             let Some(shared) = weak.upgrade() else { return };
-            let (reply, _ignored) = oneshot::channel();
-            shared.lock().request_snapshot(reply);
+            // Nobody waits for a periodic snapshot's outcome (it is logged and counted).
+            let _ignored = shared.lock().ask_snapshot(false);
         }
     });
 }
