@@ -277,7 +277,7 @@ impl<J: Job> JobHandle<J> {
     /// end, and once when it ends), to wait for instead of polling: a blocking iterator, or
     /// [`ProgressUpdates::changed`] in async code.
     pub fn progress_updates(&self) -> ProgressUpdates {
-        ProgressUpdates::new(self.shared.lock().subscribe_progress())
+        ProgressUpdates::new(self.shared.lock().links().1.subscribe_progress())
     }
 
     /// The rollbacks the job went through (owned partitions lost with a worker process, the

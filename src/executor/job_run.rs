@@ -342,6 +342,7 @@ impl<J: Job> Shared<J> {
         let mut locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let at = Instant::now();
         locked.state.now = at.saturating_duration_since(self.started);
+        locked.state.published.listening = locked.links.progress_listened();
         Guard {
             locked,
             shared: self,

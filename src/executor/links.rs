@@ -58,6 +58,8 @@ pub(crate) enum Order<J: Job> {
     Inline(WorkerId),
     /// Worker processes `0` were retired with a grace period `1` to drain in (`drain.rs`).
     Drain(Vec<ProcessId>, std::time::Duration),
+    /// The run's progress, for its receivers ([`ProgressUpdates`](super::ProgressUpdates)).
+    Progress(super::Progress),
     /// The outcome of a snapshot for whoever asked for it.
     Reply(Reply, crate::Result<crate::snapshot::SnapshotId>),
     /// Whoever waits for the outcome looks again: the waiting thread's mailbox, an awaiting
@@ -79,6 +81,8 @@ pub(crate) struct Links<J: Job> {
     /// Who waits for a snapshot's outcome, by the number the state knows them by.
     replies: HashMap<u64, Answer>,
     next_reply: u64,
+    /// The run's progress channel.
+    progress: tokio::sync::watch::Sender<Option<super::Progress>>,
 }
 
 /// Where a snapshot's outcome goes.
@@ -93,6 +97,7 @@ impl<J: Job> Default for Links<J> {
             conns: HashMap::new(),
             replies: HashMap::new(),
             next_reply: 0,
+            progress: tokio::sync::watch::Sender::new(None),
         }
     }
 }
@@ -107,6 +112,18 @@ impl<J: Job> Links<J> {
     pub(crate) fn set_waiter(&mut self, state: &mut State<J>, tx: Option<Sender<Msg<J>>>) {
         state.members.waiting = tx.is_some();
         self.waiter = tx;
+    }
+
+    /// A receiver of the run's progress.
+    pub(crate) fn subscribe_progress(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Option<super::Progress>> {
+        self.progress.subscribe()
+    }
+
+    /// Whether anyone receives the run's progress.
+    pub(crate) fn progress_listened(&self) -> bool {
+        !self.progress.is_closed()
     }
 
     /// A snapshot's requester: the number the state answers it by.
@@ -203,6 +220,9 @@ impl<J: Job> Links<J> {
                 if let Some(shared) = shared.me.upgrade() {
                     super::drain::watch_drain(&shared, ids, grace);
                 }
+            }
+            Order::Progress(p) => {
+                self.progress.send_replace(Some(p));
             }
             Order::Reply(r, result) => {
                 if let Some(answer) = self.replies.remove(&r.0) {

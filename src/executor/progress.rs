@@ -105,11 +105,12 @@ impl Meter {
     }
 }
 
-/// The progress channel of one run: the sender lives in the state, receivers in
-/// [`ProgressUpdates`].
+/// What the state knows of publishing its progress: the channel's sender is the driver's
+/// (`links.rs`), its receivers are [`ProgressUpdates`].
 #[derive(Debug)]
 pub(crate) struct Publisher {
-    tx: watch::Sender<Option<Progress>>,
+    /// Whether anyone listens (set by the driver when it takes the lock).
+    pub(crate) listening: bool,
     last: Option<Duration>,
     pub(crate) meter: Meter,
     /// The job's phase count, asked once per phase (user code does not run under the lock
@@ -120,7 +121,7 @@ pub(crate) struct Publisher {
 impl Publisher {
     pub(crate) fn new(now: Duration, done: u64, phases: Option<u64>) -> Publisher {
         Publisher {
-            tx: watch::Sender::new(None),
+            listening: false,
             last: None,
             meter: Meter::new(now, done),
             phases,
@@ -166,7 +167,7 @@ impl<J: Job> State<J> {
     /// [`PUBLISH_EVERY`], or `now` is set (a phase end, the job's end). Costs one clock read
     /// when nobody listens or nothing is due.
     pub(crate) fn publish_progress(&mut self, now: bool) {
-        if !now && self.published.tx.is_closed() {
+        if !now && !self.published.listening {
             return;
         }
         let t = self.now;
@@ -175,12 +176,7 @@ impl<J: Job> State<J> {
         }
         self.published.last = Some(t);
         let p = self.progress();
-        self.published.tx.send_replace(Some(p));
-    }
-
-    /// A receiver of this run's progress.
-    pub(crate) fn subscribe_progress(&self) -> watch::Receiver<Option<Progress>> {
-        self.published.tx.subscribe()
+        self.orders.push(super::links::Order::Progress(p));
     }
 }
 
