@@ -156,7 +156,7 @@ impl<J: Job> State<J> {
                     }
                 }
                 // On its way here (its process leaves): output here when it arrives.
-                Held::Elsewhere(_) | Held::Fetch(_)
+                Held::Elsewhere(_) | Held::Fetch(_) | Held::Asked(_)
                     if self.remote.fetching_from(chunk).is_some() =>
                 {
                     waiting = true;
@@ -173,7 +173,7 @@ impl<J: Job> State<J> {
                         fetch.push((*conn, chunk));
                     }
                 }
-                Held::Fetch(_) => waiting = true,
+                Held::Fetch(_) | Held::Asked(_) => waiting = true,
             }
         }
         if let Some((ran, bytes)) = &f.ran {

@@ -805,7 +805,7 @@ impl<J: Job> State<J> {
                         Halo::wire(after, &hooks, chunk, *conn)?,
                     )),
                 },
-                Held::Bytes(_) | Held::Fetch(_) => {
+                Held::Bytes(_) | Held::Fetch(_) | Held::Asked(_) => {
                     return Err(Error::Internal(format!(
                         "partition {chunk} is not at hand at the barrier"
                     )));

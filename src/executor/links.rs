@@ -23,6 +23,7 @@ use super::members::Msg;
 use super::snapshot::{Header, Part, Reply, ReplyTo};
 use crate::error::Error;
 use crate::job::Job;
+use crate::run::Held;
 use crate::schedule::{ProcessId, WorkerId, Write};
 use crate::snapshot::{PartRef, SnapshotId};
 use crate::wire::frame::ToWorker;
@@ -58,6 +59,9 @@ pub(crate) enum Order<J: Job> {
     Inline(WorkerId),
     /// Worker processes `0` were retired with a grace period `1` to drain in (`drain.rs`).
     Drain(Vec<ProcessId>, std::time::Duration),
+    /// The bytes of partition `0`, asked back from its process for a local runner that
+    /// waits for them (or why they will not come).
+    Fetched(crate::schedule::ChunkId, crate::Result<Bytes>),
     /// The run's progress, for its receivers ([`ProgressUpdates`](super::ProgressUpdates)).
     Progress(super::Progress),
     /// The outcome of a snapshot for whoever asked for it.
@@ -83,6 +87,8 @@ pub(crate) struct Links<J: Job> {
     next_reply: u64,
     /// The run's progress channel.
     progress: tokio::sync::watch::Sender<Option<super::Progress>>,
+    /// Channels of local runners waiting for a partition on its way, by chunk.
+    fetched: HashMap<crate::schedule::ChunkId, crossbeam_channel::Sender<crate::Result<Bytes>>>,
 }
 
 /// Where a snapshot's outcome goes.
@@ -98,6 +104,7 @@ impl<J: Job> Default for Links<J> {
             replies: HashMap::new(),
             next_reply: 0,
             progress: tokio::sync::watch::Sender::new(None),
+            fetched: HashMap::new(),
         }
     }
 }
@@ -112,6 +119,32 @@ impl<J: Job> Links<J> {
     pub(crate) fn set_waiter(&mut self, state: &mut State<J>, tx: Option<Sender<Msg<J>>>) {
         state.members.waiting = tx.is_some();
         self.waiter = tx;
+    }
+
+    /// A message for a local worker as it goes to its thread: a partition the state asked
+    /// back from its process ([`Held::Asked`]) becomes a channel the runner waits on.
+    pub(crate) fn prepare(&mut self, msg: Msg<J>) -> Msg<J> {
+        match msg {
+            Msg::Run {
+                worker,
+                mut assignment,
+                job,
+                cell,
+            } => {
+                if let Some(Held::Asked(chunk)) = assignment.state {
+                    let (tx, rx) = crossbeam_channel::bounded(1);
+                    self.fetched.insert(chunk, tx);
+                    assignment.state = Some(Held::Fetch(rx));
+                }
+                Msg::Run {
+                    worker,
+                    assignment,
+                    job,
+                    cell,
+                }
+            }
+            other => other,
+        }
     }
 
     /// A receiver of the run's progress.
@@ -162,6 +195,11 @@ impl<J: Job> Links<J> {
                 self.carry(order, state, shared);
             }
         }
+        // A runner whose partition the state no longer fetches (the job ended) is let go.
+        if !self.fetched.is_empty() {
+            self.fetched
+                .retain(|&c, _| state.remote.fetching_for_local(c));
+        }
         if self.conns.len() != state.remote.conns.len() {
             self.conns
                 .retain(|id, _| state.remote.conns.contains_key(id));
@@ -187,6 +225,7 @@ impl<J: Job> Links<J> {
         match order {
             Order::Local(w, msg) => {
                 let release = matches!(msg, Msg::Release);
+                let msg = self.prepare(msg);
                 if let Some(tx) = self.locals.get(&w) {
                     let _ = tx.send(msg);
                 }
@@ -219,6 +258,11 @@ impl<J: Job> Links<J> {
             Order::Drain(ids, grace) => {
                 if let Some(shared) = shared.me.upgrade() {
                     super::drain::watch_drain(&shared, ids, grace);
+                }
+            }
+            Order::Fetched(chunk, bytes) => {
+                if let Some(tx) = self.fetched.remove(&chunk) {
+                    let _ = tx.send(bytes);
                 }
             }
             Order::Progress(p) => {

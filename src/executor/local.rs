@@ -135,7 +135,9 @@ fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) 
             work,
         },
     };
-    st.report(event, Some(worker))
+    let mine = st.report(event, Some(worker));
+    // The next chunk, as its driver hands it over (`links.rs`).
+    mine.map(|m| st.links().1.prepare(m))
 }
 
 impl<J: Job> State<J> {

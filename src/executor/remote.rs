@@ -296,6 +296,11 @@ impl Remotes {
         self.fetches.drain().map(|(c, (_, f, _))| (c, f)).collect()
     }
 
+    /// Whether a local runner waits for `chunk`, on its way here.
+    pub(crate) fn fetching_for_local(&self, chunk: ChunkId) -> bool {
+        matches!(self.fetches.get(&chunk), Some((_, Fetch::Local, _)))
+    }
+
     /// Whether `chunk` is on its way here with its phase begun meanwhile: its halos wait
     /// for it (`Fetch::Begin`, or `begins` once it was handed on).
     pub(crate) fn begin_pending(&self, chunk: ChunkId) -> bool {
@@ -338,8 +343,9 @@ impl Remotes {
 
 /// Where the bytes of a surrendered partition go.
 pub(crate) enum Fetch {
-    /// To a local worker's runner, which waits for them (`Held::Fetch`).
-    Local(crossbeam_channel::Sender<crate::Result<Bytes>>),
+    /// To a local worker's runner, which waits for them (`Held::Asked`: its driver holds the
+    /// channel, `links.rs`).
+    Local,
     /// To a slot of another worker process, in a `Run` sent when they arrive; an
     /// `Interrupt` or `Capture` asked meanwhile follows it.
     Forward {
@@ -817,9 +823,8 @@ impl<J: Job> State<J> {
     /// A local worker's `Run` of a partition held by worker process `from`: the runner waits
     /// for its bytes.
     pub(crate) fn fetch_local(&mut self, chunk: ChunkId, from: ProcessId) -> Held<J::Chunk> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.fetch(chunk, from, Fetch::Local(tx));
-        Held::Fetch(rx)
+        self.fetch(chunk, from, Fetch::Local);
+        Held::Asked(chunk)
     }
 
     /// A surrendered partition arrived: it goes where its fetch said.
@@ -857,9 +862,7 @@ impl<J: Job> State<J> {
         let begun = state.clone();
         self.held_arrived(chunk, &raw, || Ok(begun));
         match to {
-            Fetch::Local(tx) => {
-                let _ = tx.send(Ok(state));
-            }
+            Fetch::Local => self.orders.push(Order::Fetched(chunk, Ok(state))),
             Fetch::Forward {
                 worker,
                 slot,
@@ -1151,11 +1154,12 @@ impl<J: Job> State<J> {
             for chunk in fetched {
                 self.remote.begins.remove(&chunk);
                 match self.remote.fetches.remove(&chunk) {
-                    Some((_, Fetch::Local(tx), _)) => {
-                        let _ = tx.send(Err(Error::PartitionGone {
+                    Some((_, Fetch::Local, _)) => {
+                        let gone = Error::PartitionGone {
                             job: J::NAME,
                             chunk,
-                        }));
+                        };
+                        self.orders.push(Order::Fetched(chunk, Err(gone)));
                     }
                     // A slot of this process (retired, it was given a partition the
                     // process was already handing back) is lost with the others below.

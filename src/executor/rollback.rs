@@ -265,11 +265,13 @@ impl<J: Job> State<J> {
         // snapshot was read) are the old run's: their bytes, when they come, would replace
         // the restored ones. Nobody waits for them (a local runner that did is answered).
         for (chunk, fetch) in self.remote.drop_fetches() {
-            if let Fetch::Local(tx) = fetch {
-                let _ = tx.send(Err(Error::PartitionGone {
+            if let Fetch::Local = fetch {
+                let gone = Error::PartitionGone {
                     job: J::NAME,
                     chunk,
-                }));
+                };
+                self.orders
+                    .push(super::links::Order::Fetched(chunk, Err(gone)));
             }
         }
         self.remote.forget_partitions();

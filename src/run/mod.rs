@@ -74,6 +74,10 @@ pub(crate) enum Held<C> {
     /// An owned partition on its way from the worker process that held it: the worker that
     /// runs it waits for its bytes (an error if that process was lost on the way).
     Fetch(crossbeam_channel::Receiver<Result<bytes::Bytes, Error>>),
+    /// An owned partition asked back from the worker process that held it, for a local
+    /// worker: as the coordinator's state knows it. Its driver gives the worker a channel in
+    /// its place ([`Held::Fetch`]) when it hands the chunk over, and sends the bytes on it.
+    Asked(crate::schedule::ChunkId),
 }
 
 impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
@@ -89,7 +93,7 @@ impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
                     "a partition on its way was dropped without an answer".into(),
                 )),
             },
-            Held::Elsewhere(_) => Err(Error::Internal(
+            Held::Elsewhere(_) | Held::Asked(_) => Err(Error::Internal(
                 "the state of a partition held by a worker process was asked for here".into(),
             )),
         }
@@ -101,7 +105,7 @@ impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
         match self {
             Held::Live(c) => Some(codec::encode("a chunk state", c).map(bytes::Bytes::from)),
             Held::Bytes(b) => Some(Ok(b.clone())),
-            Held::Elsewhere(_) | Held::Fetch(_) => None,
+            Held::Elsewhere(_) | Held::Fetch(_) | Held::Asked(_) => None,
         }
     }
 
