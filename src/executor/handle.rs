@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::job_run::State;
-use super::members::Msg;
 use super::progress::{Progress, ProgressUpdates};
 use super::{Shared, local};
 use crate::error::{Error, Result};
@@ -159,7 +158,7 @@ fn start_inline_helper<J: Job>(
     shared: &Arc<Shared<J>>,
     mut st: super::job_run::Guard<'_, J>,
 ) -> std::io::Result<()> {
-    let (tx, rx) = crossbeam_channel::unbounded::<Msg<J>>();
+    let (tx, rx) = crossbeam_channel::unbounded::<super::members::Mail<J>>();
     let (state, links) = st.links();
     links.set_waiter(state, Some(tx));
     st.settle();

@@ -342,7 +342,9 @@ impl<J: Job> Shared<J> {
         let mut locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let at = Instant::now();
         locked.state.now = at.saturating_duration_since(self.started);
-        locked.state.published.listening = locked.links.progress_listened();
+        let Locked { state, links } = &mut *locked;
+        state.published.listening = links.progress_listened();
+        links.read_progress(state);
         Guard {
             locked,
             shared: self,
@@ -536,8 +538,7 @@ impl<J: Job> State<J> {
                         state = Some(self.fetch_local(chunk, from));
                     }
                     match (self.members.get(worker), self.job.as_ref()) {
-                        (Some(Member::Local(local)), Some(job)) => {
-                            local.cell.publish(0);
+                        (Some(Member::Local(_)), Some(job)) => {
                             let msg = Msg::Run {
                                 worker,
                                 assignment: Assignment {
@@ -547,7 +548,6 @@ impl<J: Job> State<J> {
                                     state,
                                 },
                                 job: Arc::clone(job),
-                                cell: Arc::clone(&local.cell),
                             };
                             self.snap.on_run(chunk);
                             if me == Some(worker) {
@@ -564,7 +564,7 @@ impl<J: Job> State<J> {
                     }
                 }
                 Command::Interrupt { worker } => match self.members.get(worker) {
-                    Some(Member::Local(local)) => local.cell.raise(INTERRUPT),
+                    Some(Member::Local(_)) => self.orders.push(Order::Raise(worker, INTERRUPT)),
                     Some(Member::Remote(slot)) => self.interrupt_remote(worker, *slot),
                     None => {}
                 },

@@ -19,7 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::job_run::{Shared, State};
 use super::local::thread_main;
-use super::members::Msg;
+use super::members::{Mail, Msg};
 use super::snapshot::{Header, Part, Reply, ReplyTo};
 use crate::error::Error;
 use crate::job::Job;
@@ -53,6 +53,11 @@ pub(crate) enum Order<J: Job> {
     /// A message for local worker `0` (a thread, or the thread waiting inline). A
     /// [`Msg::Release`] also forgets its mailbox.
     Local(WorkerId, Msg<J>),
+    /// Raise these bits of local worker `0`'s attention cell (`run/cell.rs`): a request
+    /// about the chunk it runs.
+    Raise(WorkerId, u8),
+    /// Lower them (a request withdrawn).
+    Lower(WorkerId, u8),
     /// A new thread for local worker `0`.
     Spawn(WorkerId),
     /// The thread waiting for the job becomes local worker `0` (the inline worker).
@@ -71,13 +76,20 @@ pub(crate) enum Order<J: Job> {
     Wake,
 }
 
+/// A local worker as its driver knows it: its thread's mailbox, and the attention cell it
+/// shares with that thread.
+struct LocalLink<J: Job> {
+    tx: Sender<Mail<J>>,
+    cell: Arc<crate::run::Cell>,
+}
+
 /// The mailboxes and connections the orders of one job run go out through.
 pub(crate) struct Links<J: Job> {
     /// Local workers' mailboxes (the inline worker's is the waiting thread's).
-    locals: HashMap<WorkerId, Sender<Msg<J>>>,
+    locals: HashMap<WorkerId, LocalLink<J>>,
     /// The mailbox of the thread blocked in `wait`, or of the helper standing in for an
     /// awaiting task.
-    waiter: Option<Sender<Msg<J>>>,
+    waiter: Option<Sender<Mail<J>>>,
     /// The task awaiting the outcome, if any.
     waker: Option<std::task::Waker>,
     /// Each worker process's connection task.
@@ -116,34 +128,48 @@ impl<J: Job> Links<J> {
     }
 
     /// The mailbox of the thread that waits for the job (and runs it inline at target 0).
-    pub(crate) fn set_waiter(&mut self, state: &mut State<J>, tx: Option<Sender<Msg<J>>>) {
+    pub(crate) fn set_waiter(&mut self, state: &mut State<J>, tx: Option<Sender<Mail<J>>>) {
         state.members.waiting = tx.is_some();
         self.waiter = tx;
     }
 
-    /// A message for a local worker as it goes to its thread: a partition the state asked
-    /// back from its process ([`Held::Asked`]) becomes a channel the runner waits on.
-    pub(crate) fn prepare(&mut self, msg: Msg<J>) -> Msg<J> {
+    /// A message for a local worker as it goes to its thread: a run comes with the
+    /// worker's attention cell (its progress reset), and a partition the state asked back
+    /// from its process ([`Held::Asked`]) becomes a channel the runner waits on.
+    pub(crate) fn prepare(&mut self, msg: Msg<J>) -> Mail<J> {
         match msg {
             Msg::Run {
                 worker,
                 mut assignment,
                 job,
-                cell,
             } => {
                 if let Some(Held::Asked(chunk)) = assignment.state {
                     let (tx, rx) = crossbeam_channel::bounded(1);
                     self.fetched.insert(chunk, tx);
                     assignment.state = Some(Held::Fetch(rx));
                 }
-                Msg::Run {
+                let cell = self
+                    .locals
+                    .get(&worker)
+                    .map_or_else(Arc::default, |l| Arc::clone(&l.cell));
+                cell.publish(0);
+                Mail::Run {
                     worker,
                     assignment,
                     job,
                     cell,
                 }
             }
-            other => other,
+            Msg::Release => Mail::Release,
+        }
+    }
+
+    /// Each local worker's progress, from its cell, into the state (when the lock is taken).
+    pub(crate) fn read_progress(&self, state: &mut State<J>) {
+        for (w, local) in state.members.locals_mut() {
+            if let Some(l) = self.locals.get(&w) {
+                local.progress = l.cell.progress();
+            }
         }
     }
 
@@ -225,12 +251,22 @@ impl<J: Job> Links<J> {
         match order {
             Order::Local(w, msg) => {
                 let release = matches!(msg, Msg::Release);
-                let msg = self.prepare(msg);
-                if let Some(tx) = self.locals.get(&w) {
-                    let _ = tx.send(msg);
+                let mail = self.prepare(msg);
+                if let Some(l) = self.locals.get(&w) {
+                    let _ = l.tx.send(mail);
                 }
                 if release {
                     self.locals.remove(&w);
+                }
+            }
+            Order::Raise(w, bits) => {
+                if let Some(l) = self.locals.get(&w) {
+                    l.cell.raise(bits);
+                }
+            }
+            Order::Lower(w, bits) => {
+                if let Some(l) = self.locals.get(&w) {
+                    l.cell.lower(bits);
                 }
             }
             Order::Spawn(w) => {
@@ -242,7 +278,8 @@ impl<J: Job> Links<J> {
                 });
                 match spawned {
                     Some(Ok(_)) => {
-                        self.locals.insert(w, tx);
+                        let cell = Arc::default();
+                        self.locals.insert(w, LocalLink { tx, cell });
                     }
                     // The job's handle and workers are gone: nothing runs it any more.
                     None => {}
@@ -252,7 +289,8 @@ impl<J: Job> Links<J> {
             }
             Order::Inline(w) => {
                 if let Some(tx) = &self.waiter {
-                    self.locals.insert(w, tx.clone());
+                    let (tx, cell) = (tx.clone(), Arc::default());
+                    self.locals.insert(w, LocalLink { tx, cell });
                 }
             }
             Order::Drain(ids, grace) => {
@@ -275,7 +313,7 @@ impl<J: Job> Links<J> {
             }
             Order::Wake => {
                 if let Some(tx) = &self.waiter {
-                    let _ = tx.send(Msg::Wake);
+                    let _ = tx.send(Mail::Wake);
                 }
                 if let Some(w) = self.waker.take() {
                     w.wake();

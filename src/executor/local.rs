@@ -10,7 +10,7 @@ use crossbeam_channel::Receiver;
 
 use super::job_run::{Halo, Shared, State};
 use super::links::Order;
-use super::members::Msg;
+use super::members::Mail;
 use super::snapshot::{Captured, Part};
 use crate::codec;
 use crate::error::{Error, Result};
@@ -20,7 +20,7 @@ use crate::run::{self, Attend, CAPTURE, Cell, Held, Host, INTERRUPT, Ran};
 use crate::schedule::{ChunkId, Event, WorkerId};
 
 /// The body of a local worker thread: serve messages until released.
-pub(super) fn thread_main<J: Job>(shared: Arc<Shared<J>>, rx: Receiver<Msg<J>>) {
+pub(super) fn thread_main<J: Job>(shared: Arc<Shared<J>>, rx: Receiver<Mail<J>>) {
     let mut stats = StepStats::new(J::NAME);
     let mut next = None;
     loop {
@@ -32,15 +32,15 @@ pub(super) fn thread_main<J: Job>(shared: Arc<Shared<J>>, rx: Receiver<Msg<J>>) 
             },
         };
         match msg {
-            Msg::Run { .. } => next = run_one(&shared, msg, &mut stats),
-            Msg::Release => return,
-            Msg::Wake => {}
+            Mail::Run { .. } => next = run_one(&shared, msg, &mut stats),
+            Mail::Release => return,
+            Mail::Wake => {}
         }
     }
 }
 
 /// Serves as the inline worker on the waiting thread until the job has a result.
-pub(super) fn serve_inline<J: Job>(shared: &Arc<Shared<J>>, rx: &Receiver<Msg<J>>) {
+pub(super) fn serve_inline<J: Job>(shared: &Arc<Shared<J>>, rx: &Receiver<Mail<J>>) {
     let mut stats = StepStats::new(J::NAME);
     let mut next = None;
     loop {
@@ -54,7 +54,7 @@ pub(super) fn serve_inline<J: Job>(shared: &Arc<Shared<J>>, rx: &Receiver<Msg<J>
                 Err(_) => return,
             },
         };
-        if let Msg::Run { .. } = msg {
+        if let Mail::Run { .. } = msg {
             next = run_one(shared, msg, &mut stats);
         }
     }
@@ -91,8 +91,12 @@ impl<J: Job> Host for Local<'_, J> {
 }
 
 /// Runs one chunk and reports it; returns the worker's next message if the core had one.
-fn run_one<J: Job>(shared: &Arc<Shared<J>>, msg: Msg<J>, stats: &mut StepStats) -> Option<Msg<J>> {
-    let Msg::Run {
+fn run_one<J: Job>(
+    shared: &Arc<Shared<J>>,
+    msg: Mail<J>,
+    stats: &mut StepStats,
+) -> Option<Mail<J>> {
+    let Mail::Run {
         worker,
         assignment,
         job,
@@ -214,7 +218,7 @@ fn abandon<J: Job>(
     st: &mut State<J>,
     worker: WorkerId,
     error: Error,
-) -> Option<Msg<J>> {
+) -> Option<Mail<J>> {
     // A partition on its way from a process that was lost: the rollback under way replaces
     // it (and this worker).
     let replaced = st.rolling_back() && matches!(error, Error::PartitionGone { .. });
@@ -223,5 +227,5 @@ fn abandon<J: Job>(
     }
     st.report(Event::Lost { worker }, Some(worker));
     st.release(worker);
-    Some(Msg::Release)
+    Some(Mail::Release)
 }

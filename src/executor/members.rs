@@ -14,8 +14,21 @@ use crate::run::{Assignment, Cell};
 use crate::schedule::ProcessId;
 use crate::schedule::WorkerId;
 
-/// A message to a local worker (or to the thread waiting in inline mode).
+/// A message of the state for a local worker (or for the thread waiting in inline mode).
 pub(crate) enum Msg<J: Job> {
+    /// Run a chunk of the current phase as worker `worker`.
+    Run {
+        worker: WorkerId,
+        assignment: Assignment<J::Chunk>,
+        job: Arc<J>,
+    },
+    /// This worker id is released: a thread exits, the inline waiter goes back to waiting.
+    Release,
+}
+
+/// A message as a local worker's thread gets it from the driver (`links.rs`): a run comes
+/// with the worker's attention cell, the flags the state raises through the driver.
+pub(crate) enum Mail<J: Job> {
     /// Run a chunk of the current phase as worker `worker`.
     Run {
         worker: WorkerId,
@@ -29,9 +42,11 @@ pub(crate) enum Msg<J: Job> {
     Wake,
 }
 
-/// A local thread, or the inline worker. Its mailbox is the driver's (`links.rs`).
+/// A local thread, or the inline worker. Its mailbox and attention cell are the driver's
+/// (`links.rs`).
 pub(crate) struct Local {
-    pub(crate) cell: Arc<Cell>,
+    /// Iterations its running chunk has done, as its cell said when the lock was taken.
+    pub(crate) progress: u64,
     pub(crate) inline: bool,
     pub(crate) retiring: bool,
 }
@@ -84,7 +99,7 @@ impl<J: Job> Members<J> {
     /// A new local worker (a thread, or the inline worker).
     pub(crate) fn join_local(&mut self, inline: bool) -> WorkerId {
         self.join(Member::Local(Local {
-            cell: Arc::default(),
+            progress: 0,
             inline,
             retiring: false,
         }))
@@ -127,6 +142,14 @@ impl<J: Job> Members<J> {
     /// The local workers.
     pub(crate) fn locals(&self) -> impl Iterator<Item = (WorkerId, &Local)> {
         self.table.iter().filter_map(|(&w, m)| match m {
+            Member::Local(l) => Some((w, l)),
+            Member::Remote(_) => None,
+        })
+    }
+
+    /// Local workers, to update their progress.
+    pub(crate) fn locals_mut(&mut self) -> impl Iterator<Item = (WorkerId, &mut Local)> {
+        self.table.iter_mut().filter_map(|(&w, m)| match m {
             Member::Local(l) => Some((w, l)),
             Member::Remote(_) => None,
         })

@@ -137,7 +137,7 @@ impl<J: Job> State<J> {
             .members
             .locals()
             .filter(|(w, _)| self.core.running_on(*w).is_some())
-            .map(|(_, l)| l.cell.progress())
+            .map(|(_, l)| l.progress)
             .sum::<u64>()
             + self.remote_progress();
         let done = (done_chunks + running).min(total);

@@ -635,14 +635,18 @@ impl<J: Job> State<J> {
         for cmd in out.drain(..) {
             match cmd {
                 CutCommand::Capture { worker, chunk } => match self.members.get(worker) {
-                    Some(Member::Local(local)) => local.cell.raise(CAPTURE),
+                    Some(Member::Local(_)) => {
+                        self.orders
+                            .push(super::links::Order::Raise(worker, CAPTURE));
+                    }
                     Some(Member::Remote(slot)) => self.capture_remote(*slot, chunk),
                     None => {}
                 },
                 CutCommand::CaptureHeld { chunk } => self.capture_held(chunk),
                 CutCommand::Withdraw { worker } => {
-                    if let Some(local) = self.members.local(worker) {
-                        local.cell.lower(CAPTURE);
+                    if self.members.local(worker).is_some() {
+                        self.orders
+                            .push(super::links::Order::Lower(worker, CAPTURE));
                     }
                 }
                 CutCommand::Halt => self.drive_core(Core::halt),
