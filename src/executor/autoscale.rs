@@ -185,7 +185,7 @@ fn apply<J: Job>(shared: &Arc<Shared<J>>, d: &Decision) {
         shared.lock().set_target(d.local);
     }
     if d.remote != d.from_remote {
-        if let Err(e) = super::remote::scale_remote(shared, d.remote) {
+        if let Err(e) = super::connection::scale_remote(shared, d.remote) {
             tracing::warn!(job = J::NAME, error = %e, "autoscale: worker processes not started");
         }
     }

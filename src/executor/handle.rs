@@ -8,8 +8,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::job_run::State;
-use super::progress::{Progress, ProgressUpdates};
-use super::{Shared, local};
+use super::progress::Progress;
+use super::updates::ProgressUpdates;
+use super::{Shared, threads};
 use crate::error::{Error, Result};
 use crate::job::{Job, Value};
 use crate::snapshot::SnapshotId;
@@ -167,7 +168,7 @@ fn start_inline_helper<J: Job>(
     let spawned = std::thread::Builder::new()
         .name(format!("malleable-{}-inline", J::NAME))
         .spawn(move || {
-            local::serve_inline(&shared2, &rx);
+            threads::serve_inline(&shared2, &rx);
             // It returns when the job has ended, or earlier if a `wait` took the role over
             // (its mailbox replaced this one, and this one's inline worker was released):
             // then the mailbox is the waiting thread's, and stays.
@@ -346,7 +347,7 @@ impl<J: Job> JobHandle<J> {
     /// [`Builder::launcher`](crate::Builder::launcher); [`Error::Spawn`] if a process could
     /// not be started (those started before it stay).
     pub fn scale_remote(&self, n: usize) -> Result<()> {
-        super::remote::scale_remote(&self.shared, n)
+        super::connection::scale_remote(&self.shared, n)
     }
 
     /// Cancels the job: workers stop at their next adjustment point, and waiting returns
@@ -413,7 +414,7 @@ impl<J: Job> JobHandle<J> {
             links.set_waiter(state, Some(tx));
             st.settle();
         }
-        local::serve_inline(&self.shared, &rx);
+        threads::serve_inline(&self.shared, &rx);
         let result = {
             let mut st = self.shared.lock();
             let (state, links) = st.links();

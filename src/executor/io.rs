@@ -152,6 +152,41 @@ pub(crate) fn write<J: Job>(
     });
 }
 
+/// Step 3 on the I/O runtime: reads the manifest of `epoch` back (`read_back_manifest`),
+/// then hands it to the state for `attempt`.
+pub(crate) fn read_back<J: Job>(shared: Arc<Shared<J>>, epoch: u64, attempt: u64) {
+    let io = shared.io.handle().clone();
+    io.spawn(async move {
+        let cfg = &shared.config.snapshots;
+        let read = super::rollback::read_back_manifest::<J>(cfg, epoch).await;
+        // Decoding runs user code (`iterations`, `reducer`): off the I/O thread.
+        let restored =
+            tokio::task::spawn_blocking(move || read.and_then(super::rollback::restore_read::<J>))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(Error::Internal(format!(
+                        "reading a snapshot back stopped: {e}"
+                    )))
+                });
+        shared.lock().rolled_back(restored, attempt);
+    });
+}
+
+/// Step 6 on the I/O runtime: reads the parts `need` of snapshot `id` that the coordinator
+/// reads itself, then hands them to the state for `attempt`.
+pub(crate) fn read_parts<J: Job>(
+    shared: Arc<Shared<J>>,
+    id: SnapshotId,
+    need: Vec<PartRef>,
+    attempt: u64,
+) {
+    let io = shared.io.handle().clone();
+    io.spawn(async move {
+        let got = super::rollback::read_back_parts(&shared.config.snapshots, &id, need).await;
+        shared.lock().parts_read(attempt, got);
+    });
+}
+
 /// A cut as [`write_cut`] wrote it, for `State::snapshot_written`.
 pub(crate) struct CutWritten {
     pub(crate) written: Result<SnapshotId>,

@@ -18,23 +18,20 @@
 //! processes in `remote.rs`; snapshot bookkeeping in `snapshot.rs`.
 
 use crate::schedule::idhash::{IdMap, IdSet};
-use std::fmt;
-use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::links::{Links, Order};
+use super::links::Order;
 use super::members::{Member, Members, Msg};
 use super::progress::Publisher;
 use super::remote::{Fetch, Remotes};
 use super::rollback::Rollback;
 use super::snapshot::{self, Captured, Snapshots};
-use super::{Config, IoRuntime, Outcome};
+use super::{Config, Outcome};
 use crate::error::{Error, Result, Site};
 use crate::job::{AnyHalo, Job, Next, Value};
 use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
 use crate::schedule::{ChunkId, Command, Core, Event, Plan, ProcessId, Shape, Side, WorkerId};
-use crate::wire::listener::Listener;
 
 /// A halo as it reached the coordinator: exported by a local worker, as bytes from a worker
 /// process, or kept by a worker process for its own partition (protocol 12, see
@@ -101,33 +98,7 @@ fn kept_astray(conn: ProcessId, chunk: ChunkId) -> Error {
     })
 }
 
-/// Everything one job run shares between its workers and its handle.
-pub(crate) struct Shared<J: Job> {
-    pub(crate) config: Arc<Config>,
-    pub(crate) io: Arc<IoRuntime>,
-    pub(crate) listener: Option<Arc<Listener>>,
-    pub(crate) inputs: Arc<Inputs<J>>,
-    pub(crate) started: Instant,
-    /// This, for the threads its orders spawn (`links.rs`).
-    pub(crate) me: Weak<Shared<J>>,
-    pub(crate) state: Mutex<Locked<J>>,
-}
-
-/// What the job's mutex guards: the state, which decides, and the links its orders go out
-/// through.
-pub(crate) struct Locked<J: Job> {
-    pub(crate) state: State<J>,
-    pub(crate) links: Links<J>,
-}
-
-impl<J: Job> Locked<J> {
-    pub(crate) fn new(state: State<J>) -> Locked<J> {
-        Locked {
-            state,
-            links: Links::default(),
-        }
-    }
-}
+pub(crate) use super::links::{Guard, Locked, Shared};
 
 /// A pause of the workers that a locked section of the state costs (they wait for the
 /// lock), which the driver times and records.
@@ -138,76 +109,6 @@ pub(crate) enum Pause {
     /// A partition the cut waits for serialized as it ends
     /// ([`SNAPSHOT_PAUSE_DONE`](crate::metrics::SNAPSHOT_PAUSE_DONE)).
     Done,
-}
-
-/// The job's state, locked: the orders it queued go out when the guard drops, before the
-/// lock is released (`links.rs`).
-pub(crate) struct Guard<'a, J: Job> {
-    locked: MutexGuard<'a, Locked<J>>,
-    shared: &'a Shared<J>,
-    /// When the lock was taken.
-    at: Instant,
-}
-
-impl<J: Job> Guard<'_, J> {
-    /// Asks the state for a snapshot (or a suspend); the receiver gets its outcome.
-    pub(crate) fn ask_snapshot(
-        &mut self,
-        suspend: bool,
-    ) -> tokio::sync::oneshot::Receiver<Result<crate::snapshot::SnapshotId>> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (state, links) = self.links();
-        let reply = links.reply_to(tx);
-        if suspend {
-            state.request_suspend(Some(reply));
-        } else {
-            state.request_snapshot(reply);
-        }
-        rx
-    }
-
-    /// The links the state's orders go out through.
-    pub(crate) fn links(&mut self) -> (&mut State<J>, &mut Links<J>) {
-        let Locked { state, links } = &mut *self.locked;
-        (state, links)
-    }
-}
-
-impl<J: Job> Deref for Guard<'_, J> {
-    type Target = State<J>;
-
-    fn deref(&self) -> &State<J> {
-        &self.locked.state
-    }
-}
-
-impl<J: Job> DerefMut for Guard<'_, J> {
-    fn deref_mut(&mut self) -> &mut State<J> {
-        &mut self.locked.state
-    }
-}
-
-impl<J: Job> Drop for Guard<'_, J> {
-    fn drop(&mut self) {
-        let Locked { state, links } = &mut *self.locked;
-        if let Some(pause) = state.pause.take() {
-            let seconds = self.at.elapsed().as_secs_f64();
-            let m = &state.watch.metrics;
-            match pause {
-                Pause::Marker => m.snapshot_pause.record(seconds),
-                Pause::Done => m.snapshot_pause_done.record(seconds),
-            }
-        }
-        links.carry_out(state, self.shared);
-    }
-}
-
-impl<J: Job> fmt::Debug for Shared<J> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("job", &J::NAME)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The state of one job run, behind the job's mutex.
@@ -332,24 +233,6 @@ impl<J: Job> State<J> {
     /// Wakes whoever waits for the outcome (the waiting thread's mailbox, an awaiting task).
     pub(crate) fn wake_waiters(&mut self) {
         self.orders.push(Order::Wake);
-    }
-}
-
-impl<J: Job> Shared<J> {
-    pub(crate) fn lock(&self) -> Guard<'_, J> {
-        // A panic never happens while the lock is held (user code under it is caught), but be
-        // robust: the state stays consistent, so a poisoned lock is still usable.
-        let mut locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let at = Instant::now();
-        locked.state.now = at.saturating_duration_since(self.started);
-        let Locked { state, links } = &mut *locked;
-        state.published.listening = links.progress_listened();
-        links.read_progress(state);
-        Guard {
-            locked,
-            shared: self,
-            at,
-        }
     }
 }
 

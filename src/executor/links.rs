@@ -10,23 +10,145 @@
 //! [`WorkerId`] and a worker process by its [`ProcessId`], and holds no channel.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use crossbeam_channel::Sender;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::job_run::{Shared, State};
-use super::local::thread_main;
+use super::job_run::{Pause, State};
 use super::members::{Mail, Msg};
 use super::snapshot::{Header, Part, Reply, ReplyTo};
+use super::threads::thread_main;
+use super::{Config, IoRuntime};
 use crate::error::Error;
 use crate::job::Job;
 use crate::run::Held;
+use crate::run::Inputs;
 use crate::schedule::{ProcessId, WorkerId, Write};
 use crate::snapshot::{PartRef, SnapshotId};
 use crate::wire::frame::ToWorker;
+use crate::wire::listener::Listener;
+
+/// Everything one job run shares between its workers and its handle.
+pub(crate) struct Shared<J: Job> {
+    pub(crate) config: Arc<Config>,
+    pub(crate) io: Arc<IoRuntime>,
+    pub(crate) listener: Option<Arc<Listener>>,
+    pub(crate) inputs: Arc<Inputs<J>>,
+    pub(crate) started: Instant,
+    /// This, for the threads its orders spawn (`links.rs`).
+    pub(crate) me: Weak<Shared<J>>,
+    pub(crate) state: Mutex<Locked<J>>,
+}
+
+/// What the job's mutex guards: the state, which decides, and the links its orders go out
+/// through.
+pub(crate) struct Locked<J: Job> {
+    pub(crate) state: State<J>,
+    pub(crate) links: Links<J>,
+}
+
+impl<J: Job> Locked<J> {
+    pub(crate) fn new(state: State<J>) -> Locked<J> {
+        Locked {
+            state,
+            links: Links::default(),
+        }
+    }
+}
+
+/// The job's state, locked: the orders it queued go out when the guard drops, before the
+/// lock is released (`links.rs`).
+pub(crate) struct Guard<'a, J: Job> {
+    locked: MutexGuard<'a, Locked<J>>,
+    shared: &'a Shared<J>,
+    /// When the lock was taken.
+    at: Instant,
+}
+
+impl<J: Job> Guard<'_, J> {
+    /// Asks the state for a snapshot (or a suspend); the receiver gets its outcome.
+    pub(crate) fn ask_snapshot(
+        &mut self,
+        suspend: bool,
+    ) -> tokio::sync::oneshot::Receiver<crate::Result<crate::snapshot::SnapshotId>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (state, links) = self.links();
+        let reply = links.reply_to(tx);
+        if suspend {
+            state.request_suspend(Some(reply));
+        } else {
+            state.request_snapshot(reply);
+        }
+        rx
+    }
+
+    /// The links the state's orders go out through.
+    pub(crate) fn links(&mut self) -> (&mut State<J>, &mut Links<J>) {
+        let Locked { state, links } = &mut *self.locked;
+        (state, links)
+    }
+}
+
+impl<J: Job> Deref for Guard<'_, J> {
+    type Target = State<J>;
+
+    fn deref(&self) -> &State<J> {
+        &self.locked.state
+    }
+}
+
+impl<J: Job> DerefMut for Guard<'_, J> {
+    fn deref_mut(&mut self) -> &mut State<J> {
+        &mut self.locked.state
+    }
+}
+
+impl<J: Job> Drop for Guard<'_, J> {
+    fn drop(&mut self) {
+        let Locked { state, links } = &mut *self.locked;
+        if let Some(pause) = state.pause.take() {
+            let seconds = self.at.elapsed().as_secs_f64();
+            let m = &state.watch.metrics;
+            match pause {
+                Pause::Marker => m.snapshot_pause.record(seconds),
+                Pause::Done => m.snapshot_pause_done.record(seconds),
+            }
+        }
+        links.carry_out(state, self.shared);
+    }
+}
+
+impl<J: Job> fmt::Debug for Shared<J> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("job", &J::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<J: Job> Shared<J> {
+    pub(crate) fn lock(&self) -> Guard<'_, J> {
+        // A panic never happens while the lock is held (user code under it is caught), but be
+        // robust: the state stays consistent, so a poisoned lock is still usable.
+        let mut locked = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let at = Instant::now();
+        locked.state.now = at.saturating_duration_since(self.started);
+        let Locked { state, links } = &mut *locked;
+        state.published.listening = links.progress_listened();
+        links.read_progress(state);
+        Guard {
+            locked,
+            shared: self,
+            at,
+        }
+    }
+}
 
 /// An operation of the state on the job's snapshot store, carried out on the I/O runtime
 /// by [`Links::carry_out`]; its outcome comes back to the state as a call
@@ -329,10 +451,10 @@ fn store_op<J: Job>(shared: &Arc<Shared<J>>, op: StoreOp) {
     match op {
         StoreOp::Write { cut, after } => super::io::write(shared, *cut, after),
         StoreOp::ReadManifest { epoch, attempt } => {
-            super::rollback::read_back(shared, epoch, attempt);
+            super::io::read_back(shared, epoch, attempt);
         }
         StoreOp::ReadParts { id, need, attempt } => {
-            super::rollback::read_parts(shared, id, need, attempt);
+            super::io::read_parts(shared, id, need, attempt);
         }
     }
 }

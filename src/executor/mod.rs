@@ -4,14 +4,20 @@
 //! - `mod.rs` (this file): [`Executor`], [`Builder`], and starting a job run.
 //! - `handle.rs`: [`JobHandle`] (scale, progress, cancel, wait or await) and [`Outcome`].
 //! - `job_run.rs`: one job run: where workers' events meet the core's and the cut's commands.
-//! - `links.rs`: the driver side of a run: the mailboxes and connections its orders go out
-//!   through, and its store operations, carried out when the job's lock is released.
+//! - `links.rs`: the driver side of a run: the job's lock ([`Guard`](job_run::Guard)), the
+//!   mailboxes, cells and connections its orders go out through, and its store operations,
+//!   carried out when the lock is released.
+//! - `connection.rs`: the socket task of a worker process (frames in and out, heartbeats,
+//!   its lease), and starting processes by a launcher.
+//! - `threads.rs`: local worker threads and the inline worker, hosts of the chunk runner.
+//! - `updates.rs`: [`ProgressUpdates`], the receiving end of the progress channel.
 //! - `members.rs`: a worker of the job, local or remote, behind one type.
-//! - `local.rs`: local worker threads and the inline worker, hosts of the chunk runner.
+//! - `local.rs`: local workers as the state sees them (how many, which retire, inline).
 //! - `remote.rs`: the job's side of worker processes (their connections and slots).
 //! - `snapshot.rs`: the executor's side of the snapshot cut: its commands, the marker's
 //!   manifest, the snapshot configuration.
-//! - `io.rs`: the background writer of complete cuts, and resume.
+//! - `io.rs`: the store's driver (writing complete cuts, reading a rollback's snapshot back),
+//!   and resume.
 //! - `rollback.rs`: owned partitions lost with a worker process: back to the latest snapshot.
 //! - `shutdown.rs`: the graceful, bounded end of the executor's I/O (frames queued for worker
 //!   processes are delivered, snapshot writes in flight finish).
@@ -40,9 +46,12 @@
 //! clock, and which found three ordering bugs no process test had (see its replayed
 //! histories).
 //!
-//! Still in the state, to be moved out: the snapshot requests' reply channels, the progress
-//! channel, the channel a local runner waits on for a partition fetched from a process, and
-//! the attention cells of local workers (atomics shared with their threads).
+//! `tests/it/layering.rs` holds the state's files to it: they start no task or thread, hold
+//! no channel or atomic, read no clock and never name the run's shared handle. What the state
+//! still does itself: it records metrics through the `metrics` crate's handles and timeline
+//! events through the timeline's sink, runs the job's code (its `next`, encoding and
+//! decoding, `output`), and keeps the handles of worker processes a launcher started
+//! (`Remotes::launched`, written by `connection.rs`).
 //!
 //! # Inline mode
 //!
@@ -56,6 +65,7 @@
 //! listens for worker processes (`handle.rs`).
 
 mod autoscale;
+mod connection;
 mod drain;
 mod finish;
 mod handle;
@@ -74,15 +84,18 @@ mod signals;
 #[cfg(test)]
 mod sim;
 mod snapshot;
+mod threads;
 mod triggers;
+mod updates;
 mod watch;
 
 pub use autoscale::AutoscaleStatus;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
 pub use lifecycle::{Resubmit, Resume};
-pub use progress::{Progress, ProgressUpdates};
+pub use progress::Progress;
 pub use rollback::Rollback;
 pub use snapshot::{At, Resumed};
+pub use updates::ProgressUpdates;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};

@@ -94,10 +94,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::job_run::{Halo, Shared, State};
+use super::job_run::{Halo, State};
 use super::links::Order;
 use super::members::Slot;
 use super::snapshot::{Captured, Part};
@@ -108,7 +106,6 @@ use crate::run::Held;
 use crate::schedule::{ChunkId, Event, ProcessId, Shape, Side, Work, WorkerId};
 use crate::wire::Error as PeerError;
 use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
-use crate::wire::listener::{Attach, Connection};
 
 /// What a snapshot part from a worker process is of, for [`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS).
 #[derive(Clone, Copy)]
@@ -192,9 +189,9 @@ pub(crate) struct Remotes {
     /// The job value of a phase, encoded once for all connections.
     job_bytes: Option<(u64, Bytes)>,
     /// Worker processes started by `scale_remote` that may still be running.
-    launched: Vec<Box<dyn crate::wire::Launched>>,
+    pub(crate) launched: Vec<Box<dyn crate::wire::Launched>>,
     /// Worker processes started so far (their `index`).
-    launched_total: usize,
+    pub(crate) launched_total: usize,
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
     /// the connection asked, where the bytes go, and when they were asked for (to time the
     /// move).
@@ -361,143 +358,6 @@ pub(crate) enum Fetch {
     /// with these halos (see `Partition::begin_phase`).
     Begin(Option<Halo>, Option<Halo>),
 }
-
-impl<J: Job> Attach for Shared<J> {
-    fn name(&self) -> &'static str {
-        J::NAME
-    }
-
-    fn version(&self) -> u32 {
-        J::VERSION
-    }
-
-    fn layout(&self) -> &'static crate::Layout {
-        crate::Layout::of::<J>()
-    }
-
-    fn accepts(&self) -> bool {
-        !self.lock().ended
-    }
-
-    fn attach(self: Arc<Self>, conn: Connection) {
-        let (tx, rx) = unbounded_channel();
-        // Until the task ends: a shutdown waits for it once the job lets go of `tx`.
-        let tracked = self.io.track(super::shutdown::job_key(&self), &tx);
-        let id = {
-            let mut st = self.lock();
-            if st.ended {
-                let _ = tx.send(ToWorker::End);
-                None
-            } else {
-                let id = st.join_remote(conn.peer.clone(), conn.threads);
-                st.links().1.link_conn(id, tx);
-                Some(id)
-            }
-        };
-        let io = self.io.handle().clone();
-        io.spawn(async move {
-            connection(self, id, conn, rx).await;
-            drop(tracked);
-        });
-    }
-}
-
-/// A connection's task: writes what the job sends, reads what the worker sends, and gives the
-/// worker up after a lease of silence.
-async fn connection<J: Job>(
-    shared: Arc<Shared<J>>,
-    id: Option<ProcessId>,
-    conn: Connection,
-    mut rx: UnboundedReceiver<ToWorker>,
-) {
-    let Connection { framed, peer, .. } = conn;
-    let cfg = &shared.config.cluster;
-    let (heartbeat, lease, limit) = (cfg.heartbeat, cfg.lease, cfg.max_frame);
-    let mut pieces = frame::Assembler::new(cfg.max_message);
-    let (mut sink, mut stream) = framed.split();
-    let io_error = |source| PeerError::Io {
-        peer: peer.clone(),
-        source,
-    };
-    let writer = async {
-        let mut beat = tokio::time::interval(heartbeat);
-        loop {
-            tokio::select! {
-                msg = rx.recv() => {
-                    let Some(msg) = msg else { return Ok(false) };
-                    let mut end = msg == ToWorker::End;
-                    for f in frame::Frames::new(&msg, limit) {
-                        sink.feed(f).await.map_err(io_error)?;
-                    }
-                    while !end {
-                        let Ok(m) = rx.try_recv() else { break };
-                        end = m == ToWorker::End;
-                        for f in frame::Frames::new(&m, limit) {
-                            sink.feed(f).await.map_err(io_error)?;
-                        }
-                    }
-                    sink.flush().await.map_err(io_error)?;
-                    if end {
-                        let _ = sink.close().await;
-                        return Ok(true);
-                    }
-                }
-                _ = beat.tick() => sink.send(frame::encode(&ToWorker::Heartbeat)).await.map_err(io_error)?,
-            }
-        }
-    };
-    let reader = async {
-        loop {
-            let bytes = match tokio::time::timeout(lease, stream.next()).await {
-                Err(_) => {
-                    return Err(PeerError::LeaseExpired {
-                        peer: peer.clone(),
-                        after: lease,
-                    });
-                }
-                Ok(None) => return Err(PeerError::Closed { peer: peer.clone() }),
-                Ok(Some(Err(e))) => return Err(PeerError::io(&peer, e, limit)),
-                Ok(Some(Ok(b))) => b,
-            };
-            // A worker that came after the job's end is only sent `End`: what it says
-            // meanwhile is read (its socket must not fill) and dropped.
-            let Some(id) = id else { continue };
-            let Some(msg) = pieces.frame::<ToCoordinator>(&peer, bytes.freeze())? else {
-                continue;
-            };
-            shared.lock().on_remote(id, msg)?;
-        }
-    };
-    // The writer ends after `End`; the reader ends with the connection or a protocol error.
-    let ended: Result<bool, PeerError> = tokio::select! {
-        r = writer => r,
-        r = reader => r.map(|()| false),
-    };
-    let sent_end = matches!(ended, Ok(true));
-    if let Some(id) = id {
-        let mut st = shared.lock();
-        // Recorded before the connection leaves the job: whoever sees it gone finds why.
-        if let (true, Err(e)) = (st.remote.conns.contains_key(&id), ended) {
-            if let Some(l) = &shared.listener {
-                l.record(e);
-            }
-        }
-        st.drop_conn(id);
-    }
-    if sent_end {
-        // The worker may have written (a heartbeat, a slot's report) while `End` was on its
-        // way. Closing the socket with those bytes unread would reset the connection, and
-        // the worker's next write would fail although its job ended well. So what it sends
-        // is read and dropped until it closes its side after `End`, for a bounded time.
-        let _ = tokio::time::timeout(lease.min(LINGER), async {
-            while let Some(Ok(_)) = stream.next().await {}
-        })
-        .await;
-    }
-}
-
-/// How long a connection is read after `End`, waiting for the worker to close its side.
-const LINGER: Duration = Duration::from_secs(1);
 
 impl<J: Job> State<J> {
     /// The phase's job value as sent to worker processes, encoded once per phase.
@@ -1688,57 +1548,6 @@ impl std::error::Error for RemoteCause {
             .as_deref()
             .map(|s| s as &(dyn std::error::Error + 'static))
     }
-}
-
-/// [`JobHandle::scale_remote`](super::JobHandle::scale_remote): processes are started outside
-/// the job's lock (starting one can take milliseconds).
-pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::Result<()> {
-    let (Some(listener), Some(launcher)) = (&shared.listener, &shared.config.cluster.launcher)
-    else {
-        return Err(Error::InvalidConfig(
-            "scale_remote needs Builder::listen and Builder::launcher".into(),
-        ));
-    };
-    let (start, first_index) = {
-        let mut st = shared.lock();
-        if st.ended {
-            return Ok(());
-        }
-        st.remote
-            .launched
-            .retain_mut(|p| matches!(p.try_wait(), Ok(None)));
-        let connected = st.remote.conns.len();
-        let starting = st.remote.launched.len().saturating_sub(connected);
-        let present = st.remote_count() + starting;
-        if n < st.remote_count() {
-            let extra = st.remote_count() - n;
-            st.retire_remote(extra);
-        }
-        (n.saturating_sub(present), st.remote.launched_total)
-    };
-    let mut started = Vec::with_capacity(start);
-    let mut error = None;
-    for i in 0..start {
-        let spec = crate::wire::LaunchSpec {
-            addr: listener.addr(),
-            index: first_index + i,
-            token: shared.config.cluster.token.clone(),
-        };
-        match launcher.launch(&spec) {
-            Ok(p) => {
-                tracing::info!(worker = %p.describe(), "started a worker process");
-                started.push(p);
-            }
-            Err(e) => {
-                error = Some(Error::Spawn(e));
-                break;
-            }
-        }
-    }
-    let mut st = shared.lock();
-    st.remote.launched_total += started.len();
-    st.remote.launched.extend(started);
-    error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

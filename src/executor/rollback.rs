@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::io::{Restored, read_manifest, restore};
-use super::job_run::{Shared, State};
+use super::job_run::State;
 use super::links::StoreOp;
 use super::members::Member;
 use super::remote::Fetch;
@@ -607,25 +607,6 @@ impl super::remote::Remotes {
     }
 }
 
-/// Step 3 on the I/O runtime: reads the manifest of `epoch` back (`read_back_manifest`),
-/// then hands it to the state for `attempt`.
-pub(crate) fn read_back<J: Job>(shared: Arc<Shared<J>>, epoch: u64, attempt: u64) {
-    let io = shared.io.handle().clone();
-    io.spawn(async move {
-        let cfg = &shared.config.snapshots;
-        let read = read_back_manifest::<J>(cfg, epoch).await;
-        // Decoding runs user code (`iterations`, `reducer`): off the I/O thread.
-        let restored = tokio::task::spawn_blocking(move || read.and_then(restore_read::<J>))
-            .await
-            .unwrap_or_else(|e| {
-                Err(Error::Internal(format!(
-                    "reading a snapshot back stopped: {e}"
-                )))
-            });
-        shared.lock().rolled_back(restored, attempt);
-    });
-}
-
 /// Reads the manifest of snapshot `epoch` of the job (step 3).
 pub(crate) async fn read_back_manifest<J: Job>(
     cfg: &SnapshotConfig,
@@ -641,21 +622,6 @@ pub(crate) async fn read_back_manifest<J: Job>(
 pub(crate) fn restore_read<J: Job>(m: crate::snapshot::Manifest) -> crate::Result<Restored<J>> {
     let empty = vec![bytes::Bytes::new(); m.all_parts().count()];
     restore::<J>(m, empty)
-}
-
-/// Step 6 on the I/O runtime: reads the parts `need` of snapshot `id` that the coordinator
-/// reads itself, then hands them to the state for `attempt`.
-pub(crate) fn read_parts<J: Job>(
-    shared: Arc<Shared<J>>,
-    id: SnapshotId,
-    need: Vec<PartRef>,
-    attempt: u64,
-) {
-    let io = shared.io.handle().clone();
-    io.spawn(async move {
-        let got = read_back_parts(&shared.config.snapshots, &id, need).await;
-        shared.lock().parts_read(attempt, got);
-    });
 }
 
 /// Reads the parts `need` of snapshot `id`, by chunk.

@@ -142,3 +142,51 @@ fn the_worker_machine_is_pure() {
     }
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// The coordinator's state (`State` in `src/executor/job_run.rs` and the files that hold its
+/// other parts) decides; its drivers carry out (`links.rs`: mailboxes, connections, store
+/// operations; `connection.rs`: a process's socket task; `threads.rs`: local threads;
+/// `io.rs`: the store; `updates.rs`: the progress channel). The state's files start no task
+/// or thread, hold no channel or atomic, read no clock and never name the run's shared
+/// handle (`Shared`), through which a driver reaches sockets, runtimes and threads.
+#[test]
+fn the_coordinator_s_state_only_decides() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for file in [
+        "job_run.rs",
+        "remote.rs",
+        "snapshot.rs",
+        "rollback.rs",
+        "finish.rs",
+        "members.rs",
+        "local.rs",
+        "progress.rs",
+        "watch.rs",
+    ] {
+        let path = root.join("src/executor").join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Unit tests, at the end, may build what they hand the state.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (i, line) in code.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for f in [
+                "tokio",
+                "crossbeam",
+                "atomic",
+                "Atomic",
+                "Instant::now",
+                "SystemTime::now",
+                ".elapsed()",
+                "thread::spawn",
+                "thread::Builder",
+                "Shared<",
+            ] {
+                if code.contains(f) {
+                    found.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
