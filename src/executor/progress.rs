@@ -28,7 +28,7 @@ pub(crate) const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 const MIN_SAMPLE: Duration = Duration::from_millis(20);
 
 /// Progress of a job, from [`JobHandle::progress`](super::JobHandle::progress) or
-/// [`ProgressUpdates`].
+/// [`ProgressUpdates`](super::ProgressUpdates).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Progress {
@@ -104,7 +104,7 @@ impl Meter {
 }
 
 /// What the state knows of publishing its progress: the channel's sender is the driver's
-/// (`links.rs`), its receivers are [`ProgressUpdates`].
+/// (`links.rs`), its receivers are [`ProgressUpdates`](super::ProgressUpdates).
 #[derive(Debug)]
 pub(crate) struct Publisher {
     /// Whether anyone listens (set by the driver when it takes the lock).
