@@ -158,6 +158,9 @@ pub(crate) struct State<J: Job> {
     pub(crate) stale_events: u64,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Duration>,
+    /// Rollbacks' resets so far: the restored partitions placed on processes after the last
+    /// one are the current placement (`Remotes::exports_asked`).
+    pub(crate) placements: u64,
     /// The time since the run started, set by the driver each time it takes the lock: the
     /// state reads no clock.
     pub(crate) now: Duration,
@@ -200,6 +203,7 @@ impl<J: Job> State<J> {
             ended: false,
             orders: Vec::new(),
             store_ops: Vec::new(),
+            placements: 0,
             now: Duration::ZERO,
             pause: None,
             out: Vec::new(),

@@ -184,6 +184,11 @@ pub(crate) struct Remotes {
     /// Frames for worker processes, in order, sent when the job's lock is released
     /// (`links.rs`).
     pub(crate) outbox: Vec<(ProcessId, ToWorker)>,
+    /// Placements that asked a process to export a partition's halos (`Exported`), not
+    /// answered yet. A rollback that starts again places the partitions anew while the
+    /// processes may still answer the placements before: such an answer is dropped, and only
+    /// one nobody asked for is refused.
+    pub(crate) exports_asked: Asked,
     /// The number of the next process to connect.
     next: u64,
     /// The job value of a phase, encoded once for all connections.
@@ -335,6 +340,34 @@ impl Remotes {
         self.conns
             .contains_key(&id)
             .then(|| self.outbox.push((id, msg)))
+    }
+}
+
+/// Requests to a process about a chunk not answered yet, by process and chunk: the
+/// placement (`State::placements`) each was made for, oldest first (a process answers about
+/// one chunk in the order it was asked).
+#[derive(Default)]
+pub(crate) struct Asked(IdMap<(ProcessId, ChunkId), std::collections::VecDeque<u64>>);
+
+impl Asked {
+    /// Process `id` was asked about `chunk` for placement `placement`.
+    pub(crate) fn ask(&mut self, id: ProcessId, chunk: ChunkId, placement: u64) {
+        self.0.entry((id, chunk)).or_default().push_back(placement);
+    }
+
+    /// Process `id` answered about `chunk`: the placement it answers, `None` if none asked.
+    pub(crate) fn answered(&mut self, id: ProcessId, chunk: ChunkId) -> Option<u64> {
+        let asked = self.0.get_mut(&(id, chunk))?;
+        let placement = asked.pop_front();
+        if asked.is_empty() {
+            self.0.remove(&(id, chunk));
+        }
+        placement
+    }
+
+    /// Process `id` is gone: nothing it was asked will be answered.
+    pub(crate) fn forget(&mut self, id: ProcessId) {
+        self.0.retain(|(from, _), _| *from != id);
     }
 }
 
@@ -956,6 +989,7 @@ impl<J: Job> State<J> {
         self.snap
             .captures_outstanding
             .retain(|(from, ..), _| *from != id);
+        self.remote.exports_asked.forget(id);
         self.snap.kept_by.retain(|_, from| *from != id);
         self.remote_gauge();
         if self.ended {
@@ -1220,15 +1254,27 @@ impl<J: Job> State<J> {
                 halos: (up, down),
             } => {
                 // Only for a partition placed there to export them, once.
+                let Some(placement) = self.remote.exports_asked.answered(id, chunk) else {
+                    return Err(bad(format!(
+                        "halos for chunk {chunk}, which was not placed there to export them"
+                    )));
+                };
+                if placement != self.placements {
+                    // Placed there by a rollback that started again since: the process forgot
+                    // that partition (and the halos it kept with it) after this answer.
+                    tracing::debug!(conn = %id, chunk, "halos of an earlier placement dropped");
+                    return Ok(());
+                }
                 let placed_here = self.remote.fetching_from(chunk) == Some(id)
                     || self
                         .core
                         .kept()
                         .any(|(c, h)| c == chunk && h.elsewhere() == Some(id));
                 if !placed_here || !self.exporting.remove(&chunk) {
-                    return Err(bad(format!(
-                        "halos for chunk {chunk}, which was not placed there to export them"
-                    )));
+                    // Placed there by a rollback that started again since (or whose
+                    // partitions the process forgot): late, not wrong.
+                    tracing::debug!(conn = %id, chunk, "halos of an earlier placement dropped");
+                    return Ok(());
                 }
                 let halos = self.remote.count_halos(id, up, down);
                 self.keep_halos(chunk, halos);

@@ -261,6 +261,8 @@ impl<J: Job> State<J> {
         self.exports.clear();
         self.exporting.clear();
         self.moved = 0;
+        // Answers to the placements of an earlier attempt are dropped from now on.
+        self.placements += 1;
         // Partitions asked back after the run went quiet (a process retired while the
         // snapshot was read) are the old run's: their bytes, when they come, would replace
         // the restored ones. Nobody waits for them (a local runner that did is answered).
@@ -575,7 +577,9 @@ impl<J: Job> State<J> {
                     }
                 }
             };
-            let _ = self.remote.send_to(conn, msg);
+            if self.remote.send_to(conn, msg).is_some() && export {
+                self.remote.exports_asked.ask(conn, chunk, self.placements);
+            }
         }
         tracing::debug!(
             job = J::NAME,

@@ -1086,10 +1086,19 @@ mod tests {
     ///   next cut, which waited for the same chunk on the same slot, took that part of the
     ///   old run, a phase ahead (answers to `Capture` are matched to the marker that asked
     ///   now).
+    /// - 9012039: a rollback started again while a process still answered the placements
+    ///   of the attempt before; its late `Exported` was refused as a protocol violation, the
+    ///   process dropped, and the placements it was to read from the store came back as the
+    ///   ledger's empty placeholders: the job ended with a chunk state that did not decode
+    ///   (late answers to an earlier attempt's placements are dropped now).
+    /// - 9029903: the same late `Exported`, for a partition the new attempt placed on the
+    ///   same process again, was taken as the new placement's answer: it named a halo the
+    ///   process had kept before it forgot its partitions, and the job ended with a refused
+    ///   kept halo (answers are matched to the placement that asked them).
     #[test]
     fn replayed_histories_end_exact() {
         let rt = runtime();
-        for seed in [654, 2011863, 2014778, 4008] {
+        for seed in [654, 2011863, 2014778, 4008, 9012039, 9029903] {
             if let Err(e) = history(seed, &rt) {
                 panic!("{e}");
             }
