@@ -351,7 +351,6 @@ impl<J: Job> Compute<J> {
     /// one if `block`, or returns [`Turn::Idle`].
     pub(super) fn turn(&mut self, cell: &Cell, inputs: &Inputs<J>, block: bool) -> Turn {
         let Compute { queue, stats, free } = self;
-        let (rx, out, held) = (queue.rx.clone(), queue.out.clone(), Arc::clone(&queue.held));
         // Between chunks (step 4 of the flag contract): take the bits, then the queue.
         cell.take();
         queue.take(None);
@@ -361,7 +360,7 @@ impl<J: Job> Compute<J> {
         let next = match queue.waiting.pop_front() {
             Some(next) => next,
             None if !block => return Turn::Idle,
-            None => match rx.recv() {
+            None => match queue.rx.recv() {
                 Ok(SlotMsg::Run(next)) => next,
                 // A request for a chunk that already ended here: its `Done` crossed it.
                 Ok(_) => return Turn::Ran,
@@ -379,14 +378,14 @@ impl<J: Job> Compute<J> {
             queued,
         } = next;
         let state = if is_held {
-            match lock(&held).remove(&chunk) {
+            match lock(&queue.held).remove(&chunk) {
                 Some(part) => Some(Held::Live(part)),
                 None => {
                     tracing::warn!(
                         chunk,
                         "a run of a held partition this process does not hold"
                     );
-                    let _ = out.send(ToCoordinator::Missing { chunk });
+                    let _ = queue.out.send(ToCoordinator::Missing { chunk });
                     return Turn::Ran;
                 }
             }
@@ -410,7 +409,7 @@ impl<J: Job> Compute<J> {
         }
         if std::mem::take(&mut queue.abandoned) && matches!(ran, Ran::Yielded { .. }) {
             // Dropped with its state; one that ended before it stopped goes up as usual.
-            let _ = out.send(ToCoordinator::Abandoned { slot, chunk });
+            let _ = queue.out.send(ToCoordinator::Abandoned { slot, chunk });
             *free = std::time::Instant::now();
             return Turn::Ran;
         }
@@ -422,7 +421,7 @@ impl<J: Job> Compute<J> {
                     (Some(k), Some(hooks)) => {
                         let bytes = (hooks.encode_halo)(&k.halos.0)
                             .and_then(|a| (hooks.encode_halo)(&k.halos.1).map(|b| (a, b)));
-                        lock(&held).insert(chunk, k.state);
+                        lock(&queue.held).insert(chunk, k.state);
                         bytes
                             .map(|(a, b)| {
                                 halos = Some((Halo::Sent(a.into()), Halo::Sent(b.into())));
@@ -473,7 +472,7 @@ impl<J: Job> Compute<J> {
                 failure: failure_of(e),
             },
         };
-        let _ = out.send(msg);
+        let _ = queue.out.send(msg);
         *free = std::time::Instant::now();
         Turn::Ran
     }
