@@ -188,7 +188,7 @@ pub(crate) struct Remotes {
     /// answered yet. A rollback that starts again places the partitions anew while the
     /// processes may still answer the placements before: such an answer is dropped, and only
     /// one nobody asked for is refused.
-    pub(crate) exports_asked: Asked,
+    pub(crate) exports_asked: Asked<(ProcessId, ChunkId), u64>,
     /// The number of the next process to connect.
     next: u64,
     /// The job value of a phase, encoded once for all connections.
@@ -343,31 +343,41 @@ impl Remotes {
     }
 }
 
-/// Requests to a process about a chunk not answered yet, by process and chunk: the
-/// placement (`State::placements`) each was made for, oldest first (a process answers about
-/// one chunk in the order it was asked).
-#[derive(Default)]
-pub(crate) struct Asked(IdMap<(ProcessId, ChunkId), std::collections::VecDeque<u64>>);
+/// Requests to worker processes not answered yet, by `K` (a process and what it was asked
+/// about), each with what the answer is matched to (`T`: the cut's marker, the placement, the
+/// epoch folder), oldest first: a process answers about one thing in the order it was asked.
+pub(crate) struct Asked<K, T>(IdMap<K, std::collections::VecDeque<T>>);
 
-impl Asked {
-    /// Process `id` was asked about `chunk` for placement `placement`.
-    pub(crate) fn ask(&mut self, id: ProcessId, chunk: ChunkId, placement: u64) {
-        self.0.entry((id, chunk)).or_default().push_back(placement);
+impl<K, T> Default for Asked<K, T> {
+    fn default() -> Self {
+        Asked(IdMap::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq, T> Asked<K, T> {
+    /// `key` was asked, for `tag`.
+    pub(crate) fn ask(&mut self, key: K, tag: T) {
+        self.0.entry(key).or_default().push_back(tag);
     }
 
-    /// Process `id` answered about `chunk`: the placement it answers, `None` if none asked.
-    pub(crate) fn answered(&mut self, id: ProcessId, chunk: ChunkId) -> Option<u64> {
-        let asked = self.0.get_mut(&(id, chunk))?;
-        let placement = asked.pop_front();
+    /// `key` was answered: the tag of its oldest request, `None` if none was asked.
+    pub(crate) fn answered(&mut self, key: K) -> Option<T> {
+        let asked = self.0.get_mut(&key)?;
+        let tag = asked.pop_front();
         if asked.is_empty() {
-            self.0.remove(&(id, chunk));
+            self.0.remove(&key);
         }
-        placement
+        tag
     }
 
-    /// Process `id` is gone: nothing it was asked will be answered.
-    pub(crate) fn forget(&mut self, id: ProcessId) {
-        self.0.retain(|(from, _), _| *from != id);
+    /// Whether `key` was asked and not answered yet.
+    pub(crate) fn waits(&self, key: &K) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// Keeps the requests whose key `keep` accepts (those of a process gone are dropped).
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.0.retain(|k, _| keep(k));
     }
 }
 
@@ -591,23 +601,11 @@ impl<J: Job> State<J> {
             folder: self.snap.next_folder(),
         };
         if self.remote.send_to(r.conn, capture).is_some() {
-            let asked = (r.conn, r.slot, chunk);
-            let markers = self.snap.captures_outstanding.entry(asked).or_default();
-            markers.push_back(self.snap.markers);
+            let marker = self.snap.markers;
+            self.snap
+                .captures_outstanding
+                .ask((r.conn, r.slot, chunk), marker);
         }
-    }
-
-    /// The marker a `Captured` or `CapturedPart` of `chunk` from slot `slot` of process `id`
-    /// answers (the oldest not answered yet: a process answers about one slot's chunk in the
-    /// order it was asked); `None` if none was asked.
-    fn capture_answer(&mut self, id: ProcessId, slot: u32, chunk: ChunkId) -> Option<u64> {
-        let asked = &mut self.snap.captures_outstanding;
-        let markers = asked.get_mut(&(id, slot, chunk))?;
-        let marker = markers.pop_front();
-        if markers.is_empty() {
-            asked.remove(&(id, slot, chunk));
-        }
-        marker
     }
 
     /// A `Release` for remote slot `r` (no longer a member). The connection gets `End` with
@@ -634,9 +632,7 @@ impl<J: Job> State<J> {
         }
         self.remote.outbox.push((id, ToWorker::End));
         self.remote.conns.remove(&id);
-        self.snap
-            .held_outstanding
-            .retain(|(_, from), _| *from != id);
+        self.snap.held_outstanding.retain(|(_, from)| *from != id);
         self.remote_gauge();
     }
 
@@ -684,7 +680,7 @@ impl<J: Job> State<J> {
                 .any(|&w| self.core.running_on(w) == Some(chunk))
         });
         runs_it
-            || self.snap.held_outstanding.contains_key(&(chunk, id))
+            || self.snap.held_outstanding.waits(&(chunk, id))
             || self.held_by(id).contains(&chunk)
     }
 
@@ -983,13 +979,11 @@ impl<J: Job> State<J> {
         let Some(c) = self.remote.conns.remove(&id) else {
             return;
         };
-        self.snap
-            .held_outstanding
-            .retain(|(_, from), _| *from != id);
+        self.snap.held_outstanding.retain(|(_, from)| *from != id);
         self.snap
             .captures_outstanding
-            .retain(|(from, ..), _| *from != id);
-        self.remote.exports_asked.forget(id);
+            .retain(|(from, ..)| *from != id);
+        self.remote.exports_asked.retain(|(from, _)| *from != id);
         self.snap.kept_by.retain(|_, from| *from != id);
         self.remote_gauge();
         if self.ended {
@@ -1129,15 +1123,10 @@ impl<J: Job> State<J> {
     /// The answer of connection `id` to its oldest `CaptureHeld` about `chunk` not answered
     /// yet: the epoch folder that request named, or why no answer was due.
     fn held_answer(&mut self, id: ProcessId, chunk: ChunkId) -> Result<(u64, u64), String> {
-        let asked = &mut self.snap.held_outstanding;
-        let Some(folders) = asked.get_mut(&(chunk, id)) else {
-            return Err(format!("chunk {chunk} was not asked of this process"));
-        };
-        let folder = folders.pop_front();
-        if folders.is_empty() {
-            asked.remove(&(chunk, id));
-        }
-        folder.ok_or_else(|| format!("chunk {chunk} was not asked of this process"))
+        self.snap
+            .held_outstanding
+            .answered((chunk, id))
+            .ok_or_else(|| format!("chunk {chunk} was not asked of this process"))
     }
 
     /// The part of held `chunk` from connection `id`, for the open cut if it waits for it
@@ -1254,7 +1243,7 @@ impl<J: Job> State<J> {
                 halos: (up, down),
             } => {
                 // Only for a partition placed there to export them, once.
-                let Some(placement) = self.remote.exports_asked.answered(id, chunk) else {
+                let Some(placement) = self.remote.exports_asked.answered((id, chunk)) else {
                     return Err(bad(format!(
                         "halos for chunk {chunk}, which was not placed there to export them"
                     )));
@@ -1321,7 +1310,9 @@ impl<J: Job> State<J> {
             ToCoordinator::Captured { slot, chunk, state } => {
                 let w = slot_of(conn, slot)?;
                 self.remote_parts(id, RemotePart::Running, false);
-                if self.capture_answer(id, slot, chunk) == Some(self.snap.markers) {
+                if self.snap.captures_outstanding.answered((id, slot, chunk))
+                    == Some(self.snap.markers)
+                {
                     self.captured(w, chunk, Ok(Captured::State(Part::New(state))));
                 }
                 self.settle();
@@ -1332,7 +1323,9 @@ impl<J: Job> State<J> {
                 let job_id = self.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, None).map_err(bad)?;
                 self.remote_parts(id, RemotePart::Running, true);
-                if self.capture_answer(id, slot, chunk) == Some(self.snap.markers) {
+                if self.snap.captures_outstanding.answered((id, slot, chunk))
+                    == Some(self.snap.markers)
+                {
                     self.captured(w, chunk, Ok(Captured::State(Part::Reuse(part))));
                 }
                 self.settle();

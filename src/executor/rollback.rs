@@ -578,7 +578,9 @@ impl<J: Job> State<J> {
                 }
             };
             if self.remote.send_to(conn, msg).is_some() && export {
-                self.remote.exports_asked.ask(conn, chunk, self.placements);
+                self.remote
+                    .exports_asked
+                    .ask((conn, chunk), self.placements);
             }
         }
         tracing::debug!(

@@ -49,6 +49,7 @@ use std::time::{Duration, SystemTime};
 
 use super::job_run::State;
 use super::members::Member;
+use super::remote::Asked;
 use crate::codec::{encode, encode_sized};
 use crate::error::{Cause, Error, Result};
 use crate::job::Job;
@@ -130,16 +131,14 @@ pub(crate) struct Snapshots {
     /// answers about one chunk in the order it was asked). An answer that none of them asked
     /// for breaks the protocol; an answer to an abandoned cut's request, or to one from
     /// before a rollback, is taken and dropped.
-    pub(crate) held_outstanding:
-        IdMap<(ChunkId, ProcessId), std::collections::VecDeque<(u64, u64)>>,
+    pub(crate) held_outstanding: Asked<(ChunkId, ProcessId), (u64, u64)>,
     /// Every `Capture` of a running chunk not answered yet, by process, slot and chunk: the
     /// marker of the cut each was for, oldest first. A process writes a captured state to the
     /// store in the background and answers when the write ends, which may be after the
     /// chunk's `Done`, after the cut completed, after a rollback: only an answer to the open
     /// cut's request goes into it (the same slot often runs the same chunk in the next phase,
     /// and the next cut waits for it again).
-    pub(crate) captures_outstanding:
-        IdMap<(ProcessId, u32, ChunkId), std::collections::VecDeque<u64>>,
+    pub(crate) captures_outstanding: Asked<(ProcessId, u32, ChunkId), u64>,
     /// Markers so far in this run (rollbacks included): the open cut's is the last. An answer
     /// to a `CaptureHeld` goes into the open cut only if it was asked for this marker: a
     /// suspend abandons an open cut, and the next cut (after the barrier, say) asks the same
@@ -566,8 +565,10 @@ impl<J: Job> State<J> {
             self.remote
                 .send_to(id, ToWorker::CaptureHeld { chunk, folder })?;
             self.snap.held_asked.insert(chunk, id);
-            let asked = self.snap.held_outstanding.entry((chunk, id)).or_default();
-            asked.push_back((folder, self.snap.markers));
+            let marker = self.snap.markers;
+            self.snap
+                .held_outstanding
+                .ask((chunk, id), (folder, marker));
             Some(())
         });
         match sent {
