@@ -1143,6 +1143,33 @@ mod tests {
         }
     }
 
+    /// Late answers to an earlier placement are dropped (histories 9012039, 9029903); a
+    /// process that sends halos nobody asked it to export is still refused.
+    #[test]
+    fn halos_exported_unasked_are_refused() {
+        let job = SimGrid {
+            n: 6,
+            w: 6,
+            bands: 3,
+            phases: 2,
+            done: 0,
+        };
+        let mut h = History::scripted(job);
+        let a = h.join(1);
+        h.deliver_all(a);
+        let id = h.procs[a].id;
+        let none = || crate::wire::frame::Halo::Sent(bytes::Bytes::new());
+        let forged = ToCoordinator::Exported {
+            chunk: 1,
+            halos: (none(), none()),
+        };
+        let refused = h.coord().on_remote(id, forged);
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("not placed there")),
+            "{refused:?}"
+        );
+    }
+
     #[test]
     fn histories_of_whole_clusters_end_exact() {
         let rt = runtime();
