@@ -72,6 +72,13 @@ pub(crate) struct Guard<'a, J: Job> {
 }
 
 impl<J: Job> Guard<'_, J> {
+    /// The run's progress, with each local worker's read from its cell now.
+    pub(crate) fn progress(&mut self) -> super::Progress {
+        let (state, links) = self.links();
+        links.read_progress(state);
+        state.progress()
+    }
+
     /// Asks the state for a snapshot (or a suspend); the receiver gets its outcome.
     pub(crate) fn ask_snapshot(
         &mut self,
@@ -141,7 +148,10 @@ impl<J: Job> Shared<J> {
         locked.state.now = at.saturating_duration_since(self.started);
         let Locked { state, links } = &mut *locked;
         state.published.listening = links.progress_listened();
-        links.read_progress(state);
+        // Local workers' progress is read only for someone who wants it (`Guard::progress`).
+        if state.published.listening {
+            links.read_progress(state);
+        }
         Guard {
             locked,
             shared: self,
