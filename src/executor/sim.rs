@@ -294,6 +294,20 @@ pub(crate) struct Tally {
     pub(crate) snapshots: u64,
 }
 
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, t: Tally) {
+        self.steps += t.steps;
+        self.faults += t.faults;
+        self.kills += t.kills;
+        self.freezes += t.freezes;
+        self.store_failures += t.store_failures;
+        self.resumes += t.resumes;
+        self.crashes += t.crashes;
+        self.rollbacks += t.rollbacks;
+        self.snapshots += t.snapshots;
+    }
+}
+
 /// One history of one seed.
 struct History {
     rng: Rng,
@@ -1208,15 +1222,7 @@ mod tests {
                 }
             };
             assert!(t.faults > 0, "history {seed} injected no fault");
-            total.steps += t.steps;
-            total.faults += t.faults;
-            total.kills += t.kills;
-            total.freezes += t.freezes;
-            total.store_failures += t.store_failures;
-            total.resumes += t.resumes;
-            total.crashes += t.crashes;
-            total.rollbacks += t.rollbacks;
-            total.snapshots += t.snapshots;
+            total += t;
         }
         if let Some((_, _, shortest)) = failed.iter().min() {
             let seeds: Vec<u64> = failed.iter().map(|f| f.1).collect();
