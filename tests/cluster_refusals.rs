@@ -277,11 +277,17 @@ fn the_coordinator_names_what_it_refuses() {
         &exec,
         &mut counted,
         3,
-        frame::ToCoordinator::Exported { chunk: 5, halos },
+        frame::ToCoordinator::Exported {
+            chunk: 5,
+            halos,
+            placement: 0,
+        },
         "halos for chunk 5",
     );
     assert!(
-        text.ends_with("halos for chunk 5, which was not placed there to export them"),
+        text.ends_with(
+            "halos for chunk 5, which was not placed there to export them (placement 0)"
+        ),
         "{text}"
     );
 

@@ -37,39 +37,39 @@ use crate::schedule::{ChunkId, Command, Core, Event, Plan, ProcessId, Shape, Sid
 /// process, or kept by a worker process for its own partition (protocol 12, see
 /// [`frame::Halo`](crate::wire::frame::Halo)) until that partition's `Begin` names it, or
 /// until the process sends it up (`Released`) before the partition leaves it.
-pub(crate) enum Halo {
+pub(crate) enum HeldHalo {
     Live(AnyHalo),
     Bytes(bytes::Bytes),
     Kept(ProcessId),
 }
 
-impl Halo {
+impl HeldHalo {
     /// A halo from worker process `conn`.
-    pub(crate) fn from_wire(h: crate::wire::frame::Halo, conn: ProcessId) -> Halo {
+    pub(crate) fn from_wire(h: crate::wire::frame::Halo, conn: ProcessId) -> HeldHalo {
         match h {
-            crate::wire::frame::Halo::Sent(b) => Halo::Bytes(b),
-            crate::wire::frame::Halo::Kept => Halo::Kept(conn),
+            crate::wire::frame::Halo::Sent(b) => HeldHalo::Bytes(b),
+            crate::wire::frame::Halo::Kept => HeldHalo::Kept(conn),
         }
     }
 
     /// The halo, to begin partition `chunk` here. A halo still kept by a worker process
     /// never reached here: that process let the partition go without it.
     pub(crate) fn live<J: Job>(
-        h: Option<Halo>,
+        h: Option<HeldHalo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
     ) -> Result<Option<AnyHalo>> {
         Ok(match h {
             None => None,
-            Some(Halo::Live(h)) => Some(h),
-            Some(Halo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
-            Some(Halo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
+            Some(HeldHalo::Live(h)) => Some(h),
+            Some(HeldHalo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
+            Some(HeldHalo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
         })
     }
 
     /// The halo on the wire, for partition `chunk` held by worker process `holder`.
     pub(crate) fn wire<J: Job>(
-        h: Option<Halo>,
+        h: Option<HeldHalo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
         holder: ProcessId,
@@ -77,10 +77,10 @@ impl Halo {
         use crate::wire::frame::Halo as Wire;
         Ok(match h {
             None => None,
-            Some(Halo::Bytes(b)) => Some(Wire::Sent(b)),
-            Some(Halo::Live(h)) => Some(Wire::Sent((hooks.encode_halo)(&h)?.into())),
-            Some(Halo::Kept(conn)) if conn == holder => Some(Wire::Kept),
-            Some(Halo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
+            Some(HeldHalo::Bytes(b)) => Some(Wire::Sent(b)),
+            Some(HeldHalo::Live(h)) => Some(Wire::Sent((hooks.encode_halo)(&h)?.into())),
+            Some(HeldHalo::Kept(conn)) if conn == holder => Some(Wire::Kept),
+            Some(HeldHalo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
         })
     }
 }
@@ -140,7 +140,7 @@ pub(crate) struct State<J: Job> {
     pub(crate) snap: Snapshots,
     /// Owned partitions: the halos each done chunk of the phase exported, `(for the chunk
     /// before, for the chunk after)`, handed to the neighbours at the barrier.
-    pub(crate) exports: Vec<Option<(Halo, Halo)>>,
+    pub(crate) exports: Vec<Option<(HeldHalo, HeldHalo)>>,
     /// Owned partitions restored by a rollback and done in the snapshot's phase, placed on
     /// a worker process that exports their halos (`rollback.rs`): the barrier waits for
     /// them.
@@ -583,7 +583,7 @@ impl<J: Job> State<J> {
     }
 
     /// Keeps the halos a done chunk exported until the barrier.
-    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: (Halo, Halo)) {
+    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: (HeldHalo, HeldHalo)) {
         let c = chunk as usize;
         if self.exports.len() <= c {
             self.exports
@@ -638,7 +638,7 @@ impl<J: Job> State<J> {
                 if let Some((live, halos)) = decoded.remove(&chunk) {
                     *held = Held::Live(live);
                     if let Some((u, d)) = halos {
-                        self.exports[chunk as usize] = Some((Halo::Live(u), Halo::Live(d)));
+                        self.exports[chunk as usize] = Some((HeldHalo::Live(u), HeldHalo::Live(d)));
                     }
                 }
             }
@@ -650,13 +650,13 @@ impl<J: Job> State<J> {
                     let (u, d) = catch(Site::Chunk { phase, chunk }, J::NAME, || {
                         (hooks.export)(c, job)
                     })?;
-                    *slot = Some((Halo::Live(u), Halo::Live(d)));
+                    *slot = Some((HeldHalo::Live(u), HeldHalo::Live(d)));
                 }
             }
         }
         // Every chunk's halos, split into what goes up and what goes down.
-        let mut up: Vec<Option<Halo>> = Vec::with_capacity(len);
-        let mut down: Vec<Option<Halo>> = Vec::with_capacity(len);
+        let mut up: Vec<Option<HeldHalo>> = Vec::with_capacity(len);
+        let mut down: Vec<Option<HeldHalo>> = Vec::with_capacity(len);
         for e in self.exports.drain(..) {
             let (u, d) = e.map_or((None, None), |(u, d)| (Some(u), Some(d)));
             up.push(u);
@@ -675,8 +675,8 @@ impl<J: Job> State<J> {
                 .and_then(|n| up[n as usize].take());
             match held {
                 Held::Live(part) => {
-                    let before = Halo::live(before, &hooks, chunk)?;
-                    let after = Halo::live(after, &hooks, chunk)?;
+                    let before = HeldHalo::live(before, &hooks, chunk)?;
+                    let after = HeldHalo::live(after, &hooks, chunk)?;
                     catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
                         (hooks.begin)(part, job, before, after)
                     })?;
@@ -688,8 +688,8 @@ impl<J: Job> State<J> {
                     None => remote_begins.push((
                         *conn,
                         chunk,
-                        Halo::wire(before, &hooks, chunk, *conn)?,
-                        Halo::wire(after, &hooks, chunk, *conn)?,
+                        HeldHalo::wire(before, &hooks, chunk, *conn)?,
+                        HeldHalo::wire(after, &hooks, chunk, *conn)?,
                     )),
                 },
                 Held::Bytes(_) | Held::Fetch(_) | Held::Asked(_) => {
@@ -953,9 +953,9 @@ mod tests {
         use crate::wire::frame::Halo as Wire;
         const P3: ProcessId = ProcessId(3);
         let hooks = crate::job::Ownership::<Strips>::PARTITIONS.hooks.unwrap();
-        let wire = |h, holder| Halo::wire(Some(h), &hooks, 5, holder);
-        assert_eq!(wire(Halo::Kept(P3), P3).unwrap(), Some(Wire::Kept));
-        let sent = wire(Halo::Live(Box::new(7u64)), P3).unwrap();
+        let wire = |h, holder| HeldHalo::wire(Some(h), &hooks, 5, holder);
+        assert_eq!(wire(HeldHalo::Kept(P3), P3).unwrap(), Some(Wire::Kept));
+        let sent = wire(HeldHalo::Live(Box::new(7u64)), P3).unwrap();
         assert_eq!(
             sent,
             Some(Wire::Sent(crate::codec::encode("h", &7u64).unwrap().into()))
@@ -971,10 +971,10 @@ mod tests {
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("accepted"),
         };
-        astray(wire(Halo::Kept(P3), ProcessId(4)).map(|_| ()));
-        astray(Halo::live(Some(Halo::Kept(P3)), &hooks, 5).map(|_| ()));
+        astray(wire(HeldHalo::Kept(P3), ProcessId(4)).map(|_| ()));
+        astray(HeldHalo::live(Some(HeldHalo::Kept(P3)), &hooks, 5).map(|_| ()));
         let bytes = crate::codec::encode("h", &9u64).unwrap();
-        let live = Halo::live(Some(Halo::Bytes(bytes.into())), &hooks, 5).unwrap();
+        let live = HeldHalo::live(Some(HeldHalo::Bytes(bytes.into())), &hooks, 5).unwrap();
         assert_eq!(*live.unwrap().downcast::<u64>().unwrap(), 9);
     }
 }

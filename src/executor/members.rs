@@ -53,7 +53,7 @@ pub(crate) struct Local {
 
 /// A slot of a worker process (the chunk it holds is the core's: `Core::running_on`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Slot {
+pub(crate) struct RemoteSlot {
     pub(crate) conn: ProcessId,
     pub(crate) slot: u32,
 }
@@ -61,7 +61,7 @@ pub(crate) struct Slot {
 /// A worker of the job.
 pub(crate) enum Member {
     Local(Local),
-    Remote(Slot),
+    Remote(RemoteSlot),
 }
 
 /// The job's workers, their ids, and the local target.
@@ -107,7 +107,7 @@ impl<J: Job> Members<J> {
 
     /// A new slot of connection `conn`.
     pub(crate) fn join_slot(&mut self, conn: ProcessId, slot: u32) -> WorkerId {
-        self.join(Member::Remote(Slot { conn, slot }))
+        self.join(Member::Remote(RemoteSlot { conn, slot }))
     }
 
     pub(crate) fn get(&self, w: WorkerId) -> Option<&Member> {

@@ -66,7 +66,7 @@
 //! or ends it with `Error::PartitionsLost` if none was committed.
 //!
 //! A halo between two partitions of one process stays in that process (protocol 12,
-//! [`frame::Halo`]): `Done` says `Kept`, the coordinator records `Halo::Kept(conn)` and
+//! [`frame::Halo`]): `Done` says `Kept`, the coordinator records `HeldHalo::Kept(conn)` and
 //! names it back in the partition's `Begin`; a process hands a kept halo up (`Released`)
 //! before the partition it is for leaves it, so a kept halo is always where its partition
 //! is (one needed elsewhere is a typed error naming the process). The first phase deals
@@ -89,15 +89,15 @@
 //! its invariants (every chunk done once, merged in chunk order) hold whatever joins, leaves or
 //! is lost.
 
-use crate::schedule::idhash::IdMap;
+use crate::schedule::idhash::{IdMap, IdSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::job_run::{Halo, State};
+use super::job_run::{HeldHalo, State};
 use super::links::Order;
-use super::members::Slot;
+use super::members::RemoteSlot;
 use super::snapshot::{Captured, Part};
 use crate::codec;
 use crate::error::{Error, Site};
@@ -184,11 +184,13 @@ pub(crate) struct Remotes {
     /// Frames for worker processes, in order, sent when the job's lock is released
     /// (`links.rs`).
     pub(crate) outbox: Vec<(ProcessId, ToWorker)>,
-    /// Placements that asked a process to export a partition's halos (`Exported`), not
-    /// answered yet. A rollback that starts again places the partitions anew while the
-    /// processes may still answer the placements before: such an answer is dropped, and only
-    /// one nobody asked for is refused.
-    pub(crate) exports_asked: Asked<(ProcessId, ChunkId), u64>,
+    /// The placements of the current attempt (`State::placements`) that asked a process to
+    /// export a partition's halos (`Exported`), not answered yet. A rollback that starts
+    /// again places the partitions anew while the processes may still answer the placements
+    /// before, or never (a process forgets the placements under way at `Forget`): an answer
+    /// quotes its placement's number, one to an earlier placement is dropped, and one
+    /// nobody asked for is refused.
+    pub(crate) exports_asked: IdSet<(ProcessId, ChunkId)>,
     /// The number of the next process to connect.
     next: u64,
     /// The job value of a phase, encoded once for all connections.
@@ -203,7 +205,7 @@ pub(crate) struct Remotes {
     fetches: IdMap<ChunkId, (ProcessId, Fetch, Duration)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
-    begins: IdMap<ChunkId, (Option<Halo>, Option<Halo>)>,
+    begins: IdMap<ChunkId, (Option<HeldHalo>, Option<HeldHalo>)>,
     /// Owned partitions that arrived from worker processes since the autoscaler last looked:
     /// their bytes, and their transfers' times summed (`autoscale.rs` reports them to the
     /// decider, which learns what a move costs).
@@ -255,14 +257,19 @@ impl Remotes {
     }
 
     /// The halos a partition in worker process `id` exported, counted.
-    fn count_halos(&mut self, id: ProcessId, up: frame::Halo, down: frame::Halo) -> (Halo, Halo) {
+    fn count_halos(
+        &mut self,
+        id: ProcessId,
+        up: frame::Halo,
+        down: frame::Halo,
+    ) -> (HeldHalo, HeldHalo) {
         for h in [&up, &down] {
             match h {
                 frame::Halo::Kept => self.halos.0 += 1,
                 frame::Halo::Sent(_) => self.halos.1 += 1,
             }
         }
-        (Halo::from_wire(up, id), Halo::from_wire(down, id))
+        (HeldHalo::from_wire(up, id), HeldHalo::from_wire(down, id))
     }
 
     /// Whether no partition is on its way from a worker process.
@@ -390,7 +397,7 @@ pub(crate) enum Fetch {
     /// `Interrupt` or `Capture` asked meanwhile follows it.
     Forward {
         worker: WorkerId,
-        slot: Slot,
+        slot: RemoteSlot,
         range: std::ops::Range<u64>,
         interrupt: bool,
         capture: bool,
@@ -399,7 +406,7 @@ pub(crate) enum Fetch {
     Ledger,
     /// Back into the ledger, where it begins the phase that started while it was on its way
     /// with these halos (see `Partition::begin_phase`).
-    Begin(Option<Halo>, Option<Halo>),
+    Begin(Option<HeldHalo>, Option<HeldHalo>),
 }
 
 impl<J: Job> State<J> {
@@ -484,10 +491,10 @@ impl<J: Job> State<J> {
         &mut self,
         shared_fail: &mut Option<Error>,
         worker: WorkerId,
-        Slot {
+        RemoteSlot {
             conn: conn_id,
             slot,
-        }: Slot,
+        }: RemoteSlot,
         chunk: ChunkId,
         range: std::ops::Range<u64>,
         state: Option<Held<J::Chunk>>,
@@ -505,7 +512,7 @@ impl<J: Job> State<J> {
             } else {
                 let forward = Fetch::Forward {
                     worker,
-                    slot: Slot {
+                    slot: RemoteSlot {
                         conn: conn_id,
                         slot,
                     },
@@ -559,7 +566,7 @@ impl<J: Job> State<J> {
     }
 
     /// An `Interrupt` for remote slot `r` (worker `worker`); nothing if it runs nothing.
-    pub(crate) fn interrupt_remote(&mut self, worker: WorkerId, r: Slot) {
+    pub(crate) fn interrupt_remote(&mut self, worker: WorkerId, r: RemoteSlot) {
         if let Some(chunk) = self.core.running_on(worker) {
             if let Some((_, Fetch::Forward { interrupt, .. }, _)) =
                 self.remote.fetches.get_mut(&chunk)
@@ -590,7 +597,7 @@ impl<J: Job> State<J> {
     }
 
     /// A snapshot's `Capture` of `chunk` for remote slot `r`.
-    pub(crate) fn capture_remote(&mut self, r: Slot, chunk: ChunkId) {
+    pub(crate) fn capture_remote(&mut self, r: RemoteSlot, chunk: ChunkId) {
         if let Some((_, Fetch::Forward { capture, .. }, _)) = self.remote.fetches.get_mut(&chunk) {
             *capture = true;
             return;
@@ -610,7 +617,7 @@ impl<J: Job> State<J> {
 
     /// A `Release` for remote slot `r` (no longer a member). The connection gets `End` with
     /// its last slot.
-    pub(crate) fn release_remote(&mut self, r: Slot) {
+    pub(crate) fn release_remote(&mut self, r: RemoteSlot) {
         if let Some(c) = self.remote.conns.get_mut(&r.conn) {
             if let Some(s) = c.slots.get_mut(r.slot as usize) {
                 *s = None;
@@ -802,11 +809,11 @@ impl<J: Job> State<J> {
         mut before: Option<Bytes>,
         mut after: Option<Bytes>,
     ) {
-        let fill = |h: Option<&mut Halo>, bytes: &mut Option<Bytes>| {
+        let fill = |h: Option<&mut HeldHalo>, bytes: &mut Option<Bytes>| {
             if let Some(h) = h {
-                if matches!(h, Halo::Kept(c) if *c == id) {
+                if matches!(h, HeldHalo::Kept(c) if *c == id) {
                     if let Some(b) = bytes.take() {
-                        *h = Halo::Bytes(b);
+                        *h = HeldHalo::Bytes(b);
                     }
                 }
             }
@@ -842,15 +849,15 @@ impl<J: Job> State<J> {
         &self,
         chunk: ChunkId,
         state: Bytes,
-        before: Option<Halo>,
-        after: Option<Halo>,
+        before: Option<HeldHalo>,
+        after: Option<HeldHalo>,
     ) -> crate::Result<J::Chunk> {
         let (Some(hooks), Some(job)) = (J::OWNERSHIP.hooks, self.job.as_deref()) else {
             return Err(Error::Internal("halos for a job without partitions".into()));
         };
         let mut part: J::Chunk = codec::decode("a chunk state", &state)?;
-        let before = Halo::live(before, &hooks, chunk)?;
-        let after = Halo::live(after, &hooks, chunk)?;
+        let before = HeldHalo::live(before, &hooks, chunk)?;
+        let after = HeldHalo::live(after, &hooks, chunk)?;
         let site = Site::Chunk {
             phase: self.phase,
             chunk,
@@ -1013,7 +1020,7 @@ impl<J: Job> State<J> {
             // partition that is elsewhere now (one lost with it rolls the job back below):
             // it is exported again from that partition at the barrier (`begin_partitions`).
             for e in &mut self.exports {
-                let kept_here = |h: &Halo| matches!(h, Halo::Kept(p) if *p == id);
+                let kept_here = |h: &HeldHalo| matches!(h, HeldHalo::Kept(p) if *p == id);
                 if e.as_ref()
                     .is_some_and(|(u, d)| kept_here(u) || kept_here(d))
                 {
@@ -1241,18 +1248,20 @@ impl<J: Job> State<J> {
             ToCoordinator::Exported {
                 chunk,
                 halos: (up, down),
+                placement,
             } => {
-                // Only for a partition placed there to export them, once.
-                let Some(placement) = self.remote.exports_asked.answered((id, chunk)) else {
-                    return Err(bad(format!(
-                        "halos for chunk {chunk}, which was not placed there to export them"
-                    )));
-                };
-                if placement != self.placements {
+                if placement < self.placements {
                     // Placed there by a rollback that started again since: the process forgot
                     // that partition (and the halos it kept with it) after this answer.
-                    tracing::debug!(conn = %id, chunk, "halos of an earlier placement dropped");
+                    tracing::debug!(conn = %id, chunk, placement, "halos of an earlier placement dropped");
                     return Ok(());
+                }
+                // Only for a partition placed there to export them, once.
+                if placement > self.placements || !self.remote.exports_asked.remove(&(id, chunk)) {
+                    return Err(bad(format!(
+                        "halos for chunk {chunk}, which was not placed there to export them \
+                         (placement {placement})"
+                    )));
                 }
                 let placed_here = self.remote.fetching_from(chunk) == Some(id)
                     || self

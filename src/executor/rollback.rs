@@ -261,8 +261,10 @@ impl<J: Job> State<J> {
         self.exports.clear();
         self.exporting.clear();
         self.moved = 0;
-        // Answers to the placements of an earlier attempt are dropped from now on.
+        // Answers to the placements of an earlier attempt are dropped from now on: they quote
+        // an older number, and nobody waits for them.
         self.placements += 1;
+        self.remote.exports_asked.clear();
         // Partitions asked back after the run went quiet (a process retired while the
         // snapshot was read) are the old run's: their bytes, when they come, would replace
         // the restored ones. Nobody waits for them (a local runner that did is answered).
@@ -553,8 +555,8 @@ impl<J: Job> State<J> {
         let count = places.len();
         let (mut bytes, mut by_part) = (0, 0);
         for (conn, rank, chunk, state) in places {
-            let export = rank == usize::MAX;
-            if export {
+            let export = (rank == usize::MAX).then_some(self.placements);
+            if export.is_some() {
                 self.remote.send_phase(conn, self.phase, job.clone());
             }
             // A process that writes to the store reads its parts from there: the control
@@ -577,10 +579,8 @@ impl<J: Job> State<J> {
                     }
                 }
             };
-            if self.remote.send_to(conn, msg).is_some() && export {
-                self.remote
-                    .exports_asked
-                    .ask((conn, chunk), self.placements);
+            if self.remote.send_to(conn, msg).is_some() && export.is_some() {
+                self.remote.exports_asked.insert((conn, chunk));
             }
         }
         tracing::debug!(

@@ -1109,10 +1109,15 @@ mod tests {
     ///   same process again, was taken as the new placement's answer: it named a halo the
     ///   process had kept before it forgot its partitions, and the job ended with a refused
     ///   kept halo (answers are matched to the placement that asked them).
+    /// - 11019589: a rollback started again after the first had placed a partition on a
+    ///   process; the process forgot that placement at `Forget` and never answered it, and the
+    ///   one answer it gave (to the second placement) was matched, first in first out, to the
+    ///   first and dropped as late: the coordinator waited for halos nobody would send, and the
+    ///   job made no progress (placements carry their number, and `Exported` quotes it).
     #[test]
     fn replayed_histories_end_exact() {
         let rt = runtime();
-        for seed in [654, 2011863, 2014778, 4008, 9012039, 9029903] {
+        for seed in [654, 2011863, 2014778, 4008, 9012039, 9029903, 11019589] {
             if let Err(e) = history(seed, &rt) {
                 panic!("{e}");
             }
@@ -1173,15 +1178,19 @@ mod tests {
         h.deliver_all(a);
         let id = h.procs[a].id;
         let none = || crate::wire::frame::Halo::Sent(bytes::Bytes::new());
-        let forged = ToCoordinator::Exported {
-            chunk: 1,
-            halos: (none(), none()),
-        };
-        let refused = h.coord().on_remote(id, forged);
-        assert!(
-            matches!(&refused, Err(e) if e.to_string().contains("not placed there")),
-            "{refused:?}"
-        );
+        // Quoting this attempt's placement number, or a later one.
+        for placement in [0, 1] {
+            let forged = ToCoordinator::Exported {
+                chunk: 1,
+                halos: (none(), none()),
+                placement,
+            };
+            let refused = h.coord().on_remote(id, forged);
+            assert!(
+                matches!(&refused, Err(e) if e.to_string().contains("not placed there")),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
-use super::job_run::{Halo, Shared, State};
+use super::job_run::{HeldHalo, Shared, State};
 use super::members::Mail;
 use super::snapshot::{Captured, Part};
 use crate::codec;
@@ -126,7 +126,7 @@ fn run_one<J: Job>(
             output,
             kept: kept.map(|k| {
                 let (up, down) = k.halos;
-                st.keep_halos(chunk, (Halo::Live(up), Halo::Live(down)));
+                st.keep_halos(chunk, (HeldHalo::Live(up), HeldHalo::Live(down)));
                 Held::Live(k.state)
             }),
             work,

@@ -168,7 +168,7 @@ impl std::error::Error for Rejected {}
 const EWMA_ALPHA: f64 = 0.3;
 
 #[derive(Debug)]
-struct Slot {
+struct WorkerSlot {
     running: Option<ChunkId>,
     retiring: bool,
     /// Iterations per second, exponentially weighted; 0 until measured.
@@ -204,7 +204,7 @@ pub struct Core<R: Reducer, S> {
     merge: OrderedMerge<R::Value>,
     done_chunks: u64,
     done_iterations: u64,
-    workers: IdMap<WorkerId, Slot>,
+    workers: IdMap<WorkerId, WorkerSlot>,
     /// Idle workers, in the order they became idle.
     idle: Vec<WorkerId>,
     halted: bool,
@@ -420,7 +420,7 @@ impl<R: Reducer, S> Core<R, S> {
                 }
                 self.workers.insert(
                     worker,
-                    Slot {
+                    WorkerSlot {
                         running: None,
                         retiring: false,
                         throughput: 0.0,
@@ -670,7 +670,7 @@ impl<R: Reducer, S> Core<R, S> {
         }
     }
 
-    fn remove(&mut self, worker: WorkerId) -> Option<Slot> {
+    fn remove(&mut self, worker: WorkerId) -> Option<WorkerSlot> {
         self.idle.retain(|&w| w != worker);
         self.workers.remove(&worker)
     }

@@ -15,12 +15,22 @@
 use super::ChunkId;
 
 /// Which of a partition's neighbours, seen from the partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Side {
     /// The neighbour before it (the band above).
     Before,
     /// The neighbour after it (the band below).
     After,
+}
+
+impl Side {
+    /// The side the partition is on, seen from its neighbour on this side.
+    pub(crate) fn opposite(self) -> Side {
+        match self {
+            Side::Before => Side::After,
+            Side::After => Side::Before,
+        }
+    }
 }
 
 /// The neighbours of the owned partitions of a job of `len` chunks.
@@ -31,7 +41,7 @@ pub(crate) struct Shape {
 
 impl Shape {
     /// A chain of `len` partitions: `c` neighbours `c - 1` and `c + 1`.
-    pub(crate) fn chain(len: ChunkId) -> Shape {
+    pub(crate) const fn chain(len: ChunkId) -> Shape {
         Shape { len }
     }
 

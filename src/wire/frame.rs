@@ -50,8 +50,12 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// hello names each job's layout fingerprint ([`JobType::layout`](super::handshake::JobType));
 /// a worker with the job in its version but types of another layout is refused
 /// (`Refusal::Layout`, carrying the coordinator's layout) and answers with its own
-/// (`WorkerLayout`), so that both sides name the first field that differs.
-pub const PROTOCOL_VERSION: u32 = 16;
+/// (`WorkerLayout`), so that both sides name the first field that differs. Version 17: a
+/// placement that asks for halos carries the rollback's placement number (`export`), and
+/// `Exported` quotes it back: a process forgets the placements under way when the job rolls
+/// back again (`Forget`) and answers them never, so answers are matched by number, not by
+/// order.
+pub const PROTOCOL_VERSION: u32 = 17;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -223,8 +227,10 @@ pub enum ToWorker {
         /// The partition's state (postcard), as the snapshot had it.
         #[serde(deserialize_with = "in_frame")]
         state: Bytes,
-        /// The partition ended the restored phase: answer `Exported` with its halos.
-        export: bool,
+        /// `Some(placement)`: the partition ended the restored phase; answer `Exported` with
+        /// its halos and this number (the rollback's placement, which a later rollback
+        /// replaces: answers to an earlier one are recognised and dropped).
+        export: Option<u64>,
     },
     /// As `Place`, for a process that writes to the job's store (see `Store`): it reads the
     /// partition's state from the snapshot's part itself, size and checksum checked, instead
@@ -235,7 +241,7 @@ pub enum ToWorker {
         /// The part of the snapshot rolled back to.
         part: crate::snapshot::PartRef,
         /// As in `Place`.
-        export: bool,
+        export: Option<u64>,
     },
     /// The job rolls back: stop `chunk` in `slot` at its next adjustment point (at once if it
     /// waits to run) and drop it, with the partition it runs; answer `Abandoned`, with no
@@ -405,6 +411,8 @@ pub enum ToCoordinator {
         chunk: u64,
         /// The halos.
         halos: (Halo, Halo),
+        /// The placement number its `Place` or `PlacePart` carried.
+        placement: u64,
     },
     /// Owned partitions: the halos this process kept ([`Halo::Kept`]) for the partition of
     /// `chunk`, which leaves it: sent right before the message that hands the partition

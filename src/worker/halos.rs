@@ -17,14 +17,12 @@ use crate::schedule::idhash::{IdMap, IdSet};
 
 use bytes::Bytes;
 
+use crate::schedule::{Shape, Side};
 use crate::wire::frame::{Halo, ToCoordinator, ToWorker};
 
-/// Which neighbour a kept halo came from, seen from the partition it is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum From {
-    Before,
-    After,
-}
+/// The neighbours of a partition, as the coordinator's: a process does not know how many
+/// chunks the job has, and needs not: a neighbour past the last chunk is never here.
+const SHAPE: Shape = Shape::chain(u64::MAX);
 
 /// The partitions in this process and the halos kept for them.
 #[derive(Debug, Default)]
@@ -32,7 +30,7 @@ pub(super) struct Keeper {
     /// Chunks whose partition is in this process.
     here: IdSet<u64>,
     /// Kept halos, by the chunk they are for and the neighbour that exported them.
-    kept: IdMap<(u64, From), Bytes>,
+    kept: IdMap<(u64, Side), Bytes>,
 }
 
 impl Keeper {
@@ -71,8 +69,8 @@ impl Keeper {
                 .map(|b| Some(Halo::Sent(b))),
             h => Some(h),
         };
-        let before = take(before, From::Before)?;
-        let after = take(after, From::After)?;
+        let before = take(before, Side::Before)?;
+        let after = take(after, Side::After)?;
         Some(ToWorker::Begin {
             chunk,
             before,
@@ -94,7 +92,7 @@ impl Keeper {
                 self.keep(*chunk, halos);
                 out.push(msg);
             }
-            ToCoordinator::Exported { chunk, halos } => {
+            ToCoordinator::Exported { chunk, halos, .. } => {
                 self.keep(*chunk, halos);
                 out.push(msg);
             }
@@ -106,8 +104,8 @@ impl Keeper {
             | ToCoordinator::Missing { chunk } => {
                 let chunk = *chunk;
                 self.here.remove(&chunk);
-                let before = self.kept.remove(&(chunk, From::Before));
-                let after = self.kept.remove(&(chunk, From::After));
+                let before = self.kept.remove(&(chunk, Side::Before));
+                let after = self.kept.remove(&(chunk, Side::After));
                 if before.is_some() || after.is_some() {
                     out.push(ToCoordinator::Released {
                         chunk,
@@ -125,13 +123,12 @@ impl Keeper {
     /// after), each kept, and replaced by [`Halo::Kept`], where that chunk's partition is
     /// here.
     fn keep(&mut self, chunk: u64, (up, down): &mut (Halo, Halo)) {
-        for (h, to, from) in [
-            (up, chunk.checked_sub(1), From::After),
-            (down, chunk.checked_add(1), From::Before),
-        ] {
+        for (h, side) in [(up, Side::Before), (down, Side::After)] {
+            let to = SHAPE.neighbour(chunk, side);
             if let Some(to) = to.filter(|to| self.here.contains(to)) {
                 if let Halo::Sent(b) = std::mem::replace(h, Halo::Kept) {
-                    self.kept.insert((to, from), b);
+                    // For `to`, this halo came from its neighbour on the other side.
+                    self.kept.insert((to, side.opposite()), b);
                 }
             }
         }

@@ -585,7 +585,7 @@ struct Placements<J: Job> {
 const PLACE_READS: usize = 8;
 
 /// A placed partition, decoded, and the halos it exported if it was asked to.
-type Placed<C> = (C, Option<(bytes::Bytes, bytes::Bytes)>);
+type Placed<C> = (C, Option<super::machine::Exported>);
 
 /// A placement's end: its chunk, and its partition or why not.
 type Settled<C> = (u64, Result<Placed<C>, Failure>);
@@ -704,7 +704,7 @@ fn lock_buffers(
 pub(super) fn decode_placed<J: Job>(
     chunk: u64,
     state: &[u8],
-    export: bool,
+    export: Option<u64>,
     job: Option<(u64, Arc<J>)>,
     spare: Option<J::Chunk>,
 ) -> Result<Placed<J::Chunk>, crate::Error> {
@@ -714,7 +714,7 @@ pub(super) fn decode_placed<J: Job>(
         Some(mut part) => codec::decode_into("a chunk state", state, &mut part).map(|()| part),
         None => codec::decode::<J::Chunk>("a chunk state", state),
     })??;
-    let (true, Some(hooks)) = (export, J::OWNERSHIP.hooks) else {
+    let (Some(placement), Some(hooks)) = (export, J::OWNERSHIP.hooks) else {
         return Ok((part, None));
     };
     let Some((_, job)) = job else {
@@ -723,11 +723,12 @@ pub(super) fn decode_placed<J: Job>(
         ));
     };
     let (up, down) = crate::run::catch(site, J::NAME, || (hooks.export)(&part, &job))?;
-    let halos = (
-        (hooks.encode_halo)(&up)?.into(),
-        (hooks.encode_halo)(&down)?.into(),
-    );
-    Ok((part, Some(halos)))
+    let exported = super::machine::Exported {
+        placement,
+        up: (hooks.encode_halo)(&up)?.into(),
+        down: (hooks.encode_halo)(&down)?.into(),
+    };
+    Ok((part, Some(exported)))
 }
 
 /// A placement's task that stopped before its end.
@@ -861,17 +862,17 @@ mod tests {
                     ToWorker::Place {
                         chunk: 1,
                         state: sent,
-                        export: true,
+                        export: Some(7),
                     },
                     ToWorker::Place {
                         chunk: 2,
                         state: Bytes::from_static(&[0xff; 3]),
-                        export: false,
+                        export: None,
                     },
                     ToWorker::PlacePart {
                         chunk: 3,
                         part,
-                        export: false,
+                        export: None,
                     },
                     ToWorker::CaptureHeld {
                         chunk: 1,
@@ -917,6 +918,7 @@ mod tests {
                 &ToCoordinator::Exported {
                     chunk: 1,
                     halos: (frame::Halo::Sent(halo(0)), frame::Halo::Sent(halo(99_999))),
+                    placement: 7,
                 }
             );
             assert_eq!(

@@ -193,10 +193,19 @@ pub(super) enum Source {
 pub(super) struct Place {
     pub(super) chunk: u64,
     pub(super) from: Source,
-    /// Export its halos once decoded (answered by `Exported`).
-    pub(super) export: bool,
+    /// Export its halos once decoded, answered by `Exported` with this placement number.
+    pub(super) export: Option<u64>,
     /// The store this process writes to, if it is shown to be usable: a part is read there.
     pub(super) store: Option<Store>,
+}
+
+/// The halos a placed partition exported (asked by its placement's `export`), for the chunk
+/// before and the chunk after, with the placement number they answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Exported {
+    pub(super) placement: u64,
+    pub(super) up: Bytes,
+    pub(super) down: Bytes,
 }
 
 /// An offered store, to check: it is the coordinator's if snapshot `epoch` of `job_id` is
@@ -499,7 +508,7 @@ impl Machine {
     /// A placement ended: the partition is held here (the pump holds it) and its halos go
     /// up if they were asked for, or the coordinator learns why not. A message that waited
     /// for it is taken.
-    pub(super) fn placed(&mut self, chunk: u64, placed: Result<Option<(Bytes, Bytes)>, Failure>) {
+    pub(super) fn placed(&mut self, chunk: u64, placed: Result<Option<Exported>, Failure>) {
         if self.ended {
             return;
         }
@@ -510,9 +519,14 @@ impl Machine {
             }
         }
         match placed {
-            Ok(Some((up, down))) => self.send(ToCoordinator::Exported {
+            Ok(Some(Exported {
+                placement,
+                up,
+                down,
+            })) => self.send(ToCoordinator::Exported {
                 chunk,
                 halos: (Halo::Sent(up), Halo::Sent(down)),
+                placement,
             }),
             Ok(None) => {}
             Err(failure) => {
@@ -722,7 +736,7 @@ impl Machine {
     }
 
     /// A partition placed here: placed in the background, for a job with partitions.
-    fn place(&mut self, chunk: u64, from: Source, export: bool) {
+    fn place(&mut self, chunk: u64, from: Source, export: Option<u64>) {
         if !self.config.partitioned {
             return self.fail(self.bad("a partition placed for a job without partitions".into()));
         }
@@ -1371,7 +1385,7 @@ mod tests {
             Some(ToWorker::Place {
                 chunk: 1,
                 state: state.clone(),
-                export: true,
+                export: Some(7),
             }),
         );
         m.received(
@@ -1379,7 +1393,7 @@ mod tests {
             Some(ToWorker::PlacePart {
                 chunk: 3,
                 part: part(3, 1),
-                export: false,
+                export: None,
             }),
         );
         let outs = polled(&mut m);
@@ -1388,7 +1402,7 @@ mod tests {
         };
         assert_eq!(
             (one.chunk, &one.from, one.export),
-            (1, &Source::Sent(state), true)
+            (1, &Source::Sent(state), Some(7))
         );
         assert_eq!((three.chunk, &three.from), (3, &Source::Part(part(3, 1))));
         assert!(three.store.is_none());
@@ -1425,7 +1439,14 @@ mod tests {
             }]
         );
         // Chunk 1 is placed: its halos (no neighbour here), then the capture, then the run.
-        m.placed(1, Ok(Some((halo(1, "up"), halo(1, "down")))));
+        m.placed(
+            1,
+            Ok(Some(Exported {
+                placement: 7,
+                up: halo(1, "up"),
+                down: halo(1, "down"),
+            })),
+        );
         let outs = polled(&mut m);
         let [
             Out::Send(exported),
@@ -1441,7 +1462,8 @@ mod tests {
             exported,
             &ToCoordinator::Exported {
                 chunk: 1,
-                halos: (Halo::Sent(halo(1, "up")), Halo::Sent(halo(1, "down")))
+                halos: (Halo::Sent(halo(1, "up")), Halo::Sent(halo(1, "down"))),
+                placement: 7,
             }
         );
         m.answer(Ok(Some(captured_held(1, b"partition"))));
@@ -1464,7 +1486,7 @@ mod tests {
             Some(ToWorker::Place {
                 chunk: 1,
                 state: Bytes::new(),
-                export: false,
+                export: None,
             }),
         );
         let outs = polled(&mut m);
@@ -1492,7 +1514,7 @@ mod tests {
             Some(ToWorker::Place {
                 chunk: 2,
                 state: Bytes::from_static(b"partition"),
-                export: false,
+                export: None,
             }),
         );
         assert!(matches!(&polled(&mut m)[..], [Out::Place(_)]));
@@ -1556,7 +1578,7 @@ mod tests {
             Some(ToWorker::Place {
                 chunk: 3,
                 state: Bytes::new(),
-                export: false,
+                export: None,
             }),
         );
         let _ = polled(&mut m);

@@ -238,13 +238,13 @@ impl<J: Job> Queue<J> {
 }
 
 /// The runner's host for one chunk of a slot.
-struct Slot<'q, J: Job> {
+struct SlotHost<'q, J: Job> {
     queue: &'q mut Queue<J>,
     slot: u32,
     chunk: u64,
 }
 
-impl<J: Job> Host for Slot<'_, J> {
+impl<J: Job> Host for SlotHost<'_, J> {
     fn attend(&mut self, cell: &Cell) -> Attend {
         cell.take();
         let asked = self.queue.take(Some((self.slot, self.chunk)));
@@ -399,7 +399,7 @@ impl<J: Job> Compute<J> {
             state,
         };
         cell.publish(0);
-        let mut host = Slot { queue, slot, chunk };
+        let mut host = SlotHost { queue, slot, chunk };
         let ran = run::run(&*job, inputs, assignment, cell, stats, &mut host);
         cell.publish(0);
         let began = queued.max(*free);

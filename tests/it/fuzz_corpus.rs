@@ -211,7 +211,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             ToWorker::Place {
                 chunk: 14,
                 state: Bytes::from_static(b"\x05state"),
-                export: false,
+                export: None,
             },
         ),
         (
@@ -224,7 +224,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                     size: 4096,
                     crc32c: 0x1234_5678,
                 },
-                export: true,
+                export: Some(3),
             },
         ),
         (
@@ -420,6 +420,7 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                     frame::Halo::Sent(Bytes::from_static(b"\x02up")),
                     frame::Halo::Sent(Bytes::from_static(b"\x04down")),
                 ),
+                placement: 3,
             },
         ),
         ("abandoned", ToCoordinator::Abandoned { slot: 2, chunk: 18 }),
