@@ -166,15 +166,17 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
         ));
     };
     let (start, first_index) = {
-        let mut st = shared.lock();
+        let mut guard = shared.lock();
+        let (st, links) = guard.links();
         if st.ended {
             return Ok(());
         }
-        st.remote
+        links
             .launched
             .retain_mut(|p| matches!(p.try_wait(), Ok(None)));
+        st.remote.launched = links.launched.len();
         let connected = st.remote.conns.len();
-        let starting = st.remote.launched.len().saturating_sub(connected);
+        let starting = st.remote.launched.saturating_sub(connected);
         let present = st.remote_count() + starting;
         if n < st.remote_count() {
             let extra = st.remote_count() - n;
@@ -201,8 +203,10 @@ pub(crate) fn scale_remote<J: Job>(shared: &Arc<Shared<J>>, n: usize) -> crate::
             }
         }
     }
-    let mut st = shared.lock();
+    let mut guard = shared.lock();
+    let (st, links) = guard.links();
     st.remote.launched_total += started.len();
-    st.remote.launched.extend(started);
+    links.launched.extend(started);
+    st.remote.launched = links.launched.len();
     error.map_or(Ok(()), Err)
 }

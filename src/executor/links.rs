@@ -55,10 +55,11 @@ pub(crate) struct Locked<J: Job> {
 
 impl<J: Job> Locked<J> {
     pub(crate) fn new(state: State<J>) -> Locked<J> {
-        Locked {
-            state,
-            links: Links::default(),
-        }
+        let links = Links {
+            timeline: state.config.timeline.clone(),
+            ..Links::default()
+        };
+        Locked { state, links }
     }
 }
 
@@ -206,6 +207,9 @@ pub(crate) enum Order<J: Job> {
     /// Whoever waits for the outcome looks again: the waiting thread's mailbox, an awaiting
     /// task.
     Wake,
+    /// A record for the run's timeline (`watch.rs`), with the local and remote workers when
+    /// it happened.
+    Record(usize, usize, crate::timeline::Event),
 }
 
 /// A local worker as its driver knows it: its thread's mailbox, and the attention cell it
@@ -233,6 +237,11 @@ pub(crate) struct Links<J: Job> {
     progress: tokio::sync::watch::Sender<Option<super::Progress>>,
     /// Channels of local runners waiting for a partition on its way, by chunk.
     fetched: HashMap<crate::schedule::ChunkId, crossbeam_channel::Sender<crate::Result<Bytes>>>,
+    /// The run's timeline, if it has one (`Builder::timeline`).
+    timeline: Option<Arc<crate::timeline::Sink>>,
+    /// Worker processes started by `scale_remote` that may still be running
+    /// (`connection.rs`; the state counts them: `Remotes::launched`).
+    pub(crate) launched: Vec<Box<dyn crate::wire::Launched>>,
 }
 
 /// Where a snapshot's outcome goes.
@@ -249,6 +258,8 @@ impl<J: Job> Default for Links<J> {
             next_reply: 0,
             progress: tokio::sync::watch::Sender::new(None),
             fetched: HashMap::new(),
+            timeline: None,
+            launched: Vec::new(),
         }
     }
 }
@@ -441,6 +452,11 @@ impl<J: Job> Links<J> {
             Order::Reply(r, result) => {
                 if let Some(answer) = self.replies.remove(&r.0) {
                     let _ = answer.send(result);
+                }
+            }
+            Order::Record(local, remote, event) => {
+                if let Some(sink) = &self.timeline {
+                    sink.send(J::NAME, local, remote, event);
                 }
             }
             Order::Wake => {

@@ -47,11 +47,20 @@
 //! histories).
 //!
 //! `tests/it/layering.rs` holds the state's files to it: they start no task or thread, hold
-//! no channel or atomic, read no clock and never name the run's shared handle. What the state
-//! still does itself: it records metrics through the `metrics` crate's handles and timeline
-//! events through the timeline's sink, runs the job's code (its `next`, encoding and
-//! decoding, `output`), and keeps the handles of worker processes a launcher started
-//! (`Remotes::launched`, written by `connection.rs`).
+//! no channel or atomic, read no clock and never name the run's shared handle. Its reports
+//! are orders too: the run's progress (`Order::Progress`), a snapshot's outcome for whoever
+//! asked (`Order::Reply`), the timeline's records (`Order::Record`); the handles of worker
+//! processes a launcher started are the driver's (`Links::launched`), the state counts them.
+//! What the state still does itself: it counts metrics through the `metrics` crate's handles
+//! (an increment in memory, no I/O and no wait, made once per run: `crate::metrics`), and
+//! runs the job's code (its `next`, encoding and decoding, `output`), which is part of what
+//! it decides.
+//!
+//! Why calls, not one `handle(Input)` with a polled `Vec<Output>` as in sans-IO protocol
+//! crates: each input here is already a method with its own typed arguments, and the
+//! orders are polled once per lock by the one driver that holds it (`Guard`'s drop); an
+//! input enum would add a match that only forwards to those methods. The simulation drives
+//! the same methods, and polls the same queues.
 //!
 //! # Inline mode
 //!

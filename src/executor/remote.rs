@@ -195,8 +195,9 @@ pub(crate) struct Remotes {
     next: u64,
     /// The job value of a phase, encoded once for all connections.
     job_bytes: Option<(u64, Bytes)>,
-    /// Worker processes started by `scale_remote` that may still be running.
-    pub(crate) launched: Vec<Box<dyn crate::wire::Launched>>,
+    /// Worker processes started by `scale_remote` that were still running when it last
+    /// looked (their handles are the driver's: `Links::launched`).
+    pub(crate) launched: usize,
     /// Worker processes started so far (their `index`).
     pub(crate) launched_total: usize,
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
@@ -223,10 +224,7 @@ impl Remotes {
     /// [`scale_remote`] counts them), for the metrics (`watch.rs`).
     pub(crate) fn membership(&self) -> (usize, usize) {
         let retiring = self.conns.values().filter(|c| c.retiring).count();
-        (
-            retiring,
-            self.launched.len().saturating_sub(self.conns.len()),
-        )
+        (retiring, self.launched.saturating_sub(self.conns.len()))
     }
 
     /// Owned partitions at the barrier before `phase`: each worker process that holds some

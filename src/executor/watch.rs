@@ -25,7 +25,8 @@ use crate::timeline::{Ending, Event, Sink};
 /// What a job run reports, and what it last reported.
 pub(crate) struct Watch {
     pub(crate) metrics: JobMetrics,
-    sink: Option<Arc<Sink>>,
+    /// Whether the run has a timeline: its records go out as orders (`links::Order::Record`).
+    recording: bool,
     /// When the current phase started (or the run, or its restart after a rollback).
     phase_started: Duration,
     /// The workers last recorded: local, remote, draining, joining.
@@ -36,7 +37,7 @@ impl Watch {
     pub(crate) fn new(job: &'static str) -> Watch {
         Watch {
             metrics: JobMetrics::new(job),
-            sink: None,
+            recording: false,
             phase_started: Duration::ZERO,
             last: (0, 0, 0, 0),
         }
@@ -84,21 +85,18 @@ pub(crate) fn manifest_bytes(written: &Result<SnapshotId>, manifest: &Manifest) 
 }
 
 impl<J: Job> State<J> {
-    /// Sends a record to the timeline, if there is one.
-    fn record(&self, event: Event) {
-        if let Some(sink) = &self.watch.sink {
-            sink.send(
-                J::NAME,
-                self.members.local_count(),
-                self.remote_count(),
-                event,
-            );
+    /// Queues a record for the timeline, if there is one, with the workers now.
+    fn record(&mut self, event: Event) {
+        if self.watch.recording {
+            let (local, remote) = (self.members.local_count(), self.remote_count());
+            self.orders
+                .push(super::links::Order::Record(local, remote, event));
         }
     }
 
     /// The run starts (submitted or resumed): its timeline, and its first record.
     pub(crate) fn watch_start(&mut self) {
-        self.watch.sink = self.config.timeline.clone();
+        self.watch.recording = self.config.timeline.is_some();
         self.watch.phase_started = self.now;
         // Only a resumed run starts knowing a committed epoch.
         self.record(Event::Start {
