@@ -615,8 +615,8 @@ impl<'de, R: Rows> Deserialize<'de> for Band<R> {
 
     /// Decodes a band into `place`, reusing its buffers (a worker process decodes a
     /// restored band into the one it held before the rollback: the grid's pages are
-    /// already mapped, where fresh ones fault in one by one, 128 MB in 40-74 ms on the
-    /// machine of `BENCHMARKS.md` against 7-8 ms warm). On an error `place` is left with
+    /// already mapped, where fresh ones fault in one by one, several times slower:
+    /// `BENCHMARKS.md`, owned partitions). On an error `place` is left with
     /// buffers of unspecified content.
     fn deserialize_in_place<D: Deserializer<'de>>(d: D, place: &mut Self) -> Result<(), D::Error> {
         let take = |c: &mut Cells<R::Element>| std::mem::take(&mut c.0);

@@ -762,7 +762,7 @@ type Decoded<J> = (<J as Job>::Chunk, Option<(AnyHalo, AnyHalo)>);
 /// They are spread over as many scoped threads as the machine has, as `encode_pending`
 /// spreads a cut's encoding, instead of one after the other: after a rollback most of the
 /// grid is restored here, under the job's lock, while every worker waits for the next phase
-/// (a 4 MB band took about 1.5 ms, 24 of them 35 ms on one thread). Each partition is
+/// (`BENCHMARKS.md`, owned partitions, has the figures). Each partition is
 /// decoded and exported on its own, so the result is the one the serial loop gave: a
 /// partition that does not decode is [`Error::Codec`], a panic in the job's code (its
 /// `Deserialize` or `export`) is [`Error::Panicked`] at the chunk.

@@ -505,9 +505,9 @@ impl<J: Job> State<J> {
         // A partition done in the snapshot's phase runs next in the phase after it: the
         // ledger deals those that no worker holds as a first phase deals chunks (a block per
         // process or worker, `schedule/owned.rs`) and holds each where it is dealt; those of
-        // processes are placed there. (They used to go where their nearest pending neighbour
-        // ran: a snapshot cut near a phase's end, with one chunk pending, sent every partition
-        // to that one slot's process, and the next phase moved them back.)
+        // processes are placed there. (Placed where their nearest pending neighbour runs, a
+        // snapshot cut near a phase's end, with one chunk pending, would send every partition
+        // to that one slot's process, and the next phase would move them back.)
         if by_part_only {
             self.core.deal_unheld_kept();
         }

@@ -290,12 +290,13 @@ impl Owners {
         // (sorted), the one next to the receiver's chunks if any, else the one nearer to
         // them: O(log n) per move. Moves go on while each lowers the larger of the two
         // groups' loads; they are kept if together they lower the largest load by more than
-        // `slack` of it, else undone (noise). (The slack used to be asked of each move: a
-        // worker with more than 1/slack chunks never gave one away, and three slots stayed
-        // idle beside one that held all 32 partitions. Asked only of the spread, it moved a
-        // partition back and forth at every phase. And each slot of a process was balanced
-        // on its own: their speeds, measured behind each other on one thread, differ by more
-        // than the slack, and two partitions crossed between processes at every phase.)
+        // `slack` of it, else undone (noise). (Asked of each move, the slack would keep a
+        // worker with more than 1/slack chunks from ever giving one away: three slots idle
+        // beside one that holds all 32 partitions. Asked only of the spread, it would move a
+        // partition back and forth at every phase. And the slots of one process are not
+        // balanced each on its own: their speeds, measured behind each other on one thread,
+        // differ by more than the slack, and partitions would cross between processes at
+        // every phase.)
         let group: Vec<Group> = ids.iter().map(|w| self.group_of(*w)).collect();
         let mut groups: Vec<(Group, Vec<usize>)> = Vec::new();
         for (i, &g) in group.iter().enumerate() {

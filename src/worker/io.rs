@@ -578,10 +578,10 @@ struct Placements<J: Job> {
 }
 
 /// Parts of placed partitions read from the store at once. Decoding goes two at a time, in
-/// order, on the cores the threads share; reading waits on the store: from a SeaweedFS S3
-/// server a 4 MB part took 5-10 ms to come, and read two at a time (with the decode) the
-/// one process left after a loss took 450-630 ms to read and run a 128 MB grid's restored
-/// phase, where reading the snapshot whole takes 175-205 ms.
+/// order, on the cores the threads share; reading waits on the store, so more reads than
+/// decodes are under way: read two at a time, the one process left after a loss took more
+/// than twice as long to read and run a grid's restored phase as reading the snapshot whole
+/// (`BENCHMARKS.md`, owned partitions, has the figures).
 const PLACE_READS: usize = 8;
 
 /// A placed partition, decoded, and the halos it exported if it was asked to.

@@ -37,8 +37,8 @@
 //!    Messages from the threads and background outcomes are not held up meanwhile: they are
 //!    about other chunks (a chunk whose message waits was not handed to a thread yet), so
 //!    taking them earlier is one of the orders the process could have seen them in anyway.
-//!    (The I/O loop used to wait for the placement with everything else stopped, its
-//!    heartbeats and the lease included.)
+//!    (Waiting for the placement with everything else stopped would stop the heartbeats,
+//!    and the lease with them.)
 //! 2. *Halos.* Before a message waits for a placement, the [`Keeper`] notes the partitions it
 //!    brings and gives back the halos a `Begin` names as kept (as the I/O loop did on reading
 //!    it); every message for the coordinator passes the keeper in the order it is polled,
