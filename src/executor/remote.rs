@@ -1338,6 +1338,7 @@ impl<J: Job> State<J> {
             } => {
                 slot_of(conn, slot)?;
                 let error = error_of::<J>(failure, self.phase, chunk, &peer);
+                let error = self.snap.from_snapshot.blame(chunk, error);
                 tracing::warn!(peer = %peer, chunk, error = %error, "a worker process lost a chunk: the job ends");
                 self.fail(error);
                 return Ok(());
@@ -1393,6 +1394,7 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::FailedHeld { chunk, failure } => {
                 let error = error_of::<J>(failure, self.phase, chunk, &peer);
+                let error = self.snap.from_snapshot.blame(chunk, error);
                 tracing::warn!(peer = %peer, chunk, error = %error, "a worker process failed on a partition it holds: the job ends");
                 self.fail(error);
                 return Ok(());
