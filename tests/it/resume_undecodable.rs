@@ -8,7 +8,12 @@
 //! job that wrote the snapshot: what a changed `Deserialize` does to old bytes. Its serde
 //! layout is the same either way, so the snapshot passes the layout check of the resume and
 //! its states are decoded only where their chunks run. The switch is a tag: each test's job
-//! carries its own, so the tests of this module can run side by side in one process.
+//! carries its own, refused on its own, so the tests of this module can run side by side in
+//! one process.
+//!
+//! A job with owned partitions also decodes, at its end, the partitions it gathers: one
+//! that finished its phase before the snapshot was taken is still the snapshot's bytes there
+//! ([`a_restored_partition_that_does_not_decode_when_gathered_names_the_snapshot`]).
 //!
 //! The worker process is this test binary, re-executed to run [`worker_process`], which
 //! refuses the remote test's tag.
@@ -25,7 +30,9 @@ use common::{chain, procs};
 use malleable::cluster::{Registry, WorkerOptions};
 use malleable::reduce::Sum;
 use malleable::snapshot::{self, SnapshotId, Store};
-use malleable::{At, Chunk, Chunking, Error, Executor, Job, JobHandle, Outcome, Step};
+use malleable::{
+    At, Chunk, Chunking, Error, Executor, Job, JobHandle, Outcome, Ownership, Partition, Step,
+};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -40,12 +47,28 @@ const PER_STEP: u64 = 10;
 const LOCAL_TAG: u64 = 7;
 /// The tag of the remote test's job.
 const REMOTE_TAG: u64 = 8;
+/// The tag of the gathering test's job.
+const GATHER_TAG: u64 = 9;
 /// How long any wait of these tests may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The tag whose chunk states this process refuses to decode (0: none). Layout tracing
-/// decodes a tag of 1, which is never refused.
+/// The tags whose chunk states this process refuses to decode, one bit each. Layout
+/// tracing decodes a tag of 1, which is never refused.
 static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Refuses (or reads again) the chunk states of `tag` in this process.
+fn refuse(tag: u64, on: bool) {
+    if on {
+        REFUSED.fetch_or(1 << tag, Ordering::SeqCst);
+    } else {
+        REFUSED.fetch_and(!(1 << tag), Ordering::SeqCst);
+    }
+}
+
+/// Whether the chunk states of `tag` are refused.
+fn refused(tag: u64) -> bool {
+    tag < 64 && REFUSED.load(Ordering::SeqCst) & (1 << tag) != 0
+}
 
 /// Sums `0..n`; `tag` goes into every chunk state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,7 +77,7 @@ struct Fickle {
     tag: u64,
 }
 
-/// A chunk state whose `Deserialize` refuses the tag in [`REFUSED`].
+/// A chunk state whose `Deserialize` refuses the tags in [`REFUSED`].
 #[derive(Debug, Serialize)]
 #[serde(rename = "FickleChunk")]
 struct FickleChunk {
@@ -81,7 +104,7 @@ impl<'de> Deserialize<'de> for FickleChunk {
             end,
             acc,
         } = Fields::deserialize(d)?;
-        if tag == REFUSED.load(Ordering::SeqCst) {
+        if refused(tag) {
             return Err(D::Error::custom(format!(
                 "chunk states of tag {tag} are no longer read"
             )));
@@ -132,6 +155,107 @@ impl Chunk for FickleChunk {
     }
 }
 
+/// Sums `0..n` over owned partitions in one phase, and gathers them at its end; `tag` goes
+/// into every partition.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Gathered {
+    n: u64,
+    tag: u64,
+}
+
+/// A partition whose `Deserialize` refuses, of the tags in [`REFUSED`], those that finished
+/// their phase (the others decode). The first one is quick, the others take about 100 ms.
+#[derive(Debug, Serialize)]
+#[serde(rename = "Band")]
+struct Band {
+    tag: u64,
+    next: u64,
+    end: u64,
+    acc: u64,
+}
+
+impl<'de> Deserialize<'de> for Band {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// The same fields, read by the derived code: the layout is unchanged.
+        #[derive(Deserialize)]
+        #[serde(rename = "Band")]
+        struct Fields {
+            tag: u64,
+            next: u64,
+            end: u64,
+            acc: u64,
+        }
+        let Fields {
+            tag,
+            next,
+            end,
+            acc,
+        } = Fields::deserialize(d)?;
+        if refused(tag) && next == end {
+            return Err(D::Error::custom(format!(
+                "finished partitions of tag {tag} are no longer read"
+            )));
+        }
+        Ok(Band {
+            tag,
+            next,
+            end,
+            acc,
+        })
+    }
+}
+
+impl Job for Gathered {
+    const NAME: &'static str = "resume-undecodable-gathered";
+    const OWNERSHIP: Ownership<Self> = Ownership::PARTITIONS;
+    type Chunk = Band;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.n
+    }
+    fn chunk(&self, range: Range<u64>) -> Band {
+        Band {
+            tag: self.tag,
+            next: range.start,
+            end: range.end,
+            acc: 0,
+        }
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+}
+
+impl Chunk for Band {
+    type Job = Gathered;
+    type Output = u64;
+    fn step(&mut self, _job: &Gathered, _input: &()) -> Step<u64> {
+        if self.end > N / 4 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let stop = self.end.min(self.next + PER_STEP);
+        self.acc += (self.next..stop).sum::<u64>();
+        self.next = stop;
+        if self.next == self.end {
+            Step::Done(self.acc)
+        } else {
+            Step::Yield
+        }
+    }
+}
+
+impl Partition for Band {
+    type Halo = ();
+    fn export(&self, _job: &Gathered) -> ((), ()) {
+        ((), ())
+    }
+    fn begin_phase(&mut self, _job: &Gathered, _before: Option<()>, _after: Option<()>) {}
+    fn gather_at_end(_job: &Gathered) -> bool {
+        true
+    }
+}
+
 /// The entry point of worker processes: refuses the remote test's states, serves one job.
 #[test]
 #[ignore = "the body of the worker processes the other tests start"]
@@ -139,7 +263,7 @@ fn worker_process() {
     let Ok(addr) = std::env::var(ADDR_ENV) else {
         return;
     };
-    REFUSED.store(REMOTE_TAG, Ordering::SeqCst);
+    refuse(REMOTE_TAG, true);
     let registry = Registry::new().register::<Fickle>();
     let options = WorkerOptions::from_env().unwrap().threads(1);
     procs::serve_and_exit(&addr, &registry, options, PATIENCE);
@@ -251,7 +375,7 @@ fn a_restored_state_that_does_not_decode_on_a_local_worker_names_the_snapshot() 
 
     // The chunk's `Deserialize` no longer reads those states: the resume starts (the
     // layout is the same) and the first worker that decodes one ends the job.
-    REFUSED.store(LOCAL_TAG, Ordering::SeqCst);
+    refuse(LOCAL_TAG, true);
     let exec = Executor::builder()
         .local_workers(2)
         .job_id(&job_id)
@@ -263,7 +387,7 @@ fn a_restored_state_that_does_not_decode_on_a_local_worker_names_the_snapshot() 
     assert_names_the_snapshot(&e, &id);
 
     // Nothing was damaged: read again, the same snapshot resumes to the right sum.
-    REFUSED.store(0, Ordering::SeqCst);
+    refuse(LOCAL_TAG, false);
     let h = exec.resume::<Fickle>(&url, At::Latest).unwrap();
     assert_eq!(h.resumed().unwrap().from, id);
     let value = h.wait().unwrap().finished().unwrap().value;
@@ -290,5 +414,52 @@ fn a_restored_state_that_does_not_decode_in_a_worker_process_names_the_snapshot(
     let _worker = Worker(procs::start_worker(module_path!(), ADDR_ENV, &addr));
     let e = failure(h, "remote");
     assert_names_the_snapshot(&e, &id);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_restored_partition_that_does_not_decode_when_gathered_names_the_snapshot() {
+    let (url, dir) = folder("gathered");
+    let job_id = format!("gathered-{}", std::process::id());
+    let exec = Executor::builder()
+        .local_workers(2)
+        .chunking(CHUNKING)
+        .snapshots(&url)
+        .job_id(&job_id)
+        .build()
+        .unwrap();
+
+    // Suspended once the quick first partition finished its phase, the others not.
+    let h = exec
+        .submit(Gathered {
+            n: N,
+            tag: GATHER_TAG,
+        })
+        .unwrap();
+    until("the first partition's end", || h.progress().done >= N / 4);
+    let id = h.suspend().wait().unwrap();
+    until("the job's suspension", || h.is_finished());
+    assert!(matches!(h.wait(), Ok(Outcome::Suspended(_))));
+    let store = Store::open(&url).unwrap();
+    let manifest = futures::executor::block_on(store.manifest(&id)).unwrap();
+    assert!(
+        manifest.kept.iter().any(|p| p.chunk == 0),
+        "the snapshot holds the finished first partition"
+    );
+    assert!(
+        manifest.kept.len() < 4,
+        "the snapshot was taken before every partition finished"
+    );
+
+    // The partitions that had not finished decode and run; the finished one is still the
+    // snapshot's bytes when the job gathers it, and does not decode.
+    refuse(GATHER_TAG, true);
+    let h = exec.resume::<Gathered>(&url, At::Latest).unwrap();
+    let e = match h.wait() {
+        Err(e) => e,
+        Ok(_) => panic!("the resumed job ended without an error"),
+    };
+    assert_names_the_snapshot(&e, &id);
+    refuse(GATHER_TAG, false);
     let _ = std::fs::remove_dir_all(&dir);
 }
