@@ -96,25 +96,24 @@ impl FromSnapshot {
     /// otherwise `error` itself. The codec's error stays the source.
     pub(crate) fn blame(&self, chunk: ChunkId, error: Error) -> Error {
         match error {
-            Error::Codec {
-                what: WHAT,
-                source,
-            } if decoding(&source) => match self.snapshot_of(chunk) {
-                Some(snapshot) => {
-                    tracing::warn!(
-                        chunk,
-                        snapshot = %snapshot,
-                        error = %source,
-                        "a chunk state restored from a snapshot does not decode"
-                    );
-                    Error::Snapshot(snapshot::Error::Undecodable {
-                        snapshot: snapshot.clone(),
-                        what: WHAT,
-                        source,
-                    })
+            Error::Codec { what: WHAT, source } if decoding(&source) => {
+                match self.snapshot_of(chunk) {
+                    Some(snapshot) => {
+                        tracing::warn!(
+                            chunk,
+                            snapshot = %snapshot,
+                            error = %source,
+                            "a chunk state restored from a snapshot does not decode"
+                        );
+                        Error::Snapshot(snapshot::Error::Undecodable {
+                            snapshot: snapshot.clone(),
+                            what: WHAT,
+                            source,
+                        })
+                    }
+                    None => Error::Codec { what: WHAT, source },
                 }
-                None => Error::Codec { what: WHAT, source },
-            },
+            }
             other => other,
         }
     }

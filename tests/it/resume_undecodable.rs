@@ -410,7 +410,10 @@ fn a_restored_state_that_does_not_decode_in_a_worker_process_names_the_snapshot(
         .build()
         .unwrap();
     let h = exec.resume::<Fickle>(&url, At::Latest).unwrap();
-    let addr = exec.local_addr().expect("the coordinator listens").to_string();
+    let addr = exec
+        .local_addr()
+        .expect("the coordinator listens")
+        .to_string();
     let _worker = Worker(procs::start_worker(module_path!(), ADDR_ENV, &addr));
     let e = failure(h, "remote");
     assert_names_the_snapshot(&e, &id);
