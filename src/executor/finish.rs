@@ -200,7 +200,8 @@ impl<J: Job> State<J> {
                         };
                         let part = catch(site, J::NAME, || {
                             crate::codec::decode::<J::Chunk>("a chunk state", b)
-                        })??;
+                        })?
+                        .map_err(|e| self.snap.from_snapshot.blame(chunk, e.into()))?;
                         *held = Held::Live(part);
                     }
                     if let Held::Live(part) = held {
@@ -232,13 +233,14 @@ impl<J: Job> State<J> {
                 kept.len()
             )));
         }
+        let from = &self.snap.from_snapshot;
         kept.into_iter()
             .map(|(chunk, held)| {
                 let site = Site::Chunk {
                     phase: self.phase,
                     chunk,
                 };
-                catch(site, J::NAME, || held.into_live())?
+                catch(site, J::NAME, || held.into_live())?.map_err(|e| from.blame(chunk, e))
             })
             .collect()
     }

@@ -481,6 +481,7 @@ impl super::Executor {
         } else {
             Snapshots {
                 last_epoch: Some(manifest.epoch),
+                from_snapshot: super::from_snapshot::FromSnapshot::of(&manifest),
                 ..Snapshots::default()
             }
         };

@@ -19,6 +19,8 @@
 //! - `io.rs`: the store's driver (writing complete cuts, reading a rollback's snapshot back),
 //!   and resume.
 //! - `rollback.rs`: owned partitions lost with a worker process: back to the latest snapshot.
+//! - `from_snapshot.rs`: which chunk states are still a restored snapshot's bytes, so that
+//!   one that does not decode names the snapshot.
 //! - `shutdown.rs`: the graceful, bounded end of the executor's I/O (frames queued for worker
 //!   processes are delivered, snapshot writes in flight finish).
 //! - `triggers.rs`: the job's timer task (snapshot period, deadline, signals, token, and the
@@ -77,6 +79,7 @@ mod autoscale;
 mod connection;
 mod drain;
 mod finish;
+mod from_snapshot;
 mod handle;
 mod io;
 mod job_run;

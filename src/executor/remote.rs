@@ -1345,6 +1345,7 @@ impl<J: Job> State<J> {
             } => {
                 slot_of(conn, slot)?;
                 let error = error_of::<J>(failure, self.phase, chunk, &peer);
+                let error = self.snap.from_snapshot.blame(chunk, error);
                 tracing::warn!(peer = %peer, chunk, error = %error, "a worker process lost a chunk: the job ends");
                 self.fail(error);
                 return Ok(());
@@ -1400,6 +1401,7 @@ impl<J: Job> State<J> {
             }
             ToCoordinator::FailedHeld { chunk, failure } => {
                 let error = error_of::<J>(failure, self.phase, chunk, &peer);
+                let error = self.snap.from_snapshot.blame(chunk, error);
                 tracing::warn!(peer = %peer, chunk, error = %error, "a worker process failed on a partition it holds: the job ends");
                 self.fail(error);
                 return Ok(());

@@ -155,6 +155,9 @@ pub(crate) struct Snapshots {
     /// The size of each chunk's last part serialized by `encode_pending`: the next one's
     /// buffer starts that large, so that a large state is copied into it once.
     pub(crate) part_sizes: IdMap<ChunkId, usize>,
+    /// The chunk states that are still the bytes of the snapshot this run was restored
+    /// from (`from_snapshot.rs`).
+    pub(crate) from_snapshot: super::from_snapshot::FromSnapshot,
 }
 
 /// Where snapshots go, how many to keep, and what triggers them.
@@ -279,6 +282,7 @@ impl Snapshots {
             last_epoch: Some(manifest.epoch),
             witness: Some((manifest.epoch, manifest.created_unix_ms)),
             since_full: u32::MAX,
+            from_snapshot: super::from_snapshot::FromSnapshot::of(manifest),
             ..Snapshots::default()
         }
     }
@@ -306,6 +310,7 @@ impl Snapshots {
         if !self.cache.is_empty() {
             self.cache.remove(&chunk);
         }
+        self.from_snapshot.handed_out(chunk);
         self.cut.ran(chunk);
     }
 }

@@ -119,7 +119,7 @@ fn run_one<J: Job>(
     // this worker's next chunk.
     cell.clear();
     let event = match ran {
-        Ran::Failed(e) => return abandon(shared, &mut st, worker, e),
+        Ran::Failed(e) => return abandon(shared, &mut st, worker, chunk, e),
         Ran::Done { output, kept, work } => Event::Done {
             worker,
             chunk,
@@ -143,15 +143,18 @@ fn run_one<J: Job>(
     mine.map(|m| st.links().1.prepare(m))
 }
 
-/// Ends the job with `error` after this worker lost its chunk (user code panicked, the input
-/// did not load, a restored state did not decode): the chunk's state is gone, so the worker
-/// leaves the core as lost, and is released.
+/// Ends the job with `error` after this worker lost its chunk `chunk` (user code panicked,
+/// the input did not load, a restored state did not decode: then the error names the
+/// snapshot, `from_snapshot.rs`): the chunk's state is gone, so the worker leaves the core
+/// as lost, and is released.
 fn abandon<J: Job>(
     _shared: &Arc<Shared<J>>,
     st: &mut State<J>,
     worker: WorkerId,
+    chunk: ChunkId,
     error: Error,
 ) -> Option<Mail<J>> {
+    let error = st.snap.from_snapshot.blame(chunk, error);
     // A partition on its way from a process that was lost: the rollback under way replaces
     // it (and this worker).
     let replaced = st.rolling_back() && matches!(error, Error::PartitionGone { .. });

@@ -45,6 +45,7 @@ mod progress;
 mod remote_errors;
 mod resume_shape;
 mod resume_submitted;
+mod resume_undecodable;
 mod scaling_histories;
 mod snapshot_damage;
 mod snapshot_faults;

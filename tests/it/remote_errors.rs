@@ -1,7 +1,7 @@
 //! A chunk lost to the job's own code in a worker process reaches the user as the same
 //! [`Error`] variant, with the same fields, as when a local worker loses it: a panic in
-//! `Chunk::step`, an `Input::load` that returns an error or panics, a chunk state that does
-//! not decode. Each job runs once with local workers only and once with one worker process
+//! `Chunk::step`, an `Input::load` that returns an error or panics, a chunk state restored
+//! from a snapshot that does not decode (named with its snapshot). Each job runs once with local workers only and once with one worker process
 //! only (real processes and sockets on loopback), and the two errors are compared.
 //!
 //! Worker processes are this test binary, re-executed to run [`worker_process`] (an ignored
@@ -485,6 +485,12 @@ enum Seen {
         what: &'static str,
         source: postcard::Error,
     },
+    /// A value of a snapshot that does not decode, named with the snapshot.
+    Undecodable {
+        snapshot: malleable::snapshot::SnapshotId,
+        what: &'static str,
+        source: postcard::Error,
+    },
 }
 
 fn seen(e: &Error) -> Seen {
@@ -499,6 +505,15 @@ fn seen(e: &Error) -> Seen {
             source: chain(&**source),
         },
         Error::Codec { what, source } => Seen::Codec {
+            what,
+            source: source.clone(),
+        },
+        Error::Snapshot(malleable::snapshot::Error::Undecodable {
+            snapshot,
+            what,
+            source,
+        }) => Seen::Undecodable {
+            snapshot: snapshot.clone(),
             what,
             source: source.clone(),
         },
@@ -629,7 +644,8 @@ fn a_chunk_state_that_does_not_decode() {
     rewritten.layout = None;
     std::fs::write(&path, malleable::snapshot::encode_manifest(&rewritten)).unwrap();
 
-    // Resumed as B: the restored states end the job when a worker decodes them.
+    // Resumed as B: the restored states end the job when a worker decodes them, with an
+    // error that names the snapshot they came from.
     let local_exec = local().job_id(&job_id).build().unwrap();
     let local = failure(
         local_exec
@@ -646,7 +662,8 @@ fn a_chunk_state_that_does_not_decode() {
     worker.assert_served("remote");
     assert_eq!(
         assert_same(&local, &remote),
-        Seen::Codec {
+        Seen::Undecodable {
+            snapshot: id,
             what: "a chunk state",
             source: undecodable.unwrap(),
         }
