@@ -632,7 +632,11 @@ impl<J: Job> State<J> {
                 IdMap::with_capacity_and_hasher(restored.len(), Default::default());
             // The first error in chunk order, as when they were decoded one by one.
             for (chunk, r) in decode_restored(job, hooks.export, phase, restored)? {
-                decoded.insert(chunk, r?);
+                // Still the snapshot's bytes: one that does not decode names it.
+                decoded.insert(
+                    chunk,
+                    r.map_err(|e| self.snap.from_snapshot.blame(chunk, e))?,
+                );
             }
             for (chunk, held) in self.core.kept_mut() {
                 if let Some((live, halos)) = decoded.remove(&chunk) {
@@ -764,7 +768,8 @@ type Decoded<J> = (<J as Job>::Chunk, Option<(AnyHalo, AnyHalo)>);
 /// grid is restored here, under the job's lock, while every worker waits for the next phase
 /// (`BENCHMARKS.md`, owned partitions, has the figures). Each partition is
 /// decoded and exported on its own, so the result is the one the serial loop gave: a
-/// partition that does not decode is [`Error::Codec`], a panic in the job's code (its
+/// partition that does not decode is [`Error::Codec`] (which the caller blames on the
+/// snapshot the run was restored from: `from_snapshot.rs`), a panic in the job's code (its
 /// `Deserialize` or `export`) is [`Error::Panicked`] at the chunk.
 ///
 /// # Errors

@@ -31,7 +31,7 @@ use malleable::cluster::{Registry, WorkerOptions};
 use malleable::reduce::Sum;
 use malleable::snapshot::{self, SnapshotId, Store};
 use malleable::{
-    At, Chunk, Chunking, Error, Executor, Job, JobHandle, Outcome, Ownership, Partition, Step,
+    At, Chunk, Chunking, Error, Executor, Job, JobHandle, Next, Outcome, Ownership, Partition, Step,
 };
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -49,6 +49,8 @@ const LOCAL_TAG: u64 = 7;
 const REMOTE_TAG: u64 = 8;
 /// The tag of the gathering test's job.
 const GATHER_TAG: u64 = 9;
+/// The tag of the barrier test's job.
+const BARRIER_TAG: u64 = 10;
 /// How long any wait of these tests may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -161,6 +163,9 @@ impl Chunk for FickleChunk {
 struct Gathered {
     n: u64,
     tag: u64,
+    /// Phases to run (the partitions begin each phase after the first as they ended it).
+    phases: u64,
+    done: u64,
 }
 
 /// A partition whose `Deserialize` refuses, of the tags in [`REFUSED`], those that finished
@@ -224,6 +229,14 @@ impl Job for Gathered {
     }
     fn reducer(&self) -> Sum<u64> {
         Sum::new()
+    }
+    fn end_phase(&mut self, _: &u64) -> Next {
+        self.done += 1;
+        if self.done < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
     }
 }
 
@@ -422,8 +435,19 @@ fn a_restored_state_that_does_not_decode_in_a_worker_process_names_the_snapshot(
 
 #[test]
 fn a_restored_partition_that_does_not_decode_when_gathered_names_the_snapshot() {
-    let (url, dir) = folder("gathered");
-    let job_id = format!("gathered-{}", std::process::id());
+    restored_partition_names_the_snapshot("gathered", GATHER_TAG, 1);
+}
+
+/// The same partition in a job of two phases is decoded by the coordinator at the first
+/// barrier, to begin the second phase: the same error.
+#[test]
+fn a_restored_partition_that_does_not_decode_at_a_barrier_names_the_snapshot() {
+    restored_partition_names_the_snapshot("barrier", BARRIER_TAG, 2);
+}
+
+fn restored_partition_names_the_snapshot(name: &str, tag: u64, phases: u64) {
+    let (url, dir) = folder(name);
+    let job_id = format!("{name}-{}", std::process::id());
     let exec = Executor::builder()
         .local_workers(2)
         .chunking(CHUNKING)
@@ -436,7 +460,9 @@ fn a_restored_partition_that_does_not_decode_when_gathered_names_the_snapshot() 
     let h = exec
         .submit(Gathered {
             n: N,
-            tag: GATHER_TAG,
+            tag,
+            phases,
+            done: 0,
         })
         .unwrap();
     until("the first partition's end", || h.progress().done >= N / 4);
@@ -456,13 +482,13 @@ fn a_restored_partition_that_does_not_decode_when_gathered_names_the_snapshot() 
 
     // The partitions that had not finished decode and run; the finished one is still the
     // snapshot's bytes when the job gathers it, and does not decode.
-    refuse(GATHER_TAG, true);
+    refuse(tag, true);
     let h = exec.resume::<Gathered>(&url, At::Latest).unwrap();
     let e = match h.wait() {
         Err(e) => e,
         Ok(_) => panic!("the resumed job ended without an error"),
     };
     assert_names_the_snapshot(&e, &id);
-    refuse(GATHER_TAG, false);
+    refuse(tag, false);
     let _ = std::fs::remove_dir_all(&dir);
 }
