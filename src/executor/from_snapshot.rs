@@ -5,10 +5,10 @@
 //! A restored chunk state is decoded late, where it is needed: by the worker that runs the
 //! chunk next (a local thread, or a worker process), by the worker process it is placed on
 //! after a rollback, or by the coordinator (at a barrier, `job_run.rs`, or at the end of the
-//! job, `finish.rs`). By then the
-//! snapshot is long read and checked (its layout included); what fails is this program's
-//! `Deserialize` of the chunk type on bytes of the same layout (a custom `Deserialize` that
-//! changed), and the user needs to know which snapshot holds them.
+//! job, `finish.rs`). By then the snapshot is long read and checked (its layout included);
+//! what fails is this program's `Deserialize` of the chunk type on bytes of the same layout
+//! (a custom `Deserialize` that changed), and the user needs to know which snapshot holds
+//! them.
 //!
 //! # What counts as the snapshot's bytes
 //!
