@@ -129,13 +129,15 @@ pub mod cluster {
         AuthFailure, CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher,
         TOKEN_ENV, Token, frame, handshake,
     };
-    pub use crate::worker::{GRACE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve};
+    pub use crate::worker::{
+        GRACE_ENV, NODE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve,
+    };
 }
 
 pub use error::{Cause, Error, Result, Site, error_chain};
 pub use executor::{
     At, AutoscaleStatus, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress,
-    ProgressUpdates, Resubmit, Resume, Resumed, Rollback, SnapshotRequest,
+    ProgressUpdates, RemoteProcess, Resubmit, Resume, Resumed, Rollback, SnapshotRequest,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Ownership, Partition, Step, Value};

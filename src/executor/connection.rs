@@ -46,7 +46,7 @@ impl<J: Job> Attach for Shared<J> {
                 let _ = tx.send(ToWorker::End);
                 None
             } else {
-                let id = st.join_remote(conn.peer.clone(), conn.threads);
+                let id = st.join_remote(conn.peer.clone(), conn.threads, &conn.node);
                 st.links().1.link_conn(id, tx);
                 Some(id)
             }

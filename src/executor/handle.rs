@@ -330,6 +330,13 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().remote_count()
     }
 
+    /// The roster: every worker process connected to the job (retiring ones included), in
+    /// the order they joined, with the node each runs on, its threads and the chunks on its
+    /// slots now.
+    pub fn remote_processes(&self) -> Vec<super::RemoteProcess> {
+        self.shared.lock().roster()
+    }
+
     /// Gracefully retires the `n` most recently joined worker processes: their threads hand
     /// their chunks back at their next adjustment point, then the processes are told to end.
     pub fn retire_remote(&self, n: usize) {

@@ -155,6 +155,8 @@ fn check_part(
 pub(crate) struct Conn {
     /// Shared with every message's error path (cloned per message, so not a `String`).
     peer: Arc<str>,
+    /// The node it runs on (`Remotes::nodes`).
+    node: NodeId,
     /// The phase whose job value it has.
     phase_sent: Option<u64>,
     /// Worker id per slot, `None` once released.
@@ -168,6 +170,11 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// The name of the node it runs on.
+    fn node_name<'r>(&self, remotes: &'r Remotes) -> &'r str {
+        remotes.nodes.get(self.node.0 as usize).map_or("", |n| n)
+    }
+
     /// A chunk of `slot` ended: its thread's published progress is in the ledger now.
     fn ended_in(&mut self, slot: u32) {
         if let Some(p) = self.progress.get_mut((slot / SLOTS_PER_THREAD) as usize) {
@@ -176,11 +183,40 @@ impl Conn {
     }
 }
 
+/// A node of the roster: the host a worker process says it runs on (`WorkerOptions::node`),
+/// numbered in the order the coordinator first heard of it. Processes of one node share its
+/// memory and its fate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct NodeId(pub(crate) u32);
+
+/// A worker process as [`JobHandle::remote_processes`](crate::JobHandle::remote_processes)
+/// shows it: the roster's node → process → slots, one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RemoteProcess {
+    /// The coordinator's number for it, as its logs name it (`process 3`).
+    pub id: u64,
+    /// The node it runs on, as it named itself
+    /// ([`WorkerOptions::node`](crate::cluster::WorkerOptions::node)).
+    pub node: String,
+    /// Its address.
+    pub peer: String,
+    /// Its compute threads.
+    pub threads: u32,
+    /// Chunks running or queued on its slots now.
+    pub chunks: usize,
+    /// Whether it is retiring (handing its chunks back before it leaves).
+    pub retiring: bool,
+}
+
 /// The connections of worker processes of one job run (their slots are members of the job,
-/// `members.rs`).
+/// `members.rs`), and the nodes they run on: the roster, node → process → slot.
 #[derive(Default)]
 pub(crate) struct Remotes {
     pub(crate) conns: IdMap<ProcessId, Conn>,
+    /// The nodes processes said they run on, by number (`NodeId`), and the numbers by name.
+    nodes: Vec<Arc<str>>,
+    node_ids: std::collections::HashMap<Arc<str>, NodeId>,
     /// Frames for worker processes, in order, sent when the job's lock is released
     /// (`links.rs`).
     pub(crate) outbox: Vec<(ProcessId, ToWorker)>,
@@ -220,6 +256,18 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
+    /// The number of node `name`, numbered now if it is new.
+    fn node_id(&mut self, name: &str) -> NodeId {
+        if let Some(&id) = self.node_ids.get(name) {
+            return id;
+        }
+        let id = NodeId(self.nodes.len() as u32);
+        let name: Arc<str> = name.into();
+        self.nodes.push(Arc::clone(&name));
+        self.node_ids.insert(name, id);
+        id
+    }
+
     /// Worker processes retiring, and those started that have not connected yet (as
     /// [`scale_remote`] counts them), for the metrics (`watch.rs`).
     pub(crate) fn membership(&self) -> (usize, usize) {
@@ -426,9 +474,10 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 1: each slot of the connection joins the core.
-    pub(crate) fn join_remote(&mut self, peer: String, threads: u32) -> ProcessId {
+    pub(crate) fn join_remote(&mut self, peer: String, threads: u32, node: &str) -> ProcessId {
         let id = ProcessId(self.remote.next);
         self.remote.next += 1;
+        let node = self.remote.node_id(node);
         let threads = threads.clamp(1, 4096);
         let mut slots = Vec::with_capacity((threads * SLOTS_PER_THREAD) as usize);
         for slot in 0..threads * SLOTS_PER_THREAD {
@@ -438,6 +487,7 @@ impl<J: Job> State<J> {
             id,
             Conn {
                 peer: peer.into(),
+                node,
                 phase_sent: None,
                 slots: slots.clone(),
                 progress: vec![0; threads as usize],
@@ -977,6 +1027,30 @@ impl<J: Job> State<J> {
     /// Connected worker processes that are not retiring.
     pub(crate) fn remote_count(&self) -> usize {
         self.remote.conns.values().filter(|c| !c.retiring).count()
+    }
+
+    /// The roster: each connected worker process, its node and its slots' chunks, by number.
+    pub(crate) fn roster(&self) -> Vec<RemoteProcess> {
+        let mut all: Vec<RemoteProcess> = self
+            .remote
+            .conns
+            .iter()
+            .map(|(id, c)| RemoteProcess {
+                id: id.0,
+                node: c.node_name(&self.remote).to_owned(),
+                peer: c.peer.to_string(),
+                threads: c.progress.len() as u32,
+                chunks: c
+                    .slots
+                    .iter()
+                    .flatten()
+                    .filter(|w| self.core.running_on(**w).is_some())
+                    .count(),
+                retiring: c.retiring,
+            })
+            .collect();
+        all.sort_unstable_by_key(|p| p.id);
+        all
     }
 
     /// Protocol step 5: connection `id` is gone; its remaining slots are lost.

@@ -479,7 +479,8 @@ impl History {
         // on them; the others send and get bytes.
         let name = format!("process {}", self.next_proc);
         self.next_proc += 1;
-        let id = self.coord().join_remote(name.clone(), threads);
+        let node = format!("node {}", self.next_proc % 2);
+        let id = self.coord().join_remote(name.clone(), threads, &node);
         let opens = self.rng.below(2) == 0;
         self.add_process(name, id, threads, opens);
     }
@@ -528,7 +529,8 @@ impl History {
     fn join(&mut self, threads: u32) -> usize {
         let name = format!("process {}", self.next_proc);
         self.next_proc += 1;
-        let id = self.coord().join_remote(name.clone(), threads);
+        let node = format!("node {}", self.next_proc % 2);
+        let id = self.coord().join_remote(name.clone(), threads, &node);
         self.add_process(name, id, threads, false);
         self.procs.len() - 1
     }

@@ -54,7 +54,7 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// placement that asks for halos carries the rollback's placement number (`export`), and
 /// `Exported` quotes it back: a process forgets the placements under way when the job rolls
 /// back again (`Forget`) and answers them never, so answers are matched by number, not by
-/// order.
+/// order; the hello names the node the worker runs on (`Hello::node`).
 pub const PROTOCOL_VERSION: u32 = 17;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a

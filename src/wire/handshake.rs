@@ -98,6 +98,10 @@ pub type Proof = [u8; 32];
 /// hello naming a hundred jobs. See "Frame limits" above.
 pub const HANDSHAKE_MAX_FRAME: usize = 8 << 10;
 
+/// The longest node name a hello may carry, in bytes (a host name is at most 64 on Linux, a
+/// fully qualified one at most 253).
+pub const NODE_MAX: usize = 255;
+
 /// The secret shared by a coordinator and its workers. Never printed, never sent.
 #[derive(Clone)]
 pub struct Token(Arc<[u8]>);
@@ -212,6 +216,9 @@ pub struct Hello {
     pub jobs: Vec<JobType>,
     /// The worker's threads.
     pub threads: u32,
+    /// The node (host) the worker runs on, as it names itself (at most [`NODE_MAX`] bytes):
+    /// processes of one node share its memory and its fate.
+    pub node: String,
     /// The worker's nonce.
     pub nonce: Nonce,
 }
@@ -347,7 +354,19 @@ fn unversioned<'a>(peer: &str, frame: &'a [u8]) -> Result<&'a [u8], Error> {
 ///
 /// [`Error::NotAPeer`], [`Error::Version`] or [`Error::Malformed`].
 pub fn decode_hello(peer: &str, frame: &[u8]) -> Result<Hello, Error> {
-    decode(peer, "a hello", unversioned(peer, frame)?)
+    let hello: Hello = decode(peer, "a hello", unversioned(peer, frame)?)?;
+    if hello.node.len() > NODE_MAX {
+        return Err(Error::Malformed {
+            peer: peer.to_owned(),
+            what: "a hello",
+            reason: format!(
+                "a node name of {} bytes (at most {NODE_MAX})",
+                hello.node.len()
+            ),
+            source: None,
+        });
+    }
+    Ok(hello)
 }
 
 /// Decodes step 2 or a refusal (the worker reads it).
@@ -430,6 +449,7 @@ pub(crate) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
 #[derive(Debug)]
 pub(crate) struct Accepted<T> {
     pub(crate) threads: u32,
+    pub(crate) node: String,
     pub(crate) job: T,
 }
 
@@ -449,6 +469,15 @@ pub(crate) enum NoJob {
         version: u32,
         layout: Layout,
     },
+}
+
+/// What a worker says of itself in its hello, besides its jobs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Me<'a> {
+    /// Its compute threads.
+    pub(crate) threads: u32,
+    /// The node it runs on (at most [`NODE_MAX`] bytes).
+    pub(crate) node: &'a str,
 }
 
 /// The timing a coordinator announces in its welcome.
@@ -513,6 +542,7 @@ where
             send(framed, peer, encode(&welcome)).await?;
             Ok(Accepted {
                 threads: hello.threads,
+                node: hello.node,
                 job,
             })
         }
@@ -617,7 +647,7 @@ pub(crate) async fn worker<S>(
     limit: usize,
     jobs: Vec<JobType>,
     layout_of: impl Fn(&str) -> Layout,
-    threads: u32,
+    Me { threads, node }: Me<'_>,
 ) -> Result<Welcomed, Error>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -627,9 +657,17 @@ where
     set_limit(framed, HANDSHAKE_MAX_FRAME);
     let nw = nonce()?;
     let known = jobs.clone();
+    if node.len() > NODE_MAX {
+        return Err(Error::HandshakeTooLarge {
+            what: "hello (the node's name)",
+            len: node.len(),
+            limit: NODE_MAX,
+        });
+    }
     let hello = versioned(&Hello {
         jobs,
         threads,
+        node: node.to_owned(),
         nonce: nw,
     });
     if hello.len() > HANDSHAKE_MAX_FRAME {
@@ -817,10 +855,14 @@ mod tests {
                     limit,
                     vec![job("job", 1)],
                     untraced,
-                    1
+                    Me {
+                        threads: 1,
+                        node: "node a"
+                    }
                 ),
             );
-            c.unwrap();
+            // The coordinator learns the node the worker named.
+            assert_eq!(c.unwrap().node, "node a");
             assert_eq!(w.unwrap().job, "job");
             assert_eq!(coordinator.codec().max_frame_length(), limit);
             assert_eq!(worker.codec().max_frame_length(), limit);
@@ -884,7 +926,10 @@ mod tests {
                     limit,
                     known,
                     untraced,
-                    1
+                    Me {
+                        threads: 1,
+                        node: "node a"
+                    }
                 ),
             );
             (c.map(|a| a.job), w)
@@ -967,7 +1012,10 @@ mod tests {
                     1 << 20,
                     vec![offered],
                     move |_| mine.clone(),
-                    1
+                    Me {
+                        threads: 1,
+                        node: "node a"
+                    }
                 ),
             )
         });
@@ -1116,7 +1164,10 @@ mod tests {
                     1 << 20,
                     vec![job("walk", 1)],
                     untraced,
-                    1
+                    Me {
+                        threads: 1,
+                        node: "node a"
+                    }
                 ),
             );
             let e = w.unwrap_err();
@@ -1136,7 +1187,7 @@ mod tests {
             let (a, _b) = tokio::io::duplex(1 << 16);
             let mut worker = Framed::new(a, super::super::frame::codec(1 << 20));
             let jobs = (0..200).map(|i| job(&format!("job-{i:0>60}"), 1)).collect();
-            let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, untraced, 1)
+            let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, untraced, Me { threads: 1, node: "n" })
                 .await
                 .unwrap_err();
             assert!(
@@ -1144,5 +1195,43 @@ mod tests {
                 "{err:?}"
             );
         });
+    }
+
+    /// A node name longer than [`NODE_MAX`] is refused by the worker before it sends
+    /// anything, and a hello that carries one anyway is malformed at the coordinator.
+    #[test]
+    fn a_node_name_past_its_limit_is_refused_on_both_sides() {
+        let long = "n".repeat(NODE_MAX + 1);
+        runtime().block_on(async {
+            let (a, _b) = tokio::io::duplex(1 << 16);
+            let mut worker = Framed::new(a, super::super::frame::codec(1 << 20));
+            let jobs = vec![job("walk", 1)];
+            let err = super::worker(&mut worker, "c", None, 1 << 20, jobs, untraced, Me { threads: 1, node: &long })
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, Error::HandshakeTooLarge { len, limit: NODE_MAX, .. } if len == NODE_MAX + 1),
+                "{err:?}"
+            );
+        });
+        let hello = versioned(&Hello {
+            jobs: vec![job("walk", 1)],
+            threads: 1,
+            node: long,
+            nonce: [0; 32],
+        });
+        let err = decode_hello("w", &hello).unwrap_err();
+        assert!(
+            matches!(&err, Error::Malformed { reason, source: None, .. } if reason.contains("node name of 256 bytes")),
+            "{err:?}"
+        );
+        // At the limit, it decodes.
+        let hello = versioned(&Hello {
+            jobs: Vec::new(),
+            threads: 1,
+            node: "n".repeat(NODE_MAX),
+            nonce: [0; 32],
+        });
+        assert_eq!(decode_hello("w", &hello).unwrap().node.len(), NODE_MAX);
     }
 }

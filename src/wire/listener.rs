@@ -46,6 +46,8 @@ pub(crate) struct Connection {
     pub(crate) framed: Framed<Stream, LengthDelimitedCodec>,
     pub(crate) peer: String,
     pub(crate) threads: u32,
+    /// The node the process says it runs on.
+    pub(crate) node: String,
 }
 
 /// A running job as the listener sees it (implemented by the executor's job state).
@@ -186,6 +188,7 @@ impl Listener {
                 framed,
                 peer,
                 threads: accepted.threads,
+                node: accepted.node,
             }),
             Ok(Err(e)) => self.record(e),
             Err(_) => self.record(Error::HandshakeTimeout {

@@ -107,6 +107,9 @@ pub const WAIT_FOR_JOB_ENV: &str = "MALLEABLE_WAIT_FOR_JOB";
 /// a number of seconds.
 pub const GRACE_ENV: &str = "MALLEABLE_GRACE";
 
+/// The environment variable [`WorkerOptions::from_env`] reads [`WorkerOptions::node`] from.
+pub const NODE_ENV: &str = "MALLEABLE_NODE";
+
 /// The job types a worker process can run.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -178,6 +181,7 @@ pub struct WorkerOptions {
     stop: Option<SuspendToken>,
     signals: bool,
     grace: Option<Duration>,
+    node: String,
 }
 
 impl Default for WorkerOptions {
@@ -192,6 +196,7 @@ impl Default for WorkerOptions {
             stop: None,
             signals: false,
             grace: None,
+            node: host_name(),
         }
     }
 }
@@ -214,12 +219,16 @@ impl WorkerOptions {
             None => None,
             Some(v) => Some(seconds(GRACE_ENV, &v.to_string_lossy())?),
         };
-        Ok(WorkerOptions {
+        let mut options = WorkerOptions {
             token: Token::from_env()?,
             wait_for_job,
             grace,
             ..WorkerOptions::default()
-        })
+        };
+        if let Some(node) = std::env::var_os(NODE_ENV) {
+            options.node = node.to_string_lossy().into_owned();
+        }
+        Ok(options)
     }
 
     /// Compute threads (at least 1).
@@ -289,6 +298,30 @@ impl WorkerOptions {
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = Some(grace);
         self
+    }
+
+    /// The node this process runs on, as the coordinator's roster shows it
+    /// ([`JobHandle::remote_processes`](crate::JobHandle::remote_processes)): processes of one
+    /// node share its memory and its fate. Default: the host's name; also read from
+    /// [`NODE_ENV`] by [`from_env`](Self::from_env) (for processes that share a host but stand
+    /// for nodes apart, as in tests). At most
+    /// [`NODE_MAX`](crate::cluster::handshake::NODE_MAX) bytes: a longer name fails the
+    /// handshake ([`Error::HandshakeTooLarge`]) before anything is sent.
+    pub fn node(mut self, name: impl Into<String>) -> Self {
+        self.node = name.into();
+        self
+    }
+}
+
+/// This host's name, or `"unknown"` if the system does not say.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its length; gethostname writes at most that many bytes.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match (r, std::str::from_utf8(&buf[..end])) {
+        (0, Ok(name)) if !name.is_empty() => name.to_owned(),
+        _ => "unknown".to_owned(),
     }
 }
 
@@ -464,7 +497,10 @@ async fn connect(
         options.max_frame,
         registry.types(),
         |name| registry.layout(name),
-        threads,
+        handshake::Me {
+            threads,
+            node: &options.node,
+        },
     );
     let welcomed =
         tokio::time::timeout(timeout, shake)

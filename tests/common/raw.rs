@@ -51,6 +51,7 @@ pub fn hello_frame_for(version: u32, job: &str) -> Vec<u8> {
                 layout: None,
             }],
             threads: 1,
+            node: "raw".into(),
             nonce: [7; 32],
         },
     )

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+use malleable::cluster::{self, NODE_ENV, Registry, TOKEN_ENV, WorkerOptions};
 use malleable::{Chunking, Executor, Finished, JobHandle, Outcome};
 
 use crate::common;
@@ -214,11 +214,23 @@ fn workers_join_in_the_middle_of_a_phase() {
     let h = exec.submit(job.clone()).unwrap();
     // Join once the first phase is under way.
     until("progress", || h.progress().done > 0);
-    let a = Worker::start(&addr(&exec), 1, None);
-    let b = Worker::start(&addr(&exec), 2, None);
+    // Two processes of one host that stand for two nodes (`MALLEABLE_NODE`).
+    let a = Worker::start_with(&addr(&exec), 1, None, &[(NODE_ENV, "node-a")]);
+    let b = Worker::start_with(&addr(&exec), 2, None, &[(NODE_ENV, "node-b")]);
     until_remote(&h, 2);
     let p = h.progress();
     assert_eq!(p.remote_workers, 2);
+    // The roster: each process on the node it named, with its threads.
+    let mut roster: Vec<(String, u32)> = h
+        .remote_processes()
+        .into_iter()
+        .map(|p| (p.node, p.threads))
+        .collect();
+    roster.sort();
+    assert_eq!(
+        roster,
+        vec![("node-a".to_owned(), 1), ("node-b".to_owned(), 2)]
+    );
     let fin = finished(h);
     assert_exact(&fin, &job);
     let (code_a, line_a) = a.finish();

@@ -492,6 +492,7 @@ fn a_hello(jobs: &[&str]) -> Hello {
             })
             .collect(),
         threads: 8,
+        node: "node-7".to_owned(),
         nonce: nonce(1),
     }
 }
