@@ -81,8 +81,10 @@ mod remote;
 mod rollback;
 mod shutdown;
 mod signals;
-#[cfg(test)]
-mod sim;
+// Built for the crate's tests, and with the hidden `sim` feature for its benches.
+#[cfg(any(test, feature = "sim"))]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod sim;
 mod snapshot;
 mod threads;
 mod triggers;

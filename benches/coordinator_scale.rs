@@ -1,0 +1,206 @@
+//! The pure coordinator at scale: `State`, driven by the crate's deterministic simulation
+//! (`malleable::__bench::coordinator_phases`, the `sim` feature) with `N` simulated worker
+//! processes of one thread each, holding `P` owned partitions each: the simulation's banded
+//! grid with `N × P` bands of one row of three cells, run for `PHASES` phases (default 4).
+//! The processes answer at once: each in turn takes every message on its way to it, runs all
+//! it was given and sends every answer, which the coordinator takes as it comes.
+//!
+//! What is timed: only the coordinator. An `Instant` is read around each call into the state
+//! (`join_remote` for each process, `on_remote` for each answer) together with the routing of
+//! the orders that call queued; the simulated processes' own work (decoding, running the
+//! chunks, encoding answers) runs between the readings and is not counted. A phase's time
+//! runs from its first answer to its barrier (the next phase's orders included); the first
+//! phase's orders are sent while the processes join, and counted in "joins".
+//!
+//! Printed, for N in {1000, 2500, 5000, 10000} × P in {8, 16, 32} (`COORD_SCALE_N` and
+//! `COORD_SCALE_P`, comma-separated, change the grid; the last row is 10,000 × 32):
+//! - per size: the coordinator's time to take the processes in, its median phase (phases
+//!   after the first; the first places every partition), its slowest phase, messages in and
+//!   out per phase, the nanoseconds per partition and per process in a phase, and the
+//!   partitions each process ran in the last phase (fewest–most), and the whole run's wall
+//!   time with the simulated processes;
+//! - the fitted slopes (least squares through the points of one `P`, and over all points):
+//!   nanoseconds per process per phase at fixed `P`, and per partition per phase;
+//! - whether a phase's cost is linear: its cost at the largest `N` over its cost at the
+//!   smallest, against the ratio of their sizes, for each `P`.
+//!
+//! Each run's value is checked against the sequential loop's.
+//!
+//! ```text
+//! cargo bench --bench coordinator_scale
+//! ```
+
+use std::time::Duration;
+
+use malleable::__bench::{Spent, coordinator_phases};
+
+fn list(var: &str, default: &[usize]) -> Vec<usize> {
+    match std::env::var(var) {
+        Ok(s) => s
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{var}: {x:?}: {e}"))
+            })
+            .collect(),
+        Err(_) => default.to_vec(),
+    }
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs.get(xs.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Least squares slope and intercept of `y` against `x`.
+fn fit(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    (slope, my - slope * mx)
+}
+
+struct Row {
+    n: usize,
+    p: usize,
+    spent: Spent,
+    /// The median phase after the first.
+    phase: Duration,
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is taken.
+    let ns = list("COORD_SCALE_N", &[1000, 2500, 5000, 10_000]);
+    let ps = list("COORD_SCALE_P", &[8, 16, 32]);
+    let phases = std::env::var("PHASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4u64)
+        .max(2);
+    println!(
+        "the coordinator alone, {phases} phases, processes of 1 thread answering at once \
+         (times are the coordinator's only)"
+    );
+    println!(
+        "{:>6} {:>3} {:>8} | {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>7} {:>8} | {:>7} | {:>7}",
+        "N",
+        "P",
+        "bands",
+        "joins ms",
+        "phase ms",
+        "max ms",
+        "in/ph",
+        "out/ph",
+        "ns/part",
+        "ns/proc",
+        "held",
+        "wall s"
+    );
+    let mut rows = Vec::new();
+    // Sizes in the order of the table: P outer, N inner, so the last row is the largest of
+    // both.
+    for &p in &ps {
+        for &n in &ns {
+            let spent = match coordinator_phases(n, p, phases) {
+                Ok(s) => s,
+                Err(e) => panic!("{n} processes x {p} partitions: {e}"),
+            };
+            let later: Vec<Duration> = spent.phases.iter().skip(1).copied().collect();
+            let phase = median(later.clone());
+            let slowest = spent.phases.iter().max().copied().unwrap_or_default();
+            let per = |x: u64| x as f64 / phases as f64;
+            let ns_part = phase.as_nanos() as f64 / (n * p) as f64;
+            let ns_proc = phase.as_nanos() as f64 / n as f64;
+            println!(
+                "{:>6} {:>3} {:>8} | {:>9.1} {:>9.1} {:>9.1} | {:>8.0} {:>8.0} | {:>7.0} {:>8.0} \
+                 | {:>3}-{:<3} | {:>7.1}",
+                n,
+                p,
+                n * p,
+                ms(spent.joins),
+                ms(phase),
+                ms(slowest),
+                per(spent.received),
+                per(spent.sent),
+                ns_part,
+                ns_proc,
+                spent.held.0,
+                spent.held.1,
+                spent.wall.as_secs_f64(),
+            );
+            rows.push(Row { n, p, spent, phase });
+        }
+    }
+
+    println!();
+    println!("slopes (least squares over the median phase after the first):");
+    for &p in &ps {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.p == p)
+            .map(|r| (r.n as f64, r.phase.as_nanos() as f64))
+            .collect();
+        let (slope, at0) = fit(&pts);
+        println!(
+            "  P = {p:>2}: {slope:>8.0} ns per process per phase ({:.0} ns per partition), \
+             intercept {:.2} ms",
+            slope / p as f64,
+            at0 / 1e6
+        );
+    }
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| ((r.n * r.p) as f64, r.phase.as_nanos() as f64))
+        .collect();
+    let (slope, at0) = fit(&pts);
+    println!(
+        "  all sizes: {slope:.0} ns per partition per phase, intercept {:.2} ms",
+        at0 / 1e6
+    );
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.n as f64, r.spent.joins.as_nanos() as f64))
+        .collect();
+    let (slope, _) = fit(&pts);
+    println!("  joins, all sizes: {slope:.0} ns per process joined");
+
+    println!();
+    println!("linearity (cost at the largest N over cost at the smallest, against N's ratio):");
+    for &p in &ps {
+        let of_p: Vec<&Row> = rows.iter().filter(|r| r.p == p).collect();
+        let (Some(lo), Some(hi)) = (
+            of_p.iter().min_by_key(|r| r.n),
+            of_p.iter().max_by_key(|r| r.n),
+        ) else {
+            continue;
+        };
+        if lo.n == hi.n {
+            continue;
+        }
+        let size = hi.n as f64 / lo.n as f64;
+        let phase = hi.phase.as_secs_f64() / lo.phase.as_secs_f64().max(1e-12);
+        let joins = hi.spent.joins.as_secs_f64() / lo.spent.joins.as_secs_f64().max(1e-12);
+        let verdict = |r: f64| {
+            if r <= size * 1.3 {
+                "linear"
+            } else {
+                "worse than linear"
+            }
+        };
+        println!(
+            "  P = {p:>2}: N x{size:.1}: phase x{phase:.1} ({}), joins x{joins:.1} ({})",
+            verdict(phase),
+            verdict(joins)
+        );
+    }
+}
