@@ -12,8 +12,12 @@
 //! runs from its first answer to its barrier (the next phase's orders included); the first
 //! phase's orders are sent while the processes join, and counted in "joins".
 //!
-//! Printed, for N in {1000, 2500, 5000, 10000} × P in {8, 16, 32} (`COORD_SCALE_N` and
-//! `COORD_SCALE_P`, comma-separated, change the grid; the last row is 10,000 × 32):
+//! Printed, for N in {250, 500, 1000, 2500, 5000, 10000} × P in {8, 16, 32} (`COORD_SCALE_N`
+//! and `COORD_SCALE_P`, comma-separated, change the grid; the last row is 10,000 × 32). A size
+//! whose wall time, extrapolated from the last two sizes of its `P`, is over
+//! `COORD_SCALE_BUDGET_S` (default 60) is not run: its row says "NOT RUN" with the predicted
+//! wall time, joins and phase, and so does a list at the end (`COORD_SCALE_BUDGET_S=inf` runs
+//! every size, however long):
 //! - per size: the coordinator's time to take the processes in, its median phase (phases
 //!   after the first; the first places every partition), its slowest phase, messages in and
 //!   out per phase, the nanoseconds per partition and per process in a phase, and the
@@ -27,7 +31,7 @@
 //! Each run's value is checked against the sequential loop's.
 //!
 //! ```text
-//! cargo bench --bench coordinator_scale
+//! cargo bench --features sim --bench coordinator_scale
 //! ```
 
 use std::time::Duration;
@@ -78,18 +82,31 @@ struct Row {
     phase: Duration,
 }
 
+/// The exponent `e` of `y ∝ x^e` through the last two points.
+fn exponent(points: &[(f64, f64)]) -> Option<f64> {
+    let [.., (x1, y1), (x2, y2)] = points else {
+        return None;
+    };
+    (x2 > x1 && *y1 > 0.0 && *y2 > 0.0).then(|| (y2 / y1).ln() / (x2 / x1).ln())
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is taken.
-    let ns = list("COORD_SCALE_N", &[1000, 2500, 5000, 10_000]);
+    let ns = list("COORD_SCALE_N", &[250, 500, 1000, 2500, 5000, 10_000]);
     let ps = list("COORD_SCALE_P", &[8, 16, 32]);
     let phases = std::env::var("PHASES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4u64)
         .max(2);
+    let budget: f64 = std::env::var("COORD_SCALE_BUDGET_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60.0);
     println!(
         "the coordinator alone, {phases} phases, processes of 1 thread answering at once \
-         (times are the coordinator's only)"
+         (times are the coordinator's only; a size whose predicted wall time is over \
+         {budget} s is not run, and says so)"
     );
     println!(
         "{:>6} {:>3} {:>8} | {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>7} {:>8} | {:>7} | {:>7}",
@@ -106,17 +123,48 @@ fn main() {
         "held",
         "wall s"
     );
-    let mut rows = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut skipped = Vec::new();
     // Sizes in the order of the table: P outer, N inner, so the last row is the largest of
     // both.
     for &p in &ps {
         for &n in &ns {
+            // The wall time this size would take, from the last two sizes of this P.
+            let walls: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.p == p)
+                .map(|r| (r.n as f64, r.spent.wall.as_secs_f64()))
+                .collect();
+            let predict = |pts: &[(f64, f64)]| {
+                let e = exponent(pts)?;
+                let &(x, y) = pts.last()?;
+                Some((y * (n as f64 / x).powf(e), e))
+            };
+            if let Some((wall, e)) = predict(&walls).filter(|(w, _)| *w > budget) {
+                let coord = |f: fn(&Row) -> f64| {
+                    let pts: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter(|r| r.p == p)
+                        .map(|r| (r.n as f64, f(r)))
+                        .collect();
+                    predict(&pts).map_or(f64::NAN, |(y, _)| y)
+                };
+                let joins = coord(|r| r.spent.joins.as_secs_f64());
+                let phase = coord(|r| r.phase.as_secs_f64());
+                println!(
+                    "{n:>6} {p:>3} {:>8} | NOT RUN: predicted wall {wall:.0} s (N^{e:.1}), \
+                     joins {joins:.0} s, a phase {phase:.1} s",
+                    n * p
+                );
+                skipped.push((n, p, wall, joins, phase));
+                continue;
+            }
             let spent = match coordinator_phases(n, p, phases) {
                 Ok(s) => s,
                 Err(e) => panic!("{n} processes x {p} partitions: {e}"),
             };
             let later: Vec<Duration> = spent.phases.iter().skip(1).copied().collect();
-            let phase = median(later.clone());
+            let phase = median(later);
             let slowest = spent.phases.iter().max().copied().unwrap_or_default();
             let per = |x: u64| x as f64 / phases as f64;
             let ns_part = phase.as_nanos() as f64 / (n * p) as f64;
@@ -143,13 +191,16 @@ fn main() {
     }
 
     println!();
-    println!("slopes (least squares over the median phase after the first):");
+    println!("slopes (least squares over the median phase after the first, sizes run):");
     for &p in &ps {
         let pts: Vec<(f64, f64)> = rows
             .iter()
             .filter(|r| r.p == p)
             .map(|r| (r.n as f64, r.phase.as_nanos() as f64))
             .collect();
+        if pts.len() < 2 {
+            continue;
+        }
         let (slope, at0) = fit(&pts);
         println!(
             "  P = {p:>2}: {slope:>8.0} ns per process per phase ({:.0} ns per partition), \
@@ -175,7 +226,10 @@ fn main() {
     println!("  joins, all sizes: {slope:.0} ns per process joined");
 
     println!();
-    println!("linearity (cost at the largest N over cost at the smallest, against N's ratio):");
+    println!(
+        "linearity (cost at the largest N run over cost at the smallest, against N's ratio; \
+         e: the exponent of N between them):"
+    );
     for &p in &ps {
         let of_p: Vec<&Row> = rows.iter().filter(|r| r.p == p).collect();
         let (Some(lo), Some(hi)) = (
@@ -198,9 +252,27 @@ fn main() {
             }
         };
         println!(
-            "  P = {p:>2}: N x{size:.1}: phase x{phase:.1} ({}), joins x{joins:.1} ({})",
+            "  P = {p:>2}, N {} to {}: phase x{phase:.1} (e = {:.1}, {}), joins x{joins:.1} \
+             (e = {:.1}, {})",
+            lo.n,
+            hi.n,
+            phase.ln() / size.ln(),
             verdict(phase),
+            joins.ln() / size.ln(),
             verdict(joins)
         );
+    }
+    if !skipped.is_empty() {
+        println!();
+        println!(
+            "NOT RUN ({} sizes, over the {budget} s budget; COORD_SCALE_BUDGET_S=inf runs them):",
+            skipped.len()
+        );
+        for (n, p, wall, joins, phase) in skipped {
+            println!(
+                "  {n} x {p}: predicted {wall:.0} s wall, {joins:.0} s of joins, {phase:.1} s \
+                 a phase"
+            );
+        }
     }
 }

@@ -21,6 +21,9 @@
 //! barrier and the orders that start the next phase. Nothing here reads a clock inside
 //! `State` (its layering stays as it is).
 
+// Public for `malleable::__bench` (the `sim` feature); the crate's own tests build it without.
+#![cfg_attr(not(feature = "sim"), allow(unreachable_pub))]
+
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
