@@ -14,10 +14,11 @@
 //!
 //! Printed, for N in {250, 500, 1000, 2500, 5000, 10000} × P in {8, 16, 32} (`COORD_SCALE_N`
 //! and `COORD_SCALE_P`, comma-separated, change the grid; the last row is 10,000 × 32). A size
-//! whose wall time, extrapolated from the last two sizes of its `P`, is over
+//! whose coordinator time, extrapolated from the largest size of its `P` run (joins growing at
+//! least as N^3, a phase at least as N^2: what the profile shows, see BENCHMARKS.md), is over
 //! `COORD_SCALE_BUDGET_S` (default 60) is not run: its row says "NOT RUN" with the predicted
-//! wall time, joins and phase, and so does a list at the end (`COORD_SCALE_BUDGET_S=inf` runs
-//! every size, however long):
+//! joins and phase, and so does a list at the end (`COORD_SCALE_BUDGET_S=inf` runs every size,
+//! however long):
 //! - per size: the coordinator's time to take the processes in, its median phase (phases
 //!   after the first; the first places every partition), its slowest phase, messages in and
 //!   out per phase, the nanoseconds per partition and per process in a phase, and the
@@ -105,8 +106,8 @@ fn main() {
         .unwrap_or(60.0);
     println!(
         "the coordinator alone, {phases} phases, processes of 1 thread answering at once \
-         (times are the coordinator's only; a size whose predicted wall time is over \
-         {budget} s is not run, and says so)"
+         (times are the coordinator's only; a size whose predicted coordinator time is \
+         over {budget} s is not run, and says so)"
     );
     println!(
         "{:>6} {:>3} {:>8} | {:>9} {:>9} {:>9} | {:>8} {:>8} | {:>7} {:>8} | {:>7} | {:>7}",
@@ -129,35 +130,30 @@ fn main() {
     // both.
     for &p in &ps {
         for &n in &ns {
-            // The wall time this size would take, from the last two sizes of this P.
-            let walls: Vec<(f64, f64)> = rows
-                .iter()
-                .filter(|r| r.p == p)
-                .map(|r| (r.n as f64, r.spent.wall.as_secs_f64()))
-                .collect();
-            let predict = |pts: &[(f64, f64)]| {
-                let e = exponent(pts)?;
+            // What this size would take, from the largest size of this P run so far: the
+            // joins grow at least as N^3 (each slot's join reassigns every partition and
+            // compares every pair of slots), a phase at least as N^2 (each message scans
+            // every member), or faster where the last two sizes grew faster.
+            let of_p: Vec<&Row> = rows.iter().filter(|r| r.p == p).collect();
+            let grow = |f: fn(&Row) -> f64, floor: f64| -> Option<(f64, f64)> {
+                let pts: Vec<(f64, f64)> = of_p.iter().map(|r| (r.n as f64, f(r))).collect();
+                let e = exponent(&pts).unwrap_or(floor).max(floor);
                 let &(x, y) = pts.last()?;
                 Some((y * (n as f64 / x).powf(e), e))
             };
-            if let Some((wall, e)) = predict(&walls).filter(|(w, _)| *w > budget) {
-                let coord = |f: fn(&Row) -> f64| {
-                    let pts: Vec<(f64, f64)> = rows
-                        .iter()
-                        .filter(|r| r.p == p)
-                        .map(|r| (r.n as f64, f(r)))
-                        .collect();
-                    predict(&pts).map_or(f64::NAN, |(y, _)| y)
-                };
-                let joins = coord(|r| r.spent.joins.as_secs_f64());
-                let phase = coord(|r| r.phase.as_secs_f64());
-                println!(
-                    "{n:>6} {p:>3} {:>8} | NOT RUN: predicted wall {wall:.0} s (N^{e:.1}), \
-                     joins {joins:.0} s, a phase {phase:.1} s",
-                    n * p
-                );
-                skipped.push((n, p, wall, joins, phase));
-                continue;
+            let joins = grow(|r| r.spent.joins.as_secs_f64(), 3.0);
+            let phase = grow(|r| r.phase.as_secs_f64(), 2.0);
+            if let (Some((joins, ej)), Some((phase, ep))) = (joins, phase) {
+                let wall = joins + phase * phases as f64;
+                if wall > budget {
+                    println!(
+                        "{n:>6} {p:>3} {:>8} | NOT RUN: predicted at least {joins:.0} s of joins \
+                         (N^{ej:.1}), {phase:.1} s a phase (N^{ep:.1})",
+                        n * p
+                    );
+                    skipped.push((n, p, wall, joins, phase));
+                    continue;
+                }
             }
             let spent = match coordinator_phases(n, p, phases) {
                 Ok(s) => s,
@@ -270,8 +266,8 @@ fn main() {
         );
         for (n, p, wall, joins, phase) in skipped {
             println!(
-                "  {n} x {p}: predicted {wall:.0} s wall, {joins:.0} s of joins, {phase:.1} s \
-                 a phase"
+                "  {n} x {p}: predicted at least {wall:.0} s of coordinator: {joins:.0} s of \
+                 joins, {phase:.1} s a phase"
             );
         }
     }
