@@ -26,7 +26,8 @@
 //! - `autoscale.rs`: measures the job for its autoscaling decider and carries out decisions.
 //! - `lease.rs`: the job id's lease of a run: taken at submit, renewed, released at its end.
 //!
-//! - `sim.rs` (tests only): the deterministic simulation of whole clusters.
+//! - `sim.rs` (tests only): the deterministic simulation of whole clusters; with the hidden
+//!   `sim` feature also built for the bench of the coordinator at scale (`sim/scale.rs`).
 //!
 //! This layer imports every leaf layer (`schedule`, `run`, `snapshot`, the wire) and never
 //! the worker process (`crate::worker`), which never imports it either (but for the
