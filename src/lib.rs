@@ -111,6 +111,14 @@ pub mod timeline;
 mod wire;
 mod worker;
 
+/// The crate's deterministic cluster simulation, opened for its benches (the `sim` feature);
+/// not a stable API.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub mod __bench {
+    pub use crate::executor::sim::scale::{Spent, coordinator_phases};
+}
+
 pub mod cluster {
     //! Remote workers: worker processes that dial the coordinator over TCP, join a running
     //! job, leave it, or fail, at any time.

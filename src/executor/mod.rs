@@ -28,7 +28,8 @@
 //! - `autoscale.rs`: measures the job for its autoscaling decider and carries out decisions.
 //! - `lease.rs`: the job id's lease of a run: taken at submit, renewed, released at its end.
 //!
-//! - `sim.rs` (tests only): the deterministic simulation of whole clusters.
+//! - `sim.rs` (tests only): the deterministic simulation of whole clusters; with the hidden
+//!   `sim` feature also built for the bench of the coordinator at scale (`sim/scale.rs`).
 //!
 //! This layer imports every leaf layer (`schedule`, `run`, `snapshot`, the wire) and never
 //! the worker process (`crate::worker`), which never imports it either (but for the
@@ -93,8 +94,10 @@ mod remote;
 mod rollback;
 mod shutdown;
 mod signals;
-#[cfg(test)]
-mod sim;
+// Built for the crate's tests, and with the hidden `sim` feature for its benches.
+#[cfg(any(test, feature = "sim"))]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod sim;
 mod snapshot;
 mod threads;
 mod triggers;

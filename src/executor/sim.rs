@@ -48,6 +48,8 @@ use crate::snapshot::{SnapshotId, Store};
 use crate::wire::frame::{ToCoordinator, ToWorker};
 use crate::worker::sim::SimProcess;
 
+pub(crate) mod scale;
+
 /// The coordinator's lease on a silent process, and the process's on the coordinator.
 const LEASE: Duration = Duration::from_secs(1);
 /// Heartbeats, both ways.

@@ -88,7 +88,9 @@ use crate::wire::transport;
 mod halos;
 mod io;
 mod machine;
-#[cfg(test)]
+// Built for the crate's tests, and with the hidden `sim` feature for its benches.
+#[cfg(any(test, feature = "sim"))]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod sim;
 mod thread;
 

@@ -337,7 +337,7 @@ impl<J: Job> Compute<J> {
     }
 
     /// Whether a chunk or a request waits for this thread.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     pub(super) fn has_work(&self) -> bool {
         !self.queue.waiting.is_empty() || !self.queue.rx.is_empty()
     }
