@@ -141,7 +141,7 @@ pub fn coordinator_phases(
         let now = Instant::now();
         let sim = SimProcess::new(1, (super::HEARTBEAT, super::LEASE), None, now);
         let t = Instant::now();
-        let id = state.join_remote(name, 1);
+        let id = state.join_remote(name, 1, "node");
         index.insert(id, procs.len());
         procs.push(Proc {
             id,
