@@ -309,8 +309,8 @@ impl<J: Job> Links<J> {
 
     /// Each local worker's progress, from its cell, into the state (when the lock is taken).
     pub(crate) fn read_progress(&self, state: &mut State<J>) {
-        for (w, local) in state.members.locals_mut() {
-            if let Some(l) = self.locals.get(&w) {
+        for (&w, l) in &self.locals {
+            if let Some(local) = state.members.local_mut(w) {
                 local.progress = l.cell.progress();
             }
         }

@@ -6,7 +6,7 @@
 //! here; the commands of the core and of the cut are dispatched by kind in one place each
 //! (`State::execute` in `job_run.rs`, `State::cut_commands` in `snapshot.rs`).
 
-use crate::schedule::idhash::IdMap;
+use crate::schedule::idhash::{IdMap, IdSet};
 use std::sync::Arc;
 
 use crate::job::Job;
@@ -67,6 +67,9 @@ pub(crate) enum Member {
 /// The job's workers, their ids, and the local target.
 pub(crate) struct Members<J: Job> {
     table: IdMap<WorkerId, Member>,
+    /// The local workers among them: a few threads beside what may be tens of thousands of
+    /// remote slots, looked at after every event.
+    local_ids: IdSet<WorkerId>,
     next_id: WorkerId,
     /// Requested local worker threads.
     pub(crate) target: usize,
@@ -81,6 +84,7 @@ impl<J: Job> Members<J> {
     pub(crate) fn new(target: usize) -> Members<J> {
         Members {
             table: IdMap::default(),
+            local_ids: IdSet::default(),
             next_id: 0,
             target,
             waiting: false,
@@ -92,6 +96,9 @@ impl<J: Job> Members<J> {
     fn join(&mut self, member: Member) -> WorkerId {
         let w = self.next_id;
         self.next_id += 1;
+        if let Member::Local(_) = member {
+            self.local_ids.insert(w);
+        }
         self.table.insert(w, member);
         w
     }
@@ -129,6 +136,7 @@ impl<J: Job> Members<J> {
     }
 
     pub(crate) fn remove(&mut self, w: WorkerId) -> Option<Member> {
+        self.local_ids.remove(&w);
         self.table.remove(&w)
     }
 
@@ -141,23 +149,17 @@ impl<J: Job> Members<J> {
 
     /// The local workers.
     pub(crate) fn locals(&self) -> impl Iterator<Item = (WorkerId, &Local)> {
-        self.table.iter().filter_map(|(&w, m)| match m {
-            Member::Local(l) => Some((w, l)),
-            Member::Remote(_) => None,
-        })
-    }
-
-    /// Local workers, to update their progress.
-    pub(crate) fn locals_mut(&mut self) -> impl Iterator<Item = (WorkerId, &mut Local)> {
-        self.table.iter_mut().filter_map(|(&w, m)| match m {
-            Member::Local(l) => Some((w, l)),
-            Member::Remote(_) => None,
-        })
+        self.local_ids
+            .iter()
+            .filter_map(|&w| match self.table.get(&w) {
+                Some(Member::Local(l)) => Some((w, l)),
+                _ => None,
+            })
     }
 
     /// Local workers (threads, retiring ones included, or the inline worker).
     pub(crate) fn local_count(&self) -> usize {
-        self.locals().count()
+        self.local_ids.len()
     }
 
     /// Forgets every remote slot (the job ended; their connections get `End`).

@@ -214,6 +214,9 @@ pub struct RemoteProcess {
 #[derive(Default)]
 pub(crate) struct Remotes {
     pub(crate) conns: IdMap<ProcessId, Conn>,
+    /// How many of them are retiring: counted as they start to, not recounted after each
+    /// event (a job may have thousands of processes).
+    retiring: usize,
     /// The nodes processes said they run on, by number (`NodeId`), and the numbers by name.
     nodes: Vec<Arc<str>>,
     node_ids: std::collections::HashMap<Arc<str>, NodeId>,
@@ -256,6 +259,19 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
+    /// Connection `id` is gone: forgotten, and no longer counted.
+    fn remove(&mut self, id: ProcessId) -> Option<Conn> {
+        let c = self.conns.remove(&id)?;
+        if c.retiring {
+            self.retiring -= 1;
+        }
+        debug_assert_eq!(
+            self.retiring,
+            self.conns.values().filter(|c| c.retiring).count()
+        );
+        Some(c)
+    }
+
     /// The number of node `name`, numbered now if it is new.
     fn node_id(&mut self, name: &str) -> NodeId {
         if let Some(&id) = self.node_ids.get(name) {
@@ -271,7 +287,7 @@ impl Remotes {
     /// Worker processes retiring, and those started that have not connected yet (as
     /// [`scale_remote`] counts them), for the metrics (`watch.rs`).
     pub(crate) fn membership(&self) -> (usize, usize) {
-        let retiring = self.conns.values().filter(|c| c.retiring).count();
+        let retiring = self.retiring;
         (retiring, self.launched.saturating_sub(self.conns.len()))
     }
 
@@ -496,8 +512,18 @@ impl<J: Job> State<J> {
             },
         );
         self.offer_store(Some(id));
-        for w in slots.into_iter().flatten() {
-            let _ = self.feed(Event::Joined { worker: w }, None);
+        // The slots join together: the ledger reassigns and dispatches once, at the last.
+        let slots: Vec<WorkerId> = slots.into_iter().flatten().collect();
+        if let Some((&last, rest)) = slots.split_last() {
+            for &w in rest {
+                self.core.set_process(w, id);
+                if let Err(rejected) = self.core.join_quietly(w) {
+                    // Fresh ids: as `feed` does with a refused event of its own.
+                    self.fail(Error::Internal(rejected.to_string()));
+                    return id;
+                }
+            }
+            let _ = self.feed(Event::Joined { worker: last }, None);
         }
         self.settle();
         self.remote_gauge();
@@ -686,7 +712,7 @@ impl<J: Job> State<J> {
             return;
         }
         self.remote.outbox.push((id, ToWorker::End));
-        self.remote.conns.remove(&id);
+        self.remote.remove(id);
         self.snap.held_outstanding.retain(|(_, from)| *from != id);
         self.remote_gauge();
     }
@@ -938,6 +964,7 @@ impl<J: Job> State<J> {
         for (id, _) in self.remote.conns.drain() {
             self.remote.outbox.push((id, ToWorker::End));
         }
+        self.remote.retiring = 0;
         // A local runner waiting for a partition on its way is let go (it reports to an ended
         // job); nothing holds its answer any more.
         self.remote.fetches.clear();
@@ -955,6 +982,7 @@ impl<J: Job> State<J> {
             return;
         }
         c.retiring = true;
+        self.remote.retiring += 1;
         // A slot the ledger no longer has (stranded by a loss, see `drop_conn`) is retired
         // when it joins the restored ledger (`rolled_back`).
         let slots: Vec<WorkerId> = c
@@ -1026,7 +1054,7 @@ impl<J: Job> State<J> {
 
     /// Connected worker processes that are not retiring.
     pub(crate) fn remote_count(&self) -> usize {
-        self.remote.conns.values().filter(|c| !c.retiring).count()
+        self.remote.conns.len() - self.remote.retiring
     }
 
     /// The roster: each connected worker process, its node and its slots' chunks, by number.
@@ -1055,7 +1083,7 @@ impl<J: Job> State<J> {
 
     /// Protocol step 5: connection `id` is gone; its remaining slots are lost.
     pub(crate) fn drop_conn(&mut self, id: ProcessId) {
-        let Some(c) = self.remote.conns.remove(&id) else {
+        let Some(c) = self.remote.remove(id) else {
             return;
         };
         self.snap.held_outstanding.retain(|(_, from)| *from != id);

@@ -400,6 +400,33 @@ impl<R: Reducer, S> Core<R, S> {
         self.dispatch(out);
     }
 
+    /// Worker `worker` joins without a reassignment or a dispatch: for the slots of one worker
+    /// process, which join together. The next event (the last slot's `Joined`) reassigns and
+    /// dispatches once for all of them, where a `Joined` each would deal the owned partitions
+    /// once per slot.
+    ///
+    /// # Errors
+    ///
+    /// A worker that joined before is rejected and changes nothing.
+    pub fn join_quietly(&mut self, worker: WorkerId) -> Result<(), Rejected> {
+        if self.workers.contains_key(&worker) {
+            return Err(Rejected {
+                worker,
+                reason: "joined twice",
+            });
+        }
+        self.workers.insert(
+            worker,
+            WorkerSlot {
+                running: None,
+                retiring: false,
+                throughput: 0.0,
+            },
+        );
+        self.idle.push(worker);
+        Ok(())
+    }
+
     /// Feeds one event; commands go to `out`.
     ///
     /// # Errors
@@ -412,21 +439,7 @@ impl<R: Reducer, S> Core<R, S> {
     ) -> Result<(), Rejected> {
         match event {
             Event::Joined { worker } => {
-                if self.workers.contains_key(&worker) {
-                    return Err(Rejected {
-                        worker,
-                        reason: "joined twice",
-                    });
-                }
-                self.workers.insert(
-                    worker,
-                    WorkerSlot {
-                        running: None,
-                        retiring: false,
-                        throughput: 0.0,
-                    },
-                );
-                self.idle.push(worker);
+                self.join_quietly(worker)?;
                 self.membership_changed();
                 self.dispatch(out);
             }
@@ -634,6 +647,13 @@ impl<R: Reducer, S> Core<R, S> {
 
     /// Gives pending chunks to idle workers.
     fn dispatch(&mut self, out: &mut Vec<Command<S>>) {
+        // Nothing pending: nothing to look for in every idle worker's queue (at the end of a
+        // phase, most workers are idle and every event would ask each of them).
+        if let Pending::Owned(o) = &self.pending {
+            if o.is_empty() {
+                return;
+            }
+        }
         // Serve idle workers first come, first served; keep the ones that got nothing in order.
         let mut idle = std::mem::take(&mut self.idle);
         let mut pile_empty = false;

@@ -38,7 +38,7 @@ pub(super) const PHASE_SLACK: f64 = 0.15;
 
 /// A group of workers balanced as one: the slots of a worker process, or a worker alone.
 /// Ordered as the deal walks them: workers of their own first, then processes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Group {
     Worker(WorkerId),
     Process(ProcessId),
@@ -74,6 +74,11 @@ impl Owners {
         if let Some(h) = self.holder.get_mut(chunk as usize) {
             *h = Some(worker);
         }
+    }
+
+    /// Whether no chunk is pending (queued or orphaned).
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The holder of `chunk`'s partition.
@@ -209,12 +214,14 @@ impl Owners {
     pub(super) fn reassign(&mut self, workers: &[(WorkerId, f64, u64)], plan: &Plan, slack: f64) {
         let k = workers.len();
         let ids: Vec<WorkerId> = workers.iter().map(|&(w, _, _)| w).collect();
+        // Each worker's index in `workers`: membership and positions in O(1), not O(k).
+        let index: IdMap<WorkerId, usize> = ids.iter().enumerate().map(|(i, &w)| (w, i)).collect();
         // Queues of workers that left.
         let gone: Vec<WorkerId> = self
             .queues
             .keys()
             .copied()
-            .filter(|w| !ids.contains(w))
+            .filter(|w| !index.contains_key(w))
             .collect();
         for w in gone {
             if let Some(q) = self.queues.remove(&w) {
@@ -237,19 +244,26 @@ impl Owners {
             .flatten()
             .chain(&self.orphans)
             .all(|&c| self.holder(c).is_none());
+        // (Gathered in a vector and sorted once: with thousands of processes joining one by
+        // one, each join deals every partition again.)
+        let mut homeless = Vec::new();
         if fresh {
             for (_, q) in self.queues.iter_mut() {
-                self.orphans.extend(q.drain(..));
+                homeless.extend(q.drain(..));
             }
         }
         // Orphans whose holder is present go home.
         let orphans = std::mem::take(&mut self.orphans);
-        let mut homeless = Vec::new();
         for c in orphans {
             match self.holder(c) {
-                Some(h) if ids.contains(&h) => push_sorted(self.queues.entry(h).or_default(), c),
+                Some(h) if index.contains_key(&h) => {
+                    push_sorted(self.queues.entry(h).or_default(), c);
+                }
                 _ => homeless.push(c),
             }
+        }
+        if fresh {
+            homeless.sort_unstable();
         }
         let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
         // A worker's load counts the chunk it runs (`workers[i].2` iterations).
@@ -297,13 +311,15 @@ impl Owners {
         // balanced each on its own: their speeds, measured behind each other on one thread,
         // differ by more than the slack, and partitions would cross between processes at
         // every phase.)
-        let group: Vec<Group> = ids.iter().map(|w| self.group_of(*w)).collect();
         let mut groups: Vec<(Group, Vec<usize>)> = Vec::new();
-        for (i, &g) in group.iter().enumerate() {
-            match groups.iter_mut().find(|(h, _)| *h == g) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((g, vec![i])),
-            }
+        let mut group_at: std::collections::HashMap<Group, usize> = Default::default();
+        for (i, w) in ids.iter().enumerate() {
+            let g = self.group_of(*w);
+            let at = *group_at.entry(g).or_insert_with(|| {
+                groups.push((g, Vec::new()));
+                groups.len() - 1
+            });
+            groups[at].1.push(i);
         }
         let gspeed: Vec<f64> = groups
             .iter()
@@ -313,11 +329,10 @@ impl Owners {
             groups[g].1.iter().map(|&i| load[i] * speed(i)).sum::<f64>() / gspeed[g]
         };
         let mut gload: Vec<f64> = (0..groups.len()).map(|g| gload_of(&load, g)).collect();
-        let (placed, loads, largest) = (
-            self.queues.clone(),
-            load.clone(),
-            gload.iter().copied().fold(0.0, f64::max),
-        );
+        // The moves, to undo them if together they save too little (a log, not a copy of
+        // every queue: this runs at each join of thousands).
+        let mut moves: Vec<(WorkerId, WorkerId, ChunkId)> = Vec::new();
+        let (loads, largest) = (load.clone(), gload.iter().copied().fold(0.0, f64::max));
         let member_ids: Vec<Vec<WorkerId>> = groups
             .iter()
             .map(|(_, m)| m.iter().map(|&i| ids[i]).collect())
@@ -335,7 +350,7 @@ impl Owners {
             let Some((giver, c)) = self.end_for(&member_ids[ghi], &member_ids[glo], plan) else {
                 break;
             };
-            let hi = ids.iter().position(|&w| w == giver).expect("a member");
+            let hi = index[&giver];
             let lo = groups[glo]
                 .1
                 .iter()
@@ -351,6 +366,7 @@ impl Owners {
                 break;
             }
             self.shift(ids[hi], ids[lo], c);
+            moves.push((ids[hi], ids[lo], c));
             load[hi] -= len / speed(hi);
             load[lo] += len / speed(lo);
             gload[ghi] = new_hi;
@@ -358,7 +374,9 @@ impl Owners {
         }
         let now = gload.iter().copied().fold(0.0, f64::max);
         if now >= largest * (1.0 - slack) {
-            self.queues = placed;
+            for (from, to, c) in moves.into_iter().rev() {
+                self.unshift(from, to, c);
+            }
             load = loads;
         }
         // Within a group: a partition moves between slots of one process for free, so the
@@ -438,6 +456,17 @@ impl Owners {
         push_sorted(self.queues.entry(to).or_default(), c);
     }
 
+    /// Undoes [`shift`](Self::shift)`(from, to, c)`: each queue is a sorted set, so the
+    /// queues are as they were.
+    fn unshift(&mut self, from: WorkerId, to: WorkerId, c: ChunkId) {
+        if let Some(q) = self.queues.get_mut(&to) {
+            if let Ok(at) = q.binary_search(&c) {
+                q.remove(at);
+            }
+        }
+        push_sorted(self.queues.entry(from).or_default(), c);
+    }
+
     /// The group of `w`: the worker process whose slot it is, or itself.
     fn group_of(&self, w: WorkerId) -> Group {
         match self.processes.get(&w) {
@@ -469,12 +498,6 @@ impl Owners {
             .flatten()
             .copied()
             .chain(self.orphans.iter().copied())
-    }
-
-    /// Whether no chunk is pending.
-    #[cfg(test)]
-    pub(super) fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The queue of `w`.
