@@ -26,7 +26,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use super::idhash::IdMap;
-use super::static_::{extremes, len_of};
+use super::static_::len_of;
 use super::{ChunkId, Plan, ProcessId, Shape, WorkerId};
 
 /// The part of the largest load the moves of a phase start must save (15%): below it,
@@ -244,13 +244,29 @@ impl Owners {
             .flatten()
             .chain(&self.orphans)
             .all(|&c| self.holder(c).is_none());
-        // (Gathered in a vector and sorted once: with thousands of processes joining one by
-        // one, each join deals every partition again.)
+        // (Gathered in chunk order by marking them, not by sorting or a set: with thousands
+        // of processes joining one by one, each join deals every partition again.)
         let mut homeless = Vec::new();
         if fresh {
+            let mut pending = vec![false; self.holder.len()];
+            let mut mark = |c: ChunkId| {
+                let c = c as usize;
+                if c >= pending.len() {
+                    pending.resize(c + 1, false);
+                }
+                pending[c] = true;
+            };
             for (_, q) in self.queues.iter_mut() {
-                homeless.extend(q.drain(..));
+                q.drain(..).for_each(&mut mark);
             }
+            std::mem::take(&mut self.orphans).into_iter().for_each(&mut mark);
+            homeless.extend(
+                pending
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &p)| p)
+                    .map(|(c, _)| c as ChunkId),
+            );
         }
         // Orphans whose holder is present go home.
         let orphans = std::mem::take(&mut self.orphans);
@@ -261,9 +277,6 @@ impl Owners {
                 }
                 _ => homeless.push(c),
             }
-        }
-        if fresh {
-            homeless.sort_unstable();
         }
         let speed = |i: usize| workers[i].1.max(f64::MIN_POSITIVE);
         // A worker's load counts the chunk it runs (`workers[i].2` iterations).
@@ -337,8 +350,18 @@ impl Owners {
             .iter()
             .map(|(_, m)| m.iter().map(|&i| ids[i]).collect())
             .collect();
+        // The groups by load, to find the most and least loaded in O(log groups) at each move
+        // (a scan of every group per move made a join of thousands cubic): the least loaded
+        // and, among the most loaded, the first, as a scan in group order would pick them.
+        let mut by_load: BTreeSet<(u64, usize)> =
+            gload.iter().enumerate().map(|(g, &l)| (order_key(l), g)).collect();
         loop {
-            let (ghi, glo) = extremes(&gload);
+            let (Some(&(_, glo)), Some(&(top, _))) = (by_load.first(), by_load.last()) else {
+                break;
+            };
+            let Some(&(_, ghi)) = by_load.range((top, 0)..).next() else {
+                break;
+            };
             if ghi == glo {
                 break;
             }
@@ -369,8 +392,12 @@ impl Owners {
             moves.push((ids[hi], ids[lo], c));
             load[hi] -= len / speed(hi);
             load[lo] += len / speed(lo);
+            by_load.remove(&(order_key(gload[ghi]), ghi));
+            by_load.remove(&(order_key(gload[glo]), glo));
             gload[ghi] = new_hi;
             gload[glo] = new_lo;
+            by_load.insert((order_key(new_hi), ghi));
+            by_load.insert((order_key(new_lo), glo));
         }
         let now = gload.iter().copied().fold(0.0, f64::max);
         if now >= largest * (1.0 - slack) {
@@ -507,6 +534,13 @@ impl Owners {
             .map(|q| q.iter().copied().collect())
             .unwrap_or_default()
     }
+}
+
+/// A key whose order is `f64::total_cmp`'s: the same as `<` for the loads here, which are
+/// never NaN.
+fn order_key(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 { !b } else { b | 1 << 63 }
 }
 
 fn push_sorted(q: &mut VecDeque<ChunkId>, c: ChunkId) {
