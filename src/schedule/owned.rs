@@ -259,7 +259,9 @@ impl Owners {
             for (_, q) in self.queues.iter_mut() {
                 q.drain(..).for_each(&mut mark);
             }
-            std::mem::take(&mut self.orphans).into_iter().for_each(&mut mark);
+            std::mem::take(&mut self.orphans)
+                .into_iter()
+                .for_each(&mut mark);
             homeless.extend(
                 pending
                     .iter()
@@ -353,12 +355,12 @@ impl Owners {
         // The groups by load, to find the most and least loaded in O(log groups) at each move
         // (a scan of every group per move made a join of thousands cubic): the least loaded
         // and, among the most loaded, the first, as a scan in group order would pick them.
-        let mut by_load: BTreeSet<(u64, usize)> =
-            gload.iter().enumerate().map(|(g, &l)| (order_key(l), g)).collect();
-        loop {
-            let (Some(&(_, glo)), Some(&(top, _))) = (by_load.first(), by_load.last()) else {
-                break;
-            };
+        let mut by_load: BTreeSet<(u64, usize)> = gload
+            .iter()
+            .enumerate()
+            .map(|(g, &l)| (order_key(l), g))
+            .collect();
+        while let (Some(&(_, glo)), Some(&(top, _))) = (by_load.first(), by_load.last()) {
             let Some(&(_, ghi)) = by_load.range((top, 0)..).next() else {
                 break;
             };
