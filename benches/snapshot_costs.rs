@@ -332,7 +332,10 @@ fn restore_vs_read<J: Job>(rt: &tokio::runtime::Runtime, job: J, what: &str) {
         let t0 = Instant::now();
         let h = inline.resume::<J>(&url, At::Epoch(id.epoch)).unwrap();
         ours.push(t0.elapsed());
+        // Cancelled and waited for: its run holds the job id's lease until it ends, and the
+        // next resume would be refused (`Error::JobIdHeld`).
         h.cancel();
+        let _ = h.wait();
         let t0 = Instant::now();
         rt.block_on(async {
             for k in &keys {
