@@ -813,4 +813,12 @@ mod tests {
         o.start_phase(&[(0, 1.0, 0), (1, 1.04, 0)], &plan(8));
         assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
     }
+
+    /// The balance's order of loads is `<`'s: keys of loads in increasing order increase.
+    #[test]
+    fn load_keys_keep_the_order_of_loads() {
+        let loads = [-2.5, -1e-300, 0.0, 1e-300, 0.5, 1.0, 3.0, 1e300];
+        let keys: Vec<u64> = loads.iter().map(|&l| order_key(l)).collect();
+        assert!(keys.windows(2).all(|k| k[0] < k[1]), "{keys:?}");
+    }
 }

@@ -842,3 +842,33 @@ fn a_partition_lost_after_the_first_phase_is_reported() {
     let running: Vec<_> = core.running().collect();
     assert_eq!(running.len(), 1);
 }
+
+/// The slots of one worker process join together: quietly, then the last one's `Joined`
+/// deals the owned partitions once and hands a chunk to every one of them. A slot that
+/// joins twice is refused, quietly or not.
+#[test]
+fn slots_that_join_quietly_are_dealt_with_the_last_one() {
+    let plan = Plan::new(16, Schedule::Static, Chunking::Count(8));
+    let mut core: Core<Sum<u64>, u32> =
+        Core::new(Schedule::Static, plan, Sum::new()).with_partitions(0);
+    let mut out = Vec::new();
+    for w in 0..3 {
+        core.set_process(w, ProcessId(7));
+        core.join_quietly(w).unwrap();
+    }
+    assert!(out.is_empty());
+    assert_eq!(core.join_quietly(1).unwrap_err().reason, "joined twice");
+    core.set_process(3, ProcessId(7));
+    core.handle(Event::Joined { worker: 3 }, &mut out).unwrap();
+    let mut runs: Vec<(WorkerId, ChunkId)> = out
+        .iter()
+        .filter_map(|c| match c {
+            Command::Run { worker, chunk, .. } => Some((*worker, *chunk)),
+            _ => None,
+        })
+        .collect();
+    runs.sort_unstable();
+    // Every slot runs one chunk: the process's block is dealt to its slots in turn.
+    assert_eq!(runs, vec![(0, 0), (1, 1), (2, 2), (3, 3)]);
+    assert!(core.handle(Event::Joined { worker: 3 }, &mut out).is_err());
+}
