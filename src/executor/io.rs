@@ -257,13 +257,13 @@ fn is_full(manifest: &Manifest) -> bool {
 /// step 3): one that lost it deletes and commits nothing.
 ///
 /// Retention runs *before* the commit, once every part is durable, so that the store never
-/// holds more than `keep` committed snapshots, not even between a commit and its cleanup
-/// (a crash between a commit and a cleanup after it would leave `keep + 1`). It deletes only committed snapshots older than
-/// the newest one, and that one is kept (with `keep = 1` the cleanup runs after the commit
-/// instead, as the newest is never deleted): if the commit then fails, the store holds
-/// `keep - 1`, never zero. The folder being written is above every committed epoch, which
-/// cleanup never touches, and the parts this snapshot reuses (the newest snapshot's, or
-/// those of an older one the run was resumed from) are spared by name.
+/// holds more than `keep` committed snapshots, not even between a commit and its cleanup (a
+/// crash between a commit and a cleanup after it would leave `keep + 1`). It deletes only
+/// committed snapshots older than the newest one, and that one is kept (with `keep = 1` the
+/// cleanup runs after the commit instead, as the newest is never deleted): if the commit then
+/// fails, the store holds `keep - 1`, never zero. The folder being written is above every
+/// committed epoch, which cleanup never touches, and the parts this snapshot reuses (the newest
+/// snapshot's, or those of an older one the run was resumed from) are spared by name.
 async fn store(
     cfg: &SnapshotConfig,
     lease: Option<&crate::snapshot::lease::Lease>,

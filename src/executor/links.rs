@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::job_run::{Pause, State};
 use super::members::{Mail, Msg};
-use super::snapshot::{Header, Part, Reply, ReplyTo};
+use super::snapshot::{Header, Part, Reply};
 use super::threads::thread_main;
 use super::{Config, IoRuntime};
 use crate::error::Error;
@@ -330,7 +330,7 @@ impl<J: Job> Links<J> {
 
     /// A snapshot's requester: the number the state answers it by.
     pub(crate) fn reply_to(&mut self, answer: Answer) -> Reply {
-        let r = ReplyTo(self.next_reply);
+        let r = Reply(self.next_reply);
         self.next_reply += 1;
         self.replies.insert(r.0, answer);
         r

@@ -851,9 +851,9 @@ impl History {
     }
 
     /// A new snapshot request's number.
-    fn reply_to(&mut self) -> super::snapshot::ReplyTo {
+    fn reply_to(&mut self) -> super::snapshot::Reply {
         self.replies.0 += 1;
-        super::snapshot::ReplyTo(self.replies.0 - 1)
+        super::snapshot::Reply(self.replies.0 - 1)
     }
 
     /// Progress, to tell a stuck history: (phase, iterations done, resumes).

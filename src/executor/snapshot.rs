@@ -62,13 +62,10 @@ use crate::wire::frame::ToWorker;
 /// What a running chunk left for a cut, as the executor hands it to [`Cut::captured`].
 pub(crate) type Captured = crate::schedule::Captured<Part, bytes::Bytes>;
 
-/// Who waits for a snapshot's id.
-pub(crate) type Reply = ReplyTo;
-
 /// Who waits for a snapshot's outcome: a number the driver keeps the requester's channel
 /// under (`links.rs`); the state answers it with an order (`Order::Reply`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct ReplyTo(pub(crate) u64);
+pub(crate) struct Reply(pub(crate) u64);
 
 /// A chunk's part in a cut: already in the store (unchanged since a committed snapshot, or
 /// written by the remote worker that runs the chunk), or bytes to write.

@@ -814,8 +814,8 @@ fn unix_ms(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// This host's name (`?` if it has none).
-fn host_name() -> String {
+/// This host's name (`?` if it has none): a lease's holder, a worker process's node.
+pub(crate) fn host_name() -> String {
     #[cfg(unix)]
     {
         let mut buf = [0u8; 256];

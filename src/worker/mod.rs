@@ -198,7 +198,7 @@ impl Default for WorkerOptions {
             stop: None,
             signals: false,
             grace: None,
-            node: host_name(),
+            node: crate::snapshot::lease::host_name(),
         }
     }
 }
@@ -312,18 +312,6 @@ impl WorkerOptions {
     pub fn node(mut self, name: impl Into<String>) -> Self {
         self.node = name.into();
         self
-    }
-}
-
-/// This host's name, or `"unknown"` if the system does not say.
-fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: `buf` is writable for its length; gethostname writes at most that many bytes.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match (r, std::str::from_utf8(&buf[..end])) {
-        (0, Ok(name)) if !name.is_empty() => name.to_owned(),
-        _ => "unknown".to_owned(),
     }
 }
 
