@@ -27,16 +27,29 @@ fn offenders(dir: &str, forbidden: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     for file in sources(dir) {
         let text = std::fs::read_to_string(&file).unwrap();
-        for (i, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            for f in forbidden {
-                if code.contains(f) {
-                    found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
-                }
+        offending_lines(&file, &text, forbidden, &mut found);
+    }
+    found
+}
+
+/// Lines of `text` (the code of `file`, comments left out) that mention any of `forbidden`,
+/// added to `found`.
+fn offending_lines(file: &Path, text: &str, forbidden: &[&str], found: &mut Vec<String>) {
+    for (i, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        for f in forbidden {
+            if code.contains(f) {
+                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
             }
         }
     }
-    found
+}
+
+/// The code of `file` (under the crate's root) before its unit tests, which may use what
+/// the code may not (a clock to make the times they hand it, what they hand it).
+fn code_before_tests(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.split("#[cfg(test)]").next().unwrap_or("").to_owned()
 }
 
 #[test]
@@ -121,13 +134,11 @@ fn the_executor_and_the_worker_process_never_import_each_other() {
 #[test]
 fn the_worker_machine_is_pure() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/worker/machine.rs");
-    let text = std::fs::read_to_string(&file).unwrap();
-    // Its unit tests, at the end, may read the clock to make the times they hand it.
-    let code = text.split("#[cfg(test)]").next().unwrap_or("");
     let mut found = Vec::new();
-    for (i, line) in code.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        for f in [
+    offending_lines(
+        &file,
+        &code_before_tests(&file),
+        &[
             "tokio",
             "crossbeam",
             "atomic",
@@ -140,12 +151,9 @@ fn the_worker_machine_is_pure() {
             "TcpStream",
             "std::net",
             "std::sync::mpsc",
-        ] {
-            if code.contains(f) {
-                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
-            }
-        }
-    }
+        ],
+        &mut found,
+    );
     assert!(found.is_empty(), "{found:#?}");
 }
 
@@ -172,12 +180,10 @@ fn the_coordinator_s_state_only_decides() {
         "watch.rs",
     ] {
         let path = root.join("src/executor").join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        // Unit tests, at the end, may build what they hand the state.
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        for (i, line) in code.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or("");
-            for f in [
+        offending_lines(
+            &path,
+            &code_before_tests(&path),
+            &[
                 "tokio",
                 "crossbeam",
                 "atomic",
@@ -193,12 +199,9 @@ fn the_coordinator_s_state_only_decides() {
                 "try_send",
                 "Launched",
                 "try_wait",
-            ] {
-                if code.contains(f) {
-                    found.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
-                }
-            }
-        }
+            ],
+            &mut found,
+        );
     }
     assert!(found.is_empty(), "{found:#?}");
 }
