@@ -1128,6 +1128,17 @@ mod tests {
         }
     }
 
+    /// The scripted histories' grid: 6 rows of 6 cells in 3 bands, 2 phases.
+    fn three_bands() -> SimGrid {
+        SimGrid {
+            n: 6,
+            w: 6,
+            bands: 3,
+            phases: 2,
+            done: 0,
+        }
+    }
+
     /// A scripted history: a process runs two bands of the first phase and keeps their halos
     /// for the band between them, which waits in its queue; it is retired (both bands come
     /// back) and killed before it runs that band, which then runs on another process. The
@@ -1136,13 +1147,7 @@ mod tests {
     /// as bytes here. It stays as a test of the scripted path and of this ordering.)
     #[test]
     fn a_process_retired_and_killed_in_the_first_phase_leaves_the_value_exact() {
-        let job = SimGrid {
-            n: 6,
-            w: 6,
-            bands: 3,
-            phases: 2,
-            done: 0,
-        };
+        let job = three_bands();
         let expected = sequential(&job);
         let mut h = History::scripted(job);
         let a = h.join(1);
@@ -1170,13 +1175,7 @@ mod tests {
     /// process that sends halos nobody asked it to export is still refused.
     #[test]
     fn halos_exported_unasked_are_refused() {
-        let job = SimGrid {
-            n: 6,
-            w: 6,
-            bands: 3,
-            phases: 2,
-            done: 0,
-        };
+        let job = three_bands();
         let mut h = History::scripted(job);
         let a = h.join(1);
         h.deliver_all(a);
