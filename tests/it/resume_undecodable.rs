@@ -79,44 +79,63 @@ struct Fickle {
     tag: u64,
 }
 
-/// A chunk state whose `Deserialize` refuses the tags in [`REFUSED`].
-#[derive(Debug, Serialize)]
-#[serde(rename = "FickleChunk")]
-struct FickleChunk {
+/// The state the chunks of both jobs keep: the sum of `start..next` so far, of a range that
+/// ends at `end`; `tag` is the job's.
+#[derive(Debug, Serialize, Deserialize)]
+struct Span {
     tag: u64,
     next: u64,
     end: u64,
     acc: u64,
 }
 
-impl<'de> Deserialize<'de> for FickleChunk {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        /// The same fields, read by the derived code: the layout is unchanged.
-        #[derive(Deserialize)]
-        #[serde(rename = "FickleChunk")]
-        struct Fields {
-            tag: u64,
-            next: u64,
-            end: u64,
-            acc: u64,
-        }
-        let Fields {
+impl Span {
+    fn new(tag: u64, range: Range<u64>) -> Span {
+        Span {
             tag,
-            next,
-            end,
-            acc,
-        } = Fields::deserialize(d)?;
-        if refused(tag) {
+            next: range.start,
+            end: range.end,
+            acc: 0,
+        }
+    }
+
+    /// Adds up to [`PER_STEP`] more iterations.
+    fn step(&mut self) -> Step<u64> {
+        let stop = self.end.min(self.next + PER_STEP);
+        self.acc += (self.next..stop).sum::<u64>();
+        self.next = stop;
+        if self.next == self.end {
+            Step::Done(self.acc)
+        } else {
+            Step::Yield
+        }
+    }
+
+    /// Decodes a span with the derived code (the layout is unchanged), and refuses it,
+    /// naming it `what`, if `refuse` says so.
+    fn read<'de, D: Deserializer<'de>>(
+        d: D,
+        what: &str,
+        refuse: impl FnOnce(&Span) -> bool,
+    ) -> Result<Span, D::Error> {
+        let span = Span::deserialize(d)?;
+        if refuse(&span) {
             return Err(D::Error::custom(format!(
-                "chunk states of tag {tag} are no longer read"
+                "{what} of tag {} are no longer read",
+                span.tag
             )));
         }
-        Ok(FickleChunk {
-            tag,
-            next,
-            end,
-            acc,
-        })
+        Ok(span)
+    }
+}
+
+/// A chunk state whose `Deserialize` refuses the tags in [`REFUSED`].
+#[derive(Debug, Serialize)]
+struct FickleChunk(Span);
+
+impl<'de> Deserialize<'de> for FickleChunk {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Span::read(d, "chunk states", |s| refused(s.tag)).map(FickleChunk)
     }
 }
 
@@ -129,12 +148,7 @@ impl Job for Fickle {
         self.n
     }
     fn chunk(&self, range: Range<u64>) -> FickleChunk {
-        FickleChunk {
-            tag: self.tag,
-            next: range.start,
-            end: range.end,
-            acc: 0,
-        }
+        FickleChunk(Span::new(self.tag, range))
     }
     fn reducer(&self) -> Sum<u64> {
         Sum::new()
@@ -146,14 +160,7 @@ impl Chunk for FickleChunk {
     type Output = u64;
     fn step(&mut self, _job: &Fickle, _input: &()) -> Step<u64> {
         std::thread::sleep(Duration::from_millis(1));
-        let stop = self.end.min(self.next + PER_STEP);
-        self.acc += (self.next..stop).sum::<u64>();
-        self.next = stop;
-        if self.next == self.end {
-            Step::Done(self.acc)
-        } else {
-            Step::Yield
-        }
+        self.0.step()
     }
 }
 
@@ -171,42 +178,14 @@ struct Gathered {
 /// A partition whose `Deserialize` refuses, of the tags in [`REFUSED`], those that finished
 /// their phase (the others decode). The first one is quick, the others take about 100 ms.
 #[derive(Debug, Serialize)]
-#[serde(rename = "Band")]
-struct Band {
-    tag: u64,
-    next: u64,
-    end: u64,
-    acc: u64,
-}
+struct Band(Span);
 
 impl<'de> Deserialize<'de> for Band {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        /// The same fields, read by the derived code: the layout is unchanged.
-        #[derive(Deserialize)]
-        #[serde(rename = "Band")]
-        struct Fields {
-            tag: u64,
-            next: u64,
-            end: u64,
-            acc: u64,
-        }
-        let Fields {
-            tag,
-            next,
-            end,
-            acc,
-        } = Fields::deserialize(d)?;
-        if refused(tag) && next == end {
-            return Err(D::Error::custom(format!(
-                "finished partitions of tag {tag} are no longer read"
-            )));
-        }
-        Ok(Band {
-            tag,
-            next,
-            end,
-            acc,
+        Span::read(d, "finished partitions", |s| {
+            refused(s.tag) && s.next == s.end
         })
+        .map(Band)
     }
 }
 
@@ -220,12 +199,7 @@ impl Job for Gathered {
         self.n
     }
     fn chunk(&self, range: Range<u64>) -> Band {
-        Band {
-            tag: self.tag,
-            next: range.start,
-            end: range.end,
-            acc: 0,
-        }
+        Band(Span::new(self.tag, range))
     }
     fn reducer(&self) -> Sum<u64> {
         Sum::new()
@@ -244,17 +218,10 @@ impl Chunk for Band {
     type Job = Gathered;
     type Output = u64;
     fn step(&mut self, _job: &Gathered, _input: &()) -> Step<u64> {
-        if self.end > N / 4 {
+        if self.0.end > N / 4 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let stop = self.end.min(self.next + PER_STEP);
-        self.acc += (self.next..stop).sum::<u64>();
-        self.next = stop;
-        if self.next == self.end {
-            Step::Done(self.acc)
-        } else {
-            Step::Yield
-        }
+        self.0.step()
     }
 }
 
