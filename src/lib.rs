@@ -93,6 +93,7 @@
 
 #![doc(test(attr(deny(warnings))))]
 
+pub mod blocks;
 mod codec;
 mod error;
 mod executor;
@@ -142,6 +143,7 @@ pub mod cluster {
     };
 }
 
+pub use blocks::Blocks;
 pub use error::{Cause, Error, Result, Site, error_chain};
 pub use executor::{
     At, AutoscaleStatus, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress,
