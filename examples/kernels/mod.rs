@@ -10,6 +10,12 @@
 //! of a grid that lives across phases: it keeps each grid's sequential loop, rayon version and
 //! [`Rows`](malleable::Rows) implementation together, since the three share one row update.
 //!
+//! [`heat3d`], [`cg`] and [`ft`] are the kernels of runs whose partitions exchange more than
+//! halos with the chunks before and after (a 3-D stencil on pencils, conjugate gradients,
+//! a spectral solver's transposes): each has a sequential reference and a rayon version
+//! that give the same bits, and the pieces (per block of rows, per pencil, per transpose
+//! block) a partitioned run computes with; `tests/kernels_reference.rs` checks them.
+//!
 //! Include it with `#[path = "kernels/mod.rs"] mod kernels;` (from `benches/`:
 //! `#[path = "../examples/kernels/mod.rs"]`). Cargo does not build this folder as an example
 //! since it has no `main.rs`.
@@ -17,7 +23,10 @@
 // Each example uses only some of the kernels and jobs.
 #![allow(dead_code)]
 
+pub(crate) mod cg;
 pub(crate) mod crypt;
+pub(crate) mod ft;
+pub(crate) mod heat3d;
 pub(crate) mod jobs;
 pub(crate) mod kmeans;
 pub(crate) mod montecarlo;
