@@ -85,7 +85,22 @@ fn heat3d_by_pencils(d: heat3d::Dims, cut: [u64; 2], phases: u64) -> (Vec<f64>, 
                 }
             }
         }
-        let change = bricks.iter_mut().fold(0.0f64, |m, b| m.max(b.sweep()));
+        let change = if phase % 2 == 0 {
+            bricks.iter_mut().fold(0.0f64, |m, b| m.max(b.sweep()))
+        } else {
+            // A plane at a time, as steps of a partition would, the brick serialized and
+            // read back (as by a snapshot or a move) between two planes.
+            let mut change = 0.0f64;
+            for b in &mut bricks {
+                while let Some(c) = b.sweep_next() {
+                    change = change.max(c);
+                    let bytes = postcard::to_allocvec(&*b).unwrap();
+                    *b = postcard::from_bytes(&bytes).unwrap();
+                }
+                b.swap();
+            }
+            change
+        };
         changes.push(change);
     }
     let mut hashes: Vec<(u64, u64)> = bricks.iter().flat_map(|b| b.line_hashes()).collect();
@@ -420,4 +435,30 @@ fn ft_keeps_the_mean_and_damps_the_rest() {
     // One step of a sequence of 8 is the whole of a run of 1.
     let one = ft::sequential(&spec, 1);
     assert_eq!(cbits(&one.checksums), cbits(&s.checksums[..1]));
+}
+
+#[test]
+fn heat3d_brick_bytes_that_do_not_fit_are_an_error() {
+    let d = heat3d::Dims::cube(6);
+    let mut b = heat3d::Brick::new(d, 2..4, 1..5);
+    b.sweep_next();
+    let bytes = postcard::to_allocvec(&b).unwrap();
+    let back: heat3d::Brick = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(postcard::to_allocvec(&back).unwrap(), bytes);
+    // Tampered with in JSON, whose fields can be named.
+    let json = serde_json::to_string(&b).unwrap();
+    for (from, to) in [
+        ("\"done\":1", "\"done\":3"), // more planes than it has
+        (
+            "\"z\":{\"start\":2,\"end\":4}",
+            "\"z\":{\"start\":2,\"end\":7}",
+        ), // past the grid
+        ("\"cur\":[", "\"cur\":[0.5,"), // a cell too many
+        ("\"nx\":6", "\"nx\":2"),     // no interior
+    ] {
+        assert!(json.contains(from), "{from}");
+        let bad = json.replacen(from, to, 1);
+        let err = serde_json::from_str::<heat3d::Brick>(&bad).unwrap_err();
+        assert!(err.to_string().contains("a brick"), "{err}");
+    }
 }

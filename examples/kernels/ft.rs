@@ -362,9 +362,26 @@ fn solution(spec: &Spec, checksums: Vec<C>, last: Vec<C>) -> Solution {
     }
 }
 
+/// The 1-D transforms of a grid: along x (rows of the normal layout) and along y (rows of
+/// the transposed one).
+#[derive(Debug, Clone)]
+pub(crate) struct Plans {
+    pub(crate) fx: Fft,
+    pub(crate) fy: Fft,
+}
+
+impl Plans {
+    pub(crate) fn new(spec: &Spec) -> Plans {
+        Plans {
+            fx: Fft::new(spec.nx),
+            fy: Fft::new(spec.ny),
+        }
+    }
+}
+
 /// The forward 2-D transform of a grid in normal layout: the spectrum, transposed.
-pub(crate) fn forward(spec: &Spec, grid: &mut [C]) -> Vec<C> {
-    let (fx, fy) = (Fft::new(spec.nx), Fft::new(spec.ny));
+pub(crate) fn forward(spec: &Spec, plans: &Plans, grid: &mut [C]) -> Vec<C> {
+    let Plans { fx, fy } = plans;
     grid.chunks_exact_mut(spec.nx).for_each(|r| fx.forward(r));
     let mut t = transpose(grid, spec.ny, spec.nx);
     t.chunks_exact_mut(spec.ny).for_each(|r| fy.forward(r));
@@ -372,8 +389,8 @@ pub(crate) fn forward(spec: &Spec, grid: &mut [C]) -> Vec<C> {
 }
 
 /// The inverse 2-D transform of a transposed spectrum: the grid in normal layout.
-pub(crate) fn inverse(spec: &Spec, spectrum: &mut [C]) -> Vec<C> {
-    let (fx, fy) = (Fft::new(spec.nx), Fft::new(spec.ny));
+pub(crate) fn inverse(spec: &Spec, plans: &Plans, spectrum: &mut [C]) -> Vec<C> {
+    let Plans { fx, fy } = plans;
     spectrum
         .chunks_exact_mut(spec.ny)
         .for_each(|r| fy.inverse(r));
@@ -393,8 +410,9 @@ pub(crate) fn initial(spec: &Spec) -> Vec<C> {
 
 /// The sequential reference: `steps` time steps.
 pub(crate) fn sequential(spec: &Spec, steps: u64) -> Solution {
+    let plans = Plans::new(spec);
     let mut u = initial(spec);
-    let mut spectrum = forward(spec, &mut u);
+    let mut spectrum = forward(spec, &plans, &mut u);
     let factors: Vec<f64> = (0..spec.nx).flat_map(|kx| factors_row(spec, kx)).collect();
     let mut checksums = Vec::new();
     let mut last = u;
@@ -406,7 +424,7 @@ pub(crate) fn sequential(spec: &Spec, steps: u64) -> Solution {
             evolve_row(row, f);
         }
         let mut copy = spectrum.clone();
-        last = inverse(spec, &mut copy);
+        last = inverse(spec, &plans, &mut copy);
         checksums.push(checksum(spec, &last));
     }
     solution(spec, checksums, last)
@@ -416,7 +434,7 @@ pub(crate) fn sequential(spec: &Spec, steps: u64) -> Solution {
 /// current rayon pool.
 pub(crate) fn rayon(spec: &Spec, steps: u64) -> Solution {
     let (ny, nx) = (spec.ny, spec.nx);
-    let (fx, fy) = (Fft::new(nx), Fft::new(ny));
+    let Plans { fx, fy } = Plans::new(spec);
     let mut u = vec![C::ZERO; ny * nx];
     u.par_chunks_exact_mut(nx)
         .enumerate()

@@ -220,18 +220,108 @@ pub(crate) fn rayon(d: Dims, phases: u64) -> Solution {
 /// A pencil of the grid: planes `z`, rows `y`, all of x, with a one-cell halo around it in z
 /// and y (the layers of the neighbouring pencils it reads; outside the grid they are never
 /// read). Stored as `(z.len() + 2) × (y.len() + 2)` lines of `nx` cells, local line
-/// `(lz, ly)` holding global line `(z.start + lz − 1, y.start + ly − 1)`; two buffers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `(lz, ly)` holding global line `(z.start + lz − 1, y.start + ly − 1)`, in two buffers:
+/// the phase's values (with the halos) and the next phase's, written a plane at a time
+/// ([`Brick::sweep_next`]).
+///
+/// Serialized (a partition in a snapshot, or moved to another worker) it is its current
+/// buffer and the planes of the next one swept so far, never the rest of the second buffer,
+/// and read back it checks that the sizes agree (an error, not a panic, on bad bytes).
+#[derive(Debug, Clone)]
 pub(crate) struct Brick {
     pub(crate) dims: Dims,
     pub(crate) z: Range<usize>,
     pub(crate) y: Range<usize>,
+    /// Own planes of the next phase swept so far (in order).
+    done: usize,
     cur: Vec<f64>,
     new: Vec<f64>,
 }
 
+/// A [`Brick`] as it is serialized.
+#[derive(Serialize)]
+struct BrickRef<'a> {
+    dims: Dims,
+    z: &'a Range<usize>,
+    y: &'a Range<usize>,
+    done: usize,
+    cur: &'a [f64],
+    /// The local planes `1..=done` of the next phase's buffer.
+    swept: &'a [f64],
+}
+
+/// A [`Brick`] as it is read back, before it is checked.
+#[derive(Deserialize)]
+struct BrickOwned {
+    dims: Dims,
+    z: Range<usize>,
+    y: Range<usize>,
+    done: usize,
+    cur: Vec<f64>,
+    swept: Vec<f64>,
+}
+
+impl Serialize for Brick {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let plane = self.plane_len();
+        BrickRef {
+            dims: self.dims,
+            z: &self.z,
+            y: &self.y,
+            done: self.done,
+            cur: &self.cur,
+            swept: &self.new[plane..plane * (self.done + 1)],
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Brick {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Brick, D::Error> {
+        use serde::de::Error;
+        let b = BrickOwned::deserialize(d)?;
+        let fits = |r: &Range<usize>, n: usize| r.start < r.end && r.end <= n;
+        if b.dims.nz < 3 || b.dims.ny < 3 || b.dims.nx < 3 {
+            return Err(D::Error::custom(format!(
+                "a brick of a grid of {:?}",
+                b.dims
+            )));
+        }
+        if !fits(&b.z, b.dims.nz) || !fits(&b.y, b.dims.ny) || b.done > b.z.len() {
+            return Err(D::Error::custom(format!(
+                "a brick of planes {:?}, rows {:?} ({} swept) in a grid of {:?}",
+                b.z, b.y, b.done, b.dims
+            )));
+        }
+        let plane = (b.y.len() + 2) * b.dims.nx;
+        let cells = (b.z.len() + 2) * plane;
+        if b.cur.len() != cells || b.swept.len() != b.done * plane {
+            return Err(D::Error::custom(format!(
+                "a brick of {} and {} cells, not {cells} and {}",
+                b.cur.len(),
+                b.swept.len(),
+                b.done * plane
+            )));
+        }
+        let mut new = vec![0.0; cells];
+        new[plane..plane * (b.done + 1)].copy_from_slice(&b.swept);
+        Ok(Brick {
+            dims: b.dims,
+            z: b.z,
+            y: b.y,
+            done: b.done,
+            cur: b.cur,
+            new,
+        })
+    }
+}
+
 impl Brick {
     /// The pencil of planes `z` and rows `y`, its cells and halos at their initial values.
+    ///
+    /// # Panics
+    ///
+    /// If the ranges are empty or outside the grid.
     pub(crate) fn new(dims: Dims, z: Range<usize>, y: Range<usize>) -> Brick {
         assert!(!z.is_empty() && z.end <= dims.nz && !y.is_empty() && y.end <= dims.ny);
         let (lz, ly) = (z.len() + 2, y.len() + 2);
@@ -250,9 +340,15 @@ impl Brick {
             dims,
             z,
             y,
+            done: 0,
             cur,
             new,
         }
+    }
+
+    /// Cells in a local plane, halo lines included.
+    fn plane_len(&self) -> usize {
+        (self.y.len() + 2) * self.dims.nx
     }
 
     fn local(&self, lz: usize, ly: usize) -> Range<usize> {
@@ -261,35 +357,66 @@ impl Brick {
     }
 
     /// One Jacobi sweep of the pencil's own lines (the halos are not touched); returns the
-    /// largest change.
+    /// largest change. The same as [`Brick::sweep_next`] until it returns `None`, then
+    /// [`Brick::swap`].
     pub(crate) fn sweep(&mut self) -> f64 {
-        let (d, nx, ly) = (self.dims, self.dims.nx, self.y.len() + 2);
         let mut change = 0.0f64;
-        for lz in 1..=self.z.len() {
-            for y in 1..=self.y.len() {
-                let (gz, gy) = (self.z.start + lz - 1, self.y.start + y - 1);
-                let at = |lz: usize, ly_: usize| (lz * ly + ly_) * nx;
-                let here = at(lz, y);
-                let out = &mut self.new[here..here + nx];
-                let old = &self.cur;
-                let l = |a: usize| &old[a..a + nx];
-                if d.boundary_line(gz, gy) {
-                    out.copy_from_slice(l(here));
-                } else {
-                    let c = line(
-                        l(at(lz - 1, y)),
-                        l(at(lz, y - 1)),
-                        l(here),
-                        l(at(lz, y + 1)),
-                        l(at(lz + 1, y)),
-                        out,
-                    );
-                    change = change.max(c);
-                }
+        while let Some(c) = self.sweep_next() {
+            change = change.max(c);
+        }
+        self.swap();
+        change
+    }
+
+    /// The next phase's values of the next own plane not swept yet, into the second buffer;
+    /// returns its largest change, `None` once every plane is swept. A step of a partition
+    /// can be a plane.
+    pub(crate) fn sweep_next(&mut self) -> Option<f64> {
+        if self.done == self.z.len() {
+            return None;
+        }
+        let (d, nx, ly) = (self.dims, self.dims.nx, self.y.len() + 2);
+        let lz = self.done + 1;
+        let at = |lz: usize, ly_: usize| (lz * ly + ly_) * nx;
+        let old = &self.cur;
+        let l = |a: usize| &old[a..a + nx];
+        let mut change = 0.0f64;
+        for y in 1..=self.y.len() {
+            let (gz, gy) = (self.z.start + self.done, self.y.start + y - 1);
+            let here = at(lz, y);
+            let out = &mut self.new[here..here + nx];
+            if d.boundary_line(gz, gy) {
+                out.copy_from_slice(l(here));
+            } else {
+                let c = line(
+                    l(at(lz - 1, y)),
+                    l(at(lz, y - 1)),
+                    l(here),
+                    l(at(lz, y + 1)),
+                    l(at(lz + 1, y)),
+                    out,
+                );
+                change = change.max(c);
             }
         }
+        self.done += 1;
+        Some(change)
+    }
+
+    /// Ends a phase: the planes swept become the pencil's values. Its halos are then stale
+    /// until [`Brick::set_halo`] gives it its neighbours' boundaries.
+    ///
+    /// # Panics
+    ///
+    /// If a plane is not swept yet.
+    pub(crate) fn swap(&mut self) {
+        assert_eq!(
+            self.done,
+            self.z.len(),
+            "a phase ended before its last plane"
+        );
         std::mem::swap(&mut self.cur, &mut self.new);
-        change
+        self.done = 0;
     }
 
     /// The local lines of the layer on face `(dim, low)` (`dim` 0: z, 1: y), own cells
