@@ -144,8 +144,12 @@ pub(crate) fn matrix(spec: Spec) -> Csr {
 
 /// The right-hand side: `b[i]` uniform in `[0.5, 1.5)`, from `seed`.
 pub(crate) fn rhs(n: usize, seed: u64) -> Vec<f64> {
-    (0..n)
-        .map(|i| 0.5 + unit_f64(random_at(seed ^ 0x5EED, i as u64)))
+    rhs_rows(0..n, seed)
+}
+
+/// Rows `rows` of [`rhs`]: each a function of its index alone.
+pub(crate) fn rhs_rows(rows: Range<usize>, seed: u64) -> Vec<f64> {
+    rows.map(|i| 0.5 + unit_f64(random_at(seed ^ 0x5EED, i as u64)))
         .collect()
 }
 

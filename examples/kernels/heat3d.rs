@@ -403,6 +403,11 @@ impl Brick {
         Some(change)
     }
 
+    /// Whether every own plane is swept: the phase can end ([`Brick::swap`]).
+    pub(crate) fn swept_all(&self) -> bool {
+        self.done == self.z.len()
+    }
+
     /// Ends a phase: the planes swept become the pencil's values. Its halos are then stale
     /// until [`Brick::set_halo`] gives it its neighbours' boundaries.
     ///

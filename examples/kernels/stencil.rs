@@ -138,7 +138,8 @@ pub(crate) fn watch_phases() -> Receiver<PhaseEnd> {
     rx
 }
 
-fn phase_ended(kernel: &'static str, phase: u64, value: f64) {
+/// Reports a phase end to the receiver of [`watch_phases`], if any.
+pub(crate) fn phase_ended(kernel: &'static str, phase: u64, value: f64) {
     if let Some(tx) = &*PHASE_ENDS.lock().expect("phase log") {
         let _ = tx.send(PhaseEnd {
             kernel,
