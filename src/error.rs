@@ -383,6 +383,19 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A job whose partitions exchange pieces ([`Exchange`](crate::Exchange)) declared
+    /// neighbours that are not a graph pieces can be routed on: found when a run starts,
+    /// before anything runs.
+    #[error("job {job}: the neighbours of chunk {chunk} are not a graph")]
+    Neighbours {
+        /// The job's name.
+        job: &'static str,
+        /// The first chunk (in chunk order) whose neighbours are at fault.
+        chunk: u64,
+        /// What is wrong with them.
+        #[source]
+        problem: crate::exchange::GraphError,
+    },
     /// A job with owned partitions asked for a phase cut into other chunks than its first:
     /// its partitions would not fit. Its iterations and chunking must stay the same.
     #[error(
@@ -632,6 +645,7 @@ debug_as_report!(Error {
     RollbackFailed { job, lost, epoch, source },
     PartUnreadable { job, chunk, peer, source },
     PartitionsChanged { job, phase, expected, expected_chunks, found, found_chunks },
+    Neighbours { job, chunk, problem },
     NothingToResume { store, job_id, others },
     ResumedJobDiffers { job, snapshot, submitted, started_with, field, refusal },
     ShapeChanged { job, snapshot, what, written, code },
@@ -832,6 +846,7 @@ mod tests {
             | Error::SnapshotsFailing { .. }
             | Error::ResumedJobDiffers { .. }
             | Error::LeaseLost { .. }
+            | Error::Neighbours { .. }
             | Error::Spawn(_) => true,
             Error::InvalidConfig(_)
             | Error::Panicked { .. }
@@ -900,6 +915,11 @@ mod tests {
                     path: "/data/table.bin",
                     source: io::Error::new(io::ErrorKind::NotFound, "no such file"),
                 }),
+            },
+            Error::Neighbours {
+                job: "heat3d",
+                chunk: 4,
+                problem: crate::exchange::GraphError::NotSymmetric { neighbour: 5 },
             },
             Error::RollbackFailed {
                 job: "heat",

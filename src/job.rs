@@ -21,7 +21,6 @@
 //! stays deterministic. The [`Rows`](crate::Rows) shortcut does all of this for a grid
 //! partitioned by rows.
 
-use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
 use std::ops::Range;
@@ -29,6 +28,7 @@ use std::ops::Range;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::exchange::{At, Exchange, Inbox, Outbox, Pattern, Piece};
 use crate::reduce::Reducer;
 
 /// The value of a job's reduction: what a phase (and the whole job) produces.
@@ -383,16 +383,23 @@ pub struct Ownership<J: Job> {
     pub(crate) hooks: Option<Hooks<J>>,
 }
 
-/// A halo with its type erased, as the executor carries it from one chunk to its neighbour.
-pub(crate) type AnyHalo = Box<dyn Any + Send>;
-
-/// The [`Partition`] methods of a job's chunk, reachable from code generic over any [`Job`].
+/// The [`Partition`] or [`Exchange`](crate::Exchange) methods of a job's chunk, reachable
+/// from code generic over any [`Job`]. Both are carried as an exchange: a chain's halos are
+/// pieces addressed to the chunk before and the chunk after.
 pub(crate) struct Hooks<J: Job> {
-    pub(crate) export: fn(&J::Chunk, &J) -> (AnyHalo, AnyHalo),
-    pub(crate) begin: fn(&mut J::Chunk, &J, Option<AnyHalo>, Option<AnyHalo>),
-    /// A halo's bytes, for a worker process (or from one).
-    pub(crate) encode_halo: fn(&AnyHalo) -> Result<Vec<u8>, crate::codec::Error>,
-    pub(crate) decode_halo: fn(&[u8]) -> Result<AnyHalo, crate::codec::Error>,
+    /// Every piece the partition exports at the end of a phase, addressed.
+    pub(crate) export: fn(&J::Chunk, &J, At) -> Outbox<Piece>,
+    /// Begins the next phase of partition `chunk` with the pieces addressed to it, in the
+    /// senders' chunk order.
+    pub(crate) begin: fn(&mut J::Chunk, &J, u64, Inbox<Piece>),
+    /// A piece's bytes, for a worker process (or from one). A piece decoded is its
+    /// receiver's own, even an allgather's (each receiver decodes its copy).
+    pub(crate) encode_halo: fn(&Piece) -> Result<Vec<u8>, crate::codec::Error>,
+    pub(crate) decode_halo: fn(&[u8]) -> Result<Piece, crate::codec::Error>,
+    /// [`Exchange::neighbours`](crate::Exchange::neighbours); a chain's are `c - 1`, `c + 1`.
+    pub(crate) neighbours: Option<Neighbours<J>>,
+    /// [`Exchange::pattern`](crate::Exchange::pattern); a chain's is always its neighbours.
+    pub(crate) pattern: fn(&J, u64) -> Pattern,
     /// Traces the halo's type, for the job's [`Layout`](crate::Layout).
     pub(crate) trace_halo: crate::layout::Trace,
     /// [`Partition::output_every`].
@@ -408,6 +415,9 @@ pub(crate) struct Hooks<J: Job> {
     /// job before anything runs, without decoding all of it; `None`: not checked.
     pub(crate) fits: Option<Fits<J>>,
 }
+
+/// [`Exchange::neighbours`](crate::Exchange::neighbours): the job, a chunk, the chunks.
+pub(crate) type Neighbours<J> = fn(&J, u64, u64) -> Vec<u64>;
 
 /// [`Partition::output`] of a job's chunk: the partition, the job, its input, the phase.
 pub(crate) type Output<J> =
@@ -454,14 +464,40 @@ where
     /// Chunks are owned partitions that live across phases (see [`Partition`]).
     pub const PARTITIONS: Ownership<J> = Ownership {
         hooks: Some(Hooks {
-            export: export_erased::<J>,
-            begin: begin_erased::<J>,
-            encode_halo: encode_halo::<J>,
-            decode_halo: decode_halo::<J>,
+            export: export_chain::<J>,
+            begin: begin_chain::<J>,
+            encode_halo: crate::exchange::encode_erased::<<J::Chunk as Partition>::Halo>,
+            decode_halo: decode_chain::<J>,
+            neighbours: None,
+            pattern: |_, _| Pattern::Neighbours,
             trace_halo: crate::layout::trace::<<J::Chunk as Partition>::Halo>,
             output_every: <J::Chunk as Partition>::output_every,
             output: <J::Chunk as Partition>::output,
             gather: <J::Chunk as Partition>::gather_at_end,
+            shape: None,
+            fits: None,
+        }),
+    };
+}
+
+impl<J: Job> Ownership<J>
+where
+    J::Chunk: Exchange,
+{
+    /// Chunks are owned partitions that live across phases and exchange pieces with any
+    /// partitions (see [`Exchange`]).
+    pub const EXCHANGES: Ownership<J> = Ownership {
+        hooks: Some(Hooks {
+            export: crate::exchange::export_erased::<J>,
+            begin: |c, job, _, inbox| crate::exchange::begin_erased::<J>(c, job, inbox),
+            encode_halo: crate::exchange::encode_erased::<<J::Chunk as Exchange>::Piece>,
+            decode_halo: crate::exchange::decode_erased::<<J::Chunk as Exchange>::Piece>,
+            neighbours: Some(<J::Chunk as Exchange>::neighbours),
+            pattern: <J::Chunk as Exchange>::pattern,
+            trace_halo: crate::layout::trace::<<J::Chunk as Exchange>::Piece>,
+            output_every: <J::Chunk as Exchange>::output_every,
+            output: <J::Chunk as Exchange>::output,
+            gather: <J::Chunk as Exchange>::gather_at_end,
             shape: None,
             fits: None,
         }),
@@ -499,43 +535,48 @@ impl<J: Job> fmt::Debug for Ownership<J> {
     }
 }
 
-fn export_erased<J: Job>(c: &J::Chunk, job: &J) -> (AnyHalo, AnyHalo)
+/// A chain's halos as pieces: the one for the chunk before, then the one for the chunk
+/// after (none past either end).
+fn export_chain<J: Job>(c: &J::Chunk, job: &J, at: At) -> Outbox<Piece>
 where
     J::Chunk: Partition,
 {
     let (before, after) = c.export(job);
-    (Box::new(before), Box::new(after))
-}
-
-fn begin_erased<J: Job>(c: &mut J::Chunk, job: &J, before: Option<AnyHalo>, after: Option<AnyHalo>)
-where
-    J::Chunk: Partition,
-{
-    // The executor only ever hands a chunk the halos its own type exported.
-    let cast = |h: Option<AnyHalo>| {
-        h.and_then(|h| h.downcast::<<J::Chunk as Partition>::Halo>().ok())
-            .map(|b| *b)
-    };
-    c.begin_phase(job, cast(before), cast(after));
-}
-
-fn encode_halo<J: Job>(h: &AnyHalo) -> Result<Vec<u8>, crate::codec::Error>
-where
-    J::Chunk: Partition,
-{
-    match h.downcast_ref::<<J::Chunk as Partition>::Halo>() {
-        Some(h) => crate::codec::encode("a halo", h),
-        // Only halos of this job's type are ever erased with these hooks.
-        None => crate::codec::encode("a halo", &()),
+    let mut out = Vec::with_capacity(2);
+    if let Some(b) = at.chunk.checked_sub(1) {
+        out.push((Some(b), Piece::Own(Box::new(before))));
     }
+    if at.chunk + 1 < at.chunks {
+        out.push((Some(at.chunk + 1), Piece::Own(Box::new(after))));
+    }
+    out
 }
 
-fn decode_halo<J: Job>(b: &[u8]) -> Result<AnyHalo, crate::codec::Error>
+/// A chain's [`Partition::begin_phase`] with the pieces from the chunk before and after.
+fn begin_chain<J: Job>(c: &mut J::Chunk, job: &J, chunk: u64, inbox: Inbox<Piece>)
+where
+    J::Chunk: Partition,
+{
+    let (mut before, mut after) = (None, None);
+    // The executor only ever hands a chunk the halos its own type exported.
+    for (from, piece) in inbox {
+        let halo = piece.take::<<J::Chunk as Partition>::Halo>();
+        if Some(from) == chunk.checked_sub(1) {
+            before = halo;
+        } else if Some(from) == chunk.checked_add(1) {
+            after = halo;
+        }
+    }
+    c.begin_phase(job, before, after);
+}
+
+/// A chain's halo from its bytes.
+fn decode_chain<J: Job>(b: &[u8]) -> Result<Piece, crate::codec::Error>
 where
     J::Chunk: Partition,
 {
     crate::codec::decode::<<J::Chunk as Partition>::Halo>("a halo", b)
-        .map(|h| Box::new(h) as AnyHalo)
+        .map(|h| Piece::Own(Box::new(h)))
 }
 
 /// Jobs for the crate's unit tests.

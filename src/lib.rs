@@ -96,6 +96,7 @@
 pub mod blocks;
 mod codec;
 mod error;
+pub mod exchange;
 mod executor;
 mod fold;
 mod job;
@@ -145,6 +146,7 @@ pub mod cluster {
 
 pub use blocks::Blocks;
 pub use error::{Cause, Error, Result, Site, error_chain};
+pub use exchange::{Exchange, Pattern, Pieces};
 pub use executor::{
     At, AutoscaleStatus, Builder, Executor, Finished, JobFuture, JobHandle, Outcome, Progress,
     ProgressUpdates, RemoteProcess, Resubmit, Resume, Resumed, Rollback, SnapshotRequest,

@@ -269,10 +269,10 @@ fn the_coordinator_names_what_it_refuses() {
 
     // Halos for a partition this peer was never given to export them (the answer to a
     // partition placed after a rollback): refused as `rejected`.
-    let halos = (
-        frame::Halo::Sent(Bytes::from_static(b"\x01")),
-        frame::Halo::Sent(Bytes::from_static(b"\x02")),
-    );
+    let halos = vec![
+        (Some(4), frame::Halo::Sent(Bytes::from_static(b"\x01"))),
+        (Some(6), frame::Halo::Sent(Bytes::from_static(b"\x02"))),
+    ];
     let text = refused(
         &exec,
         &mut counted,
@@ -295,8 +295,10 @@ fn the_coordinator_names_what_it_refuses() {
     // number there is: refused as `rejected`, nothing indexed past the end.
     let released = frame::ToCoordinator::Released {
         chunk: u64::MAX,
-        before: Some(Bytes::from_static(b"\x01")),
-        after: Some(Bytes::from_static(b"\x02")),
+        halos: vec![
+            (0, frame::Halo::Sent(Bytes::from_static(b"\x01"))),
+            (1, frame::Halo::Sent(Bytes::from_static(b"\x02"))),
+        ],
     };
     let text = refused(
         &exec,
@@ -412,7 +414,7 @@ fn a_done_with_halos_for_a_chunk_its_slot_does_not_run_replaces_no_halo() {
             slot: 0,
             chunk: 0,
             output: frame::encode(&Vec::<u64>::new()),
-            halos: Some((garbage(), garbage())),
+            halos: Some(vec![(Some(1), garbage())]),
             iterations: 4,
             busy_ns: 1,
         }),
@@ -587,6 +589,7 @@ fn a_worker_drops_what_a_rollback_abandons() {
     let job = walk(13);
     let phase = frame::ToWorker::Phase {
         phase: 0,
+        chunks: 13,
         job: Bytes::from(frame::encode(&job).to_vec()),
     };
     let run = |slot: u32, chunk: u64| frame::ToWorker::Run {
@@ -645,6 +648,7 @@ fn a_worker_names_what_it_refuses() {
     // A `Run` for a slot this worker does not have (one thread: slots 0 and 1).
     let phase = frame::ToWorker::Phase {
         phase: 0,
+        chunks: 13,
         job: job.clone(),
     };
     let (addr, fake) = fake_coordinator(1, vec![phase, run(7)]);
@@ -659,6 +663,7 @@ fn a_worker_names_what_it_refuses() {
     // A job value that does not decode although the versions match.
     let phase = frame::ToWorker::Phase {
         phase: 0,
+        chunks: 13,
         job: Bytes::from_static(&[0xff, 0xff, 0xff]),
     };
     let (addr, fake) = fake_coordinator(1, vec![phase]);

@@ -178,7 +178,8 @@ impl<J: Job> State<J> {
         }
         if let Some((ran, bytes)) = &f.ran {
             for (conn, chunk) in ask {
-                self.remote.send_phase(conn, f.phase, bytes.clone());
+                self.remote
+                    .send_phase(conn, (f.phase, self.core.plan().len()), bytes.clone());
                 let msg = ToWorker::Output {
                     chunk,
                     phase: f.phase,

@@ -29,16 +29,18 @@ use super::rollback::Rollback;
 use super::snapshot::{self, Captured, Snapshots};
 use super::{Config, Outcome};
 use crate::error::{Error, Result, Site};
-use crate::job::{AnyHalo, Job, Next, Value};
+use crate::exchange::{At, Inbox, Outbox, Piece};
+use crate::job::{Job, Next, Value};
 use crate::run::{Assignment, Held, INTERRUPT, Inputs, catch};
-use crate::schedule::{ChunkId, Command, Core, Event, Plan, ProcessId, Shape, Side, WorkerId};
+use crate::schedule::{ChunkId, Command, Core, Event, Plan, ProcessId, Shape, WorkerId};
 
-/// A halo as it reached the coordinator: exported by a local worker, as bytes from a worker
-/// process, or kept by a worker process for its own partition (protocol 12, see
-/// [`frame::Halo`](crate::wire::frame::Halo)) until that partition's `Begin` names it, or
-/// until the process sends it up (`Released`) before the partition leaves it.
+/// A halo (a piece of an exchange) as it reached the coordinator: exported by a local
+/// worker, as bytes from a worker process, or kept by a worker process for its own partition
+/// (protocol 12, see [`frame::Halo`](crate::wire::frame::Halo)) until that partition's
+/// `Begin` names it, or until the process sends it up (`Released`) before the partition
+/// leaves it.
 pub(crate) enum HeldHalo {
-    Live(AnyHalo),
+    Live(Piece),
     Bytes(bytes::Bytes),
     Kept(ProcessId),
 }
@@ -52,36 +54,116 @@ impl HeldHalo {
         }
     }
 
-    /// The halo, to begin partition `chunk` here. A halo still kept by a worker process
-    /// never reached here: that process let the partition go without it.
-    pub(crate) fn live<J: Job>(
-        h: Option<HeldHalo>,
-        hooks: &crate::job::Hooks<J>,
-        chunk: ChunkId,
-    ) -> Result<Option<AnyHalo>> {
-        Ok(match h {
-            None => None,
-            Some(HeldHalo::Live(h)) => Some(h),
-            Some(HeldHalo::Bytes(b)) => Some((hooks.decode_halo)(&b)?),
-            Some(HeldHalo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
-        })
+    /// Another handle on the halo, for one more receiver: an allgather's piece goes to
+    /// every partition. `None` for a live piece owned by its one receiver.
+    pub(crate) fn share(&self) -> Option<HeldHalo> {
+        match self {
+            HeldHalo::Live(p) => p.share().map(HeldHalo::Live),
+            HeldHalo::Bytes(b) => Some(HeldHalo::Bytes(b.clone())),
+            HeldHalo::Kept(c) => Some(HeldHalo::Kept(*c)),
+        }
     }
 
-    /// The halo on the wire, for partition `chunk` held by worker process `holder`.
+    /// The halos of an inbox, to begin partition `chunk` here. A halo still kept by a
+    /// worker process never reached here: that process let the partition go without it.
+    pub(crate) fn live<J: Job>(
+        inbox: Inbox<HeldHalo>,
+        hooks: &crate::job::Hooks<J>,
+        chunk: ChunkId,
+    ) -> Result<Inbox<Piece>> {
+        inbox
+            .into_iter()
+            .map(|(from, h)| {
+                Ok((
+                    from,
+                    match h {
+                        HeldHalo::Live(h) => h,
+                        HeldHalo::Bytes(b) => (hooks.decode_halo)(&b)?,
+                        HeldHalo::Kept(conn) => return Err(kept_astray(conn, chunk)),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// The halos of an inbox on the wire, for partition `chunk` held by worker process
+    /// `holder`.
     pub(crate) fn wire<J: Job>(
-        h: Option<HeldHalo>,
+        inbox: Inbox<HeldHalo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
         holder: ProcessId,
-    ) -> Result<Option<crate::wire::frame::Halo>> {
+    ) -> Result<Inbox<crate::wire::frame::Halo>> {
         use crate::wire::frame::Halo as Wire;
-        Ok(match h {
-            None => None,
-            Some(HeldHalo::Bytes(b)) => Some(Wire::Sent(b)),
-            Some(HeldHalo::Live(h)) => Some(Wire::Sent((hooks.encode_halo)(&h)?.into())),
-            Some(HeldHalo::Kept(conn)) if conn == holder => Some(Wire::Kept),
-            Some(HeldHalo::Kept(conn)) => return Err(kept_astray(conn, chunk)),
-        })
+        inbox
+            .into_iter()
+            .map(|(from, h)| {
+                Ok((
+                    from,
+                    match h {
+                        HeldHalo::Bytes(b) => Wire::Sent(b),
+                        HeldHalo::Live(h) => Wire::Sent((hooks.encode_halo)(&h)?.into()),
+                        HeldHalo::Kept(conn) if conn == holder => Wire::Kept,
+                        HeldHalo::Kept(conn) => return Err(kept_astray(conn, chunk)),
+                    },
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Sorts the exports of a phase (by sender) into the inboxes of their receivers, each in
+/// sender order: a piece addressed to everyone (an allgather's) goes to every partition.
+/// A live piece owned by one receiver addressed to everyone cannot be: it is an internal
+/// error.
+pub(crate) fn route(
+    exports: impl IntoIterator<Item = Option<Outbox<HeldHalo>>>,
+    len: usize,
+) -> Result<Vec<Inbox<HeldHalo>>> {
+    let mut inboxes: Vec<Inbox<HeldHalo>> = (0..len).map(|_| Vec::new()).collect();
+    for (from, out) in exports.into_iter().enumerate() {
+        for (to, h) in out.into_iter().flatten() {
+            match to {
+                Some(to) => {
+                    if let Some(inbox) = inboxes.get_mut(to as usize) {
+                        inbox.push((from as ChunkId, h));
+                    }
+                }
+                None => {
+                    for inbox in &mut inboxes {
+                        let Some(h) = h.share() else {
+                            return Err(Error::Internal(format!(
+                                "partition {from} exported a piece for everyone that cannot be shared"
+                            )));
+                        };
+                        inbox.push((from as ChunkId, h));
+                    }
+                }
+            }
+        }
+    }
+    Ok(inboxes)
+}
+
+/// The neighbours of the owned partitions of `job` in `chunks` chunks (a chain for a
+/// [`Partition`](crate::Partition), the declared graph for an
+/// [`Exchange`](crate::Exchange)), checked.
+///
+/// # Errors
+///
+/// [`Error::Neighbours`] if the declared graph is not one; [`Error::Panicked`] if the job's
+/// `neighbours` panicked.
+pub(crate) fn shape_of<J: Job>(job: &J, chunks: u64, phase: u64) -> Result<Shape> {
+    match J::OWNERSHIP.hooks.and_then(|h| h.neighbours) {
+        None => Ok(Shape::chain(chunks)),
+        Some(of) => catch(Site::Job { phase }, J::NAME, || {
+            Shape::graph(chunks, |c| of(job, c, chunks))
+        })?
+        .map_err(|(chunk, problem)| Error::Neighbours {
+            job: J::NAME,
+            chunk,
+            problem,
+        }),
     }
 }
 
@@ -138,9 +220,11 @@ pub(crate) struct State<J: Job> {
     pub(crate) remote: Remotes,
     /// Snapshot bookkeeping (`snapshot.rs`).
     pub(crate) snap: Snapshots,
-    /// Owned partitions: the halos each done chunk of the phase exported, `(for the chunk
-    /// before, for the chunk after)`, handed to the neighbours at the barrier.
-    pub(crate) exports: Vec<Option<(HeldHalo, HeldHalo)>>,
+    /// Owned partitions: the pieces each done chunk of the phase exported, addressed,
+    /// handed to their receivers at the barrier.
+    pub(crate) exports: Vec<Option<Outbox<HeldHalo>>>,
+    /// Owned partitions: who exchanges pieces with whom, checked when the run started.
+    pub(crate) shape: Shape,
     /// Owned partitions restored by a rollback and done in the snapshot's phase, placed on
     /// a worker process that exports their halos (`rollback.rs`): the barrier waits for
     /// them.
@@ -179,7 +263,7 @@ impl<J: Job> State<J> {
     /// The state of a run starting at `phase` with this ledger.
     pub(crate) fn new(
         (config, inputs): (Arc<Config>, Arc<Inputs<J>>),
-        core: Core<J::Reducer, Held<J::Chunk>>,
+        (core, shape): (Core<J::Reducer, Held<J::Chunk>>, Shape),
         job: J,
         phase: u64,
         iterations_before: u64,
@@ -211,6 +295,7 @@ impl<J: Job> State<J> {
             remote: Remotes::default(),
             snap,
             exports: Vec::new(),
+            shape,
             exporting: Default::default(),
             moved: 0,
             rollback: Default::default(),
@@ -431,6 +516,7 @@ impl<J: Job> State<J> {
                                 assignment: Assignment {
                                     chunk,
                                     phase: self.phase,
+                                    chunks: self.core.plan().len(),
                                     range,
                                     state,
                                 },
@@ -583,7 +669,7 @@ impl<J: Job> State<J> {
     }
 
     /// Keeps the halos a done chunk exported until the barrier.
-    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: (HeldHalo, HeldHalo)) {
+    pub(crate) fn keep_halos(&mut self, chunk: ChunkId, halos: Outbox<HeldHalo>) {
         let c = chunk as usize;
         if self.exports.len() <= c {
             self.exports
@@ -618,6 +704,7 @@ impl<J: Job> State<J> {
         let len = plan.len() as usize;
         self.exports.resize_with(len, || None);
         let phase = next - 1;
+        let chunks = plan.len();
         // Restored partitions (still the snapshot's bytes): decoded, and their halos
         // exported, here, on as many threads as the machine has.
         let mut restored = Vec::new();
@@ -631,7 +718,7 @@ impl<J: Job> State<J> {
             let mut decoded: IdMap<ChunkId, Decoded<J>> =
                 IdMap::with_capacity_and_hasher(restored.len(), Default::default());
             // The first error in chunk order, as when they were decoded one by one.
-            for (chunk, r) in decode_restored(job, hooks.export, phase, restored)? {
+            for (chunk, r) in decode_restored(job, hooks.export, (phase, chunks), restored)? {
                 // Still the snapshot's bytes: one that does not decode names it.
                 decoded.insert(
                     chunk,
@@ -641,8 +728,8 @@ impl<J: Job> State<J> {
             for (chunk, held) in self.core.kept_mut() {
                 if let Some((live, halos)) = decoded.remove(&chunk) {
                     *held = Held::Live(live);
-                    if let Some((u, d)) = halos {
-                        self.exports[chunk as usize] = Some((HeldHalo::Live(u), HeldHalo::Live(d)));
+                    if let Some(out) = halos {
+                        self.exports[chunk as usize] = Some(live_outbox(out));
                     }
                 }
             }
@@ -651,49 +738,43 @@ impl<J: Job> State<J> {
             let slot = &mut self.exports[chunk as usize];
             if slot.is_none() {
                 if let Held::Live(c) = held {
-                    let (u, d) = catch(Site::Chunk { phase, chunk }, J::NAME, || {
-                        (hooks.export)(c, job)
+                    let at = At {
+                        chunk,
+                        chunks,
+                        phase,
+                    };
+                    let out = catch(Site::Chunk { phase, chunk }, J::NAME, || {
+                        (hooks.export)(c, job, at)
                     })?;
-                    *slot = Some((HeldHalo::Live(u), HeldHalo::Live(d)));
+                    *slot = Some(live_outbox(out));
                 }
             }
         }
-        // Every chunk's halos, split into what goes up and what goes down.
-        let mut up: Vec<Option<HeldHalo>> = Vec::with_capacity(len);
-        let mut down: Vec<Option<HeldHalo>> = Vec::with_capacity(len);
-        for e in self.exports.drain(..) {
-            let (u, d) = e.map_or((None, None), |(u, d)| (Some(u), Some(d)));
-            up.push(u);
-            down.push(d);
-        }
+        // Every chunk's pieces, sorted into their receivers' inboxes.
+        let mut inboxes = route(self.exports.drain(..), len)?;
         let mut remote_begins = Vec::new();
-        let shape = Shape::chain(plan.len());
         for (chunk, held) in self.core.kept_mut() {
             // The partition changes: no part of it in the store is current any more.
             self.snap.on_run(chunk);
-            let before = shape
-                .neighbour(chunk, Side::Before)
-                .and_then(|n| down[n as usize].take());
-            let after = shape
-                .neighbour(chunk, Side::After)
-                .and_then(|n| up[n as usize].take());
+            let inbox = inboxes
+                .get_mut(chunk as usize)
+                .map(std::mem::take)
+                .unwrap_or_default();
             match held {
                 Held::Live(part) => {
-                    let before = HeldHalo::live(before, &hooks, chunk)?;
-                    let after = HeldHalo::live(after, &hooks, chunk)?;
+                    let inbox = HeldHalo::live(inbox, &hooks, chunk)?;
                     catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
-                        (hooks.begin)(part, job, before, after)
+                        (hooks.begin)(part, job, chunk, inbox)
                     })?;
                 }
                 // Held by a worker process: it gets the halos after the new job value; one on
                 // its way back here (its holder leaves) takes them when it arrives.
                 Held::Elsewhere(conn) => match self.remote.fetching(chunk) {
-                    Some(fetch) => *fetch = Fetch::Begin(before, after),
+                    Some(fetch) => *fetch = Fetch::Begin(inbox),
                     None => remote_begins.push((
                         *conn,
                         chunk,
-                        HeldHalo::wire(before, &hooks, chunk, *conn)?,
-                        HeldHalo::wire(after, &hooks, chunk, *conn)?,
+                        HeldHalo::wire(inbox, &hooks, chunk, *conn)?,
                     )),
                 },
                 Held::Bytes(_) | Held::Fetch(_) | Held::Asked(_) => {
@@ -705,7 +786,8 @@ impl<J: Job> State<J> {
         }
         if !remote_begins.is_empty() {
             let job_bytes = bytes::Bytes::from(crate::codec::encode_for_workers("the job", job)?);
-            self.remote.begin_remote(next, job_bytes, remote_begins);
+            self.remote
+                .begin_remote((next, plan.len()), job_bytes, remote_begins);
         }
         // Every partition changed: nothing of the last snapshot can be reused.
         self.snap.cache.clear();
@@ -758,7 +840,14 @@ impl<J: Job> State<J> {
 
 /// A restored partition at the barrier as it comes out of [`decode_restored`]: the live
 /// partition and, if it was asked for, the halos it exports.
-type Decoded<J> = (<J as Job>::Chunk, Option<(AnyHalo, AnyHalo)>);
+type Decoded<J> = (<J as Job>::Chunk, Option<Outbox<Piece>>);
+
+/// Live pieces, as the barrier keeps them.
+fn live_outbox(out: Outbox<Piece>) -> Outbox<HeldHalo> {
+    out.into_iter()
+        .map(|(to, p)| (to, HeldHalo::Live(p)))
+        .collect()
+}
 
 /// Decodes the partitions restored from a snapshot (`(chunk, bytes, export)`) and exports
 /// the halos of those asked to, at the barrier of phase `phase`; the results in chunk order.
@@ -777,8 +866,8 @@ type Decoded<J> = (<J as Job>::Chunk, Option<(AnyHalo, AnyHalo)>);
 /// Per chunk, as above; [`Error::Internal`] if a helper thread could not give its results.
 fn decode_restored<J: Job>(
     job: &J,
-    export: fn(&J::Chunk, &J) -> (AnyHalo, AnyHalo),
-    phase: u64,
+    export: fn(&J::Chunk, &J, At) -> Outbox<Piece>,
+    (phase, chunks): (u64, u64),
     parts: Vec<(ChunkId, bytes::Bytes, bool)>,
 ) -> Result<Vec<(ChunkId, Result<Decoded<J>>)>> {
     let one = |(chunk, bytes, exports): (ChunkId, bytes::Bytes, bool)| {
@@ -792,7 +881,12 @@ fn decode_restored<J: Job>(
             if !exports {
                 return Ok((c, None));
             }
-            let halos = catch(site, J::NAME, || export(&c, job))?;
+            let at = At {
+                chunk,
+                chunks,
+                phase,
+            };
+            let halos = catch(site, J::NAME, || export(&c, job, at))?;
             Ok((c, Some(halos)))
         });
         (chunk, r)
@@ -887,8 +981,18 @@ mod tests {
         }
     }
 
-    fn halos(h: Option<(AnyHalo, AnyHalo)>) -> Option<(u64, u64)> {
-        h.map(|(u, d)| (*u.downcast::<u64>().unwrap(), *d.downcast::<u64>().unwrap()))
+    /// The halos of strip `c` of 10, in the middle (one for the chunk before, one for the
+    /// chunk after).
+    fn halos(c: u64, h: Option<Outbox<Piece>>) -> Option<(u64, u64)> {
+        h.map(|out| {
+            let v: Vec<(Option<u64>, u64)> = out
+                .into_iter()
+                .map(|(to, p)| (to, p.take::<u64>().unwrap()))
+                .collect();
+            assert_eq!(v.len(), 2);
+            assert_eq!((v[0].0, v[1].0), (Some(c - 1), Some(c + 1)));
+            (v[0].1, v[1].1)
+        })
     }
 
     /// Restored partitions decoded at the barrier on several threads come back in chunk
@@ -910,7 +1014,7 @@ mod tests {
             })
             .collect();
         parts[4].1 = bytes::Bytes::from_static(&[0xff; 3]); // chunk 4
-        let got = decode_restored(&job, export, 7, parts).unwrap();
+        let got = decode_restored(&job, export, (7, 10), parts).unwrap();
         assert_eq!(
             got.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
             (0..9).collect::<Vec<_>>()
@@ -939,12 +1043,12 @@ mod tests {
                     let (live, h) = r.unwrap();
                     assert_eq!(live, strip(c));
                     let want = (c % 3 != 0).then(|| (c * 10_000, c * 10_000 + 999));
-                    assert_eq!(halos(h), want, "{c}");
+                    assert_eq!(halos(c, h), want, "{c}");
                 }
             }
         }
         assert!(
-            decode_restored(&job, export, 7, Vec::new())
+            decode_restored(&job, export, (7, 10), Vec::new())
                 .unwrap()
                 .is_empty()
         );
@@ -958,12 +1062,15 @@ mod tests {
         use crate::wire::frame::Halo as Wire;
         const P3: ProcessId = ProcessId(3);
         let hooks = crate::job::Ownership::<Strips>::PARTITIONS.hooks.unwrap();
-        let wire = |h, holder| HeldHalo::wire(Some(h), &hooks, 5, holder);
-        assert_eq!(wire(HeldHalo::Kept(P3), P3).unwrap(), Some(Wire::Kept));
-        let sent = wire(HeldHalo::Live(Box::new(7u64)), P3).unwrap();
+        let wire = |h, holder| HeldHalo::wire(vec![(4, h)], &hooks, 5, holder);
+        assert_eq!(wire(HeldHalo::Kept(P3), P3).unwrap(), vec![(4, Wire::Kept)]);
+        let sent = wire(HeldHalo::Live(Piece::Own(Box::new(7u64))), P3).unwrap();
         assert_eq!(
             sent,
-            Some(Wire::Sent(crate::codec::encode("h", &7u64).unwrap().into()))
+            vec![(
+                4,
+                Wire::Sent(crate::codec::encode("h", &7u64).unwrap().into())
+            )]
         );
         let astray = |r: Result<_>| match r {
             Err(Error::Cluster(crate::wire::Error::Rejected {
@@ -977,9 +1084,11 @@ mod tests {
             Ok(_) => panic!("accepted"),
         };
         astray(wire(HeldHalo::Kept(P3), ProcessId(4)).map(|_| ()));
-        astray(HeldHalo::live(Some(HeldHalo::Kept(P3)), &hooks, 5).map(|_| ()));
+        astray(HeldHalo::live(vec![(4, HeldHalo::Kept(P3))], &hooks, 5).map(|_| ()));
         let bytes = crate::codec::encode("h", &9u64).unwrap();
-        let live = HeldHalo::live(Some(HeldHalo::Bytes(bytes.into())), &hooks, 5).unwrap();
-        assert_eq!(*live.unwrap().downcast::<u64>().unwrap(), 9);
+        let live = HeldHalo::live(vec![(6, HeldHalo::Bytes(bytes.into()))], &hooks, 5).unwrap();
+        assert_eq!(live.len(), 1);
+        let (from, piece) = live.into_iter().next().unwrap();
+        assert_eq!((from, piece.take::<u64>()), (6, Some(9)));
     }
 }

@@ -871,6 +871,9 @@ impl Executor {
         origin: io::Origin,
         lease: Option<lease::RunLease>,
     ) -> Result<JobHandle<J>> {
+        // Owned partitions: a declared neighbour graph that is not one is refused before
+        // anything runs.
+        let shape = job_run::shape_of(&job, core.plan().len(), phase)?;
         let config = Config {
             schedule,
             chunking,
@@ -881,7 +884,7 @@ impl Executor {
         let (config, inputs) = (Arc::new(config), Arc::new(Inputs::default()));
         let state = State::new(
             (Arc::clone(&config), Arc::clone(&inputs)),
-            core,
+            (core, shape),
             job,
             phase,
             iterations_before,

@@ -101,9 +101,10 @@ use super::members::RemoteSlot;
 use super::snapshot::{Captured, Part};
 use crate::codec;
 use crate::error::{Error, Site};
+use crate::exchange::{Inbox, Outbox};
 use crate::job::Job;
 use crate::run::Held;
-use crate::schedule::{ChunkId, Event, ProcessId, Shape, Side, Work, WorkerId};
+use crate::schedule::{ChunkId, Event, ProcessId, Work, WorkerId};
 use crate::wire::Error as PeerError;
 use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 
@@ -245,7 +246,7 @@ pub(crate) struct Remotes {
     fetches: IdMap<ChunkId, (ProcessId, Fetch, Duration)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
-    begins: IdMap<ChunkId, (Option<HeldHalo>, Option<HeldHalo>)>,
+    begins: IdMap<ChunkId, Inbox<HeldHalo>>,
     /// Owned partitions that arrived from worker processes since the autoscaler last looked:
     /// their bytes, and their transfers' times summed (`autoscale.rs` reports them to the
     /// decider, which learns what a move costs).
@@ -295,25 +296,21 @@ impl Remotes {
     /// gets the phase's job value, then the halos of each of its partitions (`Begin`).
     pub(crate) fn begin_remote(
         &mut self,
-        phase: u64,
+        (phase, chunks): (u64, u64),
         job: Bytes,
-        begins: Vec<(ProcessId, ChunkId, Option<frame::Halo>, Option<frame::Halo>)>,
+        begins: Vec<(ProcessId, ChunkId, Inbox<frame::Halo>)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
-        for (id, chunk, before, after) in begins {
+        for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
                     c.phase_sent = Some(phase);
                     let job = job.clone();
-                    self.outbox.push((id, ToWorker::Phase { phase, job }));
+                    self.outbox
+                        .push((id, ToWorker::Phase { phase, chunks, job }));
                 }
                 tracing::debug!(conn = %id, chunk, phase, "begin");
-                let begin = ToWorker::Begin {
-                    chunk,
-                    before,
-                    after,
-                };
-                self.outbox.push((id, begin));
+                self.outbox.push((id, ToWorker::Begin { chunk, halos }));
             }
         }
     }
@@ -322,16 +319,18 @@ impl Remotes {
     fn count_halos(
         &mut self,
         id: ProcessId,
-        up: frame::Halo,
-        down: frame::Halo,
-    ) -> (HeldHalo, HeldHalo) {
-        for h in [&up, &down] {
-            match h {
-                frame::Halo::Kept => self.halos.0 += 1,
-                frame::Halo::Sent(_) => self.halos.1 += 1,
-            }
-        }
-        (HeldHalo::from_wire(up, id), HeldHalo::from_wire(down, id))
+        halos: Vec<(Option<u64>, frame::Halo)>,
+    ) -> Outbox<HeldHalo> {
+        halos
+            .into_iter()
+            .map(|(to, h)| {
+                match h {
+                    frame::Halo::Kept => self.halos.0 += 1,
+                    frame::Halo::Sent(_) => self.halos.1 += 1,
+                }
+                (to, HeldHalo::from_wire(h, id))
+            })
+            .collect()
     }
 
     /// Whether no partition is on its way from a worker process.
@@ -384,12 +383,14 @@ impl Remotes {
         self.fetches.get_mut(&chunk).map(|(_, f, _)| f)
     }
 
-    /// Sends connection `id` the job value of `phase` (`job`), unless it has it.
-    pub(crate) fn send_phase(&mut self, id: ProcessId, phase: u64, job: Bytes) {
+    /// Sends connection `id` the job value of `phase` (`job`) and its number of chunks,
+    /// unless it has it.
+    pub(crate) fn send_phase(&mut self, id: ProcessId, (phase, chunks): (u64, u64), job: Bytes) {
         if let Some(c) = self.conns.get_mut(&id) {
             if c.phase_sent != Some(phase) {
                 c.phase_sent = Some(phase);
-                self.outbox.push((id, ToWorker::Phase { phase, job }));
+                self.outbox
+                    .push((id, ToWorker::Phase { phase, chunks, job }));
             }
         }
     }
@@ -468,7 +469,7 @@ pub(crate) enum Fetch {
     Ledger,
     /// Back into the ledger, where it begins the phase that started while it was on its way
     /// with these halos (see `Partition::begin_phase`).
-    Begin(Option<HeldHalo>, Option<HeldHalo>),
+    Begin(Inbox<HeldHalo>),
 }
 
 impl<J: Job> State<J> {
@@ -615,7 +616,8 @@ impl<J: Job> State<J> {
             // A partition moving into this process.
             self.remote.sent += b.len() as u64;
         }
-        self.remote.send_phase(conn_id, phase, job_bytes);
+        let chunks = self.core.plan().len();
+        self.remote.send_phase(conn_id, (phase, chunks), job_bytes);
         tracing::debug!(conn = %conn_id, slot, chunk, held, phase, "run");
         let run = ToWorker::Run {
             slot,
@@ -778,8 +780,8 @@ impl<J: Job> State<J> {
     pub(crate) fn fetch(&mut self, chunk: ChunkId, from: ProcessId, to: Fetch) {
         match self.remote.fetches.get_mut(&chunk) {
             Some((_, prev, _)) => {
-                if let Fetch::Begin(before, after) = std::mem::replace(prev, to) {
-                    self.remote.begins.insert(chunk, (before, after));
+                if let Fetch::Begin(inbox) = std::mem::replace(prev, to) {
+                    self.remote.begins.insert(chunk, inbox);
                 }
             }
             None => {
@@ -806,19 +808,19 @@ impl<J: Job> State<J> {
         self.remote.fetched.1 += self.now.saturating_sub(asked);
         let raw = state.clone();
         let mut state = state;
-        if let Some((before, after)) = self.remote.begins.remove(&chunk) {
+        if let Some(inbox) = self.remote.begins.remove(&chunk) {
             // Its phase began while it was on its way: it takes its halos before it goes on.
             let begun = self
-                .begin_here(chunk, state, before, after)
+                .begin_here(chunk, state, inbox)
                 .and_then(|part| Ok(Bytes::from(codec::encode("a chunk state", &part)?)));
             match begun {
                 Ok(b) => state = b,
                 Err(e) => return self.fail(e),
             }
         }
-        if let Fetch::Begin(before, after) = to {
+        if let Fetch::Begin(inbox) = to {
             // Back into the ledger, where its phase began while it was on its way.
-            match self.begin_here(chunk, state, before, after) {
+            match self.begin_here(chunk, state, inbox) {
                 Ok(part) => {
                     let encode = || Ok(Bytes::from(codec::encode("a chunk state", &part)?));
                     self.held_arrived(chunk, &raw, encode);
@@ -876,43 +878,43 @@ impl<J: Job> State<J> {
     /// (`Released`): wherever they are still recorded as kept there (this phase's exports, or
     /// the halos of a phase that began while the partition was on its way), they are these
     /// bytes now. One nobody waits for (the job rolled back meanwhile) is dropped.
-    fn released(
-        &mut self,
-        id: ProcessId,
-        chunk: ChunkId,
-        mut before: Option<Bytes>,
-        mut after: Option<Bytes>,
-    ) {
-        let fill = |h: Option<&mut HeldHalo>, bytes: &mut Option<Bytes>| {
-            if let Some(h) = h {
+    fn released(&mut self, id: ProcessId, chunk: ChunkId, halos: Vec<(ChunkId, Bytes)>) {
+        let mut left = 0;
+        for (from, b) in halos {
+            let mut b = Some(b);
+            let mut fill = |h: &mut HeldHalo| {
                 if matches!(h, HeldHalo::Kept(c) if *c == id) {
-                    if let Some(b) = bytes.take() {
+                    if let Some(b) = b.take() {
                         *h = HeldHalo::Bytes(b);
                     }
                 }
+            };
+            let inboxes = [
+                match self.remote.fetches.get_mut(&chunk) {
+                    Some((_, Fetch::Begin(inbox), _)) => Some(inbox),
+                    _ => None,
+                },
+                self.remote.begins.get_mut(&chunk),
+            ];
+            for inbox in inboxes.into_iter().flatten() {
+                inbox
+                    .iter_mut()
+                    .filter(|(f, _)| *f == from)
+                    .for_each(|(_, h)| fill(h));
             }
-        };
-        if let Some((_, Fetch::Begin(b, a), _)) = self.remote.fetches.get_mut(&chunk) {
-            fill(b.as_mut(), &mut before);
-            fill(a.as_mut(), &mut after);
+            // Halos the sender exported towards it at the barrier, not handed over yet.
+            if let Some(Some(out)) = self.exports.get_mut(from as usize) {
+                out.iter_mut()
+                    .filter(|(to, _)| *to == Some(chunk))
+                    .for_each(|(_, h)| fill(h));
+            }
+            left += usize::from(b.is_some());
         }
-        if let Some((b, a)) = self.remote.begins.get_mut(&chunk) {
-            fill(b.as_mut(), &mut before);
-            fill(a.as_mut(), &mut after);
-        }
-        // Halos the neighbours exported towards it at the barrier, not handed over yet.
-        let shape = Shape::chain(self.core.plan().len());
-        let export = |side| shape.neighbour(chunk, side).map(|n| n as usize);
-        if let Some(Some((_, down))) = export(Side::Before).and_then(|n| self.exports.get_mut(n)) {
-            fill(Some(down), &mut before);
-        }
-        if let Some(Some((up, _))) = export(Side::After).and_then(|n| self.exports.get_mut(n)) {
-            fill(Some(up), &mut after);
-        }
-        if before.is_some() || after.is_some() {
+        if left > 0 {
             tracing::debug!(
                 conn = %id,
                 chunk,
+                left,
                 "released halos nobody waits for are dropped"
             );
         }
@@ -923,23 +925,78 @@ impl<J: Job> State<J> {
         &self,
         chunk: ChunkId,
         state: Bytes,
-        before: Option<HeldHalo>,
-        after: Option<HeldHalo>,
+        inbox: Inbox<HeldHalo>,
     ) -> crate::Result<J::Chunk> {
         let (Some(hooks), Some(job)) = (J::OWNERSHIP.hooks, self.job.as_deref()) else {
             return Err(Error::Internal("halos for a job without partitions".into()));
         };
         let mut part: J::Chunk = codec::decode("a chunk state", &state)?;
-        let before = HeldHalo::live(before, &hooks, chunk)?;
-        let after = HeldHalo::live(after, &hooks, chunk)?;
+        let inbox = HeldHalo::live(inbox, &hooks, chunk)?;
         let site = Site::Chunk {
             phase: self.phase,
             chunk,
         };
         crate::run::catch(site, J::NAME, || {
-            (hooks.begin)(&mut part, job, before, after)
+            (hooks.begin)(&mut part, job, chunk, inbox)
         })?;
         Ok(part)
+    }
+
+    /// The halos a worker process says partition `chunk` exported at the end of this phase,
+    /// checked against the phase's pattern and the job's neighbours: as many as it owes,
+    /// each to a chunk it may send to, in chunk order, each once. `Err` says what is wrong;
+    /// `Ok(None)`: the job's `pattern` panicked and the job ended.
+    fn check_addresses(
+        &mut self,
+        chunk: ChunkId,
+        halos: &[(Option<u64>, frame::Halo)],
+    ) -> Result<Option<()>, String> {
+        let (Some(hooks), Some(job)) = (J::OWNERSHIP.hooks, self.job.as_deref()) else {
+            return Err(format!(
+                "halos for chunk {chunk} of a job without partitions"
+            ));
+        };
+        let phase = self.phase;
+        let pattern =
+            match crate::run::catch(Site::Job { phase }, J::NAME, || (hooks.pattern)(job, phase)) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.fail(e);
+                    return Ok(None);
+                }
+            };
+        let owed = self.shape.sends(pattern, chunk);
+        if halos.len() != owed {
+            return Err(format!(
+                "chunk {chunk} exported {} halos where it owes {owed} ({pattern:?})",
+                halos.len()
+            ));
+        }
+        let mut last: Option<u64> = None;
+        for (to, _) in halos {
+            if !self.shape.may_send(pattern, chunk, *to) {
+                return Err(match to {
+                    Some(to) if *to >= self.shape.len() => format!(
+                        "chunk {chunk} addressed a halo to chunk {to}, past the last ({pattern:?})"
+                    ),
+                    Some(to) => format!(
+                        "chunk {chunk} addressed a halo to chunk {to}, which is not its neighbour ({pattern:?})"
+                    ),
+                    None => format!(
+                        "chunk {chunk} addressed a halo to every chunk outside an allgather ({pattern:?})"
+                    ),
+                });
+            }
+            if let Some(to) = to {
+                if last.is_some_and(|l| l >= *to) {
+                    return Err(format!(
+                        "chunk {chunk} addressed its halos out of chunk order or twice (to {to})"
+                    ));
+                }
+                last = Some(*to);
+            }
+        }
+        Ok(Some(()))
     }
 
     /// Replaces the ledger's `Elsewhere` state of `chunk` (pending or kept) with `state`.
@@ -1122,7 +1179,7 @@ impl<J: Job> State<J> {
             for e in &mut self.exports {
                 let kept_here = |h: &HeldHalo| matches!(h, HeldHalo::Kept(p) if *p == id);
                 if e.as_ref()
-                    .is_some_and(|(u, d)| kept_here(u) || kept_here(d))
+                    .is_some_and(|out| out.iter().any(|(_, h)| kept_here(h)))
                 {
                     *e = None;
                 }
@@ -1332,22 +1389,29 @@ impl<J: Job> State<J> {
                 .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
         };
         let event = match msg {
-            ToCoordinator::Released {
-                chunk,
-                before,
-                after,
-            } => {
+            ToCoordinator::Released { chunk, halos } => {
                 if !J::OWNERSHIP.is_partitioned() {
                     return Err(bad(format!(
                         "halos for chunk {chunk} of a job without partitions"
                     )));
                 }
-                self.released(id, chunk, before, after);
+                let mut sent = Vec::with_capacity(halos.len());
+                for (from, h) in halos {
+                    match h {
+                        frame::Halo::Sent(b) => sent.push((from, b)),
+                        frame::Halo::Kept => {
+                            return Err(bad(format!(
+                                "a released halo for chunk {chunk} from chunk {from} without its bytes"
+                            )));
+                        }
+                    }
+                }
+                self.released(id, chunk, sent);
                 return Ok(());
             }
             ToCoordinator::Exported {
                 chunk,
-                halos: (up, down),
+                halos,
                 placement,
             } => {
                 if placement < self.placements {
@@ -1374,7 +1438,10 @@ impl<J: Job> State<J> {
                     tracing::debug!(conn = %id, chunk, "halos of an earlier placement dropped");
                     return Ok(());
                 }
-                let halos = self.remote.count_halos(id, up, down);
+                if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
+                    return Ok(());
+                }
+                let halos = self.remote.count_halos(id, halos);
                 self.keep_halos(chunk, halos);
                 self.settle();
                 return Ok(());
@@ -1519,7 +1586,7 @@ impl<J: Job> State<J> {
                 let w = slot_of(conn, slot)?;
                 conn.ended_in(slot);
                 let kept = match (J::OWNERSHIP.is_partitioned(), halos) {
-                    (true, Some((up, down))) => {
+                    (true, Some(halos)) => {
                         // The ledger takes a `Done` only for the chunk the slot runs: one for
                         // another chunk must not replace that chunk's halos first.
                         if self.core.running_on(w) != Some(chunk) {
@@ -1527,8 +1594,11 @@ impl<J: Job> State<J> {
                                 "chunk {chunk} ended in slot {slot}, which does not run it"
                             )));
                         }
+                        if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
+                            return Ok(());
+                        }
                         // Kept by that process, with its halos here for the barrier.
-                        let halos = self.remote.count_halos(id, up, down);
+                        let halos = self.remote.count_halos(id, halos);
                         self.keep_halos(chunk, halos);
                         Some(Held::Elsewhere(id))
                     }

@@ -557,7 +557,8 @@ impl<J: Job> State<J> {
         for (conn, rank, chunk, state) in places {
             let export = (rank == usize::MAX).then_some(self.placements);
             if export.is_some() {
-                self.remote.send_phase(conn, self.phase, job.clone());
+                self.remote
+                    .send_phase(conn, (self.phase, self.core.plan().len()), job.clone());
             }
             // A process that writes to the store reads its parts from there: the control
             // stream does not carry the grid, and a `Run` waits behind no partition's bytes.

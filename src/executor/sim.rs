@@ -540,17 +540,18 @@ impl History {
     /// Process `i` takes every message on its way to it.
     fn deliver_all(&mut self, i: usize) {
         while let Some(msg) = self.procs[i].inbox.pop_front() {
-            let kind = |h: &Option<crate::wire::frame::Halo>| match h {
-                None => "none",
-                Some(crate::wire::frame::Halo::Kept) => "kept",
-                Some(crate::wire::frame::Halo::Sent(_)) => "sent",
+            let kind = |h: &crate::wire::frame::Halo| match h {
+                crate::wire::frame::Halo::Kept => "kept",
+                crate::wire::frame::Halo::Sent(_) => "sent",
             };
             let what = match &msg {
-                ToWorker::Begin {
-                    chunk,
-                    before,
-                    after,
-                } => format!("Begin {chunk} {} {}", kind(before), kind(after)),
+                ToWorker::Begin { chunk, halos } => {
+                    let from: Vec<String> = halos
+                        .iter()
+                        .map(|(f, h)| format!("{f}:{}", kind(h)))
+                        .collect();
+                    format!("Begin {chunk} [{}]", from.join(" "))
+                }
                 other => brief(other),
             };
             let line = format!("to {}: {what}", self.procs[i].id);
@@ -1024,9 +1025,10 @@ fn fresh_state(
     iterations_before: u64,
     snap: Snapshots,
 ) -> State<SimJob> {
+    let shape = crate::schedule::Shape::chain(core.plan().len());
     State::new(
         (Arc::clone(config), Arc::default()),
-        core,
+        (core, shape),
         job,
         phase,
         iterations_before,
@@ -1185,7 +1187,7 @@ mod tests {
         for placement in [0, 1] {
             let forged = ToCoordinator::Exported {
                 chunk: 1,
-                halos: (none(), none()),
+                halos: vec![(Some(0), none()), (Some(2), none())],
                 placement,
             };
             let refused = h.coord().on_remote(id, forged);
@@ -1194,6 +1196,57 @@ mod tests {
                 "{refused:?}"
             );
         }
+    }
+
+    /// A process's `Done` must address its halos as the job's shape and the phase's pattern
+    /// say: to each neighbour once, in chunk order, none past the last chunk, none to
+    /// everyone outside an allgather. Each forgery is refused before its halos are kept; the
+    /// real `Done` is taken.
+    #[test]
+    fn halos_addressed_astray_are_refused() {
+        let job = three_bands();
+        let mut h = History::scripted(job);
+        let a = h.join(1);
+        h.deliver_all(a);
+        h.procs[a].sim.turn(0);
+        let id = h.procs[a].id;
+        let done = h.procs[a].sim.next_sent().expect("a Done");
+        let ToCoordinator::Done {
+            chunk: 0,
+            halos: Some(halos),
+            ..
+        } = &done
+        else {
+            panic!("not the first band's Done: {done:?}");
+        };
+        assert_eq!(
+            halos.iter().map(|(to, _)| *to).collect::<Vec<_>>(),
+            [Some(1)]
+        );
+        let piece = || crate::wire::frame::Halo::Sent(bytes::Bytes::from_static(b"\x01"));
+        let forged = |halos: Vec<(Option<u64>, crate::wire::frame::Halo)>| {
+            let mut d = done.clone();
+            if let ToCoordinator::Done { halos: h, .. } = &mut d {
+                *h = Some(halos);
+            }
+            d
+        };
+        for (halos, why) in [
+            (vec![(Some(2), piece())], "not its neighbour"),
+            (vec![(Some(3), piece())], "past the last"),
+            (vec![(None, piece())], "to every chunk outside an allgather"),
+            (vec![], "owes 1"),
+            (vec![(Some(1), piece()), (Some(1), piece())], "owes 1"),
+        ] {
+            let refused = h.coord().on_remote(id, forged(halos));
+            assert!(
+                matches!(&refused, Err(e) if e.to_string().contains(why)),
+                "{why}: {refused:?}"
+            );
+        }
+        assert_eq!(h.coord().exports.iter().flatten().count(), 0);
+        assert!(h.coord().on_remote(id, done).is_ok());
+        assert_eq!(h.coord().exports.iter().flatten().count(), 1);
     }
 
     #[test]

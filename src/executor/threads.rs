@@ -125,8 +125,8 @@ fn run_one<J: Job>(
             chunk,
             output,
             kept: kept.map(|k| {
-                let (up, down) = k.halos;
-                st.keep_halos(chunk, (HeldHalo::Live(up), HeldHalo::Live(down)));
+                let out = k.halos.into_iter();
+                st.keep_halos(chunk, out.map(|(to, p)| (to, HeldHalo::Live(p))).collect());
                 Held::Live(k.state)
             }),
             work,

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use super::{Cell, Held, Inputs, catch};
 use crate::codec;
 use crate::error::{Error, Site};
-use crate::job::{AnyHalo, Chunk, Job, Step, output_due};
+use crate::exchange::{At, Outbox, Piece};
+use crate::job::{Chunk, Job, Step, output_due};
 use crate::metrics::StepStats;
 use crate::schedule::{ChunkId, Work};
 
@@ -56,16 +57,18 @@ pub(crate) trait Host {
 pub(crate) struct Assignment<C> {
     pub(crate) chunk: ChunkId,
     pub(crate) phase: u64,
+    /// The job's chunks (a partition addresses its pieces to chunks).
+    pub(crate) chunks: u64,
     pub(crate) range: Range<u64>,
     /// From scratch, or the state it was handed back with.
     pub(crate) state: Option<Held<C>>,
 }
 
-/// An owned partition after its chunk's last step of a phase, and the halos it exported.
+/// An owned partition after its chunk's last step of a phase, and the pieces it exported.
 pub(crate) struct Kept<C> {
     pub(crate) state: C,
-    /// `(for the chunk before, for the chunk after)`.
-    pub(crate) halos: (AnyHalo, AnyHalo),
+    /// Addressed to their partitions (halos of a chain: the chunk before, the chunk after).
+    pub(crate) halos: Outbox<Piece>,
 }
 
 /// How a run ended.
@@ -95,6 +98,7 @@ pub(crate) fn run<J: Job>(
     let Assignment {
         chunk,
         phase,
+        chunks,
         range,
         state,
     } = a;
@@ -138,7 +142,15 @@ pub(crate) fn run<J: Job>(
     let kept = match (&output, J::OWNERSHIP.hooks) {
         (Some(_), Some(hooks)) => {
             let exported = catch(Site::Chunk { phase, chunk }, J::NAME, || {
-                let halos = (hooks.export)(&c, job);
+                let halos = (hooks.export)(
+                    &c,
+                    job,
+                    At {
+                        chunk,
+                        chunks,
+                        phase,
+                    },
+                );
                 (halos, output_due((hooks.output_every)(job), phase))
             });
             let halos = match exported {

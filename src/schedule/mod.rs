@@ -57,7 +57,7 @@ pub(crate) use plan::Invalid;
 #[doc(hidden)]
 pub use plan::Plan;
 pub(crate) use rollback::{RollbackCommand, RollbackMachine, RollbackRecord};
-pub(crate) use shape::{Shape, Side};
+pub(crate) use shape::Shape;
 
 use serde::{Deserialize, Serialize};
 

@@ -54,8 +54,12 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// placement that asks for halos carries the rollback's placement number (`export`), and
 /// `Exported` quotes it back: a process forgets the placements under way when the job rolls
 /// back again (`Forget`) and answers them never, so answers are matched by number, not by
-/// order; the hello names the node the worker runs on (`Hello::node`).
-pub const PROTOCOL_VERSION: u32 = 17;
+/// order; the hello names the node the worker runs on (`Hello::node`). Version 18: halos
+/// are pieces addressed to chunks, so that partitions exchange with any neighbour graph and
+/// in collectives ([`Exchange`](crate::Exchange)): `Done` and `Exported` address each piece
+/// (`None`: to every partition, an allgather's), `Begin` and `Released` name each piece's
+/// sender, and `Phase` carries the job's number of chunks (an all-to-all addresses them all).
+pub const PROTOCOL_VERSION: u32 = 18;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -111,6 +115,8 @@ pub enum ToWorker {
     Phase {
         /// The phase number.
         phase: u64,
+        /// The job's number of chunks.
+        chunks: u64,
         /// The job value (postcard).
         #[serde(deserialize_with = "in_frame")]
         job: Bytes,
@@ -133,16 +139,15 @@ pub enum ToWorker {
         /// the last phase here and was given its halos with `Begin`).
         held: bool,
     },
-    /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos the
-    /// neighbours of `chunk` exported, for the partition this process holds. [`Halo::Kept`]
-    /// names the one this process kept when the neighbour's `Done` (or `Exported`) said so.
+    /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos (the
+    /// pieces) other partitions exported for the partition of `chunk` this process holds,
+    /// each with its sender's chunk, in chunk order. [`Halo::Kept`] names one this process
+    /// kept when the sender's `Done` (or `Exported`) said so.
     Begin {
         /// The chunk.
         chunk: u64,
-        /// What the chunk before exported for it, none for the first chunk.
-        before: Option<Halo>,
-        /// What the chunk after exported for it, none for the last chunk.
-        after: Option<Halo>,
+        /// `(sender, halo)`, by sender.
+        halos: Vec<(u64, Halo)>,
     },
     /// Owned partitions: send the partition of `chunk` this process holds and forget it (it
     /// moves to another worker, or this process leaves). Answered by `Surrendered`.
@@ -277,10 +282,11 @@ pub enum ToCoordinator {
         /// The chunk's output (postcard).
         #[serde(deserialize_with = "in_frame")]
         output: Bytes,
-        /// Owned partitions: the halos the partition exported, for the chunk before and the
-        /// chunk after; the partition stays in this process. A halo for a partition that is
-        /// in this process too is [`Halo::Kept`].
-        halos: Option<(Halo, Halo)>,
+        /// Owned partitions: the halos (pieces) the partition exported, each with the chunk
+        /// it is for (`None`: every partition, in an allgather), in the order the job
+        /// exports them; the partition stays in this process. A halo for a partition that
+        /// is in this process too is [`Halo::Kept`].
+        halos: Option<Vec<(Option<u64>, Halo)>>,
         /// Iterations done in this run of the chunk.
         iterations: u64,
         /// The time from the chunk's `Run` reaching its thread to this message, in
@@ -405,12 +411,12 @@ pub enum ToCoordinator {
         part: crate::snapshot::PartRef,
     },
     /// Owned partitions: the halos the partition of `chunk`, placed here with `export`,
-    /// exported, for the chunk before and the chunk after (as in `Done`).
+    /// exported, addressed as in `Done`.
     Exported {
         /// The chunk.
         chunk: u64,
         /// The halos.
-        halos: (Halo, Halo),
+        halos: Vec<(Option<u64>, Halo)>,
         /// The placement number its `Place` or `PlacePart` carried.
         placement: u64,
     },
@@ -421,12 +427,9 @@ pub enum ToCoordinator {
     Released {
         /// The chunk the halos are for.
         chunk: u64,
-        /// What the chunk before exported for it (postcard), if this process kept it.
-        #[serde(deserialize_with = "in_frame_opt")]
-        before: Option<Bytes>,
-        /// What the chunk after exported for it (postcard), if this process kept it.
-        #[serde(deserialize_with = "in_frame_opt")]
-        after: Option<Bytes>,
+        /// `(sender, halo)` for each halo this process kept for it, by sender: always
+        /// [`Halo::Sent`].
+        halos: Vec<(u64, Halo)>,
     },
     /// Slot `slot` stopped and dropped `chunk` after an `Abandon`.
     Abandoned {

@@ -13,24 +13,22 @@
 //! partition has not been handed back on the wire, so the coordinator can count on one rule,
 //! "a kept halo is where its partition is, until `Released` says otherwise".
 
-use crate::schedule::idhash::{IdMap, IdSet};
+use std::collections::BTreeMap;
+
+use crate::schedule::idhash::IdSet;
 
 use bytes::Bytes;
 
-use crate::schedule::{Shape, Side};
 use crate::wire::frame::{Halo, ToCoordinator, ToWorker};
-
-/// The neighbours of a partition, as the coordinator's: a process does not know how many
-/// chunks the job has, and needs not: a neighbour past the last chunk is never here.
-const SHAPE: Shape = Shape::chain(u64::MAX);
 
 /// The partitions in this process and the halos kept for them.
 #[derive(Debug, Default)]
 pub(super) struct Keeper {
     /// Chunks whose partition is in this process.
     here: IdSet<u64>,
-    /// Kept halos, by the chunk they are for and the neighbour that exported them.
-    kept: IdMap<(u64, Side), Bytes>,
+    /// Kept halos, by the chunk they are for and the chunk that exported them (so that a
+    /// partition's are one range, in sender order).
+    kept: BTreeMap<(u64, u64), Bytes>,
 }
 
 impl Keeper {
@@ -54,28 +52,15 @@ impl Keeper {
     /// A `Begin` with the halos this process kept in place of [`Halo::Kept`]; `None` if one
     /// of them is not here (the coordinator named a halo this process did not keep).
     pub(super) fn begin(&mut self, msg: ToWorker) -> Option<ToWorker> {
-        let ToWorker::Begin {
-            chunk,
-            before,
-            after,
-        } = msg
-        else {
+        let ToWorker::Begin { chunk, mut halos } = msg else {
             return Some(msg);
         };
-        let mut take = |h: Option<Halo>, from| match h {
-            Some(Halo::Kept) => self
-                .kept
-                .remove(&(chunk, from))
-                .map(|b| Some(Halo::Sent(b))),
-            h => Some(h),
-        };
-        let before = take(before, Side::Before)?;
-        let after = take(after, Side::After)?;
-        Some(ToWorker::Begin {
-            chunk,
-            before,
-            after,
-        })
+        for (from, h) in &mut halos {
+            if *h == Halo::Kept {
+                *h = Halo::Sent(self.kept.remove(&(chunk, *from))?);
+            }
+        }
+        Some(ToWorker::Begin { chunk, halos })
     }
 
     /// A message on its way to the coordinator, pushed onto `out`: halos for partitions here
@@ -104,14 +89,17 @@ impl Keeper {
             | ToCoordinator::Missing { chunk } => {
                 let chunk = *chunk;
                 self.here.remove(&chunk);
-                let before = self.kept.remove(&(chunk, Side::Before));
-                let after = self.kept.remove(&(chunk, Side::After));
-                if before.is_some() || after.is_some() {
-                    out.push(ToCoordinator::Released {
-                        chunk,
-                        before,
-                        after,
-                    });
+                let mine: Vec<(u64, u64)> = self
+                    .kept
+                    .range((chunk, 0)..=(chunk, u64::MAX))
+                    .map(|(k, _)| *k)
+                    .collect();
+                if !mine.is_empty() {
+                    let halos = mine
+                        .into_iter()
+                        .filter_map(|k| Some((k.1, Halo::Sent(self.kept.remove(&k)?))))
+                        .collect();
+                    out.push(ToCoordinator::Released { chunk, halos });
                 }
                 out.push(msg);
             }
@@ -119,16 +107,14 @@ impl Keeper {
         }
     }
 
-    /// The halos `chunk` exported (the one for the chunk before, the one for the chunk
-    /// after), each kept, and replaced by [`Halo::Kept`], where that chunk's partition is
-    /// here.
-    fn keep(&mut self, chunk: u64, (up, down): &mut (Halo, Halo)) {
-        for (h, side) in [(up, Side::Before), (down, Side::After)] {
-            let to = SHAPE.neighbour(chunk, side);
+    /// The halos `chunk` exported, each kept, and replaced by [`Halo::Kept`], where the
+    /// partition it is for is here. One for every partition (an allgather's) goes up: the
+    /// others need it too.
+    fn keep(&mut self, chunk: u64, halos: &mut [(Option<u64>, Halo)]) {
+        for (to, h) in halos {
             if let Some(to) = to.filter(|to| self.here.contains(to)) {
                 if let Halo::Sent(b) = std::mem::replace(h, Halo::Kept) {
-                    // For `to`, this halo came from its neighbour on the other side.
-                    self.kept.insert((to, side.opposite()), b);
+                    self.kept.insert((to, chunk), b);
                 }
             }
         }
@@ -156,12 +142,18 @@ mod tests {
         }
     }
 
+    /// Chunk `chunk` of a chain done, with a halo for the chunk before and the one after.
     fn done(chunk: u64) -> ToCoordinator {
+        let mut halos = Vec::new();
+        if let Some(b) = chunk.checked_sub(1) {
+            halos.push((Some(b), sent(chunk, "up")));
+        }
+        halos.push((Some(chunk + 1), sent(chunk, "down")));
         ToCoordinator::Done {
             slot: 0,
             chunk,
             output: Bytes::new(),
-            halos: Some((sent(chunk, "up"), sent(chunk, "down"))),
+            halos: Some(halos),
             iterations: 1,
             busy_ns: 1,
         }
@@ -177,11 +169,18 @@ mod tests {
         v
     }
 
-    fn halos(msg: &ToCoordinator) -> (Halo, Halo) {
+    /// The halos of a `Done`, without their addresses.
+    fn halos(msg: &ToCoordinator) -> Vec<Halo> {
         match msg {
-            ToCoordinator::Done { halos: Some(h), .. } => h.clone(),
+            ToCoordinator::Done { halos: Some(h), .. } => {
+                h.iter().map(|(_, h)| h.clone()).collect()
+            }
             m => panic!("not a done with halos: {m:?}"),
         }
+    }
+
+    fn begin(chunk: u64, halos: Vec<(u64, Halo)>) -> ToWorker {
+        ToWorker::Begin { chunk, halos }
     }
 
     /// Chunks 1-3 run here, 0 and 4 elsewhere: halos between 1, 2 and 3 stay, those for 0
@@ -193,41 +192,79 @@ mod tests {
             k.arrived(&run(c));
         }
         let one = out(&mut k, done(1));
-        assert_eq!(halos(&one[0]), (sent(1, "up"), Halo::Kept));
+        assert_eq!(halos(&one[0]), vec![sent(1, "up"), Halo::Kept]);
         let two = out(&mut k, done(2));
-        assert_eq!(halos(&two[0]), (Halo::Kept, Halo::Kept));
+        assert_eq!(halos(&two[0]), vec![Halo::Kept, Halo::Kept]);
         let three = out(&mut k, done(3));
-        assert_eq!(halos(&three[0]), (Halo::Kept, sent(3, "down")));
+        assert_eq!(halos(&three[0]), vec![Halo::Kept, sent(3, "down")]);
         assert_eq!(k.kept(), 4);
-        let begin = |chunk, before, after| ToWorker::Begin {
-            chunk,
-            before,
-            after,
-        };
         assert_eq!(
-            k.begin(begin(2, Some(Halo::Kept), Some(Halo::Kept))),
-            Some(begin(2, Some(sent(1, "down")), Some(sent(3, "up"))))
+            k.begin(begin(2, vec![(1, Halo::Kept), (3, Halo::Kept)])),
+            Some(begin(2, vec![(1, sent(1, "down")), (3, sent(3, "up"))]))
         );
         // Bytes from the coordinator pass as they are.
         assert_eq!(
-            k.begin(begin(1, Some(sent(0, "down")), Some(Halo::Kept))),
-            Some(begin(1, Some(sent(0, "down")), Some(sent(2, "up"))))
+            k.begin(begin(1, vec![(0, sent(0, "down")), (2, Halo::Kept)])),
+            Some(begin(1, vec![(0, sent(0, "down")), (2, sent(2, "up"))]))
         );
         // A kept halo is given once: a second `Begin` naming it is refused.
-        assert_eq!(k.begin(begin(2, Some(Halo::Kept), None)), None);
+        assert_eq!(k.begin(begin(2, vec![(1, Halo::Kept)])), None);
+        // One from a sender that exported nothing for it is refused too.
+        assert_eq!(k.begin(begin(3, vec![(1, Halo::Kept)])), None);
         assert_eq!(k.kept(), 1);
     }
 
-    /// A partition handed back takes what was kept for it along, right before it; halos
-    /// exported after it left go up.
+    /// Any graph: pieces addressed to partitions here stay, whatever their distance; one
+    /// for every partition (an allgather's) always goes up, the others need it too.
+    #[test]
+    fn addressed_pieces_stay_where_their_partition_is() {
+        let mut k = Keeper::default();
+        for c in [0, 5, 9] {
+            k.arrived(&run(c));
+        }
+        let piece = |s: &str| Halo::Sent(Bytes::from(s.to_owned()));
+        let msg = ToCoordinator::Done {
+            slot: 0,
+            chunk: 5,
+            output: Bytes::new(),
+            halos: Some(vec![
+                (Some(0), piece("to 0")),
+                (Some(4), piece("to 4")),
+                (Some(9), piece("to 9")),
+            ]),
+            iterations: 1,
+            busy_ns: 1,
+        };
+        let sent_up = out(&mut k, msg);
+        assert_eq!(
+            halos(&sent_up[0]),
+            vec![Halo::Kept, piece("to 4"), Halo::Kept]
+        );
+        let all = ToCoordinator::Done {
+            slot: 0,
+            chunk: 9,
+            output: Bytes::new(),
+            halos: Some(vec![(None, piece("to all"))]),
+            iterations: 1,
+            busy_ns: 1,
+        };
+        assert_eq!(halos(&out(&mut k, all)[0]), vec![piece("to all")]);
+        assert_eq!(
+            k.begin(begin(9, vec![(5, Halo::Kept), (9, piece("to all"))])),
+            Some(begin(9, vec![(5, piece("to 9")), (9, piece("to all"))]))
+        );
+    }
+
+    /// A partition handed back takes what was kept for it along, right before it, in
+    /// sender order; halos exported after it left go up.
     #[test]
     fn a_partition_that_leaves_takes_its_kept_halos_first() {
         let mut k = Keeper::default();
         for c in 0..4 {
             k.arrived(&run(c));
         }
-        let _ = out(&mut k, done(0));
         let _ = out(&mut k, done(2));
+        let _ = out(&mut k, done(0));
         let surrendered = ToCoordinator::Surrendered {
             chunk: 1,
             state: Bytes::from_static(b"state"),
@@ -238,8 +275,7 @@ mod tests {
             vec![
                 ToCoordinator::Released {
                     chunk: 1,
-                    before: Some(Bytes::from("0 down")),
-                    after: Some(Bytes::from("2 up")),
+                    halos: vec![(0, sent(0, "down")), (2, sent(2, "up"))],
                 },
                 surrendered
             ]
@@ -248,7 +284,7 @@ mod tests {
         assert_eq!(k.kept(), 1);
         // Chunk 1 is gone: what 0 and 2 export for it now goes up.
         let again = out(&mut k, done(2));
-        assert_eq!(halos(&again[0]), (sent(2, "up"), Halo::Kept));
+        assert_eq!(halos(&again[0]), vec![sent(2, "up"), Halo::Kept]);
         // A partition with nothing kept goes alone.
         let yielded = ToCoordinator::Yielded {
             slot: 0,
@@ -263,7 +299,7 @@ mod tests {
         assert_eq!(k.kept(), 0);
         assert_eq!(
             halos(&out(&mut k, done(2))[0]),
-            (sent(2, "up"), sent(2, "down"))
+            vec![sent(2, "up"), sent(2, "down")]
         );
     }
 }

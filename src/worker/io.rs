@@ -55,8 +55,8 @@ enum Background {
 
 /// What the pump holds for the machine: the values of the job's own types, and the tasks.
 struct Pump<J: Job> {
-    /// The job value and its phase, once one came.
-    job: Option<(u64, Arc<J>)>,
+    /// The job value with its phase and number of chunks, once one came.
+    job: Option<(u64, u64, Arc<J>)>,
     /// Partitions placed here, being read and decoded on the blocking pool while the loop
     /// goes on, two at a time in the order they came (the coordinator sends first those
     /// that run first; all at once, they all ended late; one at a time, the process's
@@ -116,7 +116,7 @@ impl<J: Job> Pump<J> {
 pub(super) fn run_code<J: Job>(
     peer: &str,
     code: Code,
-    job: &mut Option<(u64, Arc<J>)>,
+    job: &mut Option<(u64, u64, Arc<J>)>,
     inputs: &Inputs<J>,
     held: &HeldParts<J::Chunk>,
 ) -> Result<Option<ToCoordinator>, Error> {
@@ -130,18 +130,18 @@ pub(super) fn run_code<J: Job>(
         source: e.source,
     };
     match code {
-        Code::Phase { phase, job: bytes } => {
+        Code::Phase {
+            phase,
+            chunks,
+            job: bytes,
+        } => {
             let value: J =
                 codec::decode("the job", &bytes).map_err(|e| undecodable("the job value", e))?;
-            *job = Some((phase, Arc::new(value)));
+            *job = Some((phase, chunks, Arc::new(value)));
             Ok(None)
         }
-        Code::Begin {
-            chunk,
-            before,
-            after,
-        } => {
-            let (Some((phase, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
+        Code::Begin { chunk, halos } => {
+            let (Some((phase, _, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
                 // The machine asks only for a job with partitions, after its value.
                 return Err(Error::Rejected {
                     peer: peer.to_owned(),
@@ -150,11 +150,14 @@ pub(super) fn run_code<J: Job>(
                     source: None,
                 });
             };
-            let halo = |h: Option<bytes::Bytes>| {
-                h.map(|b| (hooks.decode_halo)(&b).map_err(|e| undecodable("a halo", e)))
-                    .transpose()
-            };
-            let (before, after) = (halo(before)?, halo(after)?);
+            let inbox = halos
+                .into_iter()
+                .map(|(from, b)| {
+                    (hooks.decode_halo)(&b)
+                        .map(|p| (from, p))
+                        .map_err(|e| undecodable("a halo", e))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let mut parts = lock(held);
             let Some(part) = parts.get_mut(&chunk) else {
                 tracing::warn!(
@@ -168,7 +171,7 @@ pub(super) fn run_code<J: Job>(
                 chunk,
             };
             if let Err(e) =
-                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, before, after))
+                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, chunk, inbox))
             {
                 return Ok(Some(ToCoordinator::FailedHeld {
                     chunk,
@@ -210,7 +213,7 @@ pub(super) fn run_code<J: Job>(
             }))
         }
         Code::Output { chunk, phase } => {
-            let (Some((held_phase, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
+            let (Some((held_phase, _, j)), Some(hooks)) = (job.as_ref(), J::OWNERSHIP.hooks) else {
                 return Err(Error::Rejected {
                     peer: peer.to_owned(),
                     what: "a message to a worker",
@@ -493,7 +496,12 @@ impl Io {
     }
 
     /// Hands a message to a slot's thread ([`Out::Thread`]).
-    fn to_thread<J: Job>(&self, thread: &Thread<J>, msg: ToThread, job: &Option<(u64, Arc<J>)>) {
+    fn to_thread<J: Job>(
+        &self,
+        thread: &Thread<J>,
+        msg: ToThread,
+        job: &Option<(u64, u64, Arc<J>)>,
+    ) {
         let Some(tx) = thread.tx.as_ref() else {
             return;
         };
@@ -507,7 +515,7 @@ impl Io {
                 phase,
             } => {
                 // The machine runs nothing before the job value, which the pump then holds.
-                let Some((_, job)) = job else {
+                let Some((_, chunks, job)) = job else {
                     tracing::warn!(chunk, "a run before the job value");
                     return;
                 };
@@ -522,6 +530,7 @@ impl Io {
                     held,
                     job: Arc::clone(job),
                     phase,
+                    chunks: *chunks,
                     queued: std::time::Instant::now(),
                 }));
                 return;
@@ -608,7 +617,7 @@ impl<J: Job> Placements<J> {
 
     /// Starts placing a partition ([`Out::Place`]); `job` is the phase's job value, to
     /// export its halos with.
-    fn start(&mut self, place: Place, job: Option<(u64, Arc<J>)>) {
+    fn start(&mut self, place: Place, job: Option<(u64, u64, Arc<J>)>) {
         let Place {
             chunk,
             from,
@@ -705,10 +714,10 @@ pub(super) fn decode_placed<J: Job>(
     chunk: u64,
     state: &[u8],
     export: Option<u64>,
-    job: Option<(u64, Arc<J>)>,
+    job: Option<(u64, u64, Arc<J>)>,
     spare: Option<J::Chunk>,
 ) -> Result<Placed<J::Chunk>, crate::Error> {
-    let phase = job.as_ref().map_or(0, |(p, _)| *p);
+    let phase = job.as_ref().map_or(0, |(p, ..)| *p);
     let site = crate::Site::Chunk { phase, chunk };
     let part = crate::run::catch(site.clone(), J::NAME, || match spare {
         Some(mut part) => codec::decode_into("a chunk state", state, &mut part).map(|()| part),
@@ -717,17 +726,22 @@ pub(super) fn decode_placed<J: Job>(
     let (Some(placement), Some(hooks)) = (export, J::OWNERSHIP.hooks) else {
         return Ok((part, None));
     };
-    let Some((_, job)) = job else {
+    let Some((_, chunks, job)) = job else {
         return Err(crate::Error::Internal(
             "a partition to export its halos came before the job value".into(),
         ));
     };
-    let (up, down) = crate::run::catch(site, J::NAME, || (hooks.export)(&part, &job))?;
-    let exported = super::machine::Exported {
-        placement,
-        up: (hooks.encode_halo)(&up)?.into(),
-        down: (hooks.encode_halo)(&down)?.into(),
+    let at = crate::exchange::At {
+        chunk,
+        chunks,
+        phase,
     };
+    let out = crate::run::catch(site, J::NAME, || (hooks.export)(&part, &job, at))?;
+    let halos = out
+        .iter()
+        .map(|(to, p)| Ok((*to, (hooks.encode_halo)(p)?.into())))
+        .collect::<Result<Vec<_>, crate::codec::Error>>()?;
+    let exported = super::machine::Exported { placement, halos };
     Ok((part, Some(exported)))
 }
 
@@ -857,6 +871,7 @@ mod tests {
                 for msg in [
                     ToWorker::Phase {
                         phase: 5,
+                        chunks: 4,
                         job: job.into(),
                     },
                     ToWorker::Place {
@@ -917,7 +932,10 @@ mod tests {
                 exported,
                 &ToCoordinator::Exported {
                     chunk: 1,
-                    halos: (frame::Halo::Sent(halo(0)), frame::Halo::Sent(halo(99_999))),
+                    halos: vec![
+                        (Some(0), frame::Halo::Sent(halo(0))),
+                        (Some(2), frame::Halo::Sent(halo(99_999))),
+                    ],
                     placement: 7,
                 }
             );

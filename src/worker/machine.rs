@@ -162,14 +162,15 @@ pub(super) enum ToThread {
 /// the job's types that do not decode).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Code {
-    /// Decode the job value of `phase`; it is the job value from now on.
-    Phase { phase: u64, job: Bytes },
-    /// Decode these halos and begin the phase of the partition held for `chunk`; answered
-    /// by nothing, `Missing` or `FailedHeld`. The restored phase ended: the spares go.
+    /// Decode the job value of `phase` (of `chunks` chunks); it is the job value from now
+    /// on.
+    Phase { phase: u64, chunks: u64, job: Bytes },
+    /// Decode these halos (each with its sender, in chunk order) and begin the phase of the
+    /// partition held for `chunk`; answered by nothing, `Missing` or `FailedHeld`. The
+    /// restored phase ended: the spares go.
     Begin {
         chunk: u64,
-        before: Option<Bytes>,
-        after: Option<Bytes>,
+        halos: Vec<(u64, Bytes)>,
     },
     /// Encode the partition held for `chunk` (and drop it if `surrender`); answered by
     /// `Surrendered`, `CapturedHeld`, `Missing` or `FailedHeld`.
@@ -199,13 +200,12 @@ pub(super) struct Place {
     pub(super) store: Option<Store>,
 }
 
-/// The halos a placed partition exported (asked by its placement's `export`), for the chunk
-/// before and the chunk after, with the placement number they answer.
+/// The halos a placed partition exported (asked by its placement's `export`), addressed as
+/// in `Done`, with the placement number they answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Exported {
     pub(super) placement: u64,
-    pub(super) up: Bytes,
-    pub(super) down: Bytes,
+    pub(super) halos: Vec<(Option<u64>, Bytes)>,
 }
 
 /// An offered store, to check: it is the coordinator's if snapshot `epoch` of `job_id` is
@@ -519,13 +519,12 @@ impl Machine {
             }
         }
         match placed {
-            Ok(Some(Exported {
-                placement,
-                up,
-                down,
-            })) => self.send(ToCoordinator::Exported {
+            Ok(Some(Exported { placement, halos })) => self.send(ToCoordinator::Exported {
                 chunk,
-                halos: (Halo::Sent(up), Halo::Sent(down)),
+                halos: halos
+                    .into_iter()
+                    .map(|(to, b)| (to, Halo::Sent(b)))
+                    .collect(),
                 placement,
             }),
             Ok(None) => {}
@@ -604,9 +603,9 @@ impl Machine {
                 reason: "a piece outside a pieced message".to_owned(),
                 source: None,
             }),
-            ToWorker::Phase { phase, job } => {
+            ToWorker::Phase { phase, chunks, job } => {
                 self.phase = Some(phase);
-                self.code(Code::Phase { phase, job }, None);
+                self.code(Code::Phase { phase, chunks, job }, None);
             }
             ToWorker::Run {
                 slot,
@@ -669,30 +668,29 @@ impl Machine {
                     self.out.push_back(Out::Close(t));
                 }
             }
-            ToWorker::Begin {
-                chunk,
-                before,
-                after,
-            } => {
+            ToWorker::Begin { chunk, halos } => {
                 if !self.config.partitioned || self.phase.is_none() {
                     return self
                         .fail(self.bad("a partition's halos for a job without partitions".into()));
                 }
-                let bytes = |h: Option<Halo>| match h {
-                    None => Ok(None),
-                    Some(Halo::Sent(b)) => Ok(Some(b)),
-                    // `start` gave the kept ones back (`Keeper::begin`).
-                    Some(Halo::Kept) => Err(()),
-                };
-                let (Ok(before), Ok(after)) = (bytes(before), bytes(after)) else {
-                    return self.fail(self.bad("a kept halo that was not given back".into()));
-                };
-                let code = Code::Begin {
-                    chunk,
-                    before,
-                    after,
-                };
-                self.code(code, None);
+                let mut sent = Vec::with_capacity(halos.len());
+                for (from, h) in halos {
+                    if sent.last().is_some_and(|&(last, _)| last >= from) {
+                        return self.fail(self.bad(format!(
+                            "the halos for chunk {chunk} are out of sender order or twice \
+                             (from {from})"
+                        )));
+                    }
+                    match h {
+                        Halo::Sent(b) => sent.push((from, b)),
+                        // `start` gave the kept ones back (`Keeper::begin`).
+                        Halo::Kept => {
+                            return self
+                                .fail(self.bad("a kept halo that was not given back".into()));
+                        }
+                    }
+                }
+                self.code(Code::Begin { chunk, halos: sent }, None);
             }
             ToWorker::Surrender { chunk } => {
                 let code = Code::Held {
@@ -969,12 +967,13 @@ mod tests {
         let job = Bytes::from_static(b"job");
         let phase = ToWorker::Phase {
             phase: 2,
+            chunks: 8,
             job: job.clone(),
         };
         m.received(t0, Some(phase));
         assert!(matches!(
             &polled(m)[..],
-            [Out::Code(Code::Phase { phase: 2, job: j })] if *j == job
+            [Out::Code(Code::Phase { phase: 2, chunks: 8, job: j })] if *j == job
         ));
         m.answer(Ok(None));
         assert!(polled(m).is_empty());
@@ -1009,27 +1008,40 @@ mod tests {
         Bytes::from(format!("{chunk} {side}"))
     }
 
+    /// Chunk `chunk` of a chain done in `slot`, with halos for the chunk before and after
+    /// (if `halos`).
     fn done(slot: u32, chunk: u64, halos: bool) -> ToCoordinator {
-        ToCoordinator::Done {
+        let msg = ToCoordinator::Done {
             slot,
             chunk,
             output: Bytes::from_static(b"out"),
-            halos: halos.then(|| {
-                (
-                    Halo::Sent(halo(chunk, "up")),
-                    Halo::Sent(halo(chunk, "down")),
-                )
-            }),
+            halos: None,
             iterations: 1,
             busy_ns: 1,
+        };
+        if !halos {
+            return msg;
         }
+        let (up, down) = (halo(chunk, "up"), halo(chunk, "down"));
+        with_halos(msg, Halo::Sent(up), Halo::Sent(down))
     }
 
+    /// A chain's `Done` with these halos for the chunk before and the chunk after.
     fn with_halos(mut msg: ToCoordinator, up: Halo, down: Halo) -> ToCoordinator {
-        if let ToCoordinator::Done { halos, .. } = &mut msg {
-            *halos = Some((up, down));
+        if let ToCoordinator::Done { halos, chunk, .. } = &mut msg {
+            *halos = Some(chain(*chunk, up, down));
         }
         msg
+    }
+
+    /// The halos of chunk `chunk` of a chain addressed: none for a chunk before chunk 0.
+    fn chain(chunk: u64, up: Halo, down: Halo) -> Vec<(Option<u64>, Halo)> {
+        let mut v = Vec::new();
+        if let Some(b) = chunk.checked_sub(1) {
+            v.push((Some(b), up));
+        }
+        v.push((Some(chunk + 1), down));
+        v
     }
 
     fn captured_held(chunk: u64, state: &'static [u8]) -> ToCoordinator {
@@ -1122,8 +1134,7 @@ mod tests {
             t0,
             Some(ToWorker::Begin {
                 chunk: 2,
-                before: Some(Halo::Kept),
-                after: Some(Halo::Sent(halo(3, "up"))),
+                halos: vec![(1, Halo::Kept), (3, Halo::Sent(halo(3, "up")))],
             }),
         );
         let outs = polled(&mut m);
@@ -1134,8 +1145,7 @@ mod tests {
             begin,
             &Code::Begin {
                 chunk: 2,
-                before: Some(halo(1, "down")),
-                after: Some(halo(3, "up")),
+                halos: vec![(1, halo(1, "down")), (3, halo(3, "up"))],
             }
         );
         m.answer(Ok(None));
@@ -1164,8 +1174,7 @@ mod tests {
             t0,
             Some(ToWorker::Begin {
                 chunk: 2,
-                before: Some(Halo::Kept),
-                after: None,
+                halos: vec![(1, Halo::Kept)],
             }),
         );
         let outs = polled(&mut m);
@@ -1443,8 +1452,7 @@ mod tests {
             1,
             Ok(Some(Exported {
                 placement: 7,
-                up: halo(1, "up"),
-                down: halo(1, "down"),
+                halos: vec![(Some(0), halo(1, "up")), (Some(2), halo(1, "down"))],
             })),
         );
         let outs = polled(&mut m);
@@ -1462,7 +1470,7 @@ mod tests {
             exported,
             &ToCoordinator::Exported {
                 chunk: 1,
-                halos: (Halo::Sent(halo(1, "up")), Halo::Sent(halo(1, "down"))),
+                halos: chain(1, Halo::Sent(halo(1, "up")), Halo::Sent(halo(1, "down"))),
                 placement: 7,
             }
         );
@@ -1714,6 +1722,7 @@ mod tests {
             t0,
             Some(ToWorker::Phase {
                 phase: 0,
+                chunks: 1,
                 job: Bytes::new(),
             }),
         );

@@ -45,7 +45,7 @@ enum Background {
 /// A simulated worker process (see the module's docs).
 pub(crate) struct SimProcess<J: Job> {
     machine: Machine,
-    job: Option<(u64, Arc<J>)>,
+    job: Option<(u64, u64, Arc<J>)>,
     inputs: Arc<Inputs<J>>,
     held: HeldParts<J::Chunk>,
     threads: Vec<SimThread<J>>,
@@ -269,7 +269,7 @@ impl<J: Job> SimProcess<J> {
                 held,
                 phase,
             } => {
-                let Some((_, job)) = &self.job else {
+                let Some((_, chunks, job)) = &self.job else {
                     return;
                 };
                 SlotMsg::Run(Run {
@@ -280,6 +280,7 @@ impl<J: Job> SimProcess<J> {
                     held,
                     job: Arc::clone(job),
                     phase,
+                    chunks: *chunks,
                     queued: Instant::now(),
                 })
             }

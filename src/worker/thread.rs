@@ -32,6 +32,8 @@ pub(super) struct Run<J: Job> {
     pub(super) held: bool,
     pub(super) job: Arc<J>,
     pub(super) phase: u64,
+    /// The job's number of chunks.
+    pub(super) chunks: u64,
     /// When the `Run` reached the thread's queue: the thread's time on a chunk starts then,
     /// or when the thread ended its previous chunk if that was later (see [`main`]).
     pub(super) queued: std::time::Instant,
@@ -375,6 +377,7 @@ impl<J: Job> Compute<J> {
             held: is_held,
             job,
             phase,
+            chunks,
             queued,
         } = next;
         let state = if is_held {
@@ -395,6 +398,7 @@ impl<J: Job> Compute<J> {
         let assignment = Assignment {
             chunk,
             phase,
+            chunks,
             range,
             state,
         };
@@ -419,14 +423,15 @@ impl<J: Job> Compute<J> {
                 // An owned partition stays here; its halos go to the coordinator.
                 let exported = match (kept, J::OWNERSHIP.hooks) {
                     (Some(k), Some(hooks)) => {
-                        let bytes = (hooks.encode_halo)(&k.halos.0)
-                            .and_then(|a| (hooks.encode_halo)(&k.halos.1).map(|b| (a, b)));
-                        lock(&queue.held).insert(chunk, k.state);
-                        bytes
-                            .map(|(a, b)| {
-                                halos = Some((Halo::Sent(a.into()), Halo::Sent(b.into())));
+                        let bytes: Result<Vec<_>, _> = k
+                            .halos
+                            .iter()
+                            .map(|(to, p)| {
+                                (hooks.encode_halo)(p).map(|b| (*to, Halo::Sent(b.into())))
                             })
-                            .map_err(Error::from)
+                            .collect();
+                        lock(&queue.held).insert(chunk, k.state);
+                        bytes.map(|b| halos = Some(b)).map_err(Error::from)
                     }
                     _ => Ok(()),
                 };
@@ -568,6 +573,7 @@ mod tests {
                 held: false,
                 job: Arc::clone(&job),
                 phase: 0,
+                chunks: u64::from(SLOTS_PER_THREAD),
                 queued: Instant::now(),
             };
             tx.send(SlotMsg::Run(run)).unwrap();

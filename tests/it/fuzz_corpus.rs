@@ -156,6 +156,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             "phase",
             ToWorker::Phase {
                 phase: 3,
+                chunks: 32,
                 job: Bytes::from_static(b"\x02\x10job value"),
             },
         ),
@@ -185,16 +186,17 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
             "begin",
             ToWorker::Begin {
                 chunk: 16,
-                before: Some(frame::Halo::Sent(Bytes::from_static(b"\x03a halo"))),
-                after: None,
+                halos: vec![(15, frame::Halo::Sent(Bytes::from_static(b"\x03a halo")))],
             },
         ),
         (
             "begin-kept",
             ToWorker::Begin {
                 chunk: 17,
-                before: Some(frame::Halo::Kept),
-                after: Some(frame::Halo::Sent(Bytes::from_static(b"\x01h"))),
+                halos: vec![
+                    (16, frame::Halo::Kept),
+                    (18, frame::Halo::Sent(Bytes::from_static(b"\x01h"))),
+                ],
             },
         ),
         ("surrender", ToWorker::Surrender { chunk: 16 }),
@@ -297,10 +299,10 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
                 slot: 0,
                 chunk: 16,
                 output: Bytes::from_static(b"\x08an output"),
-                halos: Some((
-                    frame::Halo::Sent(Bytes::from_static(b"\x01u")),
-                    frame::Halo::Kept,
-                )),
+                halos: Some(vec![
+                    (Some(15), frame::Halo::Sent(Bytes::from_static(b"\x01u"))),
+                    (Some(17), frame::Halo::Kept),
+                ]),
                 iterations: 1_000,
                 busy_ns: 5,
             },
@@ -416,10 +418,10 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             "exported",
             ToCoordinator::Exported {
                 chunk: 14,
-                halos: (
-                    frame::Halo::Sent(Bytes::from_static(b"\x02up")),
-                    frame::Halo::Sent(Bytes::from_static(b"\x04down")),
-                ),
+                halos: vec![
+                    (Some(13), frame::Halo::Sent(Bytes::from_static(b"\x02up"))),
+                    (Some(15), frame::Halo::Sent(Bytes::from_static(b"\x04down"))),
+                ],
                 placement: 3,
             },
         ),
@@ -439,8 +441,7 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             "released",
             ToCoordinator::Released {
                 chunk: 15,
-                before: Some(Bytes::from_static(b"\x02up")),
-                after: None,
+                halos: vec![(14, frame::Halo::Sent(Bytes::from_static(b"\x02up")))],
             },
         ),
         (

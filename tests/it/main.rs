@@ -31,6 +31,7 @@ mod cluster_unauthenticated;
 mod cluster_versions;
 mod coordinator_silent;
 mod crash_consistency;
+mod exchange;
 mod executor;
 mod field_output;
 mod fuzz_corpus;

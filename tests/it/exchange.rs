@@ -1,0 +1,390 @@
+//! Owned partitions that exchange pieces with any partitions (`Exchange`): a 2-D grid of
+//! tiles whose phases end, in turn, with halos to the tiles that share a side, an allgather
+//! and an all-to-all. Each piece and each partition's fold of what it received is order
+//! sensitive, so a piece lost, applied twice, misaddressed or handed over in another order
+//! changes the value: every run is checked bit for bit against a plain sequential loop, on
+//! local threads (1 to 3), and with worker processes (real processes on loopback) that join
+//! and are retired while it runs. A graph that is not one is refused before anything runs.
+
+use std::ops::Range;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use malleable::cluster::{Registry, WorkerOptions};
+use malleable::exchange::GraphError;
+use malleable::reduce::CollectInOrder;
+use malleable::{
+    Chunk, Chunking, Error, Exchange, Executor, Job, JobHandle, Next, Outcome, Ownership, Pattern,
+    Pieces, Step,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::common;
+
+const ADDR_ENV: &str = "MALLEABLE_TEST_EXCHANGE_ADDR";
+
+/// FNV-1a, word by word: order sensitive.
+fn fnv(h: u64, x: u64) -> u64 {
+    (h ^ x).wrapping_mul(0x0100_0000_01B3)
+}
+
+/// One cell's update in a step.
+fn mix(v: u64, i: u64) -> u64 {
+    let z = v.wrapping_add(i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z ^ (z >> 29)
+}
+
+/// A `rows` x `cols` grid of tiles of `cells` cells each, `phases` phases.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Mesh {
+    rows: u64,
+    cols: u64,
+    cells: u64,
+    phases: u64,
+    /// A graph that is not one (for the refusal test): tile 0 names tile 2, which does not
+    /// name it back.
+    lopsided: bool,
+}
+
+impl Mesh {
+    fn tiles(&self) -> u64 {
+        self.rows * self.cols
+    }
+
+    /// What crosses the barrier after `phase`: halos, an allgather and an all-to-all in turn.
+    fn pattern_of(phase: u64) -> Pattern {
+        match phase % 3 {
+            0 => Pattern::Neighbours,
+            1 => Pattern::Allgather,
+            _ => Pattern::AllToAll,
+        }
+    }
+
+    /// The tiles that share a side with `tile`, in any order (the executor sorts them).
+    fn sides(&self, tile: u64) -> Vec<u64> {
+        let (r, c) = (tile / self.cols, tile % self.cols);
+        let mut n = Vec::new();
+        if c + 1 < self.cols {
+            n.push(tile + 1);
+        }
+        if r + 1 < self.rows {
+            n.push(tile + self.cols);
+        }
+        if c > 0 {
+            n.push(tile - 1);
+        }
+        if r > 0 {
+            n.push(tile - self.cols);
+        }
+        if self.lopsided && tile == 0 {
+            n.push(2);
+        }
+        n
+    }
+}
+
+/// One tile: its cells and how far its phase got.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Tile {
+    me: u64,
+    cells: Vec<u64>,
+    next: u64,
+}
+
+impl Tile {
+    fn new(me: u64, cells: u64) -> Tile {
+        Tile {
+            me,
+            cells: (0..cells).map(|i| mix(me, i)).collect(),
+            next: 0,
+        }
+    }
+
+    /// At most 8 cells of the phase; the tile's hash when it is through.
+    fn advance(&mut self) -> Option<u64> {
+        let end = (self.next + 8).min(self.cells.len() as u64);
+        for i in self.next..end {
+            self.cells[i as usize] = mix(self.cells[i as usize], i);
+        }
+        self.next = end;
+        (end == self.cells.len() as u64).then(|| self.cells.iter().fold(self.me, |h, &c| fnv(h, c)))
+    }
+
+    /// The piece for `to` (`None`: everyone).
+    fn piece(&self, to: Option<u64>) -> Vec<u64> {
+        let first = self.cells[0];
+        let last = self.cells[self.cells.len() - 1];
+        match to {
+            Some(to) => vec![fnv(first, to), last, self.me],
+            None => vec![self.cells.iter().fold(0, |a: u64, &c| a.wrapping_add(c))],
+        }
+    }
+
+    /// Takes the pieces in, in the order given, and rewinds.
+    fn absorb<'a>(&mut self, pieces: impl Iterator<Item = (u64, &'a Vec<u64>)>) {
+        let mut acc = self.me;
+        let n = self.cells.len();
+        for (k, (from, piece)) in pieces.enumerate() {
+            acc = fnv(acc, from);
+            for &x in piece {
+                acc = fnv(acc, x);
+            }
+            self.cells[k % n] ^= acc;
+        }
+        self.next = 0;
+    }
+}
+
+impl Job for Mesh {
+    const NAME: &'static str = "exchange-mesh";
+    const OWNERSHIP: Ownership<Self> = Ownership::EXCHANGES;
+    type Chunk = Tile;
+    type Reducer = CollectInOrder<u64>;
+    type Input = ();
+
+    fn iterations(&self) -> u64 {
+        self.tiles() * self.cells
+    }
+
+    fn chunking(&self) -> Option<Chunking> {
+        Some(Chunking::Size(self.cells))
+    }
+
+    fn chunk(&self, range: Range<u64>) -> Tile {
+        Tile::new(range.start / self.cells, self.cells)
+    }
+
+    fn reducer(&self) -> CollectInOrder<u64> {
+        CollectInOrder::new()
+    }
+
+    fn phases(&self) -> Option<u64> {
+        Some(self.phases)
+    }
+
+    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
+        self.phases -= 1;
+        if self.phases == 0 {
+            Next::Finish
+        } else {
+            Next::Continue
+        }
+    }
+}
+
+impl Chunk for Tile {
+    type Job = Mesh;
+    type Output = Vec<u64>;
+
+    fn step(&mut self, _: &Mesh, _: &()) -> Step<Vec<u64>> {
+        match self.advance() {
+            Some(h) => Step::Done(vec![h]),
+            None => Step::Yield,
+        }
+    }
+}
+
+impl Exchange for Tile {
+    type Piece = Vec<u64>;
+
+    fn neighbours(job: &Mesh, chunk: u64, _chunks: u64) -> Vec<u64> {
+        job.sides(chunk)
+    }
+
+    fn pattern(_: &Mesh, phase: u64) -> Pattern {
+        Mesh::pattern_of(phase)
+    }
+
+    fn export(&self, _: &Mesh, to: Option<u64>) -> Vec<u64> {
+        self.piece(to)
+    }
+
+    fn begin_phase(&mut self, _: &Mesh, pieces: Pieces<'_, Vec<u64>>) {
+        self.absorb(pieces.iter());
+    }
+}
+
+/// The plain loop: every tile's phase, then the pieces delivered by sender.
+fn sequential(job: &Mesh) -> Vec<u64> {
+    let n = job.tiles();
+    let mut tiles: Vec<Tile> = (0..n).map(|t| Tile::new(t, job.cells)).collect();
+    let mut value = Vec::new();
+    for phase in 0..job.phases {
+        value = tiles
+            .iter_mut()
+            .map(|t| {
+                loop {
+                    if let Some(h) = t.advance() {
+                        break h;
+                    }
+                }
+            })
+            .collect();
+        if phase + 1 == job.phases {
+            break;
+        }
+        // inbox[to] = (from, piece), by sender.
+        let mut inbox: Vec<Vec<(u64, Vec<u64>)>> = vec![Vec::new(); n as usize];
+        for (from, t) in tiles.iter().enumerate() {
+            let from = from as u64;
+            match Mesh::pattern_of(phase) {
+                Pattern::Neighbours => {
+                    for to in job.sides(from) {
+                        inbox[to as usize].push((from, t.piece(Some(to))));
+                    }
+                }
+                Pattern::Allgather => {
+                    let p = t.piece(None);
+                    for b in &mut inbox {
+                        b.push((from, p.clone()));
+                    }
+                }
+                Pattern::AllToAll => {
+                    for to in 0..n {
+                        inbox[to as usize].push((from, t.piece(Some(to))));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (t, mut b) in tiles.iter_mut().zip(inbox) {
+            b.sort_by_key(|(from, _)| *from);
+            t.absorb(b.iter().map(|(f, p)| (*f, p)));
+        }
+    }
+    value
+}
+
+fn mesh(phases: u64) -> Mesh {
+    Mesh {
+        rows: 3,
+        cols: 4,
+        cells: 40,
+        phases,
+        lopsided: false,
+    }
+}
+
+fn finished(h: JobHandle<Mesh>) -> Vec<u64> {
+    match h.wait().unwrap() {
+        Outcome::Finished(f) => f.into_value(),
+        other => panic!("not finished: {other:?}"),
+    }
+}
+
+/// Every pattern, on 1 to 3 local threads, gives the sequential loop's bits.
+#[test]
+fn tiles_exchange_halos_allgather_and_all_to_all_exactly() {
+    let job = mesh(31);
+    let want = sequential(&job);
+    assert_eq!(want.len(), 12);
+    for threads in 1..=3 {
+        let exec = Executor::builder().local_workers(threads).build().unwrap();
+        let got = exec.run(job.clone()).unwrap().into_value();
+        assert_eq!(got, want, "{threads} threads");
+    }
+}
+
+/// Threads join and leave while the tiles exchange: the bits do not change.
+#[test]
+fn tiles_exchange_exactly_while_threads_come_and_go() {
+    let job = Mesh {
+        cells: 4000,
+        ..mesh(40)
+    };
+    let want = sequential(&job);
+    let exec = Executor::builder().local_workers(1).build().unwrap();
+    let h = exec.submit(job).unwrap();
+    let mut grow = true;
+    while !h.is_finished() {
+        h.set_local_workers(if grow { 3 } else { 1 });
+        grow = !grow;
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    assert_eq!(finished(h), want);
+}
+
+/// A graph whose neighbours do not name each other back is refused before anything runs,
+/// naming the first chunk at fault.
+#[test]
+fn a_lopsided_graph_is_refused_before_anything_runs() {
+    let job = Mesh {
+        lopsided: true,
+        ..mesh(3)
+    };
+    let exec = Executor::builder().local_workers(2).build().unwrap();
+    match exec.run(job) {
+        Err(Error::Neighbours {
+            job,
+            chunk: 0,
+            problem: GraphError::NotSymmetric { neighbour: 2 },
+        }) => assert_eq!(job, "exchange-mesh"),
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "the body of the worker processes the other tests start"]
+fn worker_process() {
+    let Ok(addr) = std::env::var(ADDR_ENV) else {
+        return;
+    };
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "worker process");
+    let options = WorkerOptions::from_env().unwrap().threads(1);
+    common::procs::serve_and_exit(
+        &addr,
+        &Registry::new().register::<Mesh>(),
+        options,
+        Duration::from_secs(20),
+    );
+}
+
+fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Worker processes join while the tiles exchange, hold tiles, and one is retired (its
+/// tiles come back): every pattern crosses processes, and the bits are the sequential
+/// loop's.
+#[test]
+fn worker_processes_exchange_exactly_as_they_join_and_leave() {
+    let job = Mesh {
+        cells: 20_000,
+        ..mesh(150)
+    };
+    let want = sequential(&job);
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let h = exec.submit(job).unwrap();
+    until("phase 3", || h.progress().phase >= 3);
+    let mut procs: Vec<Child> = (0..2)
+        .map(|_| common::procs::start_worker(module_path!(), ADDR_ENV, &addr))
+        .collect();
+    until("two processes", || h.remote_workers() == 2);
+    until("tiles held by both processes", || {
+        let p = h.remote_processes();
+        p.len() == 2 && p.iter().all(|p| p.chunks > 0)
+    });
+    let joined = h.progress().phase;
+    assert!(joined < 100, "the processes joined late: phase {joined}");
+    until("ten phases more", || h.progress().phase >= joined + 10);
+    h.retire_remote(1);
+    until("one process", || h.remote_workers() == 1);
+    assert_eq!(finished(h), want);
+    assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
+    for p in &mut procs {
+        let _ = p.wait();
+    }
+}
