@@ -4,8 +4,10 @@
 //! A job whose partitions are blocks of a 2-D or 3-D grid (a 7-point heat stencil on pencils,
 //! a 2-D stencil on tiles) holds a [`Blocks`] in its job value and asks it, for each chunk,
 //! for the cells it owns ([`Blocks::extent`]), the chunks it exchanges halos with
-//! ([`Blocks::neighbours`], the answer to an exchange's question "who are my neighbours"),
-//! and, for a piece received from a neighbour, which face it belongs to ([`Blocks::face`]).
+//! ([`Blocks::neighbours`]: the answer to
+//! [`Exchange::neighbours`](crate::Exchange::neighbours)), and, for a piece it exports to or
+//! receives from a neighbour, which face it belongs to ([`Blocks::face`]).
+//! `examples/heat3d.rs` runs a 3-D stencil on pencils this way.
 //!
 //! ```
 //! use malleable::Blocks;
