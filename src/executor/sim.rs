@@ -48,6 +48,7 @@ use crate::snapshot::{SnapshotId, Store};
 use crate::wire::frame::{ToCoordinator, ToWorker};
 use crate::worker::sim::SimProcess;
 
+mod mesh;
 pub(crate) mod scale;
 
 /// The coordinator's lease on a silent process, and the process's on the coordinator.
@@ -131,6 +132,38 @@ impl Rows for SimGrid {
 }
 
 type SimJob = Banded<SimGrid>;
+
+/// A job the simulation runs: drawn from a seed, with the value a plain loop gives.
+trait Simulated: crate::Job<Reducer: crate::reduce::Reducer<Value = Vec<u64>>> + Clone {
+    /// The job of a history, drawn from its generator.
+    fn draw(rng: &mut Rng) -> Self;
+    /// The job's value computed by a plain loop.
+    fn expected(&self) -> Vec<u64>;
+    /// The job in a few words, for the log.
+    fn describe(&self) -> String;
+}
+
+impl Simulated for SimJob {
+    fn draw(rng: &mut Rng) -> Self {
+        let bands = 2 + rng.below(7);
+        Banded(SimGrid {
+            n: bands * (2 + rng.below(4)),
+            w: 6,
+            bands,
+            phases: 2 + rng.below(5),
+            done: 0,
+        })
+    }
+    fn expected(&self) -> Vec<u64> {
+        sequential(&self.0)
+    }
+    fn describe(&self) -> String {
+        format!(
+            "grid of {} rows in {} bands, {} phases",
+            self.0.n, self.0.bands, self.0.phases
+        )
+    }
+}
 
 /// The grid's value computed by a plain loop.
 fn sequential(g: &SimGrid) -> Vec<u64> {
@@ -249,9 +282,9 @@ impl Rng {
 }
 
 /// A simulated worker process and its link to the coordinator.
-struct Proc {
+struct Proc<J: Simulated> {
     id: ProcessId,
-    sim: SimProcess<SimJob>,
+    sim: SimProcess<J>,
     /// Messages from the coordinator on their way, in order.
     inbox: VecDeque<ToWorker>,
     /// Frozen (stopped) until then: it neither runs nor answers.
@@ -311,18 +344,18 @@ impl std::ops::AddAssign for Tally {
 }
 
 /// One history of one seed.
-struct History {
+struct History<J: Simulated = SimJob> {
     rng: Rng,
     now: Duration,
     base: Instant,
-    job: SimGrid,
+    job: J,
     config: Arc<Config>,
     store: Store,
     /// The store's own handle, to tear a commit.
     tearing: Arc<Tearing>,
     rt: Arc<tokio::runtime::Runtime>,
-    state: State<SimJob>,
-    procs: Vec<Proc>,
+    state: State<J>,
+    procs: Vec<Proc<J>>,
     next_proc: u64,
     ops: Vec<StoreOp>,
     /// Snapshot requests asked, and those answered.
@@ -341,17 +374,10 @@ struct History {
     progress: ((u64, u64, u64), Duration),
 }
 
-impl History {
-    fn new(seed: u64, rt: Arc<tokio::runtime::Runtime>) -> History {
+impl<J: Simulated> History<J> {
+    fn new(seed: u64, rt: Arc<tokio::runtime::Runtime>) -> History<J> {
         let mut rng = Rng(seed ^ 0x5bd1_e995_0000_0000);
-        let bands = 2 + rng.below(7);
-        let job = SimGrid {
-            n: bands * (2 + rng.below(4)),
-            w: 6,
-            bands,
-            phases: 2 + rng.below(5),
-            done: 0,
-        };
+        let job = J::draw(&mut rng);
         let keep = 1 + rng.below(3) as usize;
         let forced_fault = 1 + rng.below(8);
         let mut h = History::build(job, keep, forced_fault, rng, rt);
@@ -364,12 +390,12 @@ impl History {
 
     /// A history of `job` keeping `keep` snapshots, with no process yet, drawing from `rng`.
     fn build(
-        job: SimGrid,
+        job: J,
         keep: usize,
         forced_fault: u64,
         rng: Rng,
         rt: Arc<tokio::runtime::Runtime>,
-    ) -> History {
+    ) -> History<J> {
         let tearing = Arc::new(Tearing::default());
         let store = Store::from_object_store(Arc::clone(&tearing) as _, "");
         let mut config = Builder::default().config;
@@ -380,7 +406,7 @@ impl History {
         config.snapshots.set_store(store.clone());
         config.snapshots.keep = keep;
         config.snapshots.max_failures = Some(1000);
-        let wrapped = Banded(job.clone());
+        let wrapped = job.clone();
         config.origin = Origin::new(
             Some(crate::codec::encode("the job", &wrapped).expect("a grid encodes")),
             &wrapped,
@@ -413,10 +439,8 @@ impl History {
             crashed: false,
             progress: ((0, 0, 0), Duration::ZERO),
         };
-        h.note(format!(
-            "grid of {} rows in {} bands, {} phases",
-            h.job.n, h.job.bands, h.job.phases
-        ));
+        let what = h.job.describe();
+        h.note(what);
         h.start_run();
         h
     }
@@ -427,7 +451,7 @@ impl History {
     }
 
     /// The coordinator's state, its time set (as the driver sets it at each lock).
-    fn coord(&mut self) -> &mut State<SimJob> {
+    fn coord(&mut self) -> &mut State<J> {
         self.state.now = self.now;
         &mut self.state
     }
@@ -523,7 +547,7 @@ impl History {
 
     /// A history that a test writes step by step: `job`, no process, no fault unless the test
     /// makes one.
-    fn scripted(job: SimGrid) -> History {
+    fn scripted(job: J) -> History<J> {
         History::build(job, 2, u64::MAX, Rng(0), runtime())
     }
 
@@ -830,8 +854,8 @@ impl History {
                     Err(failure())
                 } else {
                     self.rt
-                        .block_on(read_back_manifest::<SimJob>(cfg, epoch))
-                        .and_then(restore_read::<SimJob>)
+                        .block_on(read_back_manifest::<J>(cfg, epoch))
+                        .and_then(restore_read::<J>)
                 };
                 self.note(format!(
                     "the manifest of epoch {epoch} is read back: {}",
@@ -874,10 +898,10 @@ impl History {
     fn resume(&mut self) -> Result<(), String> {
         self.tally.resumes += 1;
         let procs = std::mem::take(&mut self.procs);
-        let job_id = self.config.snapshots.job_id::<SimJob>();
+        let job_id = self.config.snapshots.job_id::<J>();
         let latest = self.rt.block_on(self.store.read_latest(&job_id));
         let (id, manifest, parts, _) = latest.map_err(|e| format!("no snapshot to resume: {e}"))?;
-        let restored = restore::<SimJob>(manifest, parts)
+        let restored = restore::<J>(manifest, parts)
             .map_err(|e| format!("snapshot {id} does not restore: {e}"))?;
         let manifest = restored.manifest;
         self.ops.clear();
@@ -903,7 +927,7 @@ impl History {
 
     /// The store's committed epochs.
     fn committed(&self) -> Result<Vec<u64>, String> {
-        let job_id = self.config.snapshots.job_id::<SimJob>();
+        let job_id = self.config.snapshots.job_id::<J>();
         self.rt
             .block_on(self.store.epochs(&job_id))
             .map_err(|e| format!("the store's epochs: {e}"))
@@ -914,7 +938,7 @@ impl History {
         self.tally.resumes += 1;
         self.procs.clear();
         self.ops.clear();
-        let job = Banded(self.job.clone());
+        let job = self.job.clone();
         let (core, _) = first_phase(&job, &self.config).map_err(|e| format!("{e}"))?;
         self.state = fresh_state(&self.config, core, job, 0, 0, Snapshots::default());
         self.start_run();
@@ -988,14 +1012,14 @@ impl History {
         if let Some(k) = (0..self.replies.0).find(|k| !self.replies.1.contains(k)) {
             return Err(format!("snapshot request {k} was never answered"));
         }
-        let job_id = self.config.snapshots.job_id::<SimJob>();
+        let job_id = self.config.snapshots.job_id::<J>();
         for epoch in self.committed()? {
             let id = SnapshotId::new(job_id.clone(), epoch);
             let (manifest, parts) = self
                 .rt
                 .block_on(self.store.read(&id))
                 .map_err(|e| format!("committed snapshot {id} does not read back: {e}"))?;
-            restore::<SimJob>(manifest, parts)
+            restore::<J>(manifest, parts)
                 .map_err(|e| format!("committed snapshot {id} does not restore: {e}"))?;
         }
         Ok(())
@@ -1017,15 +1041,16 @@ fn brief(msg: &impl std::fmt::Debug) -> String {
 }
 
 /// A coordinator's state for a run of `job` from `phase`, as `launch` makes it.
-fn fresh_state(
+fn fresh_state<J: crate::Job>(
     config: &Arc<Config>,
-    core: super::JobCore<SimJob>,
-    job: SimJob,
+    core: super::JobCore<J>,
+    job: J,
     phase: u64,
     iterations_before: u64,
     snap: Snapshots,
-) -> State<SimJob> {
-    let shape = crate::schedule::Shape::chain(core.plan().len());
+) -> State<J> {
+    let shape = super::job_run::shape_of(&job, core.plan().len(), phase)
+        .expect("the simulated job's neighbours are a graph");
     State::new(
         (Arc::clone(config), Arc::default()),
         (core, shape),
@@ -1039,8 +1064,13 @@ fn fresh_state(
 
 /// Runs the history of `seed`: its tally, or what went wrong with its log.
 pub(crate) fn history(seed: u64, rt: &Arc<tokio::runtime::Runtime>) -> Result<Tally, String> {
-    let mut h = History::new(seed, Arc::clone(rt));
-    let expected = sequential(&h.job);
+    history_of::<SimJob>(seed, rt)
+}
+
+/// Runs the history of `seed` with a job of type `J`.
+fn history_of<J: Simulated>(seed: u64, rt: &Arc<tokio::runtime::Runtime>) -> Result<Tally, String> {
+    let mut h = History::<J>::new(seed, Arc::clone(rt));
+    let expected = h.job.expected();
     let outcome = h.run().and_then(|got| {
         if got != expected {
             let row = (0..got.len().min(expected.len())).find(|&i| got[i] != expected[i]);
@@ -1052,9 +1082,15 @@ pub(crate) fn history(seed: u64, rt: &Arc<tokio::runtime::Runtime>) -> Result<Ta
     });
     outcome.map(|()| h.tally).map_err(|e| {
         format!(
-            "history {seed} failed: {e}\n{}\nreplay: MALLEABLE_SIM_SEED={seed} cargo test \
+            "history {seed} of {} failed: {e}\n{}\nreplay: {}={seed} cargo test \
              --all-features --lib executor::sim -- --nocapture",
-            h.log.join("\n")
+            J::NAME,
+            h.log.join("\n"),
+            if J::NAME == <SimJob as crate::Job>::NAME {
+                "MALLEABLE_SIM_SEED"
+            } else {
+                "MALLEABLE_SIM_MESH_SEED"
+            }
         )
     })
 }
@@ -1131,14 +1167,14 @@ mod tests {
     }
 
     /// The scripted histories' grid: 6 rows of 6 cells in 3 bands, 2 phases.
-    fn three_bands() -> SimGrid {
-        SimGrid {
+    fn three_bands() -> SimJob {
+        Banded(SimGrid {
             n: 6,
             w: 6,
             bands: 3,
             phases: 2,
             done: 0,
-        }
+        })
     }
 
     /// A scripted history: a process runs two bands of the first phase and keeps their halos
@@ -1150,7 +1186,7 @@ mod tests {
     #[test]
     fn a_process_retired_and_killed_in_the_first_phase_leaves_the_value_exact() {
         let job = three_bands();
-        let expected = sequential(&job);
+        let expected = job.expected();
         let mut h = History::scripted(job);
         let a = h.join(1);
         h.deliver_all(a);
@@ -1251,8 +1287,21 @@ mod tests {
 
     #[test]
     fn histories_of_whole_clusters_end_exact() {
+        histories::<SimJob>("MALLEABLE_SIM_SEED", 20);
+    }
+
+    /// The same faults on tiles that exchange halos on a 2-D graph, allgather and
+    /// all-to-all pieces (`sim/mesh.rs`); replay one with `MALLEABLE_SIM_MESH_SEED`.
+    #[test]
+    fn histories_of_exchanges_end_exact() {
+        histories::<mesh::SimMesh>("MALLEABLE_SIM_MESH_SEED", 15);
+    }
+
+    /// Runs histories of `J`: the one seed in variable `seed_var`, or as many as
+    /// `MALLEABLE_SIM_SECONDS` (default `seconds`) allow from `MALLEABLE_SIM_FIRST`.
+    fn histories<J: Simulated>(seed_var: &str, seconds: u64) {
         let rt = runtime();
-        if let Some(seed) = var("MALLEABLE_SIM_SEED") {
+        if let Some(seed) = var(seed_var) {
             // `MALLEABLE_SIM_LOG=debug` prints what the coordinator and processes log.
             if let Some(level) = std::env::var("MALLEABLE_SIM_LOG")
                 .ok()
@@ -1263,13 +1312,13 @@ mod tests {
                     .with_test_writer()
                     .try_init();
             }
-            match history(seed, &rt) {
+            match history_of::<J>(seed, &rt) {
                 Ok(t) => println!("history {seed}: {t:?}"),
                 Err(e) => panic!("{e}"),
             }
             return;
         }
-        let budget = Duration::from_secs(var("MALLEABLE_SIM_SECONDS").unwrap_or(20));
+        let budget = Duration::from_secs(var("MALLEABLE_SIM_SECONDS").unwrap_or(seconds));
         let first = var("MALLEABLE_SIM_FIRST").unwrap_or(0);
         let started = Instant::now();
         let mut total = Tally::default();
@@ -1279,7 +1328,7 @@ mod tests {
         while started.elapsed() < budget {
             let seed = first + n;
             n += 1;
-            let t = match history(seed, &rt) {
+            let t = match history_of::<J>(seed, &rt) {
                 Ok(t) => t,
                 Err(e) => {
                     failed.push((e.lines().count(), seed, e));
@@ -1298,7 +1347,8 @@ mod tests {
         }
         let minutes = started.elapsed().as_secs_f64() / 60.0;
         println!(
-            "{n} histories from seed {first} ({:.0} a minute): {total:?}",
+            "{n} histories of {} from seed {first} ({:.0} a minute): {total:?}",
+            J::NAME,
             n as f64 / minutes
         );
     }
