@@ -561,7 +561,13 @@ fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
         // Only this job's halos from here on.
         let _ = counter_by(snapshotter, malleable::metrics::HALOS, "route");
         let t = Instant::now();
-        let done = finish(exec.submit(job()).expect("submit"));
+        let h = exec.submit(job()).expect("submit");
+        let mut traffic = h.traffic();
+        while !h.is_finished() {
+            traffic = h.traffic();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let done = finish(h);
         let r = t.elapsed();
         for mut w in workers {
             let _ = w.wait();
@@ -578,6 +584,17 @@ fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
             l.as_secs_f64() / r.as_secs_f64(),
             halos("kept"),
             halos("relayed"),
+        );
+        let per_phase = |n: u64| n as f64 / phases as f64;
+        println!(
+            "pair {}: through the coordinator per phase: {:.1} messages in, {:.1} out \
+             ({:.1} per process; target <= 2), {:.0} halo bytes in, {:.0} out",
+            pair + 1,
+            per_phase(traffic.messages_in),
+            per_phase(traffic.messages_out),
+            per_phase(traffic.messages_in + traffic.messages_out) / 2.0,
+            per_phase(traffic.halo_bytes_in),
+            per_phase(traffic.halo_bytes_out),
         );
         ratios.push(l.as_secs_f64() / r.as_secs_f64());
         tl.push(l);

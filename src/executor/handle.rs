@@ -337,6 +337,12 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().roster()
     }
 
+    /// What crossed between the coordinator and the job's worker processes so far: messages
+    /// each way, and the bytes of the halos relayed among them.
+    pub fn traffic(&self) -> super::Traffic {
+        self.shared.lock().remote.traffic
+    }
+
     /// Gracefully retires the `n` most recently joined worker processes: their threads hand
     /// their chunks back at their next adjustment point, then the processes are told to end.
     pub fn retire_remote(&self, n: usize) {

@@ -346,7 +346,7 @@ impl<J: Job> Links<J> {
     /// connections the state no longer names.
     pub(crate) fn carry_out(&mut self, state: &mut State<J>, shared: &Shared<J>) {
         loop {
-            for (id, frame) in state.remote.outbox.drain(..) {
+            for (id, frame) in state.remote.take_outbox() {
                 if let Some(tx) = self.conns.get(&id) {
                     let _ = tx.send(frame);
                 }

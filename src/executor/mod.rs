@@ -108,7 +108,7 @@ pub use autoscale::AutoscaleStatus;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
 pub use lifecycle::{Resubmit, Resume};
 pub use progress::Progress;
-pub use remote::RemoteProcess;
+pub use remote::{RemoteProcess, Traffic};
 pub use rollback::Rollback;
 pub use snapshot::{At, Resumed};
 pub use updates::ProgressUpdates;

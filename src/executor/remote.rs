@@ -190,6 +190,24 @@ impl Conn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct NodeId(pub(crate) u32);
 
+/// What crossed between the coordinator and the job's worker processes since the run
+/// started ([`JobHandle::traffic`](crate::JobHandle::traffic)): every message, and the bytes
+/// of the halos (pieces of owned partitions) among them. Divided by the phases, it is what a
+/// phase costs the coordinator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Traffic {
+    /// Messages from worker processes.
+    pub messages_in: u64,
+    /// Messages to worker processes.
+    pub messages_out: u64,
+    /// Bytes of halos worker processes sent up (relayed halos; those a process keeps for
+    /// its own partitions never come).
+    pub halo_bytes_in: u64,
+    /// Bytes of halos sent down to worker processes.
+    pub halo_bytes_out: u64,
+}
+
 /// A worker process as [`JobHandle::remote_processes`](crate::JobHandle::remote_processes)
 /// shows it: the roster's node → process → slots, one process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,9 +275,17 @@ pub(crate) struct Remotes {
     /// Halos from worker processes since the last barrier: kept there for a partition there,
     /// and sent here (for [`HALOS`](crate::metrics::HALOS)).
     pub(crate) halos: (u64, u64),
+    /// What crossed to and from the processes ([`Traffic`]).
+    pub(crate) traffic: Traffic,
 }
 
 impl Remotes {
+    /// The messages for the processes, to send in order: counted as they go.
+    pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, (ProcessId, ToWorker)> {
+        self.traffic.messages_out += self.outbox.len() as u64;
+        self.outbox.drain(..)
+    }
+
     /// Connection `id` is gone: forgotten, and no longer counted.
     fn remove(&mut self, id: ProcessId) -> Option<Conn> {
         let c = self.conns.remove(&id)?;
@@ -310,6 +336,13 @@ impl Remotes {
                         .push((id, ToWorker::Phase { phase, chunks, job }));
                 }
                 tracing::debug!(conn = %id, chunk, phase, "begin");
+                self.traffic.halo_bytes_out += halos
+                    .iter()
+                    .map(|(_, h)| match h {
+                        frame::Halo::Sent(b) => b.len() as u64,
+                        frame::Halo::Kept => 0,
+                    })
+                    .sum::<u64>();
                 self.outbox.push((id, ToWorker::Begin { chunk, halos }));
             }
         }
@@ -324,9 +357,12 @@ impl Remotes {
         halos
             .into_iter()
             .map(|(to, h)| {
-                match h {
+                match &h {
                     frame::Halo::Kept => self.halos.0 += 1,
-                    frame::Halo::Sent(_) => self.halos.1 += 1,
+                    frame::Halo::Sent(b) => {
+                        self.halos.1 += 1;
+                        self.traffic.halo_bytes_in += b.len() as u64;
+                    }
                 }
                 (to, HeldHalo::from_wire(h, id))
             })
@@ -1331,6 +1367,7 @@ impl<J: Job> State<J> {
 
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
+        self.remote.traffic.messages_in += 1;
         if tracing::enabled!(tracing::Level::DEBUG) {
             let (what, chunk) = match &msg {
                 ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
@@ -1398,7 +1435,10 @@ impl<J: Job> State<J> {
                 let mut sent = Vec::with_capacity(halos.len());
                 for (from, h) in halos {
                     match h {
-                        frame::Halo::Sent(b) => sent.push((from, b)),
+                        frame::Halo::Sent(b) => {
+                            self.remote.traffic.halo_bytes_in += b.len() as u64;
+                            sent.push((from, b));
+                        }
                         frame::Halo::Kept => {
                             return Err(bad(format!(
                                 "a released halo for chunk {chunk} from chunk {from} without its bytes"

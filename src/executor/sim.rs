@@ -461,7 +461,7 @@ impl<J: Simulated> History<J> {
     fn route(&mut self) {
         let st = &mut self.state;
         st.pause = None;
-        for (id, msg) in st.remote.outbox.drain(..) {
+        for (id, msg) in st.remote.take_outbox() {
             if let Some(p) = self.procs.iter_mut().find(|p| p.id == id) {
                 p.inbox.push_back(msg);
             }

@@ -382,6 +382,10 @@ fn worker_processes_exchange_exactly_as_they_join_and_leave() {
     until("ten phases more", || h.progress().phase >= joined + 10);
     h.retire_remote(1);
     until("one process", || h.remote_workers() == 1);
+    // Pieces crossed processes both ways, through the coordinator.
+    let t = h.traffic();
+    assert!(t.messages_in > 0 && t.messages_out > 0, "{t:?}");
+    assert!(t.halo_bytes_in > 0 && t.halo_bytes_out > 0, "{t:?}");
     assert_eq!(finished(h), want);
     assert!(exec.peer_errors().is_empty(), "{:?}", exec.peer_errors());
     for p in &mut procs {
