@@ -126,8 +126,26 @@ pub(crate) struct Rows {
     r: Vec<f64>,
     p: Vec<f64>,
     q: Vec<f64>,
-    /// The whole `p`, from the allgather (empty outside the product phase).
-    p_all: Vec<f64>,
+    /// The whole `p`, from the allgather (empty outside the product phase): one vector
+    /// shared by the blocks of this process ([`Pieces::concat`]), stored by a snapshot as
+    /// its items.
+    #[serde(with = "shared_vec")]
+    p_all: Arc<Vec<f64>>,
+}
+
+/// An `Arc<Vec<f64>>` (de)serialized as its items.
+mod shared_vec {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(v: &Arc<Vec<f64>>, s: S) -> Result<S::Ok, S::Error> {
+        v.as_slice().serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Vec<f64>>, D::Error> {
+        Vec::deserialize(d).map(Arc::new)
+    }
 }
 
 impl Job for Cg {
@@ -154,7 +172,7 @@ impl Job for Cg {
             x: vec![0.0; len],
             p: vec![0.0; len],
             q: vec![0.0; len],
-            p_all: Vec::new(),
+            p_all: Arc::default(),
         }
     }
     fn reducer(&self) -> Self::Reducer {
@@ -202,9 +220,8 @@ impl Chunk for Rows {
             Kind::Product => {
                 cg::spmv_rows(&a.0, &self.p_all, self.rows.clone(), &mut self.q);
                 out.value.push(cg::dot(&self.p, &self.q));
-                // Not needed until the next gather (nor stored by a snapshot meanwhile); its
-                // memory is, and refilling it costs no page faults.
-                self.p_all.clear();
+                // Not needed until the next gather (nor stored by a snapshot meanwhile).
+                self.p_all = Arc::default();
             }
             Kind::Update => {
                 let rr = cg::update_xr(job.alpha, &mut self.x, &mut self.r, &self.p, &self.q);
@@ -239,11 +256,7 @@ impl Exchange for Rows {
 
     fn begin_phase(&mut self, job: &Cg, pieces: Pieces<'_, Vec<f64>>) {
         if !pieces.is_empty() {
-            self.p_all.clear();
-            self.p_all.reserve(job.n as usize);
-            for (_, p) in pieces.iter() {
-                self.p_all.extend_from_slice(p);
-            }
+            self.p_all = pieces.concat();
             assert_eq!(self.p_all.len() as u64, job.n, "every block's p");
         }
     }

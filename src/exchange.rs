@@ -201,6 +201,25 @@ pub trait Exchange: Chunk {
 /// (see [`Exchange::begin_phase`]).
 pub struct Pieces<'a, P> {
     list: Vec<(u64, &'a P)>,
+    /// Each piece's shared handle, when every piece is shared (an allgather's, at the
+    /// coordinator's barrier): [`Pieces::concat`] then builds one vector for all.
+    shared: Option<Vec<&'a Arc<dyn Any + Send + Sync>>>,
+    gathered: Option<&'a Gathered>,
+}
+
+/// The vectors [`Pieces::concat`] built at one barrier, shared by every partition that
+/// gathers the same pieces there. Each holds the pieces it was built from, so that no
+/// piece's address is reused (and mistaken for another's) while it lives.
+#[derive(Default)]
+pub(crate) struct Gathered(std::sync::Mutex<Vec<Concatenation>>);
+
+/// One vector built by [`Pieces::concat`] and the pieces it was built from.
+type Concatenation = (Vec<Arc<dyn Any + Send + Sync>>, Arc<dyn Any + Send + Sync>);
+
+impl fmt::Debug for Gathered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Gathered")
+    }
 }
 
 impl<'a, P> Pieces<'a, P> {
@@ -225,6 +244,47 @@ impl<'a, P> Pieces<'a, P> {
             .binary_search_by_key(&from, |&(c, _)| c)
             .ok()
             .map(|i| self.list[i].1)
+    }
+
+    /// Every piece's items end to end, in chunk order: the whole vector of an allgather.
+    ///
+    /// The partitions of one process that gather the same pieces at one barrier share one
+    /// vector, built by the first that asks: an allgather costs a copy of the vector per
+    /// process, as `MPI_Allgatherv` into one buffer does, not one per partition. Keep the
+    /// `Arc` in the partition for the phase that reads it (a snapshot taken meanwhile stores
+    /// its items). Pieces that are not every partition's (halos, an all-to-all's, or those
+    /// a worker process received) are copied for this partition alone.
+    pub fn concat<T>(&self) -> Arc<Vec<T>>
+    where
+        P: AsRef<[T]>,
+        T: Clone + Send + Sync + 'static,
+    {
+        let build = || {
+            let len = self.list.iter().map(|(_, p)| p.as_ref().len()).sum();
+            let mut all = Vec::with_capacity(len);
+            for (_, p) in &self.list {
+                all.extend_from_slice(p.as_ref());
+            }
+            Arc::new(all)
+        };
+        let (Some(shared), Some(gathered)) = (&self.shared, self.gathered) else {
+            return build();
+        };
+        let mut built = gathered.0.lock().unwrap_or_else(|p| p.into_inner());
+        let same = |from: &Vec<Arc<dyn Any + Send + Sync>>| {
+            from.len() == shared.len() && from.iter().zip(shared).all(|(a, b)| Arc::ptr_eq(a, b))
+        };
+        if let Some(v) = built
+            .iter()
+            .find(|(from, _)| same(from))
+            .and_then(|(_, v)| Arc::clone(v).downcast::<Vec<T>>().ok())
+        {
+            return v;
+        }
+        let v = build();
+        let from = shared.iter().map(|a| Arc::clone(a)).collect();
+        built.push((from, Arc::clone(&v) as Arc<dyn Any + Send + Sync>));
+        v
     }
 }
 
@@ -337,9 +397,14 @@ where
         .collect()
 }
 
-/// [`Exchange::begin_phase`] with the pieces of an [`Inbox`].
-pub(crate) fn begin_erased<J: Job>(c: &mut J::Chunk, job: &J, inbox: Inbox<Piece>)
-where
+/// [`Exchange::begin_phase`] with the pieces of an [`Inbox`]; `gathered` is the barrier's,
+/// where partitions share what [`Pieces::concat`] builds.
+pub(crate) fn begin_erased<J: Job>(
+    c: &mut J::Chunk,
+    job: &J,
+    inbox: Inbox<Piece>,
+    gathered: Option<&Gathered>,
+) where
     J::Chunk: Exchange,
 {
     // The executor only ever hands a partition the pieces its own type exported.
@@ -347,7 +412,21 @@ where
         .iter()
         .filter_map(|(from, p)| p.get::<<J::Chunk as Exchange>::Piece>().map(|p| (*from, p)))
         .collect();
-    c.begin_phase(job, Pieces { list });
+    let shared = inbox
+        .iter()
+        .map(|(_, p)| match p {
+            Piece::Shared(a) => Some(a),
+            Piece::Own(_) => None,
+        })
+        .collect();
+    c.begin_phase(
+        job,
+        Pieces {
+            list,
+            shared,
+            gathered,
+        },
+    );
 }
 
 /// A piece's bytes.

@@ -28,7 +28,7 @@ use std::ops::Range;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::exchange::{At, Exchange, Inbox, Outbox, Pattern, Piece};
+use crate::exchange::{At, Exchange, Gathered, Inbox, Outbox, Pattern, Piece};
 use crate::reduce::Reducer;
 
 /// The value of a job's reduction: what a phase (and the whole job) produces.
@@ -390,8 +390,8 @@ pub(crate) struct Hooks<J: Job> {
     /// Every piece the partition exports at the end of a phase, addressed.
     pub(crate) export: fn(&J::Chunk, &J, At) -> Outbox<Piece>,
     /// Begins the next phase of partition `chunk` with the pieces addressed to it, in the
-    /// senders' chunk order.
-    pub(crate) begin: fn(&mut J::Chunk, &J, u64, Inbox<Piece>),
+    /// senders' chunk order (and the barrier's shared concatenations, if it keeps them).
+    pub(crate) begin: fn(&mut J::Chunk, &J, u64, Inbox<Piece>, Option<&Gathered>),
     /// A piece's bytes, for a worker process (or from one). A piece decoded is its
     /// receiver's own, even an allgather's (each receiver decodes its copy).
     pub(crate) encode_halo: fn(&Piece) -> Result<Vec<u8>, crate::codec::Error>,
@@ -489,7 +489,9 @@ where
     pub const EXCHANGES: Ownership<J> = Ownership {
         hooks: Some(Hooks {
             export: crate::exchange::export_erased::<J>,
-            begin: |c, job, _, inbox| crate::exchange::begin_erased::<J>(c, job, inbox),
+            begin: |c, job, _, inbox, gathered| {
+                crate::exchange::begin_erased::<J>(c, job, inbox, gathered)
+            },
             encode_halo: crate::exchange::encode_erased::<<J::Chunk as Exchange>::Piece>,
             decode_halo: crate::exchange::decode_erased::<<J::Chunk as Exchange>::Piece>,
             neighbours: Some(<J::Chunk as Exchange>::neighbours),
@@ -553,8 +555,13 @@ where
 }
 
 /// A chain's [`Partition::begin_phase`] with the pieces from the chunk before and after.
-fn begin_chain<J: Job>(c: &mut J::Chunk, job: &J, chunk: u64, inbox: Inbox<Piece>)
-where
+fn begin_chain<J: Job>(
+    c: &mut J::Chunk,
+    job: &J,
+    chunk: u64,
+    inbox: Inbox<Piece>,
+    _: Option<&Gathered>,
+) where
     J::Chunk: Partition,
 {
     let (mut before, mut after) = (None, None);

@@ -752,6 +752,8 @@ impl<J: Job> State<J> {
         }
         // Every chunk's pieces, sorted into their receivers' inboxes.
         let mut inboxes = route(self.exports.drain(..), len)?;
+        // What partitions gather at this barrier, built once for all (`Pieces::concat`).
+        let gathered = crate::exchange::Gathered::default();
         let mut remote_begins = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             // The partition changes: no part of it in the store is current any more.
@@ -764,7 +766,7 @@ impl<J: Job> State<J> {
                 Held::Live(part) => {
                     let inbox = HeldHalo::live(inbox, &hooks, chunk)?;
                     catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
-                        (hooks.begin)(part, job, chunk, inbox)
+                        (hooks.begin)(part, job, chunk, inbox, Some(&gathered))
                     })?;
                 }
                 // Held by a worker process: it gets the halos after the new job value; one on

@@ -171,7 +171,7 @@ pub(super) fn run_code<J: Job>(
                 chunk,
             };
             if let Err(e) =
-                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, chunk, inbox))
+                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, chunk, inbox, None))
             {
                 return Ok(Some(ToCoordinator::FailedHeld {
                     chunk,

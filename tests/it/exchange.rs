@@ -392,3 +392,113 @@ fn worker_processes_exchange_exactly_as_they_join_and_leave() {
         let _ = p.wait();
     }
 }
+
+/// Pointers to the vectors `Pieces::concat` gave the partitions of [`Gather`], per phase.
+static CONCATS: std::sync::Mutex<Vec<(u64, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Partitions that allgather their chunk numbers every phase and read the whole vector.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Gather {
+    parts: u64,
+    phases: u64,
+    done: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Gathering {
+    me: u64,
+    sum: u64,
+    /// The vector read last, kept so that a vector built for this partition alone could
+    /// not share an address with another's (the runs here take no snapshot).
+    #[serde(skip)]
+    all: Option<std::sync::Arc<Vec<u64>>>,
+}
+
+impl Job for Gather {
+    const NAME: &'static str = "exchange-gather";
+    const OWNERSHIP: Ownership<Self> = Ownership::EXCHANGES;
+    type Chunk = Gathering;
+    type Reducer = CollectInOrder<u64>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.parts
+    }
+    fn chunking(&self) -> Option<Chunking> {
+        Some(Chunking::Size(1))
+    }
+    fn chunk(&self, range: Range<u64>) -> Gathering {
+        Gathering {
+            me: range.start,
+            sum: 0,
+            all: None,
+        }
+    }
+    fn reducer(&self) -> CollectInOrder<u64> {
+        CollectInOrder::new()
+    }
+    fn end_phase(&mut self, _: &Vec<u64>) -> Next {
+        self.done += 1;
+        if self.done < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+}
+
+impl Chunk for Gathering {
+    type Job = Gather;
+    type Output = Vec<u64>;
+    fn step(&mut self, _: &Gather, _: &()) -> Step<Vec<u64>> {
+        Step::Done(vec![self.sum + self.me])
+    }
+}
+
+impl Exchange for Gathering {
+    type Piece = Vec<u64>;
+    fn neighbours(_: &Gather, _: u64, _: u64) -> Vec<u64> {
+        Vec::new()
+    }
+    fn pattern(_: &Gather, _: u64) -> Pattern {
+        Pattern::Allgather
+    }
+    fn export(&self, _: &Gather, to: Option<u64>) -> Vec<u64> {
+        assert_eq!(to, None, "an allgather's one piece");
+        vec![self.me, self.me * 10]
+    }
+    fn begin_phase(&mut self, job: &Gather, pieces: Pieces<'_, Vec<u64>>) {
+        let all = pieces.concat::<u64>();
+        CONCATS
+            .lock()
+            .unwrap()
+            .push((job.done, std::sync::Arc::as_ptr(&all) as usize));
+        self.sum = all.iter().sum();
+        self.all = Some(all);
+    }
+}
+
+/// An allgather's whole vector is built once per barrier and shared by every partition of
+/// the process, in chunk order.
+#[test]
+fn an_allgather_builds_one_vector_for_every_partition() {
+    let job = Gather {
+        parts: 6,
+        phases: 4,
+        done: 0,
+    };
+    let exec = Executor::builder().local_workers(2).build().unwrap();
+    let done = exec.run(job).unwrap();
+    // Each partition read 0, 0, 1, 10, …, 5, 50: their sum is 165, plus its own number.
+    assert_eq!(done.value, (0..6).map(|me| 165 + me).collect::<Vec<u64>>());
+    let concats = std::mem::take(&mut *CONCATS.lock().unwrap());
+    assert_eq!(concats.len(), 6 * 3, "six partitions, three barriers");
+    for phase in 1..=3 {
+        let at: Vec<usize> = concats
+            .iter()
+            .filter(|(p, _)| *p == phase)
+            .map(|(_, a)| *a)
+            .collect();
+        assert_eq!(at.len(), 6);
+        assert!(at.iter().all(|a| *a == at[0]), "phase {phase}: {at:?}");
+    }
+}
