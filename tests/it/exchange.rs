@@ -502,3 +502,70 @@ fn an_allgather_builds_one_vector_for_every_partition() {
         assert!(at.iter().all(|a| *a == at[0]), "phase {phase}: {at:?}");
     }
 }
+
+/// A snapshot folder of its own for one test.
+fn folder(name: &str) -> (std::path::PathBuf, String) {
+    let dir =
+        std::env::temp_dir().join(format!("malleable-exchange-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("file://{}", dir.display());
+    (dir, url)
+}
+
+/// One of two worker processes is killed while the tiles exchange: the job rolls back to
+/// its latest snapshot by itself and ends with the sequential loop's bits; then a job
+/// suspended with tiles in a process resumes on local threads only, exactly.
+#[test]
+fn tiles_roll_back_and_resume_elsewhere_exactly() {
+    let job = Mesh {
+        cells: 20_000,
+        ..mesh(200)
+    };
+    let want = sequential(&job);
+    let (dir, url) = folder("rollback");
+    let coordinator = || {
+        Executor::builder()
+            .local_workers(1)
+            .listen("127.0.0.1:0")
+            .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+            .snapshots(&url)
+            .build()
+            .unwrap()
+    };
+    let exec = coordinator();
+    let addr = exec.local_addr().unwrap().to_string();
+    let h = exec.submit(job.clone()).unwrap();
+    let mut a = common::procs::start_worker(module_path!(), ADDR_ENV, &addr);
+    let mut b = common::procs::start_worker(module_path!(), ADDR_ENV, &addr);
+    until("tiles on both processes", || {
+        let p = h.remote_processes();
+        p.len() == 2 && p.iter().all(|p| p.chunks > 0)
+    });
+    let at = h.progress().phase;
+    h.snapshot().wait().unwrap();
+    until("ten phases more", || h.progress().phase >= at + 10);
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("the rollback", || !h.rollbacks().is_empty());
+    assert_eq!(finished(h.clone()), want);
+    assert_eq!(h.rollbacks().len(), 1, "{:?}", h.rollbacks());
+    assert!(b.wait().unwrap().success());
+
+    // Suspended with tiles in a process, resumed with two local threads.
+    let exec = coordinator();
+    let addr = exec.local_addr().unwrap().to_string();
+    let h = exec.submit(job).unwrap();
+    let mut c = common::procs::start_worker(module_path!(), ADDR_ENV, &addr);
+    until("tiles on the process", || {
+        h.remote_processes().iter().any(|p| p.chunks > 0)
+    });
+    let at = h.progress().phase;
+    until("five phases more", || h.progress().phase >= at + 5);
+    h.suspend().wait().unwrap();
+    assert!(matches!(h.wait().unwrap(), Outcome::Suspended(_)));
+    let _ = c.wait();
+    let local = Executor::builder().local_workers(2).build().unwrap();
+    let r = local.resume::<Mesh>(&url, malleable::At::Latest).unwrap();
+    assert_eq!(finished(r), want);
+    let _ = std::fs::remove_dir_all(&dir);
+}
