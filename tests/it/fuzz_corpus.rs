@@ -723,18 +723,22 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
     f("seed-stream-truncated-length", vec![0, 0]);
     f(
         "seed-stream-wrong-magic",
+        // A frame of 256 bytes or more: a shorter one, read whole as a message to a worker,
+        // is a valid `Phase` (variant 0, phase 0, 0 chunks, the job value's length the
+        // frame's last length byte, which counts exactly the bytes that follow).
         stream(&[&versioned_as(
             b"MALLEABX",
             PROTOCOL_VERSION,
-            &a_hello(&["kmeans"]),
+            &a_hello(&["kmeans"; 24]),
         )]),
     );
     f(
         "seed-stream-wrong-version",
+        // 256 bytes or more, as above.
         stream(&[&versioned_as(
             &frame::MAGIC,
             PROTOCOL_VERSION + 1,
-            &a_hello(&["kmeans"]),
+            &a_hello(&["kmeans"; 24]),
         )]),
     );
 
