@@ -402,7 +402,7 @@ where
 pub(crate) fn begin_erased<J: Job>(
     c: &mut J::Chunk,
     job: &J,
-    inbox: Inbox<Piece>,
+    inbox: &mut Inbox<Piece>,
     gathered: Option<&Gathered>,
 ) where
     J::Chunk: Exchange,
@@ -427,6 +427,7 @@ pub(crate) fn begin_erased<J: Job>(
             gathered,
         },
     );
+    inbox.clear();
 }
 
 /// A piece's bytes.

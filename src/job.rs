@@ -391,7 +391,7 @@ pub(crate) struct Hooks<J: Job> {
     pub(crate) export: fn(&J::Chunk, &J, At) -> Outbox<Piece>,
     /// Begins the next phase of partition `chunk` with the pieces addressed to it, in the
     /// senders' chunk order (and the barrier's shared concatenations, if it keeps them).
-    pub(crate) begin: fn(&mut J::Chunk, &J, u64, Inbox<Piece>, Option<&Gathered>),
+    pub(crate) begin: fn(&mut J::Chunk, &J, u64, &mut Inbox<Piece>, Option<&Gathered>),
     /// A piece's bytes, for a worker process (or from one). A piece decoded is its
     /// receiver's own, even an allgather's (each receiver decodes its copy).
     pub(crate) encode_halo: fn(&Piece) -> Result<Vec<u8>, crate::codec::Error>,
@@ -559,14 +559,14 @@ fn begin_chain<J: Job>(
     c: &mut J::Chunk,
     job: &J,
     chunk: u64,
-    inbox: Inbox<Piece>,
+    inbox: &mut Inbox<Piece>,
     _: Option<&Gathered>,
 ) where
     J::Chunk: Partition,
 {
     let (mut before, mut after) = (None, None);
     // The executor only ever hands a chunk the halos its own type exported.
-    for (from, piece) in inbox {
+    for (from, piece) in inbox.drain(..) {
         let halo = piece.take::<<J::Chunk as Partition>::Halo>();
         if Some(from) == chunk.checked_sub(1) {
             before = halo;

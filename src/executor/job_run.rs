@@ -67,23 +67,33 @@ impl HeldHalo {
     /// The halos of an inbox, to begin partition `chunk` here. A halo still kept by a
     /// worker process never reached here: that process let the partition go without it.
     pub(crate) fn live<J: Job>(
-        inbox: Inbox<HeldHalo>,
+        mut inbox: Inbox<HeldHalo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
     ) -> Result<Inbox<Piece>> {
-        inbox
-            .into_iter()
-            .map(|(from, h)| {
-                Ok((
-                    from,
-                    match h {
-                        HeldHalo::Live(h) => h,
-                        HeldHalo::Bytes(b) => (hooks.decode_halo)(&b)?,
-                        HeldHalo::Kept(conn) => return Err(kept_astray(conn, chunk)),
-                    },
-                ))
-            })
-            .collect()
+        let mut live = Vec::with_capacity(inbox.len());
+        HeldHalo::live_into(&mut inbox, hooks, chunk, &mut live)?;
+        Ok(live)
+    }
+
+    /// [`HeldHalo::live`] from buffers the barrier reuses: `inbox` is drained into `live`.
+    pub(crate) fn live_into<J: Job>(
+        inbox: &mut Inbox<HeldHalo>,
+        hooks: &crate::job::Hooks<J>,
+        chunk: ChunkId,
+        live: &mut Inbox<Piece>,
+    ) -> Result<()> {
+        for (from, h) in inbox.drain(..) {
+            live.push((
+                from,
+                match h {
+                    HeldHalo::Live(h) => h,
+                    HeldHalo::Bytes(b) => (hooks.decode_halo)(&b)?,
+                    HeldHalo::Kept(conn) => return Err(kept_astray(conn, chunk)),
+                },
+            ));
+        }
+        Ok(())
     }
 
     /// The halos of an inbox on the wire, for partition `chunk` held by worker process
@@ -112,15 +122,17 @@ impl HeldHalo {
     }
 }
 
-/// Sorts the exports of a phase (by sender) into the inboxes of their receivers, each in
-/// sender order: a piece addressed to everyone (an allgather's) goes to every partition.
-/// A live piece owned by one receiver addressed to everyone cannot be: it is an internal
-/// error.
+/// Sorts the exports of a phase (by sender) into the inboxes of their `len` receivers,
+/// each in sender order (`inboxes` is the barrier's, reused: emptied first). A piece
+/// addressed to everyone (an allgather's) goes to every partition. A live piece owned by
+/// one receiver addressed to everyone cannot be: it is an internal error.
 pub(crate) fn route(
     exports: impl IntoIterator<Item = Option<Outbox<HeldHalo>>>,
     len: usize,
-) -> Result<Vec<Inbox<HeldHalo>>> {
-    let mut inboxes: Vec<Inbox<HeldHalo>> = (0..len).map(|_| Vec::new()).collect();
+    inboxes: &mut Vec<Inbox<HeldHalo>>,
+) -> Result<()> {
+    inboxes.iter_mut().for_each(Vec::clear);
+    inboxes.resize_with(len, Vec::new);
     for (from, out) in exports.into_iter().enumerate() {
         for (to, h) in out.into_iter().flatten() {
             match to {
@@ -130,7 +142,7 @@ pub(crate) fn route(
                     }
                 }
                 None => {
-                    for inbox in &mut inboxes {
+                    for inbox in inboxes.iter_mut() {
                         let Some(h) = h.share() else {
                             return Err(Error::Internal(format!(
                                 "partition {from} exported a piece for everyone that cannot be shared"
@@ -142,7 +154,7 @@ pub(crate) fn route(
             }
         }
     }
-    Ok(inboxes)
+    Ok(())
 }
 
 /// The neighbours of the owned partitions of `job` in `chunks` chunks (a chain for a
@@ -225,6 +237,9 @@ pub(crate) struct State<J: Job> {
     pub(crate) exports: Vec<Option<Outbox<HeldHalo>>>,
     /// Owned partitions: who exchanges pieces with whom, checked when the run started.
     pub(crate) shape: Shape,
+    /// The barrier's buffers, reused from phase to phase: each partition's pieces as they
+    /// came, and one partition's as it begins.
+    pub(crate) inboxes: (Vec<Inbox<HeldHalo>>, Inbox<Piece>),
     /// Owned partitions restored by a rollback and done in the snapshot's phase, placed on
     /// a worker process that exports their halos (`rollback.rs`): the barrier waits for
     /// them.
@@ -296,6 +311,7 @@ impl<J: Job> State<J> {
             snap,
             exports: Vec::new(),
             shape,
+            inboxes: Default::default(),
             exporting: Default::default(),
             moved: 0,
             rollback: Default::default(),
@@ -751,34 +767,40 @@ impl<J: Job> State<J> {
             }
         }
         // Every chunk's pieces, sorted into their receivers' inboxes.
-        let mut inboxes = route(self.exports.drain(..), len)?;
+        let (mut inboxes, mut live) = std::mem::take(&mut self.inboxes);
+        route(self.exports.drain(..), len, &mut inboxes)?;
         // What partitions gather at this barrier, built once for all (`Pieces::concat`).
         let gathered = crate::exchange::Gathered::default();
         let mut remote_begins = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             // The partition changes: no part of it in the store is current any more.
             self.snap.on_run(chunk);
-            let inbox = inboxes
-                .get_mut(chunk as usize)
-                .map(std::mem::take)
-                .unwrap_or_default();
+            let Some(inbox) = inboxes.get_mut(chunk as usize) else {
+                return Err(Error::Internal(format!(
+                    "partition {chunk} is past the job's {len} chunks at the barrier"
+                )));
+            };
             match held {
                 Held::Live(part) => {
-                    let inbox = HeldHalo::live(inbox, &hooks, chunk)?;
+                    live.clear();
+                    HeldHalo::live_into(inbox, &hooks, chunk, &mut live)?;
                     catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
-                        (hooks.begin)(part, job, chunk, inbox, Some(&gathered))
+                        (hooks.begin)(part, job, chunk, &mut live, Some(&gathered))
                     })?;
                 }
                 // Held by a worker process: it gets the halos after the new job value; one on
                 // its way back here (its holder leaves) takes them when it arrives.
-                Held::Elsewhere(conn) => match self.remote.fetching(chunk) {
-                    Some(fetch) => *fetch = Fetch::Begin(inbox),
-                    None => remote_begins.push((
-                        *conn,
-                        chunk,
-                        HeldHalo::wire(inbox, &hooks, chunk, *conn)?,
-                    )),
-                },
+                Held::Elsewhere(conn) => {
+                    let inbox = std::mem::take(inbox);
+                    match self.remote.fetching(chunk) {
+                        Some(fetch) => *fetch = Fetch::Begin(inbox),
+                        None => remote_begins.push((
+                            *conn,
+                            chunk,
+                            HeldHalo::wire(inbox, &hooks, chunk, *conn)?,
+                        )),
+                    }
+                }
                 Held::Bytes(_) | Held::Fetch(_) | Held::Asked(_) => {
                     return Err(Error::Internal(format!(
                         "partition {chunk} is not at hand at the barrier"
@@ -786,6 +808,9 @@ impl<J: Job> State<J> {
                 }
             }
         }
+        inboxes.iter_mut().for_each(Vec::clear);
+        live.clear();
+        self.inboxes = (inboxes, live);
         if !remote_begins.is_empty() {
             let job_bytes = bytes::Bytes::from(crate::codec::encode_for_workers("the job", job)?);
             self.remote

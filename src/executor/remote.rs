@@ -973,7 +973,7 @@ impl<J: Job> State<J> {
             chunk,
         };
         crate::run::catch(site, J::NAME, || {
-            (hooks.begin)(&mut part, job, chunk, inbox, None)
+            (hooks.begin)(&mut part, job, chunk, &mut { inbox }, None)
         })?;
         Ok(part)
     }

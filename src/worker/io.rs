@@ -170,9 +170,9 @@ pub(super) fn run_code<J: Job>(
                 phase: *phase,
                 chunk,
             };
-            if let Err(e) =
-                crate::run::catch(site, J::NAME, || (hooks.begin)(part, j, chunk, inbox, None))
-            {
+            if let Err(e) = crate::run::catch(site, J::NAME, || {
+                (hooks.begin)(part, j, chunk, &mut { inbox }, None)
+            }) {
                 return Ok(Some(ToCoordinator::FailedHeld {
                     chunk,
                     failure: super::thread::failure_of(e),
