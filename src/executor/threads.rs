@@ -110,10 +110,20 @@ fn run_one<J: Job>(
         worker,
         chunk,
     };
-    let ran = run::run(&*job, &shared.inputs, assignment, &cell, stats, &mut host);
+    let mut ran = run::run(&*job, &shared.inputs, assignment, &cell, stats, &mut host);
     // Drop our handle on the job before reporting: at a phase barrier the core's holder
     // must be the last one.
     drop(job);
+    // An owned partition's pieces as the barrier keeps them, made before the lock is taken.
+    let exported = match &mut ran {
+        Ran::Done { kept: Some(k), .. } => Some(
+            std::mem::take(&mut k.halos)
+                .into_iter()
+                .map(|(to, p)| (to, HeldHalo::Live(p)))
+                .collect(),
+        ),
+        _ => None,
+    };
     let mut st = shared.lock();
     // Step 4 of the flag contract: under the lock, before the core can ask anything about
     // this worker's next chunk.
@@ -125,8 +135,7 @@ fn run_one<J: Job>(
             chunk,
             output,
             kept: kept.map(|k| {
-                let out = k.halos.into_iter();
-                st.keep_halos(chunk, out.map(|(to, p)| (to, HeldHalo::Live(p))).collect());
+                st.keep_halos(chunk, exported.unwrap_or_default());
                 Held::Live(k.state)
             }),
             work,
