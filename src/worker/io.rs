@@ -862,8 +862,8 @@ mod tests {
                 let (socket, _) = listener.accept().await.unwrap();
                 let mut framed = Framed::new(socket, frame::codec(1 << 20));
                 let part = crate::snapshot::PartRef {
-                    chunk: 3,
-                    key: "strips/00000000000000000001/parts/0-3-0000000000000001".to_owned(),
+                    chunk: 6,
+                    key: "strips/00000000000000000001/parts/0-6-0000000000000001".to_owned(),
                     size: 8,
                     crc32c: 0,
                 };
@@ -871,7 +871,7 @@ mod tests {
                 for msg in [
                     ToWorker::Phase {
                         phase: 5,
-                        chunks: 4,
+                        chunks: 8,
                         job: job.into(),
                     },
                     ToWorker::Place {
@@ -879,13 +879,15 @@ mod tests {
                         state: sent,
                         export: Some(7),
                     },
+                    // Not next to chunk 1: whether its halo for chunk 2 is kept here would
+                    // depend on which placement ends first.
                     ToWorker::Place {
-                        chunk: 2,
+                        chunk: 5,
                         state: Bytes::from_static(&[0xff; 3]),
                         export: None,
                     },
                     ToWorker::PlacePart {
-                        chunk: 3,
+                        chunk: 6,
                         part,
                         export: None,
                     },
@@ -950,7 +952,7 @@ mod tests {
                 matches!(
                     undecodable,
                     ToCoordinator::FailedHeld {
-                        chunk: 2,
+                        chunk: 5,
                         failure: Failure::Codec { .. }
                     }
                 ),
@@ -960,7 +962,7 @@ mod tests {
                 matches!(
                     unread,
                     ToCoordinator::FailedHeld {
-                        chunk: 3,
+                        chunk: 6,
                         failure: Failure::Store { .. }
                     }
                 ),

@@ -335,7 +335,13 @@ fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
+    let out = tracing::subscriber::with_default(subscriber, || {
+        // Other tests of this binary run on other threads with no subscriber: a callsite
+        // they reached first may have cached "never" as its interest, and this thread's
+        // events would be dropped (seen once in a full run under load).
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
     (out, text)
 }
