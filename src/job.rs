@@ -467,7 +467,7 @@ where
             export: export_chain::<J>,
             begin: begin_chain::<J>,
             encode_halo: crate::exchange::encode_erased::<<J::Chunk as Partition>::Halo>,
-            decode_halo: decode_chain::<J>,
+            decode_halo: crate::exchange::decode_erased::<<J::Chunk as Partition>::Halo>,
             neighbours: None,
             pattern: |_, _| Pattern::Neighbours,
             trace_halo: crate::layout::trace::<<J::Chunk as Partition>::Halo>,
@@ -575,15 +575,6 @@ fn begin_chain<J: Job>(
         }
     }
     c.begin_phase(job, before, after);
-}
-
-/// A chain's halo from its bytes.
-fn decode_chain<J: Job>(b: &[u8]) -> Result<Piece, crate::codec::Error>
-where
-    J::Chunk: Partition,
-{
-    crate::codec::decode::<<J::Chunk as Partition>::Halo>("a halo", b)
-        .map(|h| Piece::Own(Box::new(h)))
 }
 
 /// Jobs for the crate's unit tests.

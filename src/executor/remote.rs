@@ -1001,13 +1001,6 @@ impl<J: Job> State<J> {
                     return Ok(None);
                 }
             };
-        let owed = self.shape.sends(pattern, chunk);
-        if halos.len() != owed {
-            return Err(format!(
-                "chunk {chunk} exported {} halos where it owes {owed} ({pattern:?})",
-                halos.len()
-            ));
-        }
         let mut last: Option<u64> = None;
         for (to, _) in halos {
             if !self.shape.may_send(pattern, chunk, *to) {
@@ -1031,6 +1024,13 @@ impl<J: Job> State<J> {
                 }
                 last = Some(*to);
             }
+        }
+        let owed = self.shape.sends(pattern, chunk);
+        if halos.len() != owed {
+            return Err(format!(
+                "chunk {chunk} exported {} halos where it owes {owed} ({pattern:?})",
+                halos.len()
+            ));
         }
         Ok(Some(()))
     }

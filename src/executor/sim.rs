@@ -1272,7 +1272,7 @@ mod tests {
             (vec![(Some(3), piece())], "past the last"),
             (vec![(None, piece())], "to every chunk outside an allgather"),
             (vec![], "owes 1"),
-            (vec![(Some(1), piece()), (Some(1), piece())], "owes 1"),
+            (vec![(Some(1), piece()), (Some(1), piece())], "twice"),
         ] {
             let refused = h.coord().on_remote(id, forged(halos));
             assert!(
@@ -1281,6 +1281,16 @@ mod tests {
             );
         }
         assert_eq!(h.coord().exports.iter().flatten().count(), 0);
+        // A halo handed up before its partition leaves must carry its bytes.
+        let released = ToCoordinator::Released {
+            chunk: 1,
+            halos: vec![(0, crate::wire::frame::Halo::Kept)],
+        };
+        let refused = h.coord().on_remote(id, released);
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("without its bytes")),
+            "{refused:?}"
+        );
         assert!(h.coord().on_remote(id, done).is_ok());
         assert_eq!(h.coord().exports.iter().flatten().count(), 1);
     }

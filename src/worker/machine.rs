@@ -1190,6 +1190,38 @@ mod tests {
         );
     }
 
+    /// A `Begin` whose halos are not in sender order, or name a sender twice, is refused
+    /// before the job's code sees it: the process ends (a partition would otherwise take
+    /// its pieces in an order the value depends on).
+    #[test]
+    fn halos_out_of_sender_order_are_refused() {
+        for halos in [
+            vec![
+                (3, Halo::Sent(halo(3, "up"))),
+                (1, Halo::Sent(halo(1, "down"))),
+            ],
+            vec![
+                (1, Halo::Sent(halo(1, "down"))),
+                (1, Halo::Sent(halo(1, "down"))),
+            ],
+        ] {
+            let (mut m, t0) = machine(true, 1);
+            with_job(&mut m, t0);
+            m.received(t0, Some(ToWorker::Begin { chunk: 2, halos }));
+            let outs = polled(&mut m);
+            assert!(
+                matches!(
+                    &outs[..],
+                    [Out::End {
+                        tell: None,
+                        result: Err(Error::Rejected { reason, .. })
+                    }] if reason.contains("out of sender order or twice")
+                ),
+                "{outs:?}"
+            );
+        }
+    }
+
     /// A held partition's part is written in the background and answered by its
     /// reference, in the folder and phase asked; the messages about that chunk wait behind
     /// the answer (in order, a second capture of it included), other chunks' go at once
