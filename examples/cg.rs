@@ -45,7 +45,9 @@ use rayon::ThreadPoolBuilder;
 use serde::{Deserialize, Serialize};
 
 use kernels::cg::{self, Csr};
-use kernels::stencil::{Checked, Digest, Report, hash_cells, phase_ended, trace, watch_phases};
+use kernels::stencil::{
+    Checked, Digest, Report, Wording, check_all, hash_cells, phase_ended, trace, watch_phases,
+};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -331,14 +333,7 @@ fn parse_args() -> Result<Args, Error> {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(|args| run(&args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
 /// Runs the three versions and checks them; `Ok(false)` on a mismatch.
@@ -404,18 +399,11 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
         args.iterations
     );
 
-    let mut ok = true;
-    for (what, got) in [("rayon", &by_rayon.digest), ("malleable", &by_malleable)] {
-        let verdict = match got.first_difference(&reference.digest) {
-            Some(k) => format!("FAILED: block {k} of x differs"),
-            None if got.trace != reference.digest.trace => {
-                "FAILED: x is the same but an iteration's r·r differs".to_owned()
-            }
-            None => "ok: x and every iteration's r·r, bit for bit".to_owned(),
-        };
-        println!("check  {what}: {verdict}");
-        ok &= verdict.starts_with("ok");
-    }
-    println!("\n{}", if ok { "all checks passed" } else { "FAILED" });
-    Ok(ok)
+    let wording = Wording {
+        item: ("block", "of x"),
+        trace: "x is the same but an iteration's r·r differs",
+        ok: "x and every iteration's r·r, bit for bit",
+    };
+    let runs = [("rayon", &by_rayon.digest), ("malleable", &by_malleable)];
+    Ok(check_all(&reference.digest, &runs, &wording))
 }

@@ -49,7 +49,9 @@ use rayon::ThreadPoolBuilder;
 use serde::{Deserialize, Serialize};
 
 use kernels::ft::{self, C, Plans};
-use kernels::stencil::{Checked, Digest, Report, hash_cells, phase_ended, trace, watch_phases};
+use kernels::stencil::{
+    Checked, Digest, Report, Wording, check_all, hash_cells, phase_ended, trace, watch_phases,
+};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -329,14 +331,7 @@ fn parse_args() -> Result<Args, Error> {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(|args| run(&args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
 /// Runs the three versions and checks them; `Ok(false)` on a mismatch.
@@ -394,18 +389,11 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
         println!("last checksum {:.15e} {:+.15e} i", c.re, c.im);
     }
 
-    let mut ok = true;
-    for (what, got) in [("rayon", &by_rayon.digest), ("malleable", &by_malleable)] {
-        let verdict = match got.first_difference(&reference.digest) {
-            Some(row) => format!("FAILED: row {row} of the last grid differs"),
-            None if got.trace != reference.digest.trace => {
-                "FAILED: the last grid is the same but a step's checksum differs".to_owned()
-            }
-            None => "ok: every step's checksum and the last grid, bit for bit".to_owned(),
-        };
-        println!("check  {what}: {verdict}");
-        ok &= verdict.starts_with("ok");
-    }
-    println!("\n{}", if ok { "all checks passed" } else { "FAILED" });
-    Ok(ok)
+    let wording = Wording {
+        item: ("row", "of the last grid"),
+        trace: "the last grid is the same but a step's checksum differs",
+        ok: "every step's checksum and the last grid, bit for bit",
+    };
+    let runs = [("rayon", &by_rayon.digest), ("malleable", &by_malleable)];
+    Ok(check_all(&reference.digest, &runs, &wording))
 }

@@ -37,7 +37,7 @@ use rayon::ThreadPoolBuilder;
 use serde::{Deserialize, Serialize};
 
 use kernels::heat3d::{self, Brick, Dims};
-use kernels::stencil::{Digest, phase_ended, trace, watch_phases};
+use kernels::stencil::{Digest, Wording, check_all, phase_ended, trace, watch_phases};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -230,14 +230,7 @@ fn parse_args() -> Result<Args, Error> {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(|args| run(&args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
 /// Runs the three versions and checks them; `Ok(false)` on a mismatch.
@@ -294,20 +287,11 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
         );
     }
 
-    let mut ok = true;
-    for (what, got) in [("rayon", &by_rayon.digest), ("malleable", &by_malleable)] {
-        let verdict = match got.first_difference(&reference.digest) {
-            Some(line) => format!("FAILED: line {line} of the final grid differs"),
-            None if got.trace != reference.digest.trace => {
-                "FAILED: the grid is the same but a phase's largest change differs".to_owned()
-            }
-            None => {
-                "ok: every line of the final grid and every phase's change, bit for bit".to_owned()
-            }
-        };
-        println!("check  {what}: {verdict}");
-        ok &= verdict.starts_with("ok");
-    }
-    println!("\n{}", if ok { "all checks passed" } else { "FAILED" });
-    Ok(ok)
+    let wording = Wording {
+        item: ("line", "of the final grid"),
+        trace: "the grid is the same but a phase's largest change differs",
+        ok: "every line of the final grid and every phase's change, bit for bit",
+    };
+    let runs = [("rayon", &by_rayon.digest), ("malleable", &by_malleable)];
+    Ok(check_all(&reference.digest, &runs, &wording))
 }

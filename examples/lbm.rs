@@ -84,14 +84,7 @@ fn check(what: &str, got: &Solution, reference: &Solution) -> bool {
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(|args| run(&args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
 fn run(args: &Args) -> Result<bool, Error> {

@@ -120,14 +120,7 @@ fn jgf_validate(what: &str, gtotal: f64, reference: Option<(char, f64)>) -> bool
 }
 
 fn main() -> ExitCode {
-    match parse_args().and_then(|args| run(&args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
 fn run(args: &Args) -> Result<bool, Error> {

@@ -33,6 +33,19 @@ pub(crate) mod montecarlo;
 pub(crate) mod raytrace;
 pub(crate) mod stencil;
 
+/// An example's exit status: success when its checks passed; failure on a mismatch, or on
+/// an error, which is printed.
+pub(crate) fn exit_code<E: std::fmt::Display>(checked: Result<bool, E>) -> std::process::ExitCode {
+    match checked {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The splitmix64 finalizer: a good 64-bit mix, used as a counter-based random generator
 /// (`splitmix64(seed + i * GOLDEN)` is the `i`-th output of a splitmix64 stream).
 #[inline]

@@ -73,6 +73,32 @@ impl Digest {
     }
 }
 
+/// How an example names what its [`Digest`] covers, for [`check_all`].
+pub(crate) struct Wording {
+    /// One hashed item and where it is: `("line", "of the final grid")`.
+    pub(crate) item: (&'static str, &'static str),
+    /// Said when every item matches but the trace of scalars does not.
+    pub(crate) trace: &'static str,
+    /// Said when everything matches.
+    pub(crate) ok: &'static str,
+}
+
+/// Prints each run's check against `reference` and the verdict; whether all passed.
+pub(crate) fn check_all(reference: &Digest, runs: &[(&str, &Digest)], w: &Wording) -> bool {
+    let mut ok = true;
+    for (what, got) in runs {
+        let verdict = match got.first_difference(reference) {
+            Some(i) => format!("FAILED: {} {i} {} differs", w.item.0, w.item.1),
+            None if got.trace != reference.trace => format!("FAILED: {}", w.trace),
+            None => format!("ok: {}", w.ok),
+        };
+        println!("check  {what}: {verdict}");
+        ok &= verdict.starts_with("ok");
+    }
+    println!("\n{}", if ok { "all checks passed" } else { "FAILED" });
+    ok
+}
+
 /// What a band reports for a phase: the kernel's value and, in the last phase only, the hash
 /// of each of its rows in row order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
