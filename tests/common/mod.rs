@@ -25,6 +25,26 @@ pub fn exact(module: &str, test: &str) -> String {
     }
 }
 
+/// Waits until `cond` holds, checking every 5 ms; fails the test, naming `what`, after
+/// `patience`.
+pub fn until(what: &str, patience: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < patience, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A snapshot folder of its own for one test (`prefix`, `name` and this process's id),
+/// emptied: its path and its `file://` URL.
+pub fn folder(prefix: &str, name: &str) -> (std::path::PathBuf, String) {
+    let dir =
+        std::env::temp_dir().join(format!("malleable-{prefix}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("file://{}", dir.display());
+    (dir, url)
+}
+
 /// The term of iteration `i` (phase `p`): values that make f64 addition order-sensitive.
 pub fn term(i: u64, p: u64) -> f64 {
     let x = (i ^ (p * 0x9E37_79B9)) as f64;

@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use malleable::cluster::{Registry, WorkerOptions};
 use malleable::exchange::GraphError;
@@ -339,15 +339,8 @@ fn worker_process() {
     );
 }
 
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+fn until(what: &str, cond: impl FnMut() -> bool) {
+    common::until(what, Duration::from_secs(60), cond);
 }
 
 /// Worker processes join while the tiles exchange, hold tiles, and one is retired (its
@@ -505,11 +498,7 @@ fn an_allgather_builds_one_vector_for_every_partition() {
 
 /// A snapshot folder of its own for one test.
 fn folder(name: &str) -> (std::path::PathBuf, String) {
-    let dir =
-        std::env::temp_dir().join(format!("malleable-exchange-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let url = format!("file://{}", dir.display());
-    (dir, url)
+    common::folder("exchange", name)
 }
 
 /// One of two worker processes is killed while the tiles exchange: the job rolls back to

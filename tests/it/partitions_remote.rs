@@ -126,15 +126,8 @@ fn served(mut child: Child, out: &std::path::Path) -> (u64, u64, u64) {
     (count("parts"), count("sent"), count("done"))
 }
 
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+fn until(what: &str, cond: impl FnMut() -> bool) {
+    common::until(what, Duration::from_secs(60), cond);
 }
 
 fn coordinator(local: usize) -> Executor {
@@ -267,13 +260,7 @@ fn a_job_suspended_with_partitions_in_processes_resumes_locally() {
 
 /// A snapshot folder of its own for one test.
 fn folder(name: &str) -> (std::path::PathBuf, String) {
-    let dir = std::env::temp_dir().join(format!(
-        "malleable-partitions-remote-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    let url = format!("file://{}", dir.display());
-    (dir, url)
+    common::folder("partitions-remote", name)
 }
 
 fn coordinator_with_snapshots(local: usize, url: &str) -> Executor {
