@@ -632,6 +632,17 @@ impl<J: Job> State<J> {
                     capture: false,
                 };
                 self.snap.on_run(chunk);
+                // The ledger handed its record of the partition to this run: it must still
+                // know where the partition is if this slot is lost before the bytes arrive.
+                // Otherwise the chunk would go pending with no state, run from scratch
+                // elsewhere, and the copy on its way would later be restated over the new
+                // one: two copies of one partition.
+                let report = Event::StateReport {
+                    worker,
+                    chunk,
+                    state: Held::Elsewhere(from),
+                };
+                let _ = self.core.handle(report, &mut Vec::new());
                 return self.fetch(chunk, from, forward);
             }
         }
