@@ -492,6 +492,7 @@ impl<J: Job> State<J> {
             Event::Done { .. } => "done",
             Event::Yielded { .. } => "yielded",
             Event::StateReport { .. } => "state report",
+            Event::Returned { .. } => "returned",
             Event::Retire { .. } => "retire",
             Event::Lost { .. } => "lost",
         };

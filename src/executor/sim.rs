@@ -333,6 +333,10 @@ pub(crate) struct Tally {
     pub(crate) crashes: u64,
     pub(crate) rollbacks: u64,
     pub(crate) snapshots: u64,
+    /// `Run`s with a grant of held partitions after them, and grants given back unstarted
+    /// (`Returned`).
+    pub(crate) grants: u64,
+    pub(crate) returned: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -343,6 +347,8 @@ impl std::ops::AddAssign for Tally {
         self.freezes += t.freezes;
         self.store_failures += t.store_failures;
         self.resumes += t.resumes;
+        self.grants += t.grants;
+        self.returned += t.returned;
         self.crashes += t.crashes;
         self.rollbacks += t.rollbacks;
         self.snapshots += t.snapshots;
@@ -688,6 +694,9 @@ impl<J: Simulated> History<J> {
         match action {
             Action::ToProc(i) => {
                 let msg = self.procs[i].inbox.pop_front().expect("a message");
+                if matches!(&msg, ToWorker::Run { then, .. } if !then.is_empty()) {
+                    self.tally.grants += 1;
+                }
                 if self.trace && !matches!(msg, ToWorker::Heartbeat) {
                     let line = format!("to {}: {}", self.procs[i].id, brief(&msg));
                     self.note(line);
@@ -697,6 +706,9 @@ impl<J: Simulated> History<J> {
             }
             Action::ToCoord(i) => {
                 let msg = self.procs[i].sim.next_sent().expect("a message");
+                if matches!(msg, ToCoordinator::Returned { .. }) {
+                    self.tally.returned += 1;
+                }
                 let id = self.procs[i].id;
                 if self.trace && !matches!(msg, ToCoordinator::Heartbeat { .. }) {
                     self.note(format!("from {id}: {}", brief(&msg)));

@@ -105,6 +105,14 @@ pub enum Event<S, O> {
         chunk: ChunkId,
         state: S,
     },
+    /// `worker` gives back granted chunks it did not start ([`Core::grant`]), after an
+    /// interrupt: the rest of what it was granted, or that and the chunk the ledger counts
+    /// as its running one (the worker had not started it either). Their states are the ones
+    /// they were granted with.
+    Returned {
+        worker: WorkerId,
+        chunks: Vec<ChunkId>,
+    },
     /// Retire `worker` at its next adjustment point.
     Retire { worker: WorkerId },
     /// `worker` is gone (its thread or connection died).
@@ -136,6 +144,7 @@ impl<S, O> Event<S, O> {
             | Event::Done { worker, .. }
             | Event::Yielded { worker, .. }
             | Event::StateReport { worker, .. }
+            | Event::Returned { worker, .. }
             | Event::Retire { worker }
             | Event::Lost { worker } => *worker,
         }
@@ -170,6 +179,9 @@ const EWMA_ALPHA: f64 = 0.3;
 #[derive(Debug)]
 struct WorkerSlot {
     running: Option<ChunkId>,
+    /// Owned partitions granted to run after `running`, in order ([`Core::grant`]): the
+    /// worker runs them without asking again, so they count as running on it.
+    granted: std::collections::VecDeque<ChunkId>,
     retiring: bool,
     /// Iterations per second, exponentially weighted; 0 until measured.
     throughput: f64,
@@ -419,6 +431,7 @@ impl<R: Reducer, S> Core<R, S> {
             worker,
             WorkerSlot {
                 running: None,
+                granted: std::collections::VecDeque::new(),
                 retiring: false,
                 throughput: 0.0,
             },
@@ -502,7 +515,9 @@ impl<R: Reducer, S> Core<R, S> {
                     worker,
                     reason: "unknown worker",
                 })?;
-                if let Some(c) = slot.running {
+                // Its running chunk, then what it was granted: each goes back with the
+                // state it was handed out with.
+                for c in slot.running.into_iter().chain(slot.granted) {
                     match self.known.remove(&c) {
                         Some(state) => {
                             self.suspended.insert(c, state);
@@ -511,15 +526,45 @@ impl<R: Reducer, S> Core<R, S> {
                         // lost worker: running it from scratch would give a wrong value.
                         None if self.later_phase && self.is_partitioned() => {
                             self.lost.push(c);
-                            self.membership_changed();
-                            self.dispatch(out);
-                            return Ok(());
+                            continue;
                         }
                         None => {}
                     }
                     self.put_back(c);
                 }
                 self.membership_changed();
+                self.dispatch(out);
+            }
+            Event::Returned { worker, chunks } => {
+                let slot = self.workers.get_mut(&worker).ok_or(Rejected {
+                    worker,
+                    reason: "unknown worker",
+                })?;
+                let rest = slot.granted.len();
+                let with_running = chunks.len() == rest + 1
+                    && slot.running == chunks.first().copied()
+                    && chunks[1..].iter().eq(slot.granted.iter());
+                if !with_running && !(chunks.len() == rest && chunks.iter().eq(slot.granted.iter()))
+                    || chunks.is_empty()
+                {
+                    return Err(Rejected {
+                        worker,
+                        reason: "returned chunks that were not granted to it",
+                    });
+                }
+                slot.granted.clear();
+                if with_running {
+                    slot.running = None;
+                }
+                for c in chunks {
+                    if let Some(state) = self.known.remove(&c) {
+                        self.suspended.insert(c, state);
+                    }
+                    self.put_back(c);
+                }
+                if with_running {
+                    self.next_for(worker, out);
+                }
                 self.dispatch(out);
             }
         }
@@ -603,6 +648,12 @@ impl<R: Reducer, S> Core<R, S> {
     /// The next command for a worker that just reported: release it if retiring, else give
     /// it a chunk or make it idle.
     fn next_for(&mut self, worker: WorkerId, out: &mut Vec<Command<S>>) {
+        let slot = self.workers.get_mut(&worker).expect("a member");
+        if let Some(next) = slot.granted.pop_front() {
+            // Granted already: the worker goes on with it by itself.
+            slot.running = Some(next);
+            return;
+        }
         if self.workers[&worker].retiring {
             self.remove(worker);
             out.push(Command::Release { worker });
@@ -896,9 +947,60 @@ impl<R: Reducer, S> Core<R, S> {
 
     /// Running chunks and their workers.
     pub fn running(&self) -> impl Iterator<Item = (WorkerId, ChunkId)> + '_ {
+        self.workers.iter().flat_map(|(&w, s)| {
+            s.running
+                .into_iter()
+                .chain(s.granted.iter().copied())
+                .map(move |c| (w, c))
+        })
+    }
+
+    /// Owned partitions: grants `worker`, which runs a chunk, the chunks queued after it
+    /// whose states `held` accepts (the partitions its worker process holds), in queue
+    /// order, stopping at the first it does not. The worker runs them one after the other
+    /// without a `Run` each: a worker process then needs no round trip per partition in a
+    /// phase. They count as running on it ([`Core::running`]) until each is reported
+    /// (`Done`, `Yielded`), given back unstarted ([`Event::Returned`]) or lost with it;
+    /// their states are its fallbacks, as a `StateReport` makes them. None for a worker that
+    /// retires, or while the core is halted.
+    pub(crate) fn grant(
+        &mut self,
+        worker: WorkerId,
+        mut held: impl FnMut(ChunkId, &S) -> bool,
+    ) -> Vec<(ChunkId, Range<u64>)> {
+        let mut granted = Vec::new();
+        let Some(slot) = self.workers.get(&worker) else {
+            return granted;
+        };
+        if self.halted || slot.retiring || slot.running.is_none() {
+            return granted;
+        }
+        let Pending::Owned(o) = &mut self.pending else {
+            return granted;
+        };
+        while let Some(c) = o.peek(worker) {
+            match self.suspended.get(&c) {
+                Some(state) if held(c, state) => {}
+                _ => break,
+            }
+            o.take(worker);
+            o.ran(c, worker);
+            let state = self.suspended.remove(&c).expect("checked above");
+            self.known.insert(c, state);
+            granted.push((c, self.plan.range(c)));
+        }
+        if let Some(slot) = self.workers.get_mut(&worker) {
+            slot.granted.extend(granted.iter().map(|(c, _)| *c));
+        }
+        granted
+    }
+
+    /// Owned partitions granted to `worker` after the chunk it runs ([`Core::grant`]).
+    pub(crate) fn granted(&self, worker: WorkerId) -> impl Iterator<Item = ChunkId> + '_ {
         self.workers
-            .iter()
-            .filter_map(|(&w, s)| s.running.map(|c| (w, c)))
+            .get(&worker)
+            .into_iter()
+            .flat_map(|s| s.granted.iter().copied())
     }
 
     /// The state `chunk` falls back to if the worker running it is lost (its last

@@ -108,6 +108,11 @@ impl Owners {
         o
     }
 
+    /// The next chunk of `w`'s queue, left there.
+    pub(super) fn peek(&self, w: WorkerId) -> Option<ChunkId> {
+        self.queues.get(&w)?.front().copied()
+    }
+
     /// The next chunk of `w`'s queue.
     pub(super) fn take(&mut self, w: WorkerId) -> Option<ChunkId> {
         let c = self.queues.get_mut(&w)?.pop_front()?;

@@ -59,7 +59,7 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// in collectives ([`Exchange`](crate::Exchange)): `Done` and `Exported` address each piece
 /// (`None`: to every partition, an allgather's), `Begin` and `Released` name each piece's
 /// sender, and `Phase` carries the job's number of chunks (an all-to-all addresses them all).
-pub const PROTOCOL_VERSION: u32 = 18;
+pub const PROTOCOL_VERSION: u32 = 19;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -138,6 +138,12 @@ pub enum ToWorker {
         /// Owned partitions: run the partition of `chunk` that this process holds (it ended
         /// the last phase here and was given its halos with `Begin`).
         held: bool,
+        /// Owned partitions: `(chunk, start, end)` of held partitions this slot runs after
+        /// `chunk`, in this order, each as if its own `Run { held: true }` came when the one
+        /// before it ended (a *grant*: no round trip per partition). An `Interrupt` or an
+        /// `Abandon` of the slot stops the grant: the ones not started yet stay held here
+        /// and are named in `Returned`.
+        then: Vec<(u64, u64, u64)>,
     },
     /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos (the
     /// pieces) other partitions exported for the partition of `chunk` this process holds,
@@ -165,7 +171,10 @@ pub enum ToWorker {
         /// The epoch folder of the snapshot being taken.
         folder: u64,
     },
-    /// Hand `chunk` back at the next adjustment point.
+    /// Hand `chunk` back at the next adjustment point. With a grant (`Run::then`), the
+    /// slot hands back whichever of its granted chunks it runs (`Yielded`, or its `Done` if
+    /// it ended first) and gives back those it did not start (`Returned`), whichever chunk
+    /// this names.
     Interrupt {
         /// The slot.
         slot: u32,
@@ -430,6 +439,14 @@ pub enum ToCoordinator {
         /// `(sender, halo)` for each halo this process kept for it, by sender: always
         /// [`Halo::Sent`].
         halos: Vec<(u64, Halo)>,
+    },
+    /// Owned partitions: after an `Interrupt` or an `Abandon` of `slot`, the granted chunks
+    /// (`Run::then`) it had not started, in grant order. Their partitions stay held here.
+    Returned {
+        /// The slot.
+        slot: u32,
+        /// The chunks.
+        chunks: Vec<u64>,
     },
     /// Slot `slot` stopped and dropped `chunk` after an `Abandon`.
     Abandoned {
@@ -894,6 +911,7 @@ mod tests {
             end: 10,
             state: Some(output),
             held: false,
+            then: Vec::new(),
         };
         let frame = encode(&run);
         let decoded = decode_frame_to_worker("peer", frame.clone()).unwrap();
@@ -913,6 +931,7 @@ mod tests {
             end: 10,
             state: None,
             held: false,
+            then: Vec::new(),
         };
         assert_eq!(decode_frame_to_worker("peer", encode(&none)).unwrap(), none);
     }

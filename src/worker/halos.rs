@@ -36,9 +36,11 @@ impl Keeper {
     /// here; `Forget` drops them all (the job rolled back).
     pub(super) fn arrived(&mut self, msg: &ToWorker) {
         match msg {
-            ToWorker::Run { chunk, .. }
-            | ToWorker::Place { chunk, .. }
-            | ToWorker::PlacePart { chunk, .. } => {
+            ToWorker::Run { chunk, then, .. } => {
+                self.here.insert(*chunk);
+                self.here.extend(then.iter().map(|&(c, _, _)| c));
+            }
+            ToWorker::Place { chunk, .. } | ToWorker::PlacePart { chunk, .. } => {
                 self.here.insert(*chunk);
             }
             ToWorker::Forget => {
@@ -139,6 +141,7 @@ mod tests {
             end: chunk + 1,
             state: None,
             held: false,
+            then: Vec::new(),
         }
     }
 

@@ -512,6 +512,7 @@ impl Io {
                 range,
                 state,
                 held,
+                granted,
                 phase,
             } => {
                 // The machine runs nothing before the job value, which the pump then holds.
@@ -528,6 +529,7 @@ impl Io {
                     range,
                     state,
                     held,
+                    granted,
                     job: Arc::clone(job),
                     phase,
                     chunks: *chunks,

@@ -141,6 +141,9 @@ pub(super) enum ToThread {
         state: Option<Bytes>,
         /// Run the partition held here for `chunk`.
         held: bool,
+        /// Granted after the slot's run before it (`Run::then`): an interrupt or an abandon
+        /// of the slot gives it back unstarted (`Returned`).
+        granted: bool,
         phase: u64,
     },
     Interrupt {
@@ -534,7 +537,7 @@ impl Machine {
             }
         }
         if let Some(Blocked::Placing(msg)) = &self.blocked {
-            if !held_chunk(msg).is_some_and(|c| self.placing.contains_key(&c)) {
+            if !held_chunks(msg).any(|c| self.placing.contains_key(&c)) {
                 let Some(Blocked::Placing(msg)) = self.blocked.take() else {
                     unreachable!("matched above");
                 };
@@ -587,7 +590,7 @@ impl Machine {
                 self.bad("a partition's halo kept here that this process did not keep".into()),
             );
         };
-        if held_chunk(&msg).is_some_and(|c| self.placing.contains_key(&c)) {
+        if held_chunks(&msg).any(|c| self.placing.contains_key(&c)) {
             self.blocked = Some(Blocked::Placing(msg));
             return;
         }
@@ -614,12 +617,19 @@ impl Machine {
                 end,
                 state,
                 held,
+                then,
             } => {
                 let Some(phase) = self.phase else {
                     return self.fail(self.bad("a run before the job value".into()));
                 };
-                if start > end {
-                    return self.fail(self.bad(format!("an empty range {start}..{end}")));
+                if let Some((_, s, e)) = std::iter::once((chunk, start, end))
+                    .chain(then.iter().copied())
+                    .find(|(_, s, e)| s > e)
+                {
+                    return self.fail(self.bad(format!("an empty range {s}..{e}")));
+                }
+                if !then.is_empty() && !held {
+                    return self.fail(self.bad("a grant after a partition not held here".into()));
                 }
                 let Some((t, _)) = self.slot(slot) else {
                     return;
@@ -632,9 +642,24 @@ impl Machine {
                         range: start..end,
                         state,
                         held,
+                        granted: false,
                         phase,
                     },
                 ));
+                for (chunk, start, end) in then {
+                    self.out.push_back(Out::Thread(
+                        t,
+                        ToThread::Run {
+                            slot,
+                            chunk,
+                            range: start..end,
+                            state: None,
+                            held: true,
+                            granted: true,
+                            phase,
+                        },
+                    ));
+                }
             }
             ToWorker::Interrupt { slot, chunk } => {
                 if let Some((t, _)) = self.slot(slot) {
@@ -911,14 +936,27 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::CapturedPart { chunk, .. }
         | ToCoordinator::Failed { chunk, .. }
         | ToCoordinator::OutputDone { chunk } => Some(*chunk),
-        ToCoordinator::Heartbeat { .. }
+        ToCoordinator::Returned { .. }
+        | ToCoordinator::Heartbeat { .. }
         | ToCoordinator::Leave { .. }
         | ToCoordinator::Piece { .. }
         | ToCoordinator::Undecodable { .. } => None,
     }
 }
 
-/// The held partition a message from the coordinator is about, if it is about one.
+/// The held partitions a message from the coordinator is about (a `Run` with a grant names
+/// several).
+fn held_chunks(msg: &ToWorker) -> impl Iterator<Item = u64> + '_ {
+    let granted = match msg {
+        ToWorker::Run { then, .. } => &then[..],
+        _ => &[],
+    };
+    held_chunk(msg)
+        .into_iter()
+        .chain(granted.iter().map(|&(c, _, _)| c))
+}
+
+/// The held partition a message from the coordinator is about first, if it is about one.
 fn held_chunk(msg: &ToWorker) -> Option<u64> {
     match msg {
         ToWorker::Run {
@@ -1001,6 +1039,7 @@ mod tests {
             end: chunk * 10 + 10,
             state: None,
             held,
+            then: Vec::new(),
         }
     }
 

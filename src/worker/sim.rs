@@ -267,6 +267,7 @@ impl<J: Job> SimProcess<J> {
                 range,
                 state,
                 held,
+                granted,
                 phase,
             } => {
                 let Some((_, chunks, job)) = &self.job else {
@@ -278,6 +279,7 @@ impl<J: Job> SimProcess<J> {
                     range,
                     state,
                     held,
+                    granted,
                     job: Arc::clone(job),
                     phase,
                     chunks: *chunks,
