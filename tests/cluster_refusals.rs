@@ -577,6 +577,7 @@ fn run(slot: u32) -> frame::ToWorker {
         end: 10,
         state: None,
         held: false,
+        then: Vec::new(),
     }
 }
 
@@ -599,6 +600,7 @@ fn a_worker_drops_what_a_rollback_abandons() {
         end: (chunk + 1) * 10_000,
         state: None,
         held: false,
+        then: Vec::new(),
     };
     let abandon = |slot, chunk| frame::ToWorker::Abandon { slot, chunk };
     let two_abandoned = |got: &[frame::ToCoordinator]| {

@@ -832,7 +832,7 @@ impl<J: Job> State<J> {
             c.slots
                 .iter()
                 .flatten()
-                .any(|&w| self.core.running_on(w) == Some(chunk))
+                .any(|&w| self.core.runs(w, chunk))
         });
         runs_it
             || self.snap.held_outstanding.waits(&(chunk, id))
@@ -1313,23 +1313,32 @@ impl<J: Job> State<J> {
         }
         for w in c.slots.into_iter().flatten() {
             self.members.remove(w);
-            let running = self.core.running_on(w);
+            // The chunk it runs and those it was granted.
+            let running: Vec<ChunkId> = self
+                .core
+                .running_on(w)
+                .into_iter()
+                .chain(self.core.granted(w))
+                .collect();
             // Taken before the core handles the loss: it may hand the chunk, with this
             // state, straight to an idle worker. A chunk never started falls back to nothing
             // (from scratch); an owned partition that only this process had (the cut cannot
             // take it from scratch: that would be a partition made anew in a later phase) is
             // lost, and the cut that waits for it fails rather than commit it wrong.
-            let fallback = running.map(|c| {
-                self.core.fallback(c).map(|s| match s.to_bytes() {
-                    Some(b) => b.map_err(Error::from),
-                    None => Err(Error::PartitionGone {
-                        job: J::NAME,
-                        chunk: c,
-                    }),
+            let fallbacks: Vec<_> = running
+                .iter()
+                .map(|&c| {
+                    self.core.fallback(c).map(|s| match s.to_bytes() {
+                        Some(b) => b.map_err(Error::from),
+                        None => Err(Error::PartitionGone {
+                            job: J::NAME,
+                            chunk: c,
+                        }),
+                    })
                 })
-            });
+                .collect();
             let _ = self.feed(Event::Lost { worker: w }, None);
-            if let (Some(chunk), Some(fallback)) = (running, fallback) {
+            for (chunk, fallback) in running.into_iter().zip(fallbacks) {
                 self.recapture(w, chunk, fallback);
             }
         }
@@ -1671,7 +1680,7 @@ impl<J: Job> State<J> {
                     (true, Some(halos)) => {
                         // The ledger takes a `Done` only for the chunk the slot runs: one for
                         // another chunk must not replace that chunk's halos first.
-                        if self.core.running_on(w) != Some(chunk) {
+                        if !self.core.runs(w, chunk) {
                             return Err(bad(format!(
                                 "chunk {chunk} ended in slot {slot}, which does not run it"
                             )));
@@ -1739,7 +1748,7 @@ impl<J: Job> State<J> {
             ToCoordinator::Abandoned { slot, chunk } => {
                 let w = slot_of(conn, slot)?;
                 // Only a rollback abandons chunks, those its slots run.
-                if !self.rollback.is_under_way() || self.core.running_on(w) != Some(chunk) {
+                if !self.rollback.is_under_way() || !self.core.runs(w, chunk) {
                     return Err(bad(format!(
                         "chunk {chunk} was abandoned in slot {slot}, which was not asked to"
                     )));

@@ -540,29 +540,26 @@ impl<R: Reducer, S> Core<R, S> {
                     worker,
                     reason: "unknown worker",
                 })?;
-                let rest = slot.granted.len();
-                let with_running = chunks.len() == rest + 1
-                    && slot.running == chunks.first().copied()
-                    && chunks[1..].iter().eq(slot.granted.iter());
-                if !with_running && !(chunks.len() == rest && chunks.iter().eq(slot.granted.iter()))
-                    || chunks.is_empty()
-                {
+                let mine = |c: &ChunkId| slot.running == Some(*c) || slot.granted.contains(c);
+                let twice = chunks.iter().enumerate().any(|(i, c)| chunks[..i].contains(c));
+                if chunks.is_empty() || twice || !chunks.iter().all(mine) {
                     return Err(Rejected {
                         worker,
                         reason: "returned chunks that were not granted to it",
                     });
                 }
-                slot.granted.clear();
-                if with_running {
-                    slot.running = None;
+                slot.granted.retain(|c| !chunks.contains(c));
+                if slot.running.is_some_and(|c| chunks.contains(&c)) {
+                    slot.running = slot.granted.pop_front();
                 }
+                let idle = slot.running.is_none();
                 for c in chunks {
                     if let Some(state) = self.known.remove(&c) {
                         self.suspended.insert(c, state);
                     }
                     self.put_back(c);
                 }
-                if with_running {
+                if idle {
                     self.next_for(worker, out);
                 }
                 self.dispatch(out);
@@ -620,7 +617,7 @@ impl<R: Reducer, S> Core<R, S> {
                 worker,
                 reason: "unknown worker",
             }),
-            Some(s) if s.running != Some(chunk) => Err(Rejected {
+            Some(s) if s.running != Some(chunk) && !s.granted.contains(&chunk) => Err(Rejected {
                 worker,
                 reason: "chunk not running on this worker",
             }),
@@ -632,7 +629,11 @@ impl<R: Reducer, S> Core<R, S> {
     fn finish_run(&mut self, worker: WorkerId, chunk: ChunkId, work: Work) -> Result<(), Rejected> {
         self.check_running(worker, chunk)?;
         let slot = self.workers.get_mut(&worker).expect("checked above");
-        slot.running = None;
+        if slot.running == Some(chunk) {
+            slot.running = None;
+        } else {
+            slot.granted.retain(|&c| c != chunk);
+        }
         let secs = work.busy.as_secs_f64();
         if work.iterations > 0 && secs > 0.0 {
             let rate = work.iterations as f64 / secs;
@@ -649,6 +650,11 @@ impl<R: Reducer, S> Core<R, S> {
     /// it a chunk or make it idle.
     fn next_for(&mut self, worker: WorkerId, out: &mut Vec<Command<S>>) {
         let slot = self.workers.get_mut(&worker).expect("a member");
+        if slot.running.is_some() {
+            // A granted chunk reported before the one it was granted after (the worker
+            // process sends each report when it is ready): the slot goes on.
+            return;
+        }
         if let Some(next) = slot.granted.pop_front() {
             // Granted already: the worker goes on with it by itself.
             slot.running = Some(next);
@@ -993,6 +999,11 @@ impl<R: Reducer, S> Core<R, S> {
             slot.granted.extend(granted.iter().map(|(c, _)| *c));
         }
         granted
+    }
+
+    /// Whether `worker` runs `chunk`, or was granted it ([`Core::grant`]).
+    pub(crate) fn runs(&self, worker: WorkerId, chunk: ChunkId) -> bool {
+        self.check_running(worker, chunk).is_ok()
     }
 
     /// Owned partitions granted to `worker` after the chunk it runs ([`Core::grant`]).

@@ -169,6 +169,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                 end: 2_000,
                 state: None,
                 held: false,
+                then: Vec::new(),
             },
         ),
         (
@@ -180,6 +181,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                 end: 1_000,
                 state: None,
                 held: true,
+                then: vec![(3, 6, 8), (4, 8, 10)],
             },
         ),
         (
@@ -252,6 +254,7 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
                 end: u64::MAX,
                 state: Some(Bytes::from_static(b"\x05a chunk state")),
                 held: false,
+                then: Vec::new(),
             },
         ),
         ("interrupt", ToWorker::Interrupt { slot: 2, chunk: 19 }),
@@ -426,6 +429,13 @@ fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
             },
         ),
         ("abandoned", ToCoordinator::Abandoned { slot: 2, chunk: 18 }),
+        (
+            "returned",
+            ToCoordinator::Returned {
+                slot: 2,
+                chunks: vec![19, 20],
+            },
+        ),
         ("output-done", ToCoordinator::OutputDone { chunk: 16 }),
         (
             "failed-held-output",
