@@ -828,12 +828,11 @@ impl<J: Job> State<J> {
     /// Whether worker process `id` was given, or asked about, the partition of `chunk` (so
     /// that its `Missing` or `FailedHeld` about it may end the job).
     fn asked_of(&self, id: ProcessId, chunk: ChunkId) -> bool {
-        let runs_it = self.remote.conns.get(&id).is_some_and(|c| {
-            c.slots
-                .iter()
-                .flatten()
-                .any(|&w| self.core.runs(w, chunk))
-        });
+        let runs_it = self
+            .remote
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.slots.iter().flatten().any(|&w| self.core.runs(w, chunk)));
         runs_it
             || self.snap.held_outstanding.waits(&(chunk, id))
             || self.held_by(id).contains(&chunk)
@@ -1742,8 +1741,27 @@ impl<J: Job> State<J> {
             ToCoordinator::Returned { slot, chunks } => {
                 let w = slot_of(conn, slot)?;
                 let chunk = chunks.first().copied().unwrap_or_default();
-                let event = Event::Returned { worker: w, chunks };
-                (event, None, "a Returned", slot, chunk)
+                let event = Event::Returned {
+                    worker: w,
+                    chunks: chunks.clone(),
+                };
+                if let Err(rejected) = self.feed_checked(event, None) {
+                    return Err(PeerError::Rejected {
+                        peer: peer.to_string(),
+                        what: "a Returned",
+                        reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
+                        source: Some(Box::new(rejected)),
+                    });
+                }
+                // A cut that waited for them from the slot asks their holder now: they are
+                // held there, unstarted since the marker.
+                for c in chunks {
+                    if self.snap.cut.waits_for(w, c) {
+                        self.captured(w, c, Ok(Captured::Held));
+                    }
+                }
+                self.settle();
+                return Ok(());
             }
             ToCoordinator::Abandoned { slot, chunk } => {
                 let w = slot_of(conn, slot)?;

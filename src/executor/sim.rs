@@ -1252,6 +1252,58 @@ mod tests {
         }
     }
 
+    /// A slot that waits for a partition its process must fetch from another process is
+    /// left out of the ledger when that other process is lost (it never got its `Run`); its
+    /// own process's loss later is news from a worker the ledger no longer has: dropped and
+    /// counted, never an error that ends the job another way than the loss does. (The
+    /// test with real processes reached it by letting a process join in the middle of a
+    /// phase; now that a process runs the partitions it holds without a `Run` each, a
+    /// partition moves between processes at a phase's start, as here.)
+    #[test]
+    fn a_loss_of_a_slot_the_ledger_already_dropped_is_news_not_an_error() {
+        let job = three_bands();
+        let expected = job.expected();
+        let mut h = History::scripted(job);
+        let a = h.join(1);
+        // A snapshot of the first phase, to roll back to.
+        let r = h.reply_to();
+        h.coord().request_snapshot(r);
+        h.route();
+        h.deliver_all(a);
+        for _ in 0..3 {
+            h.procs[a].sim.turn(0);
+        }
+        // `b` joins before `a` reports: the next phase's start moves a partition to it.
+        let b = h.join(1);
+        h.send_all(a);
+        while let Some(op) = h.ops.pop() {
+            h.store_op(op);
+            h.route();
+        }
+        assert!(!h.committed().unwrap().is_empty(), "{}", h.log.join("\n"));
+        h.deliver_all(b);
+        let fetching = (0..3).any(|c| h.state.remote.fetching_from(c).is_some());
+        assert!(
+            fetching,
+            "no partition on its way to b:\n{}",
+            h.log.join("\n")
+        );
+        // `a` dies before it hands the partition over: b's slot leaves the ledger, and the
+        // job rolls back. Then `b` dies too.
+        h.close(a, "killed");
+        let stale = h.state.stale_events;
+        h.close(0, "killed");
+        h.route();
+        assert!(h.state.stale_events > stale, "{}", h.log.join("\n"));
+        h.join(2);
+        h.drain();
+        let log = h.log.join("\n");
+        match h.state.result.take() {
+            Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
+            other => panic!("{other:?}\n{log}"),
+        }
+    }
+
     /// Late answers to an earlier placement are dropped (histories 9012039, 9029903); a
     /// process that sends halos nobody asked it to export is still refused.
     #[test]

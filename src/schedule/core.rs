@@ -541,7 +541,10 @@ impl<R: Reducer, S> Core<R, S> {
                     reason: "unknown worker",
                 })?;
                 let mine = |c: &ChunkId| slot.running == Some(*c) || slot.granted.contains(c);
-                let twice = chunks.iter().enumerate().any(|(i, c)| chunks[..i].contains(c));
+                let twice = chunks
+                    .iter()
+                    .enumerate()
+                    .any(|(i, c)| chunks[..i].contains(c));
                 if chunks.is_empty() || twice || !chunks.iter().all(mine) {
                     return Err(Rejected {
                         worker,

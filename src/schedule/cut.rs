@@ -70,6 +70,10 @@ pub enum Captured<P, O> {
     /// Nothing: its worker was lost and the ledger holds no state for it; it restarts from
     /// scratch.
     Scratch,
+    /// Nothing yet: it was granted to the worker and given back unstarted; its owned
+    /// partition is still with the worker process it was granted on, unchanged since the
+    /// marker, and is asked for with [`CutCommand::CaptureHeld`].
+    Held,
 }
 
 /// A complete cut, for the writer (protocol step 3).
@@ -366,6 +370,10 @@ impl<H, P, O, R> Cut<H, P, O, R> {
             Ok(Captured::KeptHeld(o)) => {
                 open.done.push((chunk, o));
                 open.held.insert(chunk, true);
+                out.push(CutCommand::CaptureHeld { chunk });
+            }
+            Ok(Captured::Held) => {
+                open.held.insert(chunk, false);
                 out.push(CutCommand::CaptureHeld { chunk });
             }
             Ok(Captured::Scratch) => {}

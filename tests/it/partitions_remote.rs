@@ -998,66 +998,6 @@ fn a_cut_open_at_a_loss_commits_nothing_the_rollback_dropped() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Process `b` (the only worker: none is local) is frozen past its lease while a slot of
-/// process `a`, which joined meanwhile, waits for a partition `b` was asked to hand over:
-/// `b`'s loss leaves that slot out of the ledger (it never got its `Run`). Then `a` is
-/// killed while the rollback reads the snapshot back (the store holds the manifest's read):
-/// the loss of that slot is news from a worker the ledger no longer has, dropped and counted,
-/// never an internal error that ends the job (it was: "event from worker 4 rejected: unknown
-/// worker"). The grid is exact.
-#[test]
-fn a_loss_of_a_slot_the_ledger_already_dropped_is_not_an_error() {
-    use std::sync::atomic::Ordering::SeqCst;
-    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
-    let (dir, gated, exec) = gated_coordinator("stale-slot", 0, Duration::from_secs(2));
-    let addr = exec.local_addr().unwrap().to_string();
-    // Slow rows (a band takes about 10 ms), so that the stall can catch a phase's start.
-    let job = Grid {
-        pace_us: 1000,
-        pace_every: 2,
-        ..Grid::new(240, 64, 40)
-    };
-    let h = exec.submit(Banded(job.clone())).unwrap();
-    let stall = stall_file("stale-slot");
-    let mut b = start_stalling(&addr, &stall);
-    until("a process", || h.remote_workers() == 1);
-    show_the_store(&h);
-    let signal = |child: &Child, sig: &str| {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{sig}");
-    };
-    // Its steps stall, its slots each in a band, the rest of its partitions queued; then it
-    // freezes whole.
-    until("a phase's start", || h.progress().done == 0);
-    std::fs::write(&stall, b"").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    signal(&b, "STOP");
-    until("b stopped", || common::procs::stopped(b.id()));
-    gated.manifests.send_replace(false);
-    let mut a = start(&addr);
-    until("a joined", || h.remote_workers() == 2);
-    until("b's lease ran out and the rollback reads", || {
-        gated.reading_manifests.load(SeqCst) > 0
-    });
-    a.kill().unwrap();
-    let _ = a.wait();
-    until("a's loss", || h.remote_workers() == 0);
-    gated.manifests.send_replace(true);
-    let got = finished(h.clone());
-    assert_same(&got, &sequential(&job));
-    assert!(!h.rollbacks().is_empty());
-    assert!(h.stale_events() > 0, "the stranded slot's loss was dropped");
-    let _ = std::fs::remove_file(&stall);
-    signal(&b, "CONT");
-    let _ = b.kill();
-    let _ = b.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 /// A process is lost in the job's first phase, after it ended partitions there, and no
 /// snapshot was taken: the first phase starts again, every partition made anew from the job
 /// value (the loss ended the job with `PartitionsLost`, although a first phase's partitions

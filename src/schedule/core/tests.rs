@@ -635,10 +635,27 @@ struct SimPart {
 /// partition it ended phase `p - 1` with, never from scratch. A worker lost with a partition
 /// it alone had after the first phase is reported as lost (never restarted from scratch).
 fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Result<(), String> {
+    simulate_owned_with(n, chunks, phases, actions, false)
+}
+
+/// [`simulate_owned`], where each `Run` also takes a grant of every partition queued after
+/// it (as a worker process holding them all): the worker runs them in order without a `Run`
+/// each, gives back the unstarted ones with `Returned` when interrupted, and loses them all
+/// when lost.
+fn simulate_owned_with(
+    n: u64,
+    chunks: u64,
+    phases: u64,
+    actions: &[Action],
+    grants: bool,
+) -> Result<(), String> {
     let plan = Plan::new(n, Schedule::Static, Chunking::Count(chunks));
     let mut core: Core<CollectInOrder<u64>, SimPart> =
         Core::new(Schedule::Static, plan.clone(), CollectInOrder::new()).with_partitions(0);
     let mut running: HashMap<WorkerId, (ChunkId, SimPart)> = HashMap::new();
+    // Granted chunks not started yet, in order.
+    let mut granted: HashMap<WorkerId, std::collections::VecDeque<(ChunkId, SimPart)>> =
+        HashMap::new();
     let mut workers: Vec<WorkerId> = Vec::new();
     let mut next_id = 0;
     let mut out = Vec::new();
@@ -677,8 +694,20 @@ fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Resul
                                 ));
                             }
                             assert!(running.insert(worker, (chunk, part)).is_none());
+                            if grants {
+                                let mut got = Vec::new();
+                                let g = core.grant(worker, |c, s| {
+                                    got.push((c, s.clone()));
+                                    true
+                                });
+                                let named: Vec<ChunkId> = g.iter().map(|(c, _)| *c).collect();
+                                let took: Vec<ChunkId> = got.iter().map(|(c, _)| *c).collect();
+                                assert_eq!(named, took);
+                                granted.entry(worker).or_default().extend(got);
+                            }
                         }
                         Command::Interrupt { worker } => {
+                            give_back(&mut core, &mut granted, worker, &mut out);
                             if let Some((c, p)) = running.remove(&worker) {
                                 let e = Event::Yielded {
                                     worker,
@@ -691,6 +720,7 @@ fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Resul
                         }
                         Command::Release { worker } => {
                             assert!(!running.contains_key(&worker));
+                            assert!(granted.get(&worker).is_none_or(|q| q.is_empty()));
                             workers.retain(|&w| w != worker);
                         }
                     }
@@ -727,6 +757,7 @@ fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Resul
                     let w = pick(i, &workers).unwrap();
                     workers.retain(|&x| x != w);
                     running.remove(&w);
+                    granted.remove(&w);
                     core.handle(Event::Lost { worker: w }, &mut out).unwrap();
                 }
                 Some(Action::Report(i)) => {
@@ -743,6 +774,7 @@ fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Resul
                 }
                 Some(Action::Interrupt(i)) => {
                     if let Some(w) = pick(i, &workers) {
+                        give_back(&mut core, &mut granted, w, &mut out);
                         if let Some((c, p)) = running.remove(&w) {
                             let e = Event::Yielded {
                                 worker: w,
@@ -787,6 +819,10 @@ fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Resul
                                 work,
                             };
                             core.handle(e, &mut out).unwrap();
+                            // The next granted chunk starts at once.
+                            if let Some(next) = granted.get_mut(&w).and_then(|q| q.pop_front()) {
+                                running.insert(w, next);
+                            }
                         }
                     }
                 }
@@ -815,8 +851,37 @@ fn simulate_owned(n: u64, chunks: u64, phases: u64, actions: &[Action]) -> Resul
     Ok(())
 }
 
+/// The granted chunks `worker` has not started go back (`Returned`), as a worker process's
+/// slot gives them back when interrupted.
+fn give_back(
+    core: &mut Core<CollectInOrder<u64>, SimPart>,
+    granted: &mut HashMap<WorkerId, std::collections::VecDeque<(ChunkId, SimPart)>>,
+    worker: WorkerId,
+    out: &mut Vec<Command<SimPart>>,
+) {
+    let back: Vec<ChunkId> = granted
+        .remove(&worker)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    if !back.is_empty() {
+        let e = Event::Returned {
+            worker,
+            chunks: back,
+        };
+        core.handle(e, out).unwrap();
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn granted_partitions_run_from_their_last_phase(n in 0..600u64, chunks in 1..40u64, phases in 1..5u64, actions in prop::collection::vec(action(), 0..300)) {
+        let r = simulate_owned_with(n, chunks, phases, &actions, true);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
 
     #[test]
     fn owned_partitions_run_from_their_last_phase(n in 0..600u64, chunks in 1..40u64, phases in 1..5u64, actions in prop::collection::vec(action(), 0..300)) {
@@ -872,4 +937,81 @@ fn slots_that_join_quietly_are_dealt_with_the_last_one() {
     // Every slot runs one chunk: the process's block is dealt to its slots in turn.
     assert_eq!(runs, vec![(0, 0), (1, 1), (2, 2), (3, 3)]);
     assert!(core.handle(Event::Joined { worker: 3 }, &mut out).is_err());
+}
+
+/// A worker granted the partitions queued after its chunk runs them without a `Run` each:
+/// they count as running on it, each report (in any order) takes one off, and an interrupt
+/// gives the unstarted ones back with their states; a `Returned` that names a chunk it was
+/// not granted, or one twice, is refused and changes nothing.
+#[test]
+fn granted_partitions_count_as_running_until_reported_or_returned() {
+    let plan = Plan::new(8, Schedule::Static, Chunking::Count(4));
+    let mut core: Core<Sum<u64>, u64> =
+        Core::new(Schedule::Static, plan.clone(), Sum::new()).with_partitions(0);
+    let mut out = Vec::new();
+    let done = |core: &mut Core<Sum<u64>, u64>, out: &mut Vec<_>, chunk| {
+        let e = Event::Done {
+            worker: 0,
+            chunk,
+            output: chunk,
+            kept: Some(chunk * 10),
+            work: Work::default(),
+        };
+        core.handle(e, out)
+    };
+    core.handle(Event::Joined { worker: 0 }, &mut out).unwrap();
+    // The first phase: no state yet, so nothing to grant.
+    assert!(core.grant(0, |_, _| true).is_empty());
+    for c in 0..4 {
+        done(&mut core, &mut out, c).unwrap();
+    }
+    assert!(core.phase_complete());
+    core.finish_phase();
+    out.clear();
+    core.start_phase(plan, Sum::new(), &mut out);
+    assert!(matches!(out[..], [Command::Run { chunk: 0, .. }]));
+    let granted: Vec<ChunkId> = core
+        .grant(0, |_, _| true)
+        .into_iter()
+        .map(|g| g.0)
+        .collect();
+    assert_eq!(granted, [1, 2, 3]);
+    assert_eq!(core.running().count(), 4);
+    // Chunk 2 reports before 0 and 1; the worker runs 0 still.
+    out.clear();
+    done(&mut core, &mut out, 2).unwrap();
+    assert_eq!(core.running_on(0), Some(0));
+    done(&mut core, &mut out, 0).unwrap();
+    assert_eq!(core.running_on(0), Some(1));
+    assert!(out.is_empty(), "no Run for a granted chunk: {out:?}");
+    // Refused: a chunk not granted, one twice, nothing.
+    for bad in [vec![0], vec![3, 3], vec![]] {
+        let e = Event::Returned {
+            worker: 0,
+            chunks: bad,
+        };
+        assert!(core.handle(e, &mut out).is_err());
+    }
+    assert_eq!(core.running().count(), 2);
+    // Interrupted while it runs 1: 3 comes back with its state and runs next.
+    let e = Event::Returned {
+        worker: 0,
+        chunks: vec![3],
+    };
+    core.handle(e, &mut out).unwrap();
+    assert_eq!(core.suspended().collect::<Vec<_>>(), [(3, &30)]);
+    done(&mut core, &mut out, 1).unwrap();
+    assert!(
+        matches!(
+            out[..],
+            [Command::Run {
+                chunk: 3,
+                state: Some(30),
+                ..
+            }]
+        ),
+        "{out:?}"
+    );
+    done(&mut core, &mut out, 3).unwrap();
+    assert!(core.phase_complete());
 }

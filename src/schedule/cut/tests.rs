@@ -439,7 +439,7 @@ impl Exec {
                     Some(Resolved::Output(o.clone()))
                 }
                 Ok(Captured::Scratch) => Some(Resolved::Scratch),
-                Err(_) => None,
+                Ok(Captured::Held) | Err(_) => None,
             };
             if let Some(r) = r {
                 assert!(m.resolved.insert(chunk, r).is_none(), "resolved twice");
