@@ -108,6 +108,10 @@ use crate::schedule::{ChunkId, Event, ProcessId, Work, WorkerId};
 use crate::wire::Error as PeerError;
 use crate::wire::frame::{self, Failure, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 
+/// About the most bytes (of states, halos and job values) one [`ToWorker::Batch`] carries:
+/// more go in the next one.
+const BATCH_BYTES: usize = 1 << 20;
+
 /// What a snapshot part from a worker process is of, for [`REMOTE_PARTS`](crate::metrics::REMOTE_PARTS).
 #[derive(Clone, Copy)]
 enum RemotePart {
@@ -280,10 +284,35 @@ pub(crate) struct Remotes {
 }
 
 impl Remotes {
-    /// The messages for the processes, to send in order: counted as they go.
-    pub(crate) fn take_outbox(&mut self) -> std::vec::Drain<'_, (ProcessId, ToWorker)> {
-        self.traffic.messages_out += self.outbox.len() as u64;
-        self.outbox.drain(..)
+    /// The messages for the processes, in order, counted as they go: what one process
+    /// gets at once goes in one [`ToWorker::Batch`] (a phase's start is then one message
+    /// per process, whatever its partitions), up to about [`BATCH_BYTES`] of bytes each, so
+    /// that a batch of partitions' states stays far below any message limit.
+    pub(crate) fn take_outbox(&mut self) -> Vec<(ProcessId, ToWorker)> {
+        let mut by_conn: Vec<(ProcessId, Vec<ToWorker>, usize)> = Vec::new();
+        for (id, msg) in self.outbox.drain(..) {
+            let weight = frame::weight(&msg);
+            match by_conn.iter_mut().rev().find(|(c, ..)| *c == id) {
+                Some((_, batch, bytes)) if *bytes + weight <= BATCH_BYTES => {
+                    *bytes += weight;
+                    batch.push(msg);
+                }
+                _ => by_conn.push((id, vec![msg], weight)),
+            }
+        }
+        let out: Vec<(ProcessId, ToWorker)> = by_conn
+            .into_iter()
+            .map(|(id, mut batch, _)| {
+                let msg = if batch.len() == 1 {
+                    batch.pop().expect("one message")
+                } else {
+                    ToWorker::Batch(batch)
+                };
+                (id, msg)
+            })
+            .collect();
+        self.traffic.messages_out += out.len() as u64;
+        out
     }
 
     /// Connection `id` is gone: forgotten, and no longer counted.
@@ -1417,6 +1446,26 @@ impl<J: Job> State<J> {
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         self.remote.traffic.messages_in += 1;
+        let ToCoordinator::Batch(batch) = msg else {
+            return self.on_remote_one(id, msg);
+        };
+        for msg in batch {
+            if matches!(msg, ToCoordinator::Batch(_)) {
+                let peer = self.remote.conns.get(&id).map(|c| c.peer.to_string());
+                return Err(PeerError::Rejected {
+                    peer: peer.unwrap_or_default(),
+                    what: "a Batch",
+                    reason: "a batch inside a batch".to_owned(),
+                    source: None,
+                });
+            }
+            self.on_remote_one(id, msg)?;
+        }
+        Ok(())
+    }
+
+    /// One message of connection `id`, alone or from a batch.
+    fn on_remote_one(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         if tracing::enabled!(tracing::Level::DEBUG) {
             let (what, chunk) = match &msg {
                 ToCoordinator::Done { chunk, .. } => ("done", Some(*chunk)),
@@ -1439,6 +1488,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Heartbeat { .. } => ("heartbeat", None),
                 ToCoordinator::Leave { .. } => ("leave", None),
                 ToCoordinator::Piece { .. } => ("piece", None),
+                ToCoordinator::Batch(_) => ("batch", None),
                 ToCoordinator::Undecodable { .. } => ("undecodable", None),
             };
             tracing::debug!(conn = %id, what, chunk, "from a worker process");
@@ -1543,6 +1593,9 @@ impl<J: Job> State<J> {
                     reason: "a piece outside a pieced message".to_owned(),
                     source: None,
                 });
+            }
+            ToCoordinator::Batch(_) => {
+                return Err(bad("a batch inside a batch".to_owned()));
             }
             ToCoordinator::Undecodable { what, error } => {
                 // The process could not decode what this coordinator sent, and leaves.

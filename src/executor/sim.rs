@@ -694,9 +694,12 @@ impl<J: Simulated> History<J> {
         match action {
             Action::ToProc(i) => {
                 let msg = self.procs[i].inbox.pop_front().expect("a message");
-                if matches!(&msg, ToWorker::Run { then, .. } if !then.is_empty()) {
-                    self.tally.grants += 1;
-                }
+                let granted =
+                    |m: &ToWorker| matches!(m, ToWorker::Run { then, .. } if !then.is_empty());
+                self.tally.grants += match &msg {
+                    ToWorker::Batch(b) => b.iter().filter(|m| granted(m)).count() as u64,
+                    m => u64::from(granted(m)),
+                };
                 if self.trace && !matches!(msg, ToWorker::Heartbeat) {
                     let line = format!("to {}: {}", self.procs[i].id, brief(&msg));
                     self.note(line);
@@ -706,9 +709,11 @@ impl<J: Simulated> History<J> {
             }
             Action::ToCoord(i) => {
                 let msg = self.procs[i].sim.next_sent().expect("a message");
-                if matches!(msg, ToCoordinator::Returned { .. }) {
-                    self.tally.returned += 1;
-                }
+                let returned = |m: &ToCoordinator| matches!(m, ToCoordinator::Returned { .. });
+                self.tally.returned += match &msg {
+                    ToCoordinator::Batch(b) => b.iter().filter(|m| returned(m)).count() as u64,
+                    m => u64::from(returned(m)),
+                };
                 let id = self.procs[i].id;
                 if self.trace && !matches!(msg, ToCoordinator::Heartbeat { .. }) {
                     self.note(format!("from {id}: {}", brief(&msg)));
@@ -1302,6 +1307,31 @@ mod tests {
             Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
             other => panic!("{other:?}\n{log}"),
         }
+    }
+
+    /// A batch inside a batch from a process is refused, and so is a `Returned` of chunks
+    /// its slot was not granted; a batch's messages are taken in order.
+    #[test]
+    fn a_nested_batch_and_a_return_of_chunks_never_granted_are_refused() {
+        let mut h = History::scripted(three_bands());
+        let a = h.join(1);
+        h.deliver_all(a);
+        let id = h.procs[a].id;
+        let nested = ToCoordinator::Batch(vec![ToCoordinator::Batch(Vec::new())]);
+        let refused = h.coord().on_remote(id, nested);
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("a batch inside a batch")),
+            "{refused:?}"
+        );
+        let returned = ToCoordinator::Batch(vec![ToCoordinator::Returned {
+            slot: 0,
+            chunks: vec![2],
+        }]);
+        let refused = h.coord().on_remote(id, returned);
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("refuses chunk 2")),
+            "{refused:?}"
+        );
     }
 
     /// Late answers to an earlier placement are dropped (histories 9012039, 9029903); a

@@ -98,6 +98,35 @@ const PIECE: usize = 8 << 20;
 /// What a piece's frame adds to its bytes: the variant, the flag and the length.
 const PIECE_OVERHEAD: usize = 16;
 
+/// About the bytes `msg` takes on the wire: its byte fields, plus a little for the rest
+/// (to bound what one batch carries, see `ToWorker::Batch`).
+pub(crate) fn weight(msg: &ToWorker) -> usize {
+    let halos = |h: &[(u64, Halo)]| {
+        h.iter()
+            .map(|(_, h)| match h {
+                Halo::Sent(b) => b.len() + 8,
+                Halo::Kept => 8,
+            })
+            .sum::<usize>()
+    };
+    64 + match msg {
+        ToWorker::Phase { job, .. } => job.len(),
+        ToWorker::Run { state, then, .. } => state.as_ref().map_or(0, Bytes::len) + 24 * then.len(),
+        ToWorker::Begin { halos: h, .. } => halos(h),
+        ToWorker::Piece { bytes, .. } => bytes.len(),
+        ToWorker::Place { state, .. } => state.len(),
+        ToWorker::Store { url, options, .. } => {
+            url.len()
+                + options
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+        }
+        ToWorker::Batch(b) => b.iter().map(weight).sum(),
+        _ => 0,
+    }
+}
+
 /// The framing codec with a maximum frame length.
 pub(crate) fn codec(max_frame: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
@@ -268,6 +297,10 @@ pub enum ToWorker {
         /// The chunk.
         chunk: u64,
     },
+    /// Several messages in one frame, taken in this order as if each came alone: what the
+    /// coordinator decided for this process at once (a phase's start: its job value, every
+    /// held partition's halos and every slot's `Run`). Never nested.
+    Batch(Vec<ToWorker>),
     /// Owned partitions, when the job finished: hand the partition of `chunk` this process
     /// holds to the job's `Partition::output` for `phase` (the last phase; the process has
     /// its job value), and keep it. Answered by `OutputDone`, or `FailedHeld`.
@@ -461,6 +494,10 @@ pub enum ToCoordinator {
         /// The chunk.
         chunk: u64,
     },
+    /// Several messages in one frame, taken in this order as if each came alone: the
+    /// `Done`s of the partitions a process ran in a phase, sent together when the last of
+    /// its granted runs ended (see `Run::then`). Never nested.
+    Batch(Vec<ToCoordinator>),
 }
 
 /// One halo of an owned partition on the wire.

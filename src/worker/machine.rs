@@ -84,7 +84,7 @@
 
 use std::collections::VecDeque;
 
-use crate::schedule::idhash::IdMap;
+use crate::schedule::idhash::{IdMap, IdSet};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -304,6 +304,13 @@ pub(super) struct Machine {
     next_beat: Instant,
     /// The partitions here and the halos kept for them.
     keeper: Keeper,
+    /// Granted runs (`Run::then`) handed to the threads and not reported yet, by chunk:
+    /// while there are any, the `Done`s of this phase wait in `dones` and go together.
+    granted: IdSet<u64>,
+    /// `Done`s held back while granted runs are out: they go in one `Batch` when the last
+    /// granted run is reported, or before any other message (the order on the wire is the
+    /// order they were decided in), or with the next heartbeat at the latest.
+    dones: Vec<ToCoordinator>,
     /// The store this process writes parts to and the job's id there, once the witness was
     /// read there.
     store: Option<(Store, String)>,
@@ -336,6 +343,8 @@ impl Machine {
             left: false,
             ended: false,
             keeper: Keeper::default(),
+            granted: IdSet::default(),
+            dones: Vec::new(),
             store: None,
             checking: false,
             folders: IdMap::default(),
@@ -381,9 +390,17 @@ impl Machine {
             return;
         }
         self.lease_ends = now + self.config.lease;
-        if let Some(msg) = msg {
-            self.inbox.push_back(msg);
-            self.take();
+        match msg {
+            Some(ToWorker::Batch(batch)) => {
+                // Taken one by one, in order; a batch inside it ends the process there.
+                self.inbox.extend(batch);
+                self.take();
+            }
+            Some(msg) => {
+                self.inbox.push_back(msg);
+                self.take();
+            }
+            None => {}
         }
     }
 
@@ -423,6 +440,21 @@ impl Machine {
     pub(super) fn reported(&mut self, msg: ToCoordinator) {
         if self.ended {
             return;
+        }
+        match &msg {
+            ToCoordinator::Done { chunk, .. }
+            | ToCoordinator::Yielded { chunk, .. }
+            | ToCoordinator::Abandoned { chunk, .. }
+            | ToCoordinator::Failed { chunk, .. }
+            | ToCoordinator::Missing { chunk } => {
+                self.granted.remove(chunk);
+            }
+            ToCoordinator::Returned { chunks, .. } => {
+                for c in chunks {
+                    self.granted.remove(c);
+                }
+            }
+            _ => {}
         }
         self.route(msg, None);
     }
@@ -600,6 +632,7 @@ impl Machine {
     /// A message from the coordinator whose partition is not being placed.
     fn dispatch(&mut self, msg: ToWorker) {
         match msg {
+            ToWorker::Batch(_) => self.fail(self.bad("a batch inside a batch".into())),
             ToWorker::Piece { .. } => self.fail(Error::Malformed {
                 peer: self.config.peer.clone(),
                 what: "a message to a worker",
@@ -647,6 +680,7 @@ impl Machine {
                     },
                 ));
                 for (chunk, start, end) in then {
+                    self.granted.insert(chunk);
                     self.out.push_back(Out::Thread(
                         t,
                         ToThread::Run {
@@ -752,6 +786,8 @@ impl Machine {
                 // chunk to come back before it rolled the job back. Placements under way
                 // are for the phase rolled back from.
                 self.placing.clear();
+                self.granted.clear();
+                self.flush_dones();
                 self.out.push_back(Out::Forget);
             }
             ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
@@ -891,6 +927,14 @@ impl Machine {
         let mut now = Vec::new();
         self.keeper.outgoing(msg, &mut now);
         for msg in now {
+            if let ToCoordinator::Done { .. } = msg {
+                self.dones.push(msg);
+                if self.granted.is_empty() {
+                    self.flush_dones();
+                }
+                continue;
+            }
+            self.flush_dones();
             match msg {
                 ToCoordinator::CapturedPart { .. } | ToCoordinator::CapturedHeldPart { .. } => {
                     self.parts_written += 1;
@@ -902,6 +946,18 @@ impl Machine {
             }
             self.out.push_back(Out::Send(msg));
         }
+    }
+}
+
+impl Machine {
+    /// The `Done`s held back go, in one message if several.
+    fn flush_dones(&mut self) {
+        let msg = match self.dones.len() {
+            0 => return,
+            1 => self.dones.pop().expect("one"),
+            _ => ToCoordinator::Batch(std::mem::take(&mut self.dones)),
+        };
+        self.out.push_back(Out::Send(msg));
     }
 }
 
@@ -937,6 +993,7 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Failed { chunk, .. }
         | ToCoordinator::OutputDone { chunk } => Some(*chunk),
         ToCoordinator::Returned { .. }
+        | ToCoordinator::Batch(_)
         | ToCoordinator::Heartbeat { .. }
         | ToCoordinator::Leave { .. }
         | ToCoordinator::Piece { .. }
@@ -1255,6 +1312,118 @@ mod tests {
                         tell: None,
                         result: Err(Error::Rejected { reason, .. })
                     }] if reason.contains("out of sender order or twice")
+                ),
+                "{outs:?}"
+            );
+        }
+    }
+
+    /// A `Run` with a grant hands every granted chunk to the slot's thread, in order; the
+    /// `Done`s wait while granted runs are out and go in one `Batch` with the last one. A
+    /// message of another kind (a heartbeat here) takes the waiting ones with it, first.
+    #[test]
+    fn the_dones_of_a_grant_go_together() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let batch = ToWorker::Batch(vec![
+            ToWorker::Run {
+                slot: 0,
+                chunk: 1,
+                start: 10,
+                end: 20,
+                state: None,
+                held: true,
+                then: vec![(3, 30, 40), (5, 50, 60)],
+            },
+            ToWorker::Interrupt { slot: 0, chunk: 1 },
+        ]);
+        m.received(t0, Some(batch));
+        let outs = polled(&mut m);
+        let runs: Vec<(u64, bool)> = outs
+            .iter()
+            .filter_map(|o| match o {
+                Out::Thread(0, ToThread::Run { chunk, granted, .. }) => Some((*chunk, *granted)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(runs, [(1, false), (3, true), (5, true)], "{outs:?}");
+        assert!(
+            matches!(
+                outs.last(),
+                Some(Out::Thread(0, ToThread::Interrupt { slot: 0, chunk: 1 }))
+            ),
+            "{outs:?}"
+        );
+        m.reported(done(0, 1, false));
+        m.reported(done(0, 3, false));
+        assert!(polled(&mut m).is_empty(), "held back while 5 runs");
+        m.reported(done(0, 5, false));
+        match &sent(polled(&mut m))[..] {
+            [ToCoordinator::Batch(dones)] => {
+                let chunks: Vec<u64> = dones.iter().filter_map(chunk_of).collect();
+                assert_eq!(chunks, [1, 3, 5]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Held back again; a heartbeat takes it along, behind it.
+        let run = ToWorker::Run {
+            slot: 0,
+            chunk: 7,
+            start: 70,
+            end: 80,
+            state: None,
+            held: true,
+            then: vec![(9, 90, 100)],
+        };
+        m.received(t0, Some(run));
+        polled(&mut m);
+        m.reported(done(0, 7, false));
+        assert!(polled(&mut m).is_empty());
+        m.tick(t0 + BEAT, vec![0]);
+        let got = sent(polled(&mut m));
+        assert!(
+            matches!(
+                &got[..],
+                [
+                    ToCoordinator::Done { chunk: 7, .. },
+                    ToCoordinator::Heartbeat { .. }
+                ]
+            ),
+            "{got:?}"
+        );
+    }
+
+    /// A batch inside a batch, and a grant after a run that is not of a held partition,
+    /// end the process with a typed refusal.
+    #[test]
+    fn a_nested_batch_or_a_grant_after_a_fresh_run_is_refused() {
+        let fresh = ToWorker::Run {
+            slot: 0,
+            chunk: 1,
+            start: 10,
+            end: 20,
+            state: None,
+            held: false,
+            then: vec![(3, 30, 40)],
+        };
+        for (msg, why) in [
+            (
+                ToWorker::Batch(vec![ToWorker::Batch(Vec::new())]),
+                "a batch inside a batch",
+            ),
+            (fresh, "a grant after a partition not held here"),
+        ] {
+            let (mut m, t0) = machine(true, 1);
+            with_job(&mut m, t0);
+            m.received(t0, Some(msg));
+            let outs = polled(&mut m);
+            assert!(
+                matches!(
+                    &outs[..],
+                    [Out::End {
+                        tell: None,
+                        result: Err(Error::Rejected { reason, .. })
+                    }] if reason.contains(why)
                 ),
                 "{outs:?}"
             );

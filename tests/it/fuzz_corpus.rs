@@ -151,6 +151,14 @@ fn nonce(seed: u8) -> [u8; 32] {
 
 /// Every message to a worker, one per variant (two for `Run`).
 fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
+    let mut all = to_worker_messages_alone();
+    let batch = all.iter().take(3).map(|(_, m)| m.clone()).collect();
+    all.push(("batch", ToWorker::Batch(batch)));
+    all
+}
+
+/// Every message to a worker but a batch.
+fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
     vec![
         (
             "phase",
@@ -284,6 +292,14 @@ fn to_worker_messages() -> Vec<(&'static str, ToWorker)> {
 
 /// Every message to the coordinator, one per variant (two for `Heartbeat`).
 fn to_coordinator_messages() -> Vec<(&'static str, ToCoordinator)> {
+    let mut all = to_coordinator_messages_alone();
+    let batch = all.iter().take(2).map(|(_, m)| m.clone()).collect();
+    all.push(("batch", ToCoordinator::Batch(batch)));
+    all
+}
+
+/// Every message to the coordinator but a batch.
+fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
     vec![
         (
             "done",
