@@ -110,14 +110,23 @@ pub fn coordinator_phases(
                  ready: &mut VecDeque<usize>,
                  sent: &mut u64| {
         state.pause = None;
-        for (id, msg) in state.remote.outbox.drain(..) {
+        for (id, msg) in state.remote.take_outbox() {
             if let Some(&i) = index.get(&id) {
                 let p = &mut procs[i];
-                if let ToWorker::Run { .. } = msg {
+                // Partitions run: each `Run` and what it grants, alone or in a batch.
+                let runs = |m: &ToWorker| match m {
+                    ToWorker::Run { then, .. } => 1 + then.len(),
+                    _ => 0,
+                };
+                let ran = match &msg {
+                    ToWorker::Batch(b) => b.iter().map(runs).sum(),
+                    m => runs(m),
+                };
+                if ran > 0 {
                     if p.runs.0 != state.phase {
                         p.runs = (state.phase, 0);
                     }
-                    p.runs.1 += 1;
+                    p.runs.1 += ran;
                 }
                 p.inbox.push_back(msg);
                 *sent += 1;
