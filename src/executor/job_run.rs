@@ -512,6 +512,7 @@ impl<J: Job> State<J> {
     ) -> Option<Msg<J>> {
         let mut mine = None;
         let mut failed = None;
+        let mut released = Vec::new();
         for cmd in out.drain(..) {
             match cmd {
                 Command::Run {
@@ -566,10 +567,18 @@ impl<J: Job> State<J> {
                             self.orders.push(Order::Local(worker, Msg::Release));
                         }
                     }
-                    Some(Member::Remote(slot)) => self.release_remote(slot),
+                    Some(Member::Remote(slot)) => {
+                        self.release_remote(slot);
+                        released.push(slot.conn);
+                    }
                     None => {}
                 },
             }
+        }
+        // After every command: a `Run` among them may ask a released slot's process for a
+        // partition the slot gave back (the ledger no longer lists it as held there).
+        for conn in released {
+            self.end_if_drained(conn);
         }
         if let Some(e) = failed {
             if !self.ended {

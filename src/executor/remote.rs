@@ -694,9 +694,14 @@ impl<J: Job> State<J> {
         }
         let chunks = self.core.plan().len();
         self.remote.send_phase(conn_id, (phase, chunks), job_bytes);
-        // The partitions this process holds that the slot runs after this one go with it.
-        let then = if held {
-            self.grant(worker, conn_id)
+        // The partitions this process holds that the slot runs after this one go with it;
+        // after a chunk not started yet (a first phase), the chunks not started yet.
+        let then = if !self.core.is_partitioned() {
+            Vec::new()
+        } else if held {
+            self.grant(worker, Some(conn_id))
+        } else if state.is_none() {
+            self.grant(worker, None)
         } else {
             Vec::new()
         };
@@ -724,14 +729,17 @@ impl<J: Job> State<J> {
         }
     }
 
-    /// A grant for `worker`, a slot of process `conn` that runs a partition held there: the
-    /// partitions queued after it on the slot that the process holds too, up to the first
-    /// that is elsewhere or on its way (`Core::grant`). The slot runs them without a `Run`
+    /// A grant for `worker`, a slot: with `held`, the slot's process, where the partition
+    /// it runs is held: the partitions queued after it on the slot that the process holds
+    /// too, up to the first that is elsewhere or on its way; without, the chunks queued
+    /// after it that were never started (`Core::grant`). The slot runs them without a `Run`
     /// each, so a phase costs no round trip per partition.
-    fn grant(&mut self, worker: WorkerId, conn: ProcessId) -> Vec<(u64, u64, u64)> {
+    fn grant(&mut self, worker: WorkerId, held: Option<ProcessId>) -> Vec<(u64, u64, u64)> {
         let fetches = &self.remote.fetches;
-        let granted = self.core.grant(worker, |c, state| {
-            state.elsewhere() == Some(conn) && !fetches.contains_key(&c)
+        let granted = self.core.grant(worker, |c, state| match (held, state) {
+            (Some(conn), Some(s)) => s.elsewhere() == Some(conn) && !fetches.contains_key(&c),
+            (None, None) => true,
+            _ => false,
         });
         granted
             .into_iter()
@@ -793,7 +801,9 @@ impl<J: Job> State<J> {
     }
 
     /// A `Release` for remote slot `r` (no longer a member). The connection gets `End` with
-    /// its last slot.
+    /// its last slot, once the commands released with it are carried out
+    /// ([`State::end_if_drained`]): a partition the slot gave back may be on its way to
+    /// another worker by then, asked of this process.
     pub(crate) fn release_remote(&mut self, r: RemoteSlot) {
         if let Some(c) = self.remote.conns.get_mut(&r.conn) {
             if let Some(s) = c.slots.get_mut(r.slot as usize) {
@@ -803,11 +813,10 @@ impl<J: Job> State<J> {
                 .outbox
                 .push((r.conn, ToWorker::Release { slot: r.slot }));
         }
-        self.end_if_drained(r.conn);
     }
 
     /// Ends connection `id` once it has no slot and holds no partition.
-    fn end_if_drained(&mut self, id: ProcessId) {
+    pub(crate) fn end_if_drained(&mut self, id: ProcessId) {
         let Some(c) = self.remote.conns.get(&id) else {
             return;
         };
@@ -1807,7 +1816,8 @@ impl<J: Job> State<J> {
                     });
                 }
                 // A cut that waited for them from the slot asks their holder now: they are
-                // held there, unstarted since the marker.
+                // held there, unstarted since the marker (the ledger may have asked for one
+                // already, for another worker: then its bytes on their way are the part).
                 for c in chunks {
                     if self.snap.cut.waits_for(w, c) {
                         self.captured(w, c, Ok(Captured::Held));

@@ -965,8 +965,8 @@ impl<R: Reducer, S> Core<R, S> {
     }
 
     /// Owned partitions: grants `worker`, which runs a chunk, the chunks queued after it
-    /// whose states `held` accepts (the partitions its worker process holds), in queue
-    /// order, stopping at the first it does not. The worker runs them one after the other
+    /// whose states `held` accepts (the partitions its worker process holds, or chunks not
+    /// started yet: `None`), in queue order, stopping at the first it does not. The worker runs them one after the other
     /// without a `Run` each: a worker process then needs no round trip per partition in a
     /// phase. They count as running on it ([`Core::running`]) until each is reported
     /// (`Done`, `Yielded`), given back unstarted ([`Event::Returned`]) or lost with it;
@@ -975,7 +975,7 @@ impl<R: Reducer, S> Core<R, S> {
     pub(crate) fn grant(
         &mut self,
         worker: WorkerId,
-        mut held: impl FnMut(ChunkId, &S) -> bool,
+        mut held: impl FnMut(ChunkId, Option<&S>) -> bool,
     ) -> Vec<(ChunkId, Range<u64>)> {
         let mut granted = Vec::new();
         let Some(slot) = self.workers.get(&worker) else {
@@ -988,14 +988,14 @@ impl<R: Reducer, S> Core<R, S> {
             return granted;
         };
         while let Some(c) = o.peek(worker) {
-            match self.suspended.get(&c) {
-                Some(state) if held(c, state) => {}
-                _ => break,
+            if !held(c, self.suspended.get(&c)) {
+                break;
             }
             o.take(worker);
             o.ran(c, worker);
-            let state = self.suspended.remove(&c).expect("checked above");
-            self.known.insert(c, state);
+            if let Some(state) = self.suspended.remove(&c) {
+                self.known.insert(c, state);
+            }
             granted.push((c, self.plan.range(c)));
         }
         if let Some(slot) = self.workers.get_mut(&worker) {

@@ -167,11 +167,12 @@ pub enum ToWorker {
         /// Owned partitions: run the partition of `chunk` that this process holds (it ended
         /// the last phase here and was given its halos with `Begin`).
         held: bool,
-        /// Owned partitions: `(chunk, start, end)` of held partitions this slot runs after
-        /// `chunk`, in this order, each as if its own `Run { held: true }` came when the one
-        /// before it ended (a *grant*: no round trip per partition). An `Interrupt` or an
-        /// `Abandon` of the slot stops the grant: the ones not started yet stay held here
-        /// and are named in `Returned`.
+        /// Owned partitions: `(chunk, start, end)` of the chunks this slot runs after
+        /// `chunk`, in this order, each as if its own `Run` came when the one before it
+        /// ended, with the same `held` and no state (a *grant*: no round trip per
+        /// partition): held partitions after a held one, chunks not started yet after one
+        /// not started yet. An `Interrupt` or an `Abandon` of the slot stops the grant: the
+        /// ones not started yet are named in `Returned` (held ones stay held here).
         then: Vec<(u64, u64, u64)>,
     },
     /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos (the

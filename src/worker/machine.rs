@@ -661,8 +661,8 @@ impl Machine {
                 {
                     return self.fail(self.bad(format!("an empty range {s}..{e}")));
                 }
-                if !then.is_empty() && !held {
-                    return self.fail(self.bad("a grant after a partition not held here".into()));
+                if !then.is_empty() && !held && state.is_some() {
+                    return self.fail(self.bad("a grant after a chunk that continues".into()));
                 }
                 let Some((t, _)) = self.slot(slot) else {
                     return;
@@ -688,7 +688,7 @@ impl Machine {
                             chunk,
                             range: start..end,
                             state: None,
-                            held: true,
+                            held,
                             granted: true,
                             phase,
                         },
@@ -1393,16 +1393,16 @@ mod tests {
         );
     }
 
-    /// A batch inside a batch, and a grant after a run that is not of a held partition,
-    /// end the process with a typed refusal.
+    /// A batch inside a batch, and a grant after a chunk that continues from a state, end
+    /// the process with a typed refusal.
     #[test]
-    fn a_nested_batch_or_a_grant_after_a_fresh_run_is_refused() {
-        let fresh = ToWorker::Run {
+    fn a_nested_batch_or_a_grant_after_a_continued_run_is_refused() {
+        let continued = ToWorker::Run {
             slot: 0,
             chunk: 1,
             start: 10,
             end: 20,
-            state: None,
+            state: Some(Bytes::from_static(b"state")),
             held: false,
             then: vec![(3, 30, 40)],
         };
@@ -1411,7 +1411,7 @@ mod tests {
                 ToWorker::Batch(vec![ToWorker::Batch(Vec::new())]),
                 "a batch inside a batch",
             ),
-            (fresh, "a grant after a partition not held here"),
+            (continued, "a grant after a chunk that continues"),
         ] {
             let (mut m, t0) = machine(true, 1);
             with_job(&mut m, t0);

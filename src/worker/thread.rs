@@ -154,19 +154,56 @@ impl<J: Job> Queue<J> {
         let _ = self.out.send(ToCoordinator::Abandoned { slot, chunk });
     }
 
-    /// Gives back the granted chunks of `slot` that wait to run (`Returned`): an interrupt
-    /// or an abandon of the slot stops its grant. Their partitions stay held here.
-    fn return_granted(&mut self, slot: u32) {
-        let mut chunks = Vec::new();
-        self.waiting.retain(|r| {
-            let back = r.slot == slot && r.granted;
-            if back {
-                chunks.push(r.chunk);
+    /// Gives back the granted chunks of `slot` that wait to run: an interrupt or an
+    /// abandon of the slot stops its grant. Held partitions stay held here and are named in
+    /// one `Returned`; a chunk never started is handed back as any waiting chunk is
+    /// (`Yielded` with the state it starts from), or dropped (`Abandoned`) if `abandon`.
+    fn return_granted(&mut self, slot: u32, abandon: bool) {
+        let mut held = Vec::new();
+        let mut fresh = Vec::new();
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let r = &self.waiting[i];
+            if r.slot != slot || !r.granted {
+                i += 1;
+                continue;
             }
-            !back
-        });
-        if !chunks.is_empty() {
-            let _ = self.out.send(ToCoordinator::Returned { slot, chunks });
+            let r = self.waiting.remove(i).expect("in range");
+            if r.held {
+                held.push(r.chunk);
+            } else {
+                fresh.push(r);
+            }
+        }
+        if !held.is_empty() {
+            let _ = self
+                .out
+                .send(ToCoordinator::Returned { slot, chunks: held });
+        }
+        for r in fresh {
+            let chunk = r.chunk;
+            let msg = if abandon {
+                ToCoordinator::Abandoned { slot, chunk }
+            } else {
+                match codec::encode("a chunk state", &r.job.chunk(r.range.clone())) {
+                    Ok(state) => {
+                        self.yielded += 1;
+                        ToCoordinator::Yielded {
+                            slot,
+                            chunk,
+                            state: Bytes::from(state),
+                            iterations: 0,
+                            busy_ns: 0,
+                        }
+                    }
+                    Err(e) => ToCoordinator::Failed {
+                        slot,
+                        chunk,
+                        failure: failure_of(e.into()),
+                    },
+                }
+            };
+            let _ = self.out.send(msg);
         }
     }
 
@@ -186,7 +223,7 @@ impl<J: Job> Queue<J> {
                     continue;
                 }
                 Ok(SlotMsg::Interrupt { slot, chunk }) => {
-                    self.return_granted(slot);
+                    self.return_granted(slot, false);
                     match running {
                         // The slot runs a granted chunk after the one named, which ended.
                         Some((s, c)) if s == slot && c != chunk && self.runs_granted => {
@@ -198,7 +235,7 @@ impl<J: Job> Queue<J> {
                 }
                 Ok(SlotMsg::Capture { slot, chunk }) => (slot, chunk, true),
                 Ok(SlotMsg::Abandon { slot, chunk }) => {
-                    self.return_granted(slot);
+                    self.return_granted(slot, true);
                     match running {
                         Some((s, c)) if s == slot && c != chunk && self.runs_granted => {
                             self.abandoned = true;

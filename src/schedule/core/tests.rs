@@ -697,13 +697,30 @@ fn simulate_owned_with(
                             if grants {
                                 let mut got = Vec::new();
                                 let g = core.grant(worker, |c, s| {
-                                    got.push((c, s.clone()));
+                                    got.push((c, s.cloned()));
                                     true
                                 });
                                 let named: Vec<ChunkId> = g.iter().map(|(c, _)| *c).collect();
                                 let took: Vec<ChunkId> = got.iter().map(|(c, _)| *c).collect();
                                 assert_eq!(named, took);
-                                granted.entry(worker).or_default().extend(got);
+                                for ((c, state), (_, range)) in got.into_iter().zip(g) {
+                                    let part = match state {
+                                        Some(p) => p,
+                                        None if phase == 0 => SimPart {
+                                            start: range.start,
+                                            next: range.start,
+                                            end: range.end,
+                                            seen: Vec::new(),
+                                            phases: 0,
+                                        },
+                                        None => {
+                                            return Err(format!(
+                                                "chunk {c} granted from scratch in phase {phase}"
+                                            ));
+                                        }
+                                    };
+                                    granted.entry(worker).or_default().push_back((c, part));
+                                }
                             }
                         }
                         Command::Interrupt { worker } => {
@@ -960,8 +977,8 @@ fn granted_partitions_count_as_running_until_reported_or_returned() {
         core.handle(e, out)
     };
     core.handle(Event::Joined { worker: 0 }, &mut out).unwrap();
-    // The first phase: no state yet, so nothing to grant.
-    assert!(core.grant(0, |_, _| true).is_empty());
+    // The first phase: nothing held yet, so nothing held to grant.
+    assert!(core.grant(0, |_, s| s.is_some()).is_empty());
     for c in 0..4 {
         done(&mut core, &mut out, c).unwrap();
     }
