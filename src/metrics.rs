@@ -18,6 +18,7 @@
 //! | `malleable_peer_errors_total` | counter | peers | refused handshakes and lost worker connections (label `kind`) |
 //! | `malleable_partitions_moved_total` | counter | partitions | owned partitions handed to a worker other than the one that held them |
 //! | `malleable_halos_total` | counter | halos | halos exported by owned partitions in worker processes, counted at each barrier (label `route`: `kept`, stayed in the process for a partition there; `relayed`, sent to the coordinator, for a partition elsewhere or whose place was not known) |
+//! | `malleable_remote_messages_total` | counter | messages | messages between the coordinator and worker processes, a batch counting once: a phase costs one each way per process (label `direction`: `in`, `out`) |
 //! | `malleable_stale_events_total` | counter | events | events from a worker the job's ledger no longer has (a thread or slot already lost, retired or left behind by a rollback), dropped: such a worker's news is late, not wrong |
 //! | `malleable_rollbacks_total` | counter | rollbacks | owned partitions lost with a worker process: the job went back to its latest committed snapshot |
 //! | `malleable_shutdown_abandoned_total` | counter | connections, writes | what an executor's shutdown or a job's end gave up waiting for (label `kind`: `connection`, `snapshot_write`; no `job` label) |
@@ -71,6 +72,9 @@ pub const PEER_ERRORS: &str = "malleable_peer_errors_total";
 pub const PARTITIONS_MOVED: &str = "malleable_partitions_moved_total";
 /// Halos exported by partitions in worker processes (label `route`: `kept`, `relayed`).
 pub const HALOS: &str = "malleable_halos_total";
+/// Messages between the coordinator and worker processes, a batch counting once (label
+/// `direction`: `in`, from the processes; `out`, to them).
+pub const REMOTE_MESSAGES: &str = "malleable_remote_messages_total";
 /// Rollbacks to the latest committed snapshot after owned partitions were lost.
 pub const ROLLBACKS: &str = "malleable_rollbacks_total";
 /// Events from a worker that the job's ledger no longer has, dropped.

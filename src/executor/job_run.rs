@@ -464,6 +464,7 @@ impl<J: Job> State<J> {
                 _ => {}
             }
         }
+        let joined = matches!(event, Event::Joined { .. });
         let mut out = std::mem::take(&mut self.out);
         let phase = self.phase;
         // `handle` runs the reducer's `combine`: a panic there ends the job, not the worker.
@@ -477,6 +478,9 @@ impl<J: Job> State<J> {
         }
         let mine = self.execute(&mut out, me);
         self.out = out;
+        if joined && rejected.is_none() {
+            self.recall_grants();
+        }
         match rejected {
             Some(r) => Err(r),
             None => Ok(mine),

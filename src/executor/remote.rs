@@ -13,7 +13,17 @@
 //!    middle of a phase; the core may hand them chunks at once.
 //! 2. *Run.* A `Run` command for a slot becomes a `Run` message, preceded by the phase's job
 //!    value (`Phase`) the first time the connection gets a chunk of that phase. A state held
-//!    as bytes is sent as it is.
+//!    as bytes is sent as it is. With owned partitions the `Run` carries a *grant*
+//!    (`Run::then`, `Core::grant`): the partitions queued after it on the slot that the
+//!    process holds (or, in a first phase, the chunks not started yet), which the slot runs
+//!    one after the other without a `Run` each; the ledger counts them as running on the
+//!    slot until each is reported, and an interrupt gives back the unstarted ones
+//!    (`Returned`). Everything the coordinator decides for one process at once goes in one
+//!    message (`ToWorker::Batch`): a phase's start, for a process holding its partitions, is
+//!    one message whatever their number, and the process answers with one batch of `Done`s
+//!    when its granted runs have ended. (Before grants, a slot held one chunk and waited a
+//!    round trip for the next: 49 messages per process per phase on the stencil of
+//!    `benches/partitions.rs`, now 2.)
 //! 3. *Report.* `Done` and `Yielded` messages become the core's events of the same names;
 //!    `Captured` feeds a snapshot's cut (protocol step 2 of `schedule/cut.rs`); heartbeats carry
 //!    progress. An event the core refuses (a chunk the slot does not hold) or bytes that do
@@ -312,6 +322,10 @@ impl Remotes {
             })
             .collect();
         self.traffic.messages_out += out.len() as u64;
+        if !out.is_empty() {
+            metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "out")
+                .increment(out.len() as u64);
+        }
         out
     }
 
@@ -748,6 +762,25 @@ impl<J: Job> State<J> {
                 (c, range.start, range.end)
             })
             .collect()
+    }
+
+    /// A worker joined in the middle of a phase: every slot of a worker process that was
+    /// granted chunks it has not started is asked to give them back (`Recall`), so that the
+    /// ledger can deal the newcomer a share of them (grants would otherwise keep a phase's
+    /// partitions where the phase's start put them).
+    pub(crate) fn recall_grants(&mut self) {
+        if !self.core.is_partitioned() {
+            return;
+        }
+        let mut recalls = Vec::new();
+        for (&id, conn) in &self.remote.conns {
+            for (slot, w) in conn.slots.iter().enumerate() {
+                if w.is_some_and(|w| self.core.granted(w).next().is_some()) {
+                    recalls.push((id, ToWorker::Recall { slot: slot as u32 }));
+                }
+            }
+        }
+        self.remote.outbox.extend(recalls);
     }
 
     /// An `Interrupt` for remote slot `r` (worker `worker`); nothing if it runs nothing.
@@ -1455,6 +1488,7 @@ impl<J: Job> State<J> {
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         self.remote.traffic.messages_in += 1;
+        metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "in").increment(1);
         let ToCoordinator::Batch(batch) = msg else {
             return self.on_remote_one(id, msg);
         };
@@ -1803,6 +1837,11 @@ impl<J: Job> State<J> {
             ToCoordinator::Returned { slot, chunks } => {
                 let w = slot_of(conn, slot)?;
                 let chunk = chunks.first().copied().unwrap_or_default();
+                // Held there (the ledger knows where), or never started anywhere.
+                let held: Vec<bool> = chunks
+                    .iter()
+                    .map(|&c| self.core.fallback(c).is_some())
+                    .collect();
                 let event = Event::Returned {
                     worker: w,
                     chunks: chunks.clone(),
@@ -1818,9 +1857,15 @@ impl<J: Job> State<J> {
                 // A cut that waited for them from the slot asks their holder now: they are
                 // held there, unstarted since the marker (the ledger may have asked for one
                 // already, for another worker: then its bytes on their way are the part).
-                for c in chunks {
+                // One never started anywhere has no part.
+                for (c, held) in chunks.into_iter().zip(held) {
                     if self.snap.cut.waits_for(w, c) {
-                        self.captured(w, c, Ok(Captured::Held));
+                        let what = if held {
+                            Captured::Held
+                        } else {
+                            Captured::Scratch
+                        };
+                        self.captured(w, c, Ok(what));
                     }
                 }
                 self.settle();

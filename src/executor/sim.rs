@@ -1321,6 +1321,69 @@ mod tests {
         }
     }
 
+    /// A phase costs the coordinator one message to each process and one from it, however
+    /// many partitions the process holds: the phase's start (job value, halos, every slot's
+    /// run with its grant) in one batch, and the phase's `Done`s in another. Two processes
+    /// of one and two threads, 24 bands, 6 phases, nothing else happening (no heartbeat, no
+    /// snapshot, no fault).
+    #[test]
+    fn a_phase_costs_one_message_each_way_per_process() {
+        let job = Banded(SimGrid {
+            n: 48,
+            w: 6,
+            bands: 24,
+            phases: 6,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::scripted(job);
+        h.join(1);
+        h.join(2);
+        let mut phase = h.state.phase;
+        let count = |h: &History<SimJob>| {
+            let t = &h.state.remote.traffic;
+            (t.messages_in, t.messages_out)
+        };
+        let mut at = count(&h);
+        let mut moved_at = h.state.core.partitions_moved();
+        let mut per_phase = Vec::new();
+        while !h.state.outcome_ready() {
+            let mut moved = false;
+            for i in 0..h.procs.len() {
+                if !h.procs[i].inbox.is_empty() || h.procs[i].sim.has_sent() {
+                    h.deliver_all(i);
+                    h.send_all(i);
+                    moved = true;
+                }
+                for t in h.procs[i].sim.busy_threads() {
+                    h.procs[i].sim.turn(t);
+                    moved = true;
+                }
+            }
+            if h.state.phase != phase {
+                let (now, moved_now) = (count(&h), h.state.core.partitions_moved());
+                per_phase.push((now.0 - at.0, now.1 - at.1, moved_now - moved_at));
+                (phase, at, moved_at) = (h.state.phase, now, moved_now);
+            }
+            assert!(moved, "stuck:\n{}", h.log.join("\n"));
+        }
+        let log = h.log.join("\n");
+        match h.state.result.take() {
+            Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
+            other => panic!("{other:?}\n{log}"),
+        }
+        // Every phase but the first (whose start went before the count began), in and out,
+        // but those whose start moved partitions (the second process joined after the first
+        // had been dealt every band, and the next phase's start balances them: each moved
+        // partition is a `Surrender` and its answer).
+        assert_eq!(per_phase.len(), 5, "{per_phase:?}");
+        let steady: Vec<_> = per_phase.iter().filter(|p| p.2 == 0).collect();
+        assert!(steady.len() >= 3, "{per_phase:?}");
+        for &&(got, sent, _) in &steady {
+            assert!(got <= 2 && sent <= 2, "{per_phase:?}\n{log}");
+        }
+    }
+
     /// A batch inside a batch from a process is refused, and so is a `Returned` of chunks
     /// its slot was not granted; a batch's messages are taken in order.
     #[test]

@@ -201,6 +201,15 @@ pub enum ToWorker {
         /// The epoch folder of the snapshot being taken.
         folder: u64,
     },
+    /// Give back the chunks granted to `slot` (`Run::then`) that it has not started: held
+    /// partitions stay held here and are named in `Returned`; a chunk not started anywhere
+    /// goes back as `Yielded` with the state it starts from. The chunk the slot runs goes
+    /// on. The coordinator asks it when a worker joins in the middle of a phase, so that
+    /// the newcomer can take a share of what is not started.
+    Recall {
+        /// The slot.
+        slot: u32,
+    },
     /// Hand `chunk` back at the next adjustment point. With a grant (`Run::then`), the
     /// slot hands back whichever of its granted chunks it runs (`Yielded`, or its `Done` if
     /// it ended first) and gives back those it did not start (`Returned`), whichever chunk

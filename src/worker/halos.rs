@@ -36,11 +36,9 @@ impl Keeper {
     /// here; `Forget` drops them all (the job rolled back).
     pub(super) fn arrived(&mut self, msg: &ToWorker) {
         match msg {
-            ToWorker::Run { chunk, then, .. } => {
-                self.here.insert(*chunk);
-                self.here.extend(then.iter().map(|&(c, _, _)| c));
-            }
-            ToWorker::Place { chunk, .. } | ToWorker::PlacePart { chunk, .. } => {
+            ToWorker::Run { chunk, .. }
+            | ToWorker::Place { chunk, .. }
+            | ToWorker::PlacePart { chunk, .. } => {
                 self.here.insert(*chunk);
             }
             ToWorker::Forget => {
@@ -49,6 +47,12 @@ impl Keeper {
             }
             _ => {}
         }
+    }
+
+    /// A granted chunk not started anywhere is given to a thread: its partition is made
+    /// here (as a `Run` of it would bring it).
+    pub(super) fn brought(&mut self, chunk: u64) {
+        self.here.insert(chunk);
     }
 
     /// A `Begin` with the halos this process kept in place of [`Halo::Kept`]; `None` if one

@@ -512,7 +512,6 @@ impl Io {
                 range,
                 state,
                 held,
-                granted,
                 phase,
             } => {
                 // The machine runs nothing before the job value, which the pump then holds.
@@ -529,7 +528,6 @@ impl Io {
                     range,
                     state,
                     held,
-                    granted,
                     job: Arc::clone(job),
                     phase,
                     chunks: *chunks,

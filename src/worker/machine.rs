@@ -47,7 +47,11 @@
 //! 3. *Slots.* A `Run`, `Interrupt`, `Capture` or `Abandon` goes to the thread of a live slot
 //!    ([`Out::Thread`]); a slot that is not live, a run before the job value or of an empty
 //!    range, ends the process ([`Error::Rejected`]). `Release` takes a slot out; a thread
-//!    whose slots are all out is closed ([`Out::Close`]).
+//!    whose slots are all out is closed ([`Out::Close`]). A `Run` with a grant
+//!    (`Run::then`) hands the thread every granted chunk after it, in order; while granted
+//!    runs are out, the `Done`s wait and go in one `Batch` with the last, or ahead of any
+//!    other message (a heartbeat at the latest), so the wire's order is the order they were
+//!    decided in. A `Batch` from the coordinator is taken message by message.
 //! 4. *Parts* (step 7 of `mod.rs`). Once the offered store checked out ([`Out::Check`],
 //!    [`Machine::checked`]), a state captured for a snapshot is written by this process
 //!    ([`Out::Put`]) and answered by its reference; a write that fails sends the bytes and
@@ -141,9 +145,6 @@ pub(super) enum ToThread {
         state: Option<Bytes>,
         /// Run the partition held here for `chunk`.
         held: bool,
-        /// Granted after the slot's run before it (`Run::then`): an interrupt or an abandon
-        /// of the slot gives it back unstarted (`Returned`).
-        granted: bool,
         phase: u64,
     },
     Interrupt {
@@ -307,6 +308,10 @@ pub(super) struct Machine {
     /// Granted runs (`Run::then`) handed to the threads and not reported yet, by chunk:
     /// while there are any, the `Done`s of this phase wait in `dones` and go together.
     granted: IdSet<u64>,
+    /// Each slot's grant (`Run::then`), by slot: its thread gets one chunk at a time, the
+    /// next when it reports the last, so that a grant can be given back (`Returned`) at
+    /// once, whatever the thread is doing.
+    grants: IdMap<u32, Grant>,
     /// `Done`s held back while granted runs are out: they go in one `Batch` when the last
     /// granted run is reported, or before any other message (the order on the wire is the
     /// order they were decided in), or with the next heartbeat at the latest.
@@ -344,6 +349,7 @@ impl Machine {
             ended: false,
             keeper: Keeper::default(),
             granted: IdSet::default(),
+            grants: IdMap::default(),
             dones: Vec::new(),
             store: None,
             checking: false,
@@ -441,22 +447,74 @@ impl Machine {
         if self.ended {
             return;
         }
-        match &msg {
-            ToCoordinator::Done { chunk, .. }
-            | ToCoordinator::Yielded { chunk, .. }
-            | ToCoordinator::Abandoned { chunk, .. }
-            | ToCoordinator::Failed { chunk, .. }
-            | ToCoordinator::Missing { chunk } => {
+        // A run's end: the slot's grant goes on with its next chunk, or, if the run did not
+        // end (handed back, dropped, failed), is given back.
+        let ended = match &msg {
+            ToCoordinator::Done { slot, chunk, .. } => Some((*slot, *chunk, true)),
+            ToCoordinator::Yielded { slot, chunk, .. }
+            | ToCoordinator::Abandoned { slot, chunk }
+            | ToCoordinator::Failed { slot, chunk, .. } => Some((*slot, *chunk, false)),
+            ToCoordinator::Missing { chunk } => {
                 self.granted.remove(chunk);
+                None
             }
-            ToCoordinator::Returned { chunks, .. } => {
-                for c in chunks {
-                    self.granted.remove(c);
-                }
-            }
-            _ => {}
+            _ => None,
+        };
+        if let Some((_, chunk, _)) = ended {
+            self.granted.remove(&chunk);
         }
         self.route(msg, None);
+        let Some((slot, chunk, done)) = ended else {
+            return;
+        };
+        if self.grants.get(&slot).is_none_or(|g| g.current != chunk) {
+            return;
+        }
+        if !done {
+            self.give_back(slot);
+            self.grants.remove(&slot);
+            return;
+        }
+        let grant = self.grants.get_mut(&slot).expect("checked above");
+        let Some((next, range)) = grant.pending.pop_front() else {
+            self.grants.remove(&slot);
+            return;
+        };
+        grant.current = next;
+        let (held, phase) = (grant.held, grant.phase);
+        if grant.pending.is_empty() {
+            self.grants.remove(&slot);
+        }
+        if !held {
+            // A chunk not started anywhere: its partition is made here now.
+            self.keeper.brought(next);
+        }
+        let t = (slot / SLOTS_PER_THREAD) as usize;
+        let run = ToThread::Run {
+            slot,
+            chunk: next,
+            range,
+            state: None,
+            held,
+            phase,
+        };
+        self.out.push_back(Out::Thread(t, run));
+    }
+
+    /// The chunks granted to `slot` that its thread was not given yet go back
+    /// (`Returned`); the one it has goes on.
+    fn give_back(&mut self, slot: u32) {
+        let Some(grant) = self.grants.get_mut(&slot) else {
+            return;
+        };
+        let chunks: Vec<u64> = grant.pending.drain(..).map(|(c, _)| c).collect();
+        if chunks.is_empty() {
+            return;
+        }
+        for c in &chunks {
+            self.granted.remove(c);
+        }
+        self.route(ToCoordinator::Returned { slot, chunks }, None);
     }
 
     /// The threads' messages can no longer come (every thread is gone): the loop ends.
@@ -675,28 +733,32 @@ impl Machine {
                         range: start..end,
                         state,
                         held,
-                        granted: false,
                         phase,
                     },
                 ));
-                for (chunk, start, end) in then {
-                    self.granted.insert(chunk);
-                    self.out.push_back(Out::Thread(
-                        t,
-                        ToThread::Run {
-                            slot,
-                            chunk,
-                            range: start..end,
-                            state: None,
-                            held,
-                            granted: true,
-                            phase,
-                        },
-                    ));
+                if !then.is_empty() {
+                    self.granted.extend(then.iter().map(|&(c, _, _)| c));
+                    let grant = Grant {
+                        current: chunk,
+                        pending: then.into_iter().map(|(c, s, e)| (c, s..e)).collect(),
+                        held,
+                        phase,
+                    };
+                    if let Some(old) = self.grants.insert(slot, grant) {
+                        tracing::warn!(slot, ?old, "a grant replaced one not ended");
+                    }
+                }
+            }
+            ToWorker::Recall { slot } => {
+                if self.slot(slot).is_some() {
+                    self.give_back(slot);
                 }
             }
             ToWorker::Interrupt { slot, chunk } => {
                 if let Some((t, _)) = self.slot(slot) {
+                    // With a grant, the slot's thread has its current chunk: that one stops.
+                    self.give_back(slot);
+                    let chunk = self.grants.get(&slot).map_or(chunk, |g| g.current);
                     let m = ToThread::Interrupt { slot, chunk };
                     self.out.push_back(Out::Thread(t, m));
                 }
@@ -706,6 +768,26 @@ impl Machine {
                 chunk,
                 folder,
             } => {
+                let waits = self
+                    .grants
+                    .get_mut(&slot)
+                    .and_then(|g| {
+                        Some(
+                            g.pending
+                                .remove(g.pending.iter().position(|p| p.0 == chunk)?),
+                        )
+                    })
+                    .is_some();
+                if waits {
+                    // Granted and not started: it goes back, and the coordinator asks for
+                    // its part as it asks for any partition held here.
+                    self.granted.remove(&chunk);
+                    let back = ToCoordinator::Returned {
+                        slot,
+                        chunks: vec![chunk],
+                    };
+                    return self.route(back, None);
+                }
                 self.folders.insert((slot, chunk), folder);
                 if let Some((t, _)) = self.slot(slot) {
                     let m = ToThread::Capture { slot, chunk };
@@ -714,11 +796,14 @@ impl Machine {
             }
             ToWorker::Abandon { slot, chunk } => {
                 if let Some((t, _)) = self.slot(slot) {
+                    self.give_back(slot);
+                    let chunk = self.grants.get(&slot).map_or(chunk, |g| g.current);
                     let m = ToThread::Abandon { slot, chunk };
                     self.out.push_back(Out::Thread(t, m));
                 }
             }
             ToWorker::Release { slot } => {
+                self.grants.remove(&slot);
                 let Some((t, i)) = self.slot(slot) else {
                     return;
                 };
@@ -787,6 +872,7 @@ impl Machine {
                 // are for the phase rolled back from.
                 self.placing.clear();
                 self.granted.clear();
+                self.grants.clear();
                 self.flush_dones();
                 self.out.push_back(Out::Forget);
             }
@@ -959,6 +1045,19 @@ impl Machine {
         };
         self.out.push_back(Out::Send(msg));
     }
+}
+
+/// The chunks granted to a slot (`Run::then`), handed to its thread one at a time.
+#[derive(Debug)]
+struct Grant {
+    /// The chunk the thread has (the `Run`'s, then each granted one in turn).
+    current: u64,
+    /// Granted chunks not handed to the thread yet, in order, with their ranges.
+    pending: VecDeque<(u64, std::ops::Range<u64>)>,
+    /// Held partitions (or chunks not started anywhere).
+    held: bool,
+    /// The phase they run in.
+    phase: u64,
 }
 
 /// The error of a coordinator that fell silent: nothing from it for a whole lease, or a
@@ -1318,45 +1417,39 @@ mod tests {
         }
     }
 
-    /// A `Run` with a grant hands every granted chunk to the slot's thread, in order; the
-    /// `Done`s wait while granted runs are out and go in one `Batch` with the last one. A
-    /// message of another kind (a heartbeat here) takes the waiting ones with it, first.
+    /// A `Run` with a grant gives the slot's thread its chunk, and each granted one when it
+    /// reports the one before; the `Done`s wait while granted runs are out and go in one
+    /// `Batch` with the last one. A message of another kind (a heartbeat here) takes the
+    /// waiting ones with it, first. A capture of a granted chunk not given to the thread
+    /// yet, a `Recall` and an `Interrupt` give back what the thread was not given
+    /// (`Returned`), at once; the interrupt goes to the chunk the thread has.
     #[test]
-    fn the_dones_of_a_grant_go_together() {
+    fn a_grant_goes_to_the_thread_one_chunk_at_a_time_and_its_dones_together() {
         let (mut m, t0) = machine(true, 1);
         with_job(&mut m, t0);
-        let batch = ToWorker::Batch(vec![
-            ToWorker::Run {
-                slot: 0,
-                chunk: 1,
-                start: 10,
-                end: 20,
-                state: None,
-                held: true,
-                then: vec![(3, 30, 40), (5, 50, 60)],
-            },
-            ToWorker::Interrupt { slot: 0, chunk: 1 },
-        ]);
-        m.received(t0, Some(batch));
-        let outs = polled(&mut m);
-        let runs: Vec<(u64, bool)> = outs
-            .iter()
-            .filter_map(|o| match o {
-                Out::Thread(0, ToThread::Run { chunk, granted, .. }) => Some((*chunk, *granted)),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(runs, [(1, false), (3, true), (5, true)], "{outs:?}");
-        assert!(
-            matches!(
-                outs.last(),
-                Some(Out::Thread(0, ToThread::Interrupt { slot: 0, chunk: 1 }))
-            ),
-            "{outs:?}"
-        );
+        let run = |chunk: u64, then: Vec<u64>| ToWorker::Run {
+            slot: 0,
+            chunk,
+            start: chunk * 10,
+            end: chunk * 10 + 10,
+            state: None,
+            held: true,
+            then: then.into_iter().map(|c| (c, c * 10, c * 10 + 10)).collect(),
+        };
+        let handed = |outs: &[Out]| -> Vec<u64> {
+            outs.iter()
+                .filter_map(|o| match o {
+                    Out::Thread(0, ToThread::Run { chunk, .. }) => Some(*chunk),
+                    _ => None,
+                })
+                .collect()
+        };
+        m.received(t0, Some(ToWorker::Batch(vec![run(1, vec![3, 5])])));
+        assert_eq!(handed(&polled(&mut m)), [1]);
         m.reported(done(0, 1, false));
+        assert_eq!(handed(&polled(&mut m)), [3], "the next, and nothing sent");
         m.reported(done(0, 3, false));
-        assert!(polled(&mut m).is_empty(), "held back while 5 runs");
+        assert_eq!(handed(&polled(&mut m)), [5]);
         m.reported(done(0, 5, false));
         match &sent(polled(&mut m))[..] {
             [ToCoordinator::Batch(dones)] => {
@@ -1365,20 +1458,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Held back again; a heartbeat takes it along, behind it.
-        let run = ToWorker::Run {
-            slot: 0,
-            chunk: 7,
-            start: 70,
-            end: 80,
-            state: None,
-            held: true,
-            then: vec![(9, 90, 100)],
-        };
-        m.received(t0, Some(run));
+        // Held back again; a heartbeat takes it along, ahead of it.
+        m.received(t0, Some(run(7, vec![9])));
         polled(&mut m);
         m.reported(done(0, 7, false));
-        assert!(polled(&mut m).is_empty());
+        assert_eq!(handed(&polled(&mut m)), [9]);
         m.tick(t0 + BEAT, vec![0]);
         let got = sent(polled(&mut m));
         assert!(
@@ -1391,6 +1475,38 @@ mod tests {
             ),
             "{got:?}"
         );
+        m.reported(done(0, 9, false));
+        polled(&mut m);
+        // Given back: a captured one, then on a recall the rest; the interrupt goes to 11.
+        m.received(t0, Some(run(11, vec![13, 15, 17])));
+        polled(&mut m);
+        let capture = ToWorker::Capture {
+            slot: 0,
+            chunk: 15,
+            folder: 0,
+        };
+        m.received(t0, Some(capture));
+        m.received(t0, Some(ToWorker::Recall { slot: 0 }));
+        m.received(t0, Some(ToWorker::Interrupt { slot: 0, chunk: 11 }));
+        let outs = polled(&mut m);
+        let returned: Vec<Vec<u64>> = outs
+            .iter()
+            .filter_map(|o| match o {
+                Out::Send(ToCoordinator::Returned { slot: 0, chunks }) => Some(chunks.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(returned, [vec![15], vec![13, 17]], "{outs:?}");
+        assert!(
+            matches!(
+                outs.last(),
+                Some(Out::Thread(0, ToThread::Interrupt { slot: 0, chunk: 11 }))
+            ),
+            "{outs:?}"
+        );
+        // Its end hands nothing more.
+        m.reported(done(0, 11, false));
+        assert!(handed(&polled(&mut m)).is_empty());
     }
 
     /// A batch inside a batch, and a grant after a chunk that continues from a state, end

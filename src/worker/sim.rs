@@ -267,7 +267,6 @@ impl<J: Job> SimProcess<J> {
                 range,
                 state,
                 held,
-                granted,
                 phase,
             } => {
                 let Some((_, chunks, job)) = &self.job else {
@@ -279,7 +278,6 @@ impl<J: Job> SimProcess<J> {
                     range,
                     state,
                     held,
-                    granted,
                     job: Arc::clone(job),
                     phase,
                     chunks: *chunks,

@@ -30,8 +30,6 @@ pub(super) struct Run<J: Job> {
     pub(super) state: Option<Bytes>,
     /// Run the owned partition this process holds for `chunk` (in [`HeldParts`]).
     pub(super) held: bool,
-    /// Granted after the slot's previous run (`ToWorker::Run::then`).
-    pub(super) granted: bool,
     pub(super) job: Arc<J>,
     pub(super) phase: u64,
     /// The job's number of chunks.
@@ -117,9 +115,6 @@ struct Queue<J: Job> {
     yielded: u64,
     /// The running chunk was abandoned (a rollback): it stops, and nothing of it goes back.
     abandoned: bool,
-    /// The running chunk was granted (`Run::granted`): an interrupt or an abandon naming
-    /// the slot's earlier chunk, which ended, is about it.
-    runs_granted: bool,
 }
 
 /// What a thread was asked about the chunk it runs.
@@ -154,66 +149,9 @@ impl<J: Job> Queue<J> {
         let _ = self.out.send(ToCoordinator::Abandoned { slot, chunk });
     }
 
-    /// Gives back the granted chunks of `slot` that wait to run: an interrupt or an
-    /// abandon of the slot stops its grant. Held partitions stay held here and are named in
-    /// one `Returned`; a chunk never started is handed back as any waiting chunk is
-    /// (`Yielded` with the state it starts from), or dropped (`Abandoned`) if `abandon`.
-    fn return_granted(&mut self, slot: u32, abandon: bool) {
-        let mut held = Vec::new();
-        let mut fresh = Vec::new();
-        let mut i = 0;
-        while i < self.waiting.len() {
-            let r = &self.waiting[i];
-            if r.slot != slot || !r.granted {
-                i += 1;
-                continue;
-            }
-            let r = self.waiting.remove(i).expect("in range");
-            if r.held {
-                held.push(r.chunk);
-            } else {
-                fresh.push(r);
-            }
-        }
-        if !held.is_empty() {
-            let _ = self
-                .out
-                .send(ToCoordinator::Returned { slot, chunks: held });
-        }
-        for r in fresh {
-            let chunk = r.chunk;
-            let msg = if abandon {
-                ToCoordinator::Abandoned { slot, chunk }
-            } else {
-                match codec::encode("a chunk state", &r.job.chunk(r.range.clone())) {
-                    Ok(state) => {
-                        self.yielded += 1;
-                        ToCoordinator::Yielded {
-                            slot,
-                            chunk,
-                            state: Bytes::from(state),
-                            iterations: 0,
-                            busy_ns: 0,
-                        }
-                    }
-                    Err(e) => ToCoordinator::Failed {
-                        slot,
-                        chunk,
-                        failure: failure_of(e.into()),
-                    },
-                }
-            };
-            let _ = self.out.send(msg);
-        }
-    }
-
     /// Takes the queued messages: runs join `waiting`; a request for a waiting chunk is
     /// answered at once (it has the state it came with); one for `running` (slot, chunk) is
     /// returned; others are for chunks that ended here and are dropped.
-    ///
-    /// An interrupt or an abandon of a slot with a grant is about the slot: its granted
-    /// chunks that wait go back first (`Returned`), and the one it runs, whichever it is,
-    /// stops.
     fn take(&mut self, running: Option<(u32, u64)>) -> Asked {
         let mut asked = Asked::default();
         loop {
@@ -222,26 +160,10 @@ impl<J: Job> Queue<J> {
                     self.waiting.push_back(run);
                     continue;
                 }
-                Ok(SlotMsg::Interrupt { slot, chunk }) => {
-                    self.return_granted(slot, false);
-                    match running {
-                        // The slot runs a granted chunk after the one named, which ended.
-                        Some((s, c)) if s == slot && c != chunk && self.runs_granted => {
-                            asked.interrupt = true;
-                            continue;
-                        }
-                        _ => (slot, chunk, false),
-                    }
-                }
+                Ok(SlotMsg::Interrupt { slot, chunk }) => (slot, chunk, false),
                 Ok(SlotMsg::Capture { slot, chunk }) => (slot, chunk, true),
                 Ok(SlotMsg::Abandon { slot, chunk }) => {
-                    self.return_granted(slot, true);
-                    match running {
-                        Some((s, c)) if s == slot && c != chunk && self.runs_granted => {
-                            self.abandoned = true;
-                        }
-                        _ => self.abandon(running, slot, chunk),
-                    }
+                    self.abandon(running, slot, chunk);
                     continue;
                 }
                 Err(TryRecvError::Empty) => return asked,
@@ -410,7 +332,6 @@ impl<J: Job> Compute<J> {
                 done: 0,
                 yielded: 0,
                 abandoned: false,
-                runs_granted: false,
             },
             stats: StepStats::new(J::NAME),
             free: std::time::Instant::now(),
@@ -454,13 +375,11 @@ impl<J: Job> Compute<J> {
             range,
             state,
             held: is_held,
-            granted,
             job,
             phase,
             chunks,
             queued,
         } = next;
-        queue.runs_granted = granted;
         let state = if is_held {
             match lock(&queue.held).remove(&chunk) {
                 Some(part) => Some(Held::Live(part)),
@@ -652,7 +571,6 @@ mod tests {
                 range: chunk..chunk + 1,
                 state: None,
                 held: false,
-                granted: false,
                 job: Arc::clone(&job),
                 phase: 0,
                 chunks: u64::from(SLOTS_PER_THREAD),

@@ -192,6 +192,7 @@ fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
                 then: vec![(3, 6, 8), (4, 8, 10)],
             },
         ),
+        ("recall", ToWorker::Recall { slot: 2 }),
         (
             "begin",
             ToWorker::Begin {
