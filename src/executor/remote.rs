@@ -1837,29 +1837,17 @@ impl<J: Job> State<J> {
             ToCoordinator::Returned { slot, chunks } => {
                 let w = slot_of(conn, slot)?;
                 let chunk = chunks.first().copied().unwrap_or_default();
-                // Held there (the ledger knows where), or never started anywhere.
-                let held: Vec<bool> = chunks
-                    .iter()
-                    .map(|&c| self.core.fallback(c).is_some())
-                    .collect();
-                let event = Event::Returned {
-                    worker: w,
-                    chunks: chunks.clone(),
-                };
-                if let Err(rejected) = self.feed_checked(event, None) {
-                    return Err(PeerError::Rejected {
-                        peer: peer.to_string(),
-                        what: "a Returned",
-                        reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
-                        source: Some(Box::new(rejected)),
-                    });
+                // (From a slot the ledger no longer has: late news, dropped below.)
+                let known = self.core.knows(w);
+                if let Some(&c) = chunks.iter().find(|&&c| known && !self.core.runs(w, c)) {
+                    return Err(bad(format!("chunk {c} was not granted to slot {slot}")));
                 }
-                // A cut that waited for them from the slot asks their holder now: they are
-                // held there, unstarted since the marker (the ledger may have asked for one
-                // already, for another worker: then its bytes on their way are the part).
-                // One never started anywhere has no part.
-                for (c, held) in chunks.into_iter().zip(held) {
+                // A cut that waited for them from the slot asks their holder first, before
+                // the ledger may hand them to another worker: they are held there,
+                // unstarted since the marker. One never started anywhere has no part.
+                for &c in &chunks {
                     if self.snap.cut.waits_for(w, c) {
+                        let held = self.core.fallback(c).is_some();
                         let what = if held {
                             Captured::Held
                         } else {
@@ -1867,6 +1855,15 @@ impl<J: Job> State<J> {
                         };
                         self.captured(w, c, Ok(what));
                     }
+                }
+                let event = Event::Returned { worker: w, chunks };
+                if let Err(rejected) = self.feed_checked(event, None) {
+                    return Err(PeerError::Rejected {
+                        peer: peer.to_string(),
+                        what: "a Returned",
+                        reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
+                        source: Some(Box::new(rejected)),
+                    });
                 }
                 self.settle();
                 return Ok(());

@@ -1404,7 +1404,7 @@ mod tests {
         }]);
         let refused = h.coord().on_remote(id, returned);
         assert!(
-            matches!(&refused, Err(e) if e.to_string().contains("refuses chunk 2")),
+            matches!(&refused, Err(e) if e.to_string().contains("chunk 2 was not granted")),
             "{refused:?}"
         );
     }

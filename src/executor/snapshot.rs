@@ -555,11 +555,12 @@ impl<J: Job> State<J> {
             self.snap.out = out;
             return;
         }
-        // Not in the ledger and not kept: a partition on its way from its holder (one
-        // granted there and given back unstarted, then asked for by another worker).
+        // Not in the ledger and not kept: a partition granted to a slot of its holder
+        // (the ledger keeps where it is as its fallback), or on its way from its holder.
         let holder = in_ledger
             .and_then(|(elsewhere, _)| elsewhere)
             .or(kept_by)
+            .or_else(|| self.core.fallback(chunk).and_then(Held::elsewhere))
             .or_else(|| self.remote.fetching_from(chunk));
         if holder.is_some_and(|id| self.remote.fetching_from(chunk) == Some(id)) {
             // Surrendered already: its bytes, on their way, are the part.

@@ -280,8 +280,12 @@ type Behind = (ToCoordinator, Option<u64>, Option<u64>);
 #[derive(Debug)]
 enum Blocked {
     /// The job's code works on a message ([`Out::Code`]); its answer, if it is a held
-    /// partition's capture, is for this epoch folder.
-    Code { held_folder: Option<u64> },
+    /// partition's capture, is for this epoch folder, or, with `slot`, the capture of a
+    /// chunk granted to that slot and not started (answered as `Captured`).
+    Code {
+        held_folder: Option<u64>,
+        slot: Option<u32>,
+    },
     /// This message (the keeper saw it) is about a partition being placed here.
     Placing(ToWorker),
 }
@@ -529,15 +533,20 @@ impl Machine {
         if self.ended {
             return;
         }
-        let held_folder = match self.blocked.take() {
-            Some(Blocked::Code { held_folder }) => held_folder,
+        let (held_folder, slot) = match self.blocked.take() {
+            Some(Blocked::Code { held_folder, slot }) => (held_folder, slot),
             other => {
                 self.blocked = other;
                 tracing::warn!("an answer of the job's code that nothing asked for");
-                None
+                (None, None)
             }
         };
         match answer {
+            // A granted chunk's capture: its state is its part, as a running chunk's is.
+            Ok(Some(ToCoordinator::CapturedHeld { chunk, state })) if slot.is_some() => {
+                let slot = slot.expect("matched");
+                self.route(ToCoordinator::Captured { slot, chunk, state }, None);
+            }
             Ok(Some(reply)) => self.route(reply, held_folder),
             Ok(None) => {}
             Err(e) => return self.fail(e),
@@ -768,27 +777,37 @@ impl Machine {
                 chunk,
                 folder,
             } => {
+                self.folders.insert((slot, chunk), folder);
                 let waits = self
                     .grants
-                    .get_mut(&slot)
-                    .and_then(|g| {
-                        Some(
-                            g.pending
-                                .remove(g.pending.iter().position(|p| p.0 == chunk)?),
-                        )
-                    })
-                    .is_some();
+                    .get(&slot)
+                    .is_some_and(|g| g.held && g.pending.iter().any(|p| p.0 == chunk));
                 if waits {
-                    // Granted and not started: it goes back, and the coordinator asks for
-                    // its part as it asks for any partition held here.
-                    self.granted.remove(&chunk);
-                    let back = ToCoordinator::Returned {
-                        slot,
-                        chunks: vec![chunk],
+                    // A held partition granted and not started: the job's code encodes it
+                    // here, and the answer is its capture (the grant goes on).
+                    self.blocked = Some(Blocked::Code {
+                        held_folder: None,
+                        slot: Some(slot),
+                    });
+                    let code = Code::Held {
+                        chunk,
+                        surrender: false,
                     };
-                    return self.route(back, None);
+                    return self.out.push_back(Out::Code(code));
                 }
-                self.folders.insert((slot, chunk), folder);
+                if let Some(grant) = self.grants.get_mut(&slot) {
+                    if let Some(at) = grant.pending.iter().position(|p| p.0 == chunk) {
+                        // Not started anywhere: it goes back, and has no part.
+                        grant.pending.remove(at);
+                        self.folders.remove(&(slot, chunk));
+                        self.granted.remove(&chunk);
+                        let back = ToCoordinator::Returned {
+                            slot,
+                            chunks: vec![chunk],
+                        };
+                        return self.route(back, None);
+                    }
+                }
                 if let Some((t, _)) = self.slot(slot) {
                     let m = ToThread::Capture { slot, chunk };
                     self.out.push_back(Out::Thread(t, m));
@@ -897,7 +916,10 @@ impl Machine {
 
     /// Asks the job's code; no message is taken until it answered.
     fn code(&mut self, code: Code, held_folder: Option<u64>) {
-        self.blocked = Some(Blocked::Code { held_folder });
+        self.blocked = Some(Blocked::Code {
+            held_folder,
+            slot: None,
+        });
         self.out.push_back(Out::Code(code));
     }
 
@@ -1420,9 +1442,10 @@ mod tests {
     /// A `Run` with a grant gives the slot's thread its chunk, and each granted one when it
     /// reports the one before; the `Done`s wait while granted runs are out and go in one
     /// `Batch` with the last one. A message of another kind (a heartbeat here) takes the
-    /// waiting ones with it, first. A capture of a granted chunk not given to the thread
-    /// yet, a `Recall` and an `Interrupt` give back what the thread was not given
-    /// (`Returned`), at once; the interrupt goes to the chunk the thread has.
+    /// waiting ones with it, first. A capture of a granted partition not given to the thread
+    /// yet is answered here (the job's code encodes it); a `Recall` and an `Interrupt` give
+    /// back what the thread was not given (`Returned`), at once; the interrupt goes to the
+    /// chunk the thread has.
     #[test]
     fn a_grant_goes_to_the_thread_one_chunk_at_a_time_and_its_dones_together() {
         let (mut m, t0) = machine(true, 1);
@@ -1477,7 +1500,8 @@ mod tests {
         );
         m.reported(done(0, 9, false));
         polled(&mut m);
-        // Given back: a captured one, then on a recall the rest; the interrupt goes to 11.
+        // A granted partition not started is captured here (the grant goes on); a recall
+        // gives back the rest; the interrupt goes to 11.
         m.received(t0, Some(run(11, vec![13, 15, 17])));
         polled(&mut m);
         let capture = ToWorker::Capture {
@@ -1486,6 +1510,27 @@ mod tests {
             folder: 0,
         };
         m.received(t0, Some(capture));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::Code(Code::Held {
+                    chunk: 15,
+                    surrender: false
+                })]
+            ),
+            "{outs:?}"
+        );
+        let state = Bytes::from_static(b"15");
+        m.answer(Ok(Some(ToCoordinator::CapturedHeld { chunk: 15, state })));
+        let got = sent(polled(&mut m));
+        assert!(
+            matches!(
+                &got[..],
+                [ToCoordinator::Captured { slot: 0, chunk: 15, state }] if state == "15"
+            ),
+            "{got:?}"
+        );
         m.received(t0, Some(ToWorker::Recall { slot: 0 }));
         m.received(t0, Some(ToWorker::Interrupt { slot: 0, chunk: 11 }));
         let outs = polled(&mut m);
@@ -1496,7 +1541,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(returned, [vec![15], vec![13, 17]], "{outs:?}");
+        assert_eq!(returned, [vec![13, 15, 17]], "{outs:?}");
         assert!(
             matches!(
                 outs.last(),
