@@ -557,8 +557,17 @@ impl<R: Reducer, S> Core<R, S> {
                 }
                 let idle = slot.running.is_none();
                 for c in chunks {
-                    if let Some(state) = self.known.remove(&c) {
-                        self.suspended.insert(c, state);
+                    match self.known.remove(&c) {
+                        Some(state) => {
+                            self.suspended.insert(c, state);
+                        }
+                        // Never started: its partition is nowhere, and a first phase deals
+                        // such chunks again in contiguous blocks (`Owners::reassign`).
+                        None => {
+                            if let Pending::Owned(o) = &mut self.pending {
+                                o.unhold(c);
+                            }
+                        }
                     }
                     self.put_back(c);
                 }

@@ -76,6 +76,14 @@ impl Owners {
         }
     }
 
+    /// `chunk` was granted and given back before it started anywhere: no worker holds its
+    /// partition.
+    pub(super) fn unhold(&mut self, chunk: ChunkId) {
+        if let Some(h) = self.holder.get_mut(chunk as usize) {
+            *h = None;
+        }
+    }
+
     /// Whether no chunk is pending (queued or orphaned).
     pub(super) fn is_empty(&self) -> bool {
         self.len == 0
