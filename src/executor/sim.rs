@@ -1226,6 +1226,15 @@ mod tests {
         }
     }
 
+    /// Checks that a scripted history's job finished with `expected` (its log if not).
+    fn finished_with(h: &mut History<SimJob>, expected: &[u64]) {
+        let log = h.log.join("\n");
+        match h.state.result.take() {
+            Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
+            other => panic!("{other:?}\n{log}"),
+        }
+    }
+
     /// The scripted histories' grid: 6 rows of 6 cells in 3 bands, 2 phases.
     fn three_bands() -> SimJob {
         Banded(SimGrid {
@@ -1262,11 +1271,7 @@ mod tests {
         h.close(a, "killed");
         h.join(1);
         h.drain();
-        let log = h.log.join("\n");
-        match h.state.result.take() {
-            Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
-            other => panic!("{other:?}\n{log}"),
-        }
+        finished_with(&mut h, &expected);
     }
 
     /// A slot that waits for a partition its process must fetch from another process is
@@ -1314,11 +1319,7 @@ mod tests {
         assert!(h.state.stale_events > stale, "{}", h.log.join("\n"));
         h.join(2);
         h.drain();
-        let log = h.log.join("\n");
-        match h.state.result.take() {
-            Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
-            other => panic!("{other:?}\n{log}"),
-        }
+        finished_with(&mut h, &expected);
     }
 
     /// A phase costs the coordinator one message to each process and one from it, however
@@ -1367,11 +1368,7 @@ mod tests {
             }
             assert!(moved, "stuck:\n{}", h.log.join("\n"));
         }
-        let log = h.log.join("\n");
-        match h.state.result.take() {
-            Some(Ok(Outcome::Finished(f))) => assert_eq!(f.into_value(), expected, "{log}"),
-            other => panic!("{other:?}\n{log}"),
-        }
+        finished_with(&mut h, &expected);
         // Every phase but the first (no partition exists yet, and its chunks go one `Run`
         // at a time, see `run_remote`), in and out, but those whose start moved partitions
         // (each moved partition is a `Surrender` and its answer).
@@ -1379,7 +1376,7 @@ mod tests {
         let steady: Vec<_> = per_phase[1..].iter().filter(|p| p.2 == 0).collect();
         assert!(steady.len() >= 3, "{per_phase:?}");
         for &&(got, sent, _) in &steady {
-            assert!(got <= 2 && sent <= 2, "{per_phase:?}\n{log}");
+            assert!(got <= 2 && sent <= 2, "{per_phase:?}");
         }
     }
 

@@ -1195,6 +1195,25 @@ mod tests {
         assert!(polled(m).is_empty());
     }
 
+    /// `msg`, after the job value of a partitioned job, ends the process with a refusal
+    /// that says `why`.
+    fn refused(msg: ToWorker, why: &str) {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(msg));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::End {
+                    tell: None,
+                    result: Err(Error::Rejected { reason, .. })
+                }] if reason.contains(why)
+            ),
+            "{outs:?}"
+        );
+    }
+
     fn polled(m: &mut Machine) -> Vec<Out> {
         std::iter::from_fn(|| m.poll()).collect()
     }
@@ -1422,19 +1441,9 @@ mod tests {
                 (1, Halo::Sent(halo(1, "down"))),
             ],
         ] {
-            let (mut m, t0) = machine(true, 1);
-            with_job(&mut m, t0);
-            m.received(t0, Some(ToWorker::Begin { chunk: 2, halos }));
-            let outs = polled(&mut m);
-            assert!(
-                matches!(
-                    &outs[..],
-                    [Out::End {
-                        tell: None,
-                        result: Err(Error::Rejected { reason, .. })
-                    }] if reason.contains("out of sender order or twice")
-                ),
-                "{outs:?}"
+            refused(
+                ToWorker::Begin { chunk: 2, halos },
+                "out of sender order or twice",
             );
         }
     }
@@ -1574,20 +1583,7 @@ mod tests {
             ),
             (continued, "a grant after a chunk that continues"),
         ] {
-            let (mut m, t0) = machine(true, 1);
-            with_job(&mut m, t0);
-            m.received(t0, Some(msg));
-            let outs = polled(&mut m);
-            assert!(
-                matches!(
-                    &outs[..],
-                    [Out::End {
-                        tell: None,
-                        result: Err(Error::Rejected { reason, .. })
-                    }] if reason.contains(why)
-                ),
-                "{outs:?}"
-            );
+            refused(msg, why);
         }
     }
 

@@ -673,21 +673,7 @@ fn simulate_owned_with(
                             range,
                             state,
                         } => {
-                            let part = match state {
-                                Some(p) => p,
-                                None if phase == 0 => SimPart {
-                                    start: range.start,
-                                    next: range.start,
-                                    end: range.end,
-                                    seen: Vec::new(),
-                                    phases: 0,
-                                },
-                                None => {
-                                    return Err(format!(
-                                        "chunk {chunk} from scratch in phase {phase}"
-                                    ));
-                                }
-                            };
+                            let part = part_to_run(chunk, state, &range, phase)?;
                             if part.phases != phase || part.start != range.start {
                                 return Err(format!(
                                     "chunk {chunk} ran from {part:?} in phase {phase}"
@@ -704,21 +690,7 @@ fn simulate_owned_with(
                                 let took: Vec<ChunkId> = got.iter().map(|(c, _)| *c).collect();
                                 assert_eq!(named, took);
                                 for ((c, state), (_, range)) in got.into_iter().zip(g) {
-                                    let part = match state {
-                                        Some(p) => p,
-                                        None if phase == 0 => SimPart {
-                                            start: range.start,
-                                            next: range.start,
-                                            end: range.end,
-                                            seen: Vec::new(),
-                                            phases: 0,
-                                        },
-                                        None => {
-                                            return Err(format!(
-                                                "chunk {c} granted from scratch in phase {phase}"
-                                            ));
-                                        }
-                                    };
+                                    let part = part_to_run(c, state, &range, phase)?;
                                     granted.entry(worker).or_default().push_back((c, part));
                                 }
                             }
@@ -866,6 +838,27 @@ fn simulate_owned_with(
         core.start_phase(plan.clone(), CollectInOrder::new(), &mut out);
     }
     Ok(())
+}
+
+/// The partition chunk `chunk` runs from: its state, or a new one in the first phase (from
+/// scratch later is an error).
+fn part_to_run(
+    chunk: ChunkId,
+    state: Option<SimPart>,
+    range: &std::ops::Range<u64>,
+    phase: u64,
+) -> Result<SimPart, String> {
+    match state {
+        Some(p) => Ok(p),
+        None if phase == 0 => Ok(SimPart {
+            start: range.start,
+            next: range.start,
+            end: range.end,
+            seen: Vec::new(),
+            phases: 0,
+        }),
+        None => Err(format!("chunk {chunk} from scratch in phase {phase}")),
+    }
 }
 
 /// The granted chunks `worker` has not started go back (`Returned`), as a worker process's
