@@ -105,7 +105,7 @@ pub enum Event<S, O> {
         chunk: ChunkId,
         state: S,
     },
-    /// `worker` gives back granted chunks it did not start ([`Core::grant`]), after an
+    /// `worker` gives back granted chunks it did not start (`Core::grant`), after an
     /// interrupt: the rest of what it was granted, or that and the chunk the ledger counts
     /// as its running one (the worker had not started it either). Their states are the ones
     /// they were granted with.
