@@ -480,9 +480,16 @@ fn a_leave_with_any_grace_period_is_drained() {
     longest.set_read_timeout(Some(PATIENCE)).unwrap();
     loop {
         let f = read_frame(&mut longest).expect("an Interrupt or an End");
-        match frame::decode_to_worker("coordinator", &f).unwrap() {
-            frame::ToWorker::Interrupt { .. } | frame::ToWorker::End => break,
-            _ => {}
+        // Alone, or in a batch with what else the coordinator decided at that moment.
+        let msgs = match frame::decode_to_worker("coordinator", &f).unwrap() {
+            frame::ToWorker::Batch(batch) => batch,
+            msg => vec![msg],
+        };
+        if msgs
+            .iter()
+            .any(|m| matches!(m, frame::ToWorker::Interrupt { .. } | frame::ToWorker::End))
+        {
+            break;
         }
     }
     drop(longest);

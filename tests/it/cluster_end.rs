@@ -55,10 +55,21 @@ fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
     s.set_read_timeout(Some(PATIENCE)).unwrap();
     loop {
         let f = read_frame(&mut s).expect("End before the connection closes");
-        match frame::decode_to_worker("coordinator", &f).unwrap() {
-            frame::ToWorker::End => break,
-            frame::ToWorker::Heartbeat | frame::ToWorker::Store { .. } => {}
-            other => panic!("this worker was given something: {other:?}"),
+        // Alone, or in a batch with what else the coordinator decided at that moment.
+        let msgs = match frame::decode_to_worker("coordinator", &f).unwrap() {
+            frame::ToWorker::Batch(batch) => batch,
+            msg => vec![msg],
+        };
+        let mut ended = false;
+        for msg in msgs {
+            match msg {
+                frame::ToWorker::End => ended = true,
+                frame::ToWorker::Heartbeat | frame::ToWorker::Store { .. } => {}
+                other => panic!("this worker was given something: {other:?}"),
+            }
+        }
+        if ended {
+            break;
         }
     }
     // Heartbeats after `End`, as a worker busy elsewhere would send them: the coordinator
