@@ -300,14 +300,20 @@ impl Remotes {
     /// that a batch of partitions' states stays far below any message limit.
     pub(crate) fn take_outbox(&mut self) -> Vec<(ProcessId, ToWorker)> {
         let mut by_conn: Vec<(ProcessId, Vec<ToWorker>, usize)> = Vec::new();
+        // Each process's open batch in `by_conn` (found by a map: a phase's start queues
+        // messages for every process, interleaved).
+        let mut open: IdMap<ProcessId, usize> = IdMap::default();
         for (id, msg) in self.outbox.drain(..) {
             let weight = frame::weight(&msg);
-            match by_conn.iter_mut().rev().find(|(c, ..)| *c == id) {
+            match open.get(&id).map(|&i| &mut by_conn[i]) {
                 Some((_, batch, bytes)) if *bytes + weight <= BATCH_BYTES => {
                     *bytes += weight;
                     batch.push(msg);
                 }
-                _ => by_conn.push((id, vec![msg], weight)),
+                _ => {
+                    open.insert(id, by_conn.len());
+                    by_conn.push((id, vec![msg], weight));
+                }
             }
         }
         let out: Vec<(ProcessId, ToWorker)> = by_conn
