@@ -167,12 +167,12 @@ pub enum ToWorker {
         /// Owned partitions: run the partition of `chunk` that this process holds (it ended
         /// the last phase here and was given its halos with `Begin`).
         held: bool,
-        /// Owned partitions: `(chunk, start, end)` of the chunks this slot runs after
-        /// `chunk`, in this order, each as if its own `Run` came when the one before it
-        /// ended, with the same `held` and no state (a *grant*: no round trip per
-        /// partition): held partitions after a held one, chunks not started yet after one
-        /// not started yet. An `Interrupt` or an `Abandon` of the slot stops the grant: the
-        /// ones not started yet are named in `Returned` (held ones stay held here).
+        /// Owned partitions, after a `held` one: `(chunk, start, end)` of the partitions
+        /// this process holds that this slot runs after `chunk`, in this order, each as if
+        /// its own `Run { held: true }` came when the one before it ended (a *grant*: no
+        /// round trip per partition). An `Interrupt`, an `Abandon` or a `Recall` of the slot
+        /// stops the grant: the ones not started yet stay held here and are named in
+        /// `Returned`.
         then: Vec<(u64, u64, u64)>,
     },
     /// Owned partitions, at a phase barrier (after the new phase's `Phase`): the halos (the
@@ -201,10 +201,8 @@ pub enum ToWorker {
         /// The epoch folder of the snapshot being taken.
         folder: u64,
     },
-    /// Give back the chunks granted to `slot` (`Run::then`) that it has not started: held
-    /// partitions stay held here and are named in `Returned`; a chunk not started anywhere
-    /// goes back as `Yielded` with the state it starts from. The chunk the slot runs goes
-    /// on. The coordinator asks it when a worker joins in the middle of a phase, so that
+    /// Give back the partitions granted to `slot` (`Run::then`) that it has not started:
+    /// they stay held here and are named in `Returned`. The chunk the slot runs goes on. The coordinator asks it when a worker joins in the middle of a phase, so that
     /// the newcomer can take a share of what is not started.
     Recall {
         /// The slot.

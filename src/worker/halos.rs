@@ -49,12 +49,6 @@ impl Keeper {
         }
     }
 
-    /// A granted chunk not started anywhere is given to a thread: its partition is made
-    /// here (as a `Run` of it would bring it).
-    pub(super) fn brought(&mut self, chunk: u64) {
-        self.here.insert(chunk);
-    }
-
     /// A `Begin` with the halos this process kept in place of [`Halo::Kept`]; `None` if one
     /// of them is not here (the coordinator named a halo this process did not keep).
     pub(super) fn begin(&mut self, msg: ToWorker) -> Option<ToWorker> {

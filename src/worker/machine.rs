@@ -48,7 +48,9 @@
 //!    ([`Out::Thread`]); a slot that is not live, a run before the job value or of an empty
 //!    range, ends the process ([`Error::Rejected`]). `Release` takes a slot out; a thread
 //!    whose slots are all out is closed ([`Out::Close`]). A `Run` with a grant
-//!    (`Run::then`) hands the thread every granted chunk after it, in order; while granted
+//!    (`Run::then`) gives the slot's thread one granted partition at a time, the next when
+//!    it reports the last, so that `Recall`, `Interrupt`, `Abandon` and a `Capture` of one
+//!    not started are answered here at once, whatever the thread does; while granted
 //!    runs are out, the `Done`s wait and go in one `Batch` with the last, or ahead of any
 //!    other message (a heartbeat at the latest), so the wire's order is the order they were
 //!    decided in. A `Batch` from the coordinator is taken message by message.
@@ -485,13 +487,9 @@ impl Machine {
             return;
         };
         grant.current = next;
-        let (held, phase) = (grant.held, grant.phase);
+        let phase = grant.phase;
         if grant.pending.is_empty() {
             self.grants.remove(&slot);
-        }
-        if !held {
-            // A chunk not started anywhere: its partition is made here now.
-            self.keeper.brought(next);
         }
         let t = (slot / SLOTS_PER_THREAD) as usize;
         let run = ToThread::Run {
@@ -499,7 +497,7 @@ impl Machine {
             chunk: next,
             range,
             state: None,
-            held,
+            held: true,
             phase,
         };
         self.out.push_back(Out::Thread(t, run));
@@ -728,8 +726,8 @@ impl Machine {
                 {
                     return self.fail(self.bad(format!("an empty range {s}..{e}")));
                 }
-                if !then.is_empty() && !held && state.is_some() {
-                    return self.fail(self.bad("a grant after a chunk that continues".into()));
+                if !then.is_empty() && !held {
+                    return self.fail(self.bad("a grant after a partition not held here".into()));
                 }
                 let Some((t, _)) = self.slot(slot) else {
                     return;
@@ -750,7 +748,6 @@ impl Machine {
                     let grant = Grant {
                         current: chunk,
                         pending: then.into_iter().map(|(c, s, e)| (c, s..e)).collect(),
-                        held,
                         phase,
                     };
                     if let Some(old) = self.grants.insert(slot, grant) {
@@ -781,7 +778,7 @@ impl Machine {
                 let waits = self
                     .grants
                     .get(&slot)
-                    .is_some_and(|g| g.held && g.pending.iter().any(|p| p.0 == chunk));
+                    .is_some_and(|g| g.pending.iter().any(|p| p.0 == chunk));
                 if waits {
                     // A held partition granted and not started: the job's code encodes it
                     // here, and the answer is its capture (the grant goes on).
@@ -794,19 +791,6 @@ impl Machine {
                         surrender: false,
                     };
                     return self.out.push_back(Out::Code(code));
-                }
-                if let Some(grant) = self.grants.get_mut(&slot) {
-                    if let Some(at) = grant.pending.iter().position(|p| p.0 == chunk) {
-                        // Not started anywhere: it goes back, and has no part.
-                        grant.pending.remove(at);
-                        self.folders.remove(&(slot, chunk));
-                        self.granted.remove(&chunk);
-                        let back = ToCoordinator::Returned {
-                            slot,
-                            chunks: vec![chunk],
-                        };
-                        return self.route(back, None);
-                    }
                 }
                 if let Some((t, _)) = self.slot(slot) {
                     let m = ToThread::Capture { slot, chunk };
@@ -1074,10 +1058,8 @@ impl Machine {
 struct Grant {
     /// The chunk the thread has (the `Run`'s, then each granted one in turn).
     current: u64,
-    /// Granted chunks not handed to the thread yet, in order, with their ranges.
+    /// Granted partitions not handed to the thread yet, in order, with their ranges.
     pending: VecDeque<(u64, std::ops::Range<u64>)>,
-    /// Held partitions (or chunks not started anywhere).
-    held: bool,
     /// The phase they run in.
     phase: u64,
 }
@@ -1563,16 +1545,16 @@ mod tests {
         assert!(handed(&polled(&mut m)).is_empty());
     }
 
-    /// A batch inside a batch, and a grant after a chunk that continues from a state, end
-    /// the process with a typed refusal.
+    /// A batch inside a batch, and a grant after a chunk that is not a partition held
+    /// here, end the process with a typed refusal.
     #[test]
-    fn a_nested_batch_or_a_grant_after_a_continued_run_is_refused() {
-        let continued = ToWorker::Run {
+    fn a_nested_batch_or_a_grant_after_a_fresh_run_is_refused() {
+        let fresh = ToWorker::Run {
             slot: 0,
             chunk: 1,
             start: 10,
             end: 20,
-            state: Some(Bytes::from_static(b"state")),
+            state: None,
             held: false,
             then: vec![(3, 30, 40)],
         };
@@ -1581,7 +1563,7 @@ mod tests {
                 ToWorker::Batch(vec![ToWorker::Batch(Vec::new())]),
                 "a batch inside a batch",
             ),
-            (continued, "a grant after a chunk that continues"),
+            (fresh, "a grant after a partition not held here"),
         ] {
             refused(msg, why);
         }
