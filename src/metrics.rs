@@ -70,11 +70,16 @@ pub const REMOTE_WORKERS: &str = "malleable_remote_workers";
 pub const PEER_ERRORS: &str = "malleable_peer_errors_total";
 /// Owned partitions handed to a worker other than the one that held them.
 pub const PARTITIONS_MOVED: &str = "malleable_partitions_moved_total";
-/// Halos exported by partitions in worker processes (label `route`: `kept`, `relayed`).
+/// Halos exported by partitions in worker processes (label `route`: `kept` in their
+/// process, `relayed` through the coordinator, `direct` to the process of their partition).
 pub const HALOS: &str = "malleable_halos_total";
 /// Messages between the coordinator and worker processes, a batch counting once (label
 /// `direction`: `in`, from the processes; `out`, to them).
 pub const REMOTE_MESSAGES: &str = "malleable_remote_messages_total";
+/// Times a worker process could not reach a peer of the data plane (or lost its link to
+/// it): its halos for that peer go through the coordinator until the roster's next
+/// generation.
+pub const PEERS_UNREACHABLE: &str = "malleable_peers_unreachable_total";
 /// Rollbacks to the latest committed snapshot after owned partitions were lost.
 pub const ROLLBACKS: &str = "malleable_rollbacks_total";
 /// Events from a worker that the job's ledger no longer has, dropped.

@@ -295,6 +295,7 @@ fn the_coordinator_names_what_it_refuses() {
     // number there is: refused as `rejected`, nothing indexed past the end.
     let released = frame::ToCoordinator::Released {
         chunk: u64::MAX,
+        phase: u64::MAX,
         halos: vec![
             (0, frame::Halo::Sent(Bytes::from_static(b"\x01"))),
             (1, frame::Halo::Sent(Bytes::from_static(b"\x02"))),

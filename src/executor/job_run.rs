@@ -46,14 +46,6 @@ pub(crate) enum HeldHalo {
 }
 
 impl HeldHalo {
-    /// A halo from worker process `conn`.
-    pub(crate) fn from_wire(h: crate::wire::frame::Halo, conn: ProcessId) -> HeldHalo {
-        match h {
-            crate::wire::frame::Halo::Sent(b) => HeldHalo::Bytes(b),
-            crate::wire::frame::Halo::Kept => HeldHalo::Kept(conn),
-        }
-    }
-
     /// Another handle on the halo, for one more receiver: an allgather's piece goes to
     /// every partition. `None` for a live piece owned by its one receiver.
     pub(crate) fn share(&self) -> Option<HeldHalo> {
@@ -836,12 +828,14 @@ impl<J: Job> State<J> {
         metrics::counter!(crate::metrics::PARTITIONS_MOVED, "job" => J::NAME)
             .increment(moved - self.moved);
         self.moved = moved;
-        let (kept, relayed) = std::mem::take(&mut self.remote.halos);
-        if kept + relayed > 0 {
+        let (kept, relayed, direct) = std::mem::take(&mut self.remote.halos);
+        if kept + relayed + direct > 0 {
             metrics::counter!(crate::metrics::HALOS, "job" => J::NAME, "route" => "kept")
                 .increment(kept);
             metrics::counter!(crate::metrics::HALOS, "job" => J::NAME, "route" => "relayed")
                 .increment(relayed);
+            metrics::counter!(crate::metrics::HALOS, "job" => J::NAME, "route" => "direct")
+                .increment(direct);
         }
         Ok(())
     }

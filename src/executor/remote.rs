@@ -182,6 +182,25 @@ pub(crate) struct Conn {
     /// Whether its last snapshot part came as a reference (it writes to, so reads from, the
     /// job's store): a restored partition placed on it goes as its part (`PlacePart`).
     pub(crate) reads_store: bool,
+    /// The peer data plane (protocol 20): where it accepts halos from its peers, if it does.
+    listen: Option<Arc<str>>,
+    /// What it was told of the roster (`ToWorker::Peers`).
+    told: Told,
+}
+
+/// What a worker process was told of the peer data plane's roster, so that each `Peers`
+/// names only what changed.
+#[derive(Default)]
+struct Told {
+    /// The generation of the roster it has, if any.
+    generation: Option<u64>,
+    /// The peers whose address it has.
+    addrs: IdSet<ProcessId>,
+    /// The holder it was told of each chunk (a hint).
+    holders: IdMap<ChunkId, Option<ProcessId>>,
+    /// Chunks its partitions sent halos for through the coordinator since the last barrier:
+    /// at the barrier it is told where they are.
+    relayed: IdSet<ChunkId>,
 }
 
 impl Conn {
@@ -220,6 +239,12 @@ pub struct Traffic {
     pub halo_bytes_in: u64,
     /// Bytes of halos sent down to worker processes.
     pub halo_bytes_out: u64,
+    /// Halos worker processes pushed to each other directly (the peer data plane), each
+    /// kept by the process that holds its partition, without crossing the coordinator.
+    pub halos_direct: u64,
+    /// Times a worker process could not reach a peer (or lost its link to it): its halos
+    /// for that peer went through the coordinator for the rest of the roster's generation.
+    pub peers_unreachable: u64,
 }
 
 /// A worker process as [`JobHandle::remote_processes`](crate::JobHandle::remote_processes)
@@ -287,10 +312,20 @@ pub(crate) struct Remotes {
     /// (untimed: nothing answers their arrival).
     pub(crate) sent: u64,
     /// Halos from worker processes since the last barrier: kept there for a partition there,
-    /// and sent here (for [`HALOS`](crate::metrics::HALOS)).
-    pub(crate) halos: (u64, u64),
+    /// sent here, and pushed to the process of their partition (for
+    /// [`HALOS`](crate::metrics::HALOS)).
+    pub(crate) halos: (u64, u64, u64),
     /// What crossed to and from the processes ([`Traffic`]).
     pub(crate) traffic: Traffic,
+    /// The peer data plane's session (random, one per run) and generation (bumped by each
+    /// rollback: pushes of an earlier one are refused).
+    session: Option<[u8; 16]>,
+    generation: u64,
+    /// Halos a process released (`Released`) for this phase before the `Done` of their
+    /// sender came, by `(receiver, sender)`: pushed there, kept, and sent up when the
+    /// receiver left, all before the sender's report that it was kept there (two
+    /// connections, no order between them). The sender's `Done` takes them.
+    early: IdMap<(ChunkId, ChunkId), (ProcessId, Bytes)>,
 }
 
 impl Remotes {
@@ -386,6 +421,11 @@ impl Remotes {
         begins: Vec<(ProcessId, ChunkId, Inbox<frame::Halo>)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
+        // Halos released for the phase that ended found their sender's `Done` by now.
+        self.early.clear();
+        let holders: IdMap<ChunkId, ProcessId> =
+            begins.iter().map(|(id, chunk, _)| (*chunk, *id)).collect();
+        self.tell_peers(&holders);
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -399,7 +439,7 @@ impl Remotes {
                     .iter()
                     .map(|(_, h)| match h {
                         frame::Halo::Sent(b) => b.len() as u64,
-                        frame::Halo::Kept => 0,
+                        frame::Halo::Kept | frame::Halo::KeptAt(_) => 0,
                     })
                     .sum::<u64>();
                 self.outbox.push((id, ToWorker::Begin { chunk, halos }));
@@ -407,25 +447,122 @@ impl Remotes {
         }
     }
 
-    /// The halos a partition in worker process `id` exported, counted.
+    /// The halos partition `chunk` in worker process `id` exported, counted. A halo kept at
+    /// a peer (`KeptAt`) that the peer released already is these bytes; one kept at the
+    /// process itself must say `Kept`.
     fn count_halos(
         &mut self,
         id: ProcessId,
+        chunk: ChunkId,
         halos: Vec<(Option<u64>, frame::Halo)>,
-    ) -> Outbox<HeldHalo> {
-        halos
-            .into_iter()
-            .map(|(to, h)| {
-                match &h {
-                    frame::Halo::Kept => self.halos.0 += 1,
-                    frame::Halo::Sent(b) => {
-                        self.halos.1 += 1;
-                        self.traffic.halo_bytes_in += b.len() as u64;
+    ) -> Result<Outbox<HeldHalo>, String> {
+        let mut out = Vec::with_capacity(halos.len());
+        for (to, h) in halos {
+            let early = to.and_then(|to| self.early.remove(&(to, chunk)));
+            let held = match h {
+                frame::Halo::Kept => {
+                    self.halos.0 += 1;
+                    HeldHalo::Kept(id)
+                }
+                frame::Halo::Sent(b) => {
+                    self.halos.1 += 1;
+                    self.traffic.halo_bytes_in += b.len() as u64;
+                    if let (Some(to), Some(c)) = (to, self.conns.get_mut(&id)) {
+                        c.told.relayed.insert(to);
+                    }
+                    HeldHalo::Bytes(b)
+                }
+                frame::Halo::KeptAt(p) => {
+                    let p = ProcessId(p);
+                    if p == id || to.is_none() {
+                        return Err(format!(
+                            "a halo of chunk {chunk} kept at {p}, which is not another process                              holding its receiver"
+                        ));
+                    }
+                    self.halos.2 += 1;
+                    self.traffic.halos_direct += 1;
+                    match early {
+                        Some((from, b)) if from == p => HeldHalo::Bytes(b),
+                        _ => HeldHalo::Kept(p),
                     }
                 }
-                (to, HeldHalo::from_wire(h, id))
-            })
-            .collect()
+            };
+            out.push((to, held));
+        }
+        Ok(out)
+    }
+
+    /// The roster of the peer data plane for each worker process that sent halos through
+    /// this coordinator in the phase that ended (`Told::relayed`): where their receivers
+    /// are now (`holders`, from the phase's `Begin`s), with the addresses it lacks. Only
+    /// what changed goes; a process gets a whole roster again after a rollback (a new
+    /// generation). Queued ahead of the phase's other messages, so the phase's `Done`s
+    /// can use it.
+    fn tell_peers(&mut self, holders: &IdMap<ChunkId, ProcessId>) {
+        let session = *self.session.get_or_insert_with(|| {
+            let mut s = [0; 16];
+            if let Err(e) = getrandom::fill(&mut s) {
+                tracing::warn!(error = %e, "no random session for the peer data plane: a fixed one is used");
+            }
+            s
+        });
+        let generation = self.generation;
+        let listening: IdMap<ProcessId, Arc<str>> = self
+            .conns
+            .iter()
+            .filter_map(|(id, c)| c.listen.clone().map(|a| (*id, a)))
+            .collect();
+        if listening.is_empty() {
+            // No process takes halos from its peers: everything is relayed.
+            self.conns.values_mut().for_each(|c| c.told.relayed.clear());
+            return;
+        }
+        let mut msgs = Vec::new();
+        for (&id, conn) in &mut self.conns {
+            let told = &mut conn.told;
+            let fresh = told.generation != Some(generation);
+            if fresh {
+                told.holders.clear();
+            }
+            if told.relayed.is_empty() && !fresh {
+                continue;
+            }
+            let (mut addrs, mut hints) = (Vec::new(), Vec::new());
+            let mut relayed: Vec<ChunkId> = told.relayed.drain().collect();
+            relayed.sort_unstable();
+            for to in relayed {
+                let holder = holders
+                    .get(&to)
+                    .copied()
+                    .filter(|h| *h != id && listening.contains_key(h));
+                if told.holders.get(&to) == Some(&holder) {
+                    continue;
+                }
+                told.holders.insert(to, holder);
+                if let Some(h) = holder {
+                    if told.addrs.insert(h) {
+                        addrs.push((h.0, listening[&h].to_string()));
+                    }
+                }
+                hints.push((to, holder.map(|h| h.0)));
+            }
+            if !fresh && hints.is_empty() {
+                continue;
+            }
+            told.generation = Some(generation);
+            msgs.push((
+                id,
+                ToWorker::Peers {
+                    me: id.0,
+                    session,
+                    generation,
+                    addrs,
+                    holders: hints,
+                },
+            ));
+        }
+        msgs.sort_unstable_by_key(|(id, _)| *id);
+        self.outbox.extend(msgs);
     }
 
     /// Whether no partition is on its way from a worker process.
@@ -443,6 +580,10 @@ impl Remotes {
     pub(crate) fn clear_phases(&mut self) {
         self.job_bytes = None;
         self.begins.clear();
+        // Pushes of the attempt rolled back from are refused from now on; every process
+        // gets the new generation's roster with its next phase.
+        self.generation += 1;
+        self.early.clear();
         for c in self.conns.values_mut() {
             c.phase_sent = None;
             c.progress.iter_mut().for_each(|p| *p = 0);
@@ -605,6 +746,8 @@ impl<J: Job> State<J> {
                 progress: vec![0; threads as usize],
                 retiring: false,
                 reads_store: false,
+                listen: None,
+                told: Told::default(),
             },
         );
         self.offer_store(Some(id));
@@ -1030,10 +1173,19 @@ impl<J: Job> State<J> {
     }
 
     /// Halos worker process `id` kept for the partition of `chunk`, which leaves it
-    /// (`Released`): wherever they are still recorded as kept there (this phase's exports, or
-    /// the halos of a phase that began while the partition was on its way), they are these
-    /// bytes now. One nobody waits for (the job rolled back meanwhile) is dropped.
-    fn released(&mut self, id: ProcessId, chunk: ChunkId, halos: Vec<(ChunkId, Bytes)>) {
+    /// (`Released`), exported at the end of `phase`: wherever they are still recorded as kept
+    /// there, they are these bytes now. Those of the phase that ended last are in the
+    /// halos of a phase that began while the partition was on its way; those of this phase
+    /// are among its exports, or, pushed there by a sender whose `Done` has not come yet,
+    /// wait for it (`early`). One nobody waits for (the job rolled back meanwhile) is
+    /// dropped.
+    fn released(
+        &mut self,
+        id: ProcessId,
+        chunk: ChunkId,
+        phase: u64,
+        halos: Vec<(ChunkId, Bytes)>,
+    ) {
         let mut left = 0;
         for (from, b) in halos {
             let mut b = Some(b);
@@ -1044,24 +1196,33 @@ impl<J: Job> State<J> {
                     }
                 }
             };
-            let inboxes = [
-                match self.remote.fetches.get_mut(&chunk) {
-                    Some((_, Fetch::Begin(inbox), _)) => Some(inbox),
-                    _ => None,
-                },
-                self.remote.begins.get_mut(&chunk),
-            ];
-            for inbox in inboxes.into_iter().flatten() {
-                inbox
-                    .iter_mut()
-                    .filter(|(f, _)| *f == from)
-                    .for_each(|(_, h)| fill(h));
-            }
-            // Halos the sender exported towards it at the barrier, not handed over yet.
-            if let Some(Some(out)) = self.exports.get_mut(from as usize) {
-                out.iter_mut()
-                    .filter(|(to, _)| *to == Some(chunk))
-                    .for_each(|(_, h)| fill(h));
+            if phase == self.phase {
+                // Halos the sender exported towards it at the barrier, not handed over yet.
+                match self.exports.get_mut(from as usize) {
+                    Some(Some(out)) => out
+                        .iter_mut()
+                        .filter(|(to, _)| *to == Some(chunk))
+                        .for_each(|(_, h)| fill(h)),
+                    _ => {
+                        if let Some(b) = b.take() {
+                            self.remote.early.insert((chunk, from), (id, b));
+                        }
+                    }
+                }
+            } else if phase.checked_add(1) == Some(self.phase) {
+                let inboxes = [
+                    match self.remote.fetches.get_mut(&chunk) {
+                        Some((_, Fetch::Begin(inbox), _)) => Some(inbox),
+                        _ => None,
+                    },
+                    self.remote.begins.get_mut(&chunk),
+                ];
+                for inbox in inboxes.into_iter().flatten() {
+                    inbox
+                        .iter_mut()
+                        .filter(|(f, _)| *f == from)
+                        .for_each(|(_, h)| fill(h));
+                }
             }
             left += usize::from(b.is_some());
         }
@@ -1069,6 +1230,7 @@ impl<J: Job> State<J> {
             tracing::debug!(
                 conn = %id,
                 chunk,
+                phase,
                 left,
                 "released halos nobody waits for are dropped"
             );
@@ -1331,13 +1493,31 @@ impl<J: Job> State<J> {
             // Halos it kept for a neighbour it ran are gone with it. Each is an export of a
             // partition that is elsewhere now (one lost with it rolls the job back below):
             // it is exported again from that partition at the barrier (`begin_partitions`).
-            for e in &mut self.exports {
+            // A partition held by another worker process cannot export again here: if one
+            // of those lost halos (pushed there by a peer, protocol 20) is for a partition
+            // that goes on, the job rolls back rather than begin a phase without it.
+            let mut unexportable = Vec::new();
+            for (chunk, e) in self.exports.iter_mut().enumerate() {
                 let kept_here = |h: &HeldHalo| matches!(h, HeldHalo::Kept(p) if *p == id);
                 if e.as_ref()
                     .is_some_and(|out| out.iter().any(|(_, h)| kept_here(h)))
                 {
                     *e = None;
+                    unexportable.push(chunk as ChunkId);
                 }
+            }
+            unexportable.retain(|&c| {
+                self.core
+                    .kept()
+                    .any(|(k, h)| k == c && h.elsewhere().is_some_and(|p| p != id))
+            });
+            if !unexportable.is_empty() {
+                tracing::warn!(
+                    job = J::NAME,
+                    peer = %c.peer,
+                    exporters = ?unexportable,
+                    "halos kept by a lost worker process cannot be exported again where their senders are"
+                );
             }
             // Partitions only it had are lost: the job cannot go on from this run's state.
             let mut lost: Vec<ChunkId> = self
@@ -1352,6 +1532,7 @@ impl<J: Job> State<J> {
             for w in c.slots.iter().flatten() {
                 lost.extend(self.core.granted(*w));
             }
+            lost.extend(unexportable);
             let fetched: Vec<ChunkId> = self
                 .remote
                 .fetches
@@ -1546,6 +1727,8 @@ impl<J: Job> State<J> {
                 ToCoordinator::Piece { .. } => ("piece", None),
                 ToCoordinator::Batch(_) => ("batch", None),
                 ToCoordinator::Undecodable { .. } => ("undecodable", None),
+                ToCoordinator::Listening { .. } => ("listening", None),
+                ToCoordinator::Unreachable { .. } => ("unreachable", None),
             };
             tracing::debug!(conn = %id, what, chunk, "from a worker process");
         }
@@ -1582,7 +1765,11 @@ impl<J: Job> State<J> {
                 .ok_or_else(|| bad(format!("slot {slot} is not a live slot")))
         };
         let event = match msg {
-            ToCoordinator::Released { chunk, halos } => {
+            ToCoordinator::Released {
+                chunk,
+                phase,
+                halos,
+            } => {
                 if !J::OWNERSHIP.is_partitioned() {
                     return Err(bad(format!(
                         "halos for chunk {chunk} of a job without partitions"
@@ -1595,14 +1782,14 @@ impl<J: Job> State<J> {
                             self.remote.traffic.halo_bytes_in += b.len() as u64;
                             sent.push((from, b));
                         }
-                        frame::Halo::Kept => {
+                        frame::Halo::Kept | frame::Halo::KeptAt(_) => {
                             return Err(bad(format!(
                                 "a released halo for chunk {chunk} from chunk {from} without its bytes"
                             )));
                         }
                     }
                 }
-                self.released(id, chunk, sent);
+                self.released(id, chunk, phase, sent);
                 return Ok(());
             }
             ToCoordinator::Exported {
@@ -1637,7 +1824,7 @@ impl<J: Job> State<J> {
                 if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
                     return Ok(());
                 }
-                let halos = self.remote.count_halos(id, halos);
+                let halos = self.remote.count_halos(id, chunk, halos).map_err(bad)?;
                 self.keep_halos(chunk, halos);
                 self.settle();
                 return Ok(());
@@ -1667,6 +1854,25 @@ impl<J: Job> State<J> {
                     here: false,
                     source: error,
                 });
+            }
+            ToCoordinator::Listening { addr } => {
+                if addr.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(bad(format!("a peer listener at {addr:?}, not an address")));
+                }
+                tracing::debug!(conn = %id, %addr, "a worker process accepts halos from its peers");
+                conn.listen = Some(addr.into());
+                return Ok(());
+            }
+            ToCoordinator::Unreachable { process, reason } => {
+                tracing::warn!(
+                    conn = %id,
+                    peer = process,
+                    %reason,
+                    "a worker process cannot reach a peer: their halos go through the coordinator"
+                );
+                metrics::counter!(crate::metrics::PEERS_UNREACHABLE, "job" => J::NAME).increment(1);
+                self.remote.traffic.peers_unreachable += 1;
+                return Ok(());
             }
             ToCoordinator::Heartbeat { progress } => {
                 for (p, v) in conn.progress.iter_mut().zip(progress) {
@@ -1797,7 +2003,7 @@ impl<J: Job> State<J> {
                             return Ok(());
                         }
                         // Kept by that process, with its halos here for the barrier.
-                        let halos = self.remote.count_halos(id, halos);
+                        let halos = self.remote.count_halos(id, chunk, halos).map_err(bad)?;
                         self.keep_halos(chunk, halos);
                         Some(Held::Elsewhere(id))
                     }

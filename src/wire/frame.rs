@@ -105,7 +105,7 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         h.iter()
             .map(|(_, h)| match h {
                 Halo::Sent(b) => b.len() + 8,
-                Halo::Kept => 8,
+                Halo::Kept | Halo::KeptAt(_) => 8,
             })
             .sum::<usize>()
     };
@@ -123,6 +123,9 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
                     .sum::<usize>()
         }
         ToWorker::Batch(b) => b.iter().map(weight).sum(),
+        ToWorker::Peers { addrs, holders, .. } => {
+            addrs.iter().map(|(_, a)| a.len() + 8).sum::<usize>() + 16 * holders.len()
+        }
         _ => 0,
     }
 }
@@ -318,6 +321,24 @@ pub enum ToWorker {
         /// The phase whose end the partition holds.
         phase: u64,
     },
+    /// Owned partitions, the peer data plane ([`peer`](super::peer)): where this process
+    /// sends halos directly. Sent before the messages of a phase that need it, and again
+    /// after a rollback (with a new `generation`); each names only what changed since the
+    /// last. The holders are hints: a halo pushed to a process that no longer holds its
+    /// partition is refused there and goes through the coordinator.
+    Peers {
+        /// This process's number among the job's processes (what its peers call it).
+        me: u64,
+        /// The job run's session: a peer of another run is refused.
+        session: [u8; 16],
+        /// Bumped by each rollback: a halo pushed under another generation is refused.
+        generation: u64,
+        /// `(process, address)` of the peer listeners this process may need.
+        addrs: Vec<(u64, String)>,
+        /// `(chunk, process)`: the process that holds the partition of `chunk` now, `None`
+        /// for one not held by a worker process (its halos go through the coordinator).
+        holders: Vec<(u64, Option<u64>)>,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -477,6 +498,9 @@ pub enum ToCoordinator {
     Released {
         /// The chunk the halos are for.
         chunk: u64,
+        /// The phase that exported them (a partition may have a phase's halos kept for its
+        /// next `Begin` and, pushed by a faster neighbour, the next phase's).
+        phase: u64,
         /// `(sender, halo)` for each halo this process kept for it, by sender: always
         /// [`Halo::Sent`].
         halos: Vec<(u64, Halo)>,
@@ -502,6 +526,21 @@ pub enum ToCoordinator {
         /// The chunk.
         chunk: u64,
     },
+    /// Owned partitions, the peer data plane: this process accepts halos from its peers at
+    /// this address (sent once, right after the handshake, by a process that listens).
+    Listening {
+        /// `ip:port`.
+        addr: String,
+    },
+    /// Owned partitions, the peer data plane: this process could not reach process
+    /// `process` (or lost its link to it); its halos for it go through the coordinator
+    /// until the next roster generation.
+    Unreachable {
+        /// The peer.
+        process: u64,
+        /// Why (the link's error, as text: it happened in this process).
+        reason: String,
+    },
     /// Several messages in one frame, taken in this order as if each came alone: the
     /// `Done`s of the partitions a process ran in a phase, sent together when the last of
     /// its granted runs ended (see `Run::then`). Never nested.
@@ -523,6 +562,10 @@ pub enum Halo {
     Sent(#[serde(deserialize_with = "in_frame")] Bytes),
     /// Kept by the worker process, for its partition's next `Begin`.
     Kept,
+    /// In `Done` and `Exported` only: pushed to worker process `n` directly, which said it
+    /// keeps it for its partition's next `Begin` (protocol 20, [`peer`](super::peer)). From
+    /// then on it is as a halo process `n` kept itself.
+    KeptAt(u64),
 }
 
 /// A message of the protocol, which may travel in pieces.

@@ -20,6 +20,7 @@ mod error;
 pub mod frame;
 pub mod handshake;
 mod launch;
+pub mod peer;
 pub(crate) mod listener;
 pub(crate) mod transport;
 

@@ -1,5 +1,6 @@
 //! Halos between partitions of one worker process stay in it (protocol 12, see
-//! [`frame::Halo`]).
+//! [`frame::Halo`]), and so do halos other processes push here directly (protocol 20, see
+//! [`peer`](crate::wire::peer)).
 //!
 //! The protocol machine (`machine.rs`) decides, for each halo a partition exports, whether its neighbour's partition
 //! is in this process: run here (queued, running, or held after its `Done`) or placed here.
@@ -8,10 +9,20 @@
 //! first (`Surrendered`, `Yielded`, …), what was kept for it goes up in `Released` right
 //! before the message that hands it back.
 //!
+//! A halo pushed here by another process ([`Keeper::accept`]) is kept by the same rule, once
+//! accepted: its sender reports it as [`Halo::KeptAt`] this process only after this process
+//! said it keeps it, and only a partition here (not handed back on the wire) accepts one.
+//!
 //! Both decisions are taken as messages go out, in the order they reach the coordinator (the
 //! snapshot writes of `machine.rs` hold some messages back): a halo is kept only while its
 //! partition has not been handed back on the wire, so the coordinator can count on one rule,
 //! "a kept halo is where its partition is, until `Released` says otherwise".
+//!
+//! Kept halos are kept by the phase that exported them. With pushes, a partition here may
+//! hold the halos of two phases at once: a neighbour in another process may end its next
+//! phase and push its next halo before this process has taken the `Begin` that consumes the
+//! last one (the two come on different connections). `Begin` in phase `p` takes those of
+//! phase `p - 1`, and `Released` names its phase.
 
 use std::collections::BTreeMap;
 
@@ -26,9 +37,15 @@ use crate::wire::frame::{Halo, ToCoordinator, ToWorker};
 pub(super) struct Keeper {
     /// Chunks whose partition is in this process.
     here: IdSet<u64>,
-    /// Kept halos, by the chunk they are for and the chunk that exported them (so that a
-    /// partition's are one range, in sender order).
-    kept: BTreeMap<(u64, u64), Bytes>,
+    /// Those of them whose only copy is here (held after their `Done`, run where they are
+    /// held, placed): the coordinator keeps no state of theirs to fall back to, so losing
+    /// this process rolls the job back. Only those accept halos pushed by peers: a halo
+    /// pushed to a partition that runs here from a state the coordinator also has would be
+    /// lost with this process while its partition goes on elsewhere.
+    only: IdSet<u64>,
+    /// Kept halos, by the chunk they are for, the phase that exported them and the chunk that
+    /// exported them (so that a partition's are one range, by phase, in sender order).
+    kept: BTreeMap<(u64, u64, u64), Bytes>,
 }
 
 impl Keeper {
@@ -36,37 +53,83 @@ impl Keeper {
     /// here; `Forget` drops them all (the job rolled back).
     pub(super) fn arrived(&mut self, msg: &ToWorker) {
         match msg {
-            ToWorker::Run { chunk, .. }
-            | ToWorker::Place { chunk, .. }
-            | ToWorker::PlacePart { chunk, .. } => {
+            ToWorker::Run {
+                chunk, held, then, ..
+            } => {
                 self.here.insert(*chunk);
+                if *held {
+                    self.only.insert(*chunk);
+                }
+                for &(c, _, _) in then {
+                    self.here.insert(c);
+                    self.only.insert(c);
+                }
+            }
+            ToWorker::Place { chunk, .. } | ToWorker::PlacePart { chunk, .. } => {
+                self.here.insert(*chunk);
+                self.only.insert(*chunk);
             }
             ToWorker::Forget => {
                 self.here.clear();
+                self.only.clear();
                 self.kept.clear();
             }
             _ => {}
         }
     }
 
-    /// A `Begin` with the halos this process kept in place of [`Halo::Kept`]; `None` if one
-    /// of them is not here (the coordinator named a halo this process did not keep).
-    pub(super) fn begin(&mut self, msg: ToWorker) -> Option<ToWorker> {
+    /// A `Begin` of `phase` with the halos this process kept (those of the phase before) in
+    /// place of [`Halo::Kept`]; `None` if one of them is not here (the coordinator named a
+    /// halo this process did not keep). A halo the `Begin` brings as bytes replaces a copy
+    /// kept here of the same phase: a push this process accepted but whose sender never
+    /// heard it was, and which it sent through the coordinator instead.
+    pub(super) fn begin(&mut self, msg: ToWorker, phase: u64) -> Option<ToWorker> {
         let ToWorker::Begin { chunk, mut halos } = msg else {
             return Some(msg);
         };
+        let before = phase.checked_sub(1);
         for (from, h) in &mut halos {
-            if *h == Halo::Kept {
-                *h = Halo::Sent(self.kept.remove(&(chunk, *from))?);
+            match h {
+                Halo::Kept => {
+                    *h = Halo::Sent(self.kept.remove(&(chunk, before?, *from))?);
+                }
+                _ => {
+                    if let Some(before) = before {
+                        if self.kept.remove(&(chunk, before, *from)).is_some() {
+                            tracing::debug!(chunk, from, "a pushed halo also came as bytes");
+                        }
+                    }
+                }
             }
         }
         Some(ToWorker::Begin { chunk, halos })
     }
 
-    /// A message on its way to the coordinator, pushed onto `out`: halos for partitions here
-    /// are kept; a message that hands a partition back goes after a `Released` with what was
-    /// kept for it.
-    pub(super) fn outgoing(&mut self, mut msg: ToCoordinator, out: &mut Vec<ToCoordinator>) {
+    /// A halo another process pushed here (`from` exported it at the end of `phase` for
+    /// `to`): kept if `to`'s partition is here, its only copy, and no halo of that phase from
+    /// `from` is kept for it already. Whether it was kept.
+    pub(super) fn accept(&mut self, to: u64, phase: u64, from: u64, bytes: Bytes) -> bool {
+        if !self.only.contains(&to) {
+            return false;
+        }
+        match self.kept.entry((to, phase, from)) {
+            std::collections::btree_map::Entry::Occupied(_) => false,
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(bytes);
+                true
+            }
+        }
+    }
+
+    /// Whether `chunk`'s partition is in this process.
+    pub(super) fn is_here(&self, chunk: u64) -> bool {
+        self.here.contains(&chunk)
+    }
+
+    /// A message on its way to the coordinator in `phase`, pushed onto `out`: halos for
+    /// partitions here are kept; a message that hands a partition back goes after a
+    /// `Released` (one per phase) with what was kept for it.
+    pub(super) fn outgoing(&mut self, mut msg: ToCoordinator, phase: u64, out: &mut Vec<ToCoordinator>) {
         match &mut msg {
             ToCoordinator::Done {
                 chunk,
@@ -74,11 +137,12 @@ impl Keeper {
                 ..
             } => {
                 self.here.insert(*chunk);
-                self.keep(*chunk, halos);
+                self.only.insert(*chunk);
+                self.keep(*chunk, phase, halos);
                 out.push(msg);
             }
             ToCoordinator::Exported { chunk, halos, .. } => {
-                self.keep(*chunk, halos);
+                self.keep(*chunk, phase, halos);
                 out.push(msg);
             }
             ToCoordinator::Surrendered { chunk, .. }
@@ -89,18 +153,32 @@ impl Keeper {
             | ToCoordinator::Missing { chunk } => {
                 let chunk = *chunk;
                 self.here.remove(&chunk);
-                let mine: Vec<(u64, u64)> = self
+                self.only.remove(&chunk);
+                let mine: Vec<(u64, u64, u64)> = self
                     .kept
-                    .range((chunk, 0)..=(chunk, u64::MAX))
+                    .range((chunk, 0, 0)..=(chunk, u64::MAX, u64::MAX))
                     .map(|(k, _)| *k)
                     .collect();
-                if !mine.is_empty() {
-                    let halos = mine
-                        .into_iter()
-                        .filter_map(|k| Some((k.1, Halo::Sent(self.kept.remove(&k)?))))
-                        .collect();
-                    out.push(ToCoordinator::Released { chunk, halos });
+                let mut released: Option<ToCoordinator> = None;
+                for k in mine {
+                    let Some(b) = self.kept.remove(&k) else {
+                        continue;
+                    };
+                    match &mut released {
+                        Some(ToCoordinator::Released { phase, halos, .. }) if *phase == k.1 => {
+                            halos.push((k.2, Halo::Sent(b)));
+                        }
+                        _ => {
+                            out.extend(released.take());
+                            released = Some(ToCoordinator::Released {
+                                chunk,
+                                phase: k.1,
+                                halos: vec![(k.2, Halo::Sent(b))],
+                            });
+                        }
+                    }
                 }
+                out.extend(released);
                 out.push(msg);
             }
             _ => out.push(msg),
@@ -110,11 +188,11 @@ impl Keeper {
     /// The halos `chunk` exported, each kept, and replaced by [`Halo::Kept`], where the
     /// partition it is for is here. One for every partition (an allgather's) goes up: the
     /// others need it too.
-    fn keep(&mut self, chunk: u64, halos: &mut [(Option<u64>, Halo)]) {
+    fn keep(&mut self, chunk: u64, phase: u64, halos: &mut [(Option<u64>, Halo)]) {
         for (to, h) in halos {
             if let Some(to) = to.filter(|to| self.here.contains(to)) {
                 if let Halo::Sent(b) = std::mem::replace(h, Halo::Kept) {
-                    self.kept.insert((to, chunk), b);
+                    self.kept.insert((to, phase, chunk), b);
                 }
             }
         }
@@ -166,7 +244,7 @@ mod tests {
 
     fn out(k: &mut Keeper, msg: ToCoordinator) -> Vec<ToCoordinator> {
         let mut v = Vec::new();
-        k.outgoing(msg, &mut v);
+        k.outgoing(msg, PHASE, &mut v);
         v
     }
 
@@ -179,6 +257,9 @@ mod tests {
             m => panic!("not a done with halos: {m:?}"),
         }
     }
+
+    /// The phase the tests' partitions end; their `Begin`s are of the next.
+    const PHASE: u64 = 3;
 
     fn begin(chunk: u64, halos: Vec<(u64, Halo)>) -> ToWorker {
         ToWorker::Begin { chunk, halos }
@@ -200,18 +281,18 @@ mod tests {
         assert_eq!(halos(&three[0]), vec![Halo::Kept, sent(3, "down")]);
         assert_eq!(k.kept(), 4);
         assert_eq!(
-            k.begin(begin(2, vec![(1, Halo::Kept), (3, Halo::Kept)])),
+            k.begin(begin(2, vec![(1, Halo::Kept), (3, Halo::Kept)]), PHASE + 1),
             Some(begin(2, vec![(1, sent(1, "down")), (3, sent(3, "up"))]))
         );
         // Bytes from the coordinator pass as they are.
         assert_eq!(
-            k.begin(begin(1, vec![(0, sent(0, "down")), (2, Halo::Kept)])),
+            k.begin(begin(1, vec![(0, sent(0, "down")), (2, Halo::Kept)]), PHASE + 1),
             Some(begin(1, vec![(0, sent(0, "down")), (2, sent(2, "up"))]))
         );
         // A kept halo is given once: a second `Begin` naming it is refused.
-        assert_eq!(k.begin(begin(2, vec![(1, Halo::Kept)])), None);
+        assert_eq!(k.begin(begin(2, vec![(1, Halo::Kept)]), PHASE + 1), None);
         // One from a sender that exported nothing for it is refused too.
-        assert_eq!(k.begin(begin(3, vec![(1, Halo::Kept)])), None);
+        assert_eq!(k.begin(begin(3, vec![(1, Halo::Kept)]), PHASE + 1), None);
         assert_eq!(k.kept(), 1);
     }
 
@@ -251,7 +332,7 @@ mod tests {
         };
         assert_eq!(halos(&out(&mut k, all)[0]), vec![piece("to all")]);
         assert_eq!(
-            k.begin(begin(9, vec![(5, Halo::Kept), (9, piece("to all"))])),
+            k.begin(begin(9, vec![(5, Halo::Kept), (9, piece("to all"))]), PHASE + 1),
             Some(begin(9, vec![(5, piece("to 9")), (9, piece("to all"))]))
         );
     }
@@ -276,6 +357,7 @@ mod tests {
             vec![
                 ToCoordinator::Released {
                     chunk: 1,
+                    phase: PHASE,
                     halos: vec![(0, sent(0, "down")), (2, sent(2, "up"))],
                 },
                 surrendered

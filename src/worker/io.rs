@@ -474,6 +474,11 @@ impl Io {
                     pump.placing = Placements::new();
                     pump.placing.spares = dropped;
                 }
+                Out::Peer { to, .. } => {
+                    // No peer links yet: never asked, as this process announces no listener.
+                    machine.peer_down(to, "this build has no peer links".into());
+                }
+                Out::Answer { .. } | Out::Roster { .. } => {}
                 Out::Check(check) => pump.check(check),
                 Out::Put(put) => pump.put(put),
                 Out::End { tell, result } => {

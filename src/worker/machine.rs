@@ -67,6 +67,19 @@
 //!    undecodable job value or halo tells the coordinator first,
 //!    [`ToCoordinator::Undecodable`]).
 //!    After the end the machine takes nothing more.
+//! 7. *Peers* (protocol 20, [`peer`](crate::wire::peer)). With a roster (`Peers`: this
+//!    process's number, the run's session and generation, peers' addresses, and which
+//!    process holds the partitions this one sends halos to), a `Done`'s halo for a partition
+//!    held by another process is pushed there ([`Out::Peer`]) instead of going up. The `Done`
+//!    waits until every push is answered ([`Machine::peer_answered`]): one the peer keeps is
+//!    reported as [`Halo::KeptAt`] that peer, one it refuses goes up as bytes after all; so
+//!    does every push to a peer whose link is down ([`Machine::peer_down`]), which the
+//!    coordinator is told once per generation (`Unreachable`) and which gets no more pushes
+//!    until the next generation. Every message behind a waiting `Done` waits too, so the
+//!    wire's order is the order they were decided in (a heartbeat goes past: it is about no
+//!    chunk). A halo a peer pushes here ([`Machine::peer_received`]) is kept if its
+//!    partition is here, it is of this phase or the next, and its generation is this one
+//!    ([`Keeper::accept`]); the answer says whether ([`Out::Answer`]).
 //!
 //! # Order of the answers about a held partition
 //!
@@ -99,6 +112,7 @@ use super::halos::Keeper;
 use crate::snapshot::{PartRef, Store};
 use crate::wire::Error;
 use crate::wire::frame::{Failure, Halo, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
+use crate::wire::peer::{FromPeer, ToPeer};
 
 /// What the machine asks of its pump, in the order it decided it.
 #[derive(Debug)]
@@ -126,6 +140,30 @@ pub(super) enum Out {
     /// Write a snapshot part in the background; the outcome goes back through
     /// [`Machine::stored`].
     Put(Put),
+    /// A frame for peer process `to`, listening at `addr` (dialled if no link is up).
+    Peer {
+        /// The peer's number.
+        to: u64,
+        /// Its listener.
+        addr: String,
+        /// The frame.
+        msg: ToPeer,
+    },
+    /// An answer for peer process `to`, on the link it dialled.
+    Answer {
+        /// The peer's number.
+        to: u64,
+        /// The frame.
+        msg: FromPeer,
+    },
+    /// This process's number and the run's session, from the roster (the pump's peer
+    /// links use them; links of another session end).
+    Roster {
+        /// This process's number.
+        me: u64,
+        /// The run's session.
+        session: [u8; 16],
+    },
     /// The end: `tell` the coordinator if there is something to tell (its write may fail),
     /// and end with `result` (whether the process left on a stop request).
     End {
@@ -340,6 +378,65 @@ pub(super) struct Machine {
     out: VecDeque<Out>,
     parts_written: u64,
     parts_sent: u64,
+    /// The peer data plane, once a roster came.
+    peering: Option<Peering>,
+    /// Messages for the coordinator that wait for the answers to a `Done`'s pushes, in
+    /// order: the first waits for `pending` answers, the others for it.
+    waiting: VecDeque<Waiting>,
+    /// Numbers messages in `waiting`.
+    next_waiting: u64,
+    /// Halos pushed to peers and not answered yet, by their number.
+    pushes: IdMap<u64, Push>,
+    /// Numbers pushes.
+    next_push: u64,
+    /// What the peer data plane did, for the process's report.
+    peer_counts: PeerCounts,
+}
+
+/// The roster of the peer data plane (`ToWorker::Peers`).
+#[derive(Debug)]
+struct Peering {
+    me: u64,
+    session: [u8; 16],
+    /// `None` between a rollback (`Forget`) and the roster of the new generation: nothing
+    /// is pushed or accepted then.
+    generation: Option<u64>,
+    addrs: IdMap<u64, String>,
+    /// Which process holds the partition of each chunk, as far as this process was told.
+    holders: IdMap<u64, u64>,
+    /// Peers whose link is down this generation (their halos go up).
+    down: IdSet<u64>,
+}
+
+/// A message for the coordinator held back in `Machine::waiting`.
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    msg: ToCoordinator,
+    pending: usize,
+}
+
+/// A halo pushed to a peer, not answered yet: the `Done` it belongs to (`Waiting::id`), its
+/// index among the `Done`'s halos, and its bytes (sent up if the push fails).
+#[derive(Debug)]
+struct Push {
+    peer: u64,
+    waiting: u64,
+    index: usize,
+    bytes: Bytes,
+}
+
+/// What the peer data plane did in this process.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PeerCounts {
+    /// Halos pushed to peers, and how many of them they kept.
+    pub(super) pushed: u64,
+    pub(super) kept: u64,
+    /// Halos pushed here by peers, and how many were kept.
+    pub(super) received: u64,
+    pub(super) accepted: u64,
+    /// Halos sent up after all because their peer's link was down.
+    pub(super) unreachable: u64,
 }
 
 impl Machine {
@@ -367,7 +464,242 @@ impl Machine {
             out: VecDeque::new(),
             parts_written: 0,
             parts_sent: 0,
+            peering: None,
+            waiting: VecDeque::new(),
+            next_waiting: 0,
+            pushes: IdMap::default(),
+            next_push: 0,
+            peer_counts: PeerCounts::default(),
         }
+    }
+
+    /// What the peer data plane did so far.
+    pub(super) fn peer_counts(&self) -> PeerCounts {
+        self.peer_counts
+    }
+
+    /// This process accepts halos from its peers at `addr`: the coordinator is told.
+    pub(super) fn listening(&mut self, addr: String) {
+        if !self.ended {
+            self.send(ToCoordinator::Listening { addr });
+        }
+    }
+
+    /// A frame from peer process `from`, on the link it dialled: a pushed halo is kept or
+    /// refused, and answered.
+    pub(super) fn peer_received(&mut self, from: u64, msg: ToPeer) {
+        if self.ended {
+            return;
+        }
+        let ToPeer::Halo {
+            seq,
+            generation,
+            phase,
+            from: sender,
+            to,
+            bytes,
+        } = msg
+        else {
+            return;
+        };
+        self.peer_counts.received += 1;
+        let current = self.peering.as_ref().and_then(|p| p.generation);
+        let kept = self.config.partitioned
+            && current == Some(generation)
+            && self
+                .phase
+                .is_some_and(|p| phase == p || Some(phase) == p.checked_add(1))
+            && self.keeper.accept(to, phase, sender, bytes);
+        if kept {
+            self.peer_counts.accepted += 1;
+        } else {
+            tracing::debug!(peer = from, to, phase, generation, "a pushed halo is refused");
+        }
+        self.out.push_back(Out::Answer {
+            to: from,
+            msg: FromPeer::Ack { seq, kept },
+        });
+    }
+
+    /// A frame from peer process `to`, on the link this process dialled: the answer to a
+    /// push.
+    pub(super) fn peer_answered(&mut self, to: u64, msg: FromPeer) {
+        if self.ended {
+            return;
+        }
+        let FromPeer::Ack { seq, kept } = msg else {
+            return;
+        };
+        match self.pushes.get(&seq) {
+            Some(p) if p.peer == to => {}
+            _ => {
+                tracing::warn!(peer = to, seq, "an answer to no push of this process to it");
+                return;
+            }
+        }
+        let push = self.pushes.remove(&seq).expect("checked above");
+        if kept {
+            self.peer_counts.kept += 1;
+        }
+        self.answered(push, kept);
+        self.drain_waiting();
+    }
+
+    /// The link to or from peer process `process` is down (it could not be made, or
+    /// ended): every push to it not answered goes up as bytes, the coordinator is told
+    /// (once this generation), and no more halos are pushed there this generation.
+    pub(super) fn peer_down(&mut self, process: u64, reason: String) {
+        if self.ended {
+            return;
+        }
+        let mut failed: Vec<u64> = self
+            .pushes
+            .iter()
+            .filter(|(_, p)| p.peer == process)
+            .map(|(s, _)| *s)
+            .collect();
+        failed.sort_unstable();
+        let first = self
+            .peering
+            .as_mut()
+            .is_some_and(|p| p.generation.is_some() && p.down.insert(process));
+        if first {
+            tracing::warn!(peer = process, %reason, "a peer is unreachable: its halos go through the coordinator");
+            self.send(ToCoordinator::Unreachable { process, reason });
+        }
+        for seq in failed {
+            let push = self.pushes.remove(&seq).expect("listed above");
+            self.peer_counts.unreachable += 1;
+            self.answered(push, false);
+        }
+        self.drain_waiting();
+    }
+
+    /// A push is answered: its halo is reported kept at its peer, or goes up as bytes.
+    fn answered(&mut self, push: Push, kept: bool) {
+        let Some(w) = self.waiting.iter_mut().find(|w| w.id == push.waiting) else {
+            return;
+        };
+        w.pending -= 1;
+        if let ToCoordinator::Done {
+            halos: Some(halos), ..
+        } = &mut w.msg
+        {
+            if let Some((_, h)) = halos.get_mut(push.index) {
+                *h = if kept {
+                    Halo::KeptAt(push.peer)
+                } else {
+                    Halo::Sent(push.bytes)
+                };
+            }
+        }
+    }
+
+    /// The messages at the head of `waiting` that wait for nothing any more go.
+    fn drain_waiting(&mut self) {
+        while self.waiting.front().is_some_and(|w| w.pending == 0) {
+            let w = self.waiting.pop_front().expect("checked");
+            self.deliver(w.msg);
+        }
+    }
+
+    /// A roster (`Peers`): a new generation starts afresh (no peer is down, no holder
+    /// known); addresses and holders are updated.
+    fn roster(
+        &mut self,
+        me: u64,
+        session: [u8; 16],
+        generation: u64,
+        addrs: Vec<(u64, String)>,
+        holders: Vec<(u64, Option<u64>)>,
+    ) {
+        let peering = self.peering.get_or_insert_with(|| Peering {
+            me,
+            session,
+            generation: None,
+            addrs: IdMap::default(),
+            holders: IdMap::default(),
+            down: IdSet::default(),
+        });
+        let tell = peering.me != me || peering.session != session || peering.generation.is_none();
+        if peering.generation != Some(generation) {
+            peering.generation = Some(generation);
+            peering.down.clear();
+            peering.holders.clear();
+        }
+        peering.me = me;
+        peering.session = session;
+        peering.addrs.extend(addrs);
+        for (chunk, holder) in holders {
+            match holder {
+                Some(h) => peering.holders.insert(chunk, h),
+                None => peering.holders.remove(&chunk),
+            };
+        }
+        if tell {
+            self.out.push_back(Out::Roster { me, session });
+        }
+    }
+
+    /// Pushes the halos of `msg` (a `Done`) that are for partitions held by peers; how
+    /// many. Each is replaced by [`Halo::Kept`] until its answer comes.
+    fn push(&mut self, waiting: u64, msg: &mut ToCoordinator) -> usize {
+        let ToCoordinator::Done {
+            chunk,
+            halos: Some(halos),
+            ..
+        } = msg
+        else {
+            return 0;
+        };
+        let (Some(p), Some(phase)) = (self.peering.as_ref(), self.phase) else {
+            return 0;
+        };
+        let Some(generation) = p.generation else {
+            return 0;
+        };
+        let mut n = 0;
+        for (index, (to, h)) in halos.iter_mut().enumerate() {
+            let Some(to) = *to else { continue };
+            let Some(&peer) = p.holders.get(&to) else {
+                continue;
+            };
+            if peer == p.me || p.down.contains(&peer) || self.keeper.is_here(to) {
+                continue;
+            }
+            let Some(addr) = p.addrs.get(&peer) else {
+                continue;
+            };
+            let Halo::Sent(bytes) = std::mem::replace(h, Halo::Kept) else {
+                continue;
+            };
+            let seq = self.next_push;
+            self.next_push += 1;
+            self.pushes.insert(
+                seq,
+                Push {
+                    peer,
+                    waiting,
+                    index,
+                    bytes: bytes.clone(),
+                },
+            );
+            self.out.push_back(Out::Peer {
+                to: peer,
+                addr: addr.clone(),
+                msg: ToPeer::Halo {
+                    seq,
+                    generation,
+                    phase,
+                    from: *chunk,
+                    to,
+                    bytes,
+                },
+            });
+            self.peer_counts.pushed += 1;
+            n += 1;
+        }
+        n
     }
 
     /// The next thing to do, in the order decided.
@@ -682,7 +1014,7 @@ impl Machine {
         if self.config.partitioned {
             self.keeper.arrived(&msg);
         }
-        let Some(msg) = self.keeper.begin(msg) else {
+        let Some(msg) = self.keeper.begin(msg, self.phase.unwrap_or(0)) else {
             return self.fail(
                 self.bad("a partition's halo kept here that this process did not keep".into()),
             );
@@ -835,6 +1167,11 @@ impl Machine {
                             return self
                                 .fail(self.bad("a kept halo that was not given back".into()));
                         }
+                        Halo::KeptAt(_) => {
+                            return self.fail(
+                                self.bad("a halo kept at another process in a begin".into()),
+                            );
+                        }
                     }
                 }
                 self.code(Code::Begin { chunk, halos: sent }, None);
@@ -877,7 +1214,23 @@ impl Machine {
                 self.granted.clear();
                 self.grants.clear();
                 self.flush_dones();
+                if let Some(p) = &mut self.peering {
+                    // Pushes of the generation rolled back from are refused from now on.
+                    p.generation = None;
+                }
                 self.out.push_back(Out::Forget);
+            }
+            ToWorker::Peers {
+                me,
+                session,
+                generation,
+                addrs,
+                holders,
+            } => {
+                if !self.config.partitioned {
+                    return self.fail(self.bad("a roster of peers for a job without partitions".into()));
+                }
+                self.roster(me, session, generation, addrs, holders);
             }
             ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
         }
@@ -1017,14 +1370,34 @@ impl Machine {
     /// ([`Keeper::outgoing`]); snapshot parts are counted.
     fn send(&mut self, msg: ToCoordinator) {
         let mut now = Vec::new();
-        self.keeper.outgoing(msg, &mut now);
-        for msg in now {
+        self.keeper.outgoing(msg, self.phase.unwrap_or(0), &mut now);
+        for mut msg in now {
+            if let ToCoordinator::Heartbeat { .. } = msg {
+                // About no chunk: it goes past messages that wait for peers.
+                self.deliver(msg);
+                continue;
+            }
+            let id = self.next_waiting;
+            let pending = self.push(id, &mut msg);
+            if pending > 0 || !self.waiting.is_empty() {
+                self.next_waiting += 1;
+                self.waiting.push_back(Waiting { id, msg, pending });
+                continue;
+            }
+            self.deliver(msg);
+        }
+    }
+
+    /// A message for the coordinator that waits for nothing: `Done`s are held while
+    /// granted runs are out; snapshot parts are counted.
+    fn deliver(&mut self, msg: ToCoordinator) {
+        {
             if let ToCoordinator::Done { .. } = msg {
                 self.dones.push(msg);
                 if self.granted.is_empty() {
                     self.flush_dones();
                 }
-                continue;
+                return;
             }
             self.flush_dones();
             match msg {
@@ -1100,6 +1473,8 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Heartbeat { .. }
         | ToCoordinator::Leave { .. }
         | ToCoordinator::Piece { .. }
+        | ToCoordinator::Listening { .. }
+        | ToCoordinator::Unreachable { .. }
         | ToCoordinator::Undecodable { .. } => None,
     }
 }
@@ -1162,16 +1537,21 @@ mod tests {
 
     /// `m` with the job value of phase 2, answered.
     fn with_job(m: &mut Machine, t0: Instant) {
+        to_phase(m, t0, 2);
+    }
+
+    /// `m` with the job value of `phase`, answered.
+    fn to_phase(m: &mut Machine, t0: Instant, phase: u64) {
         let job = Bytes::from_static(b"job");
-        let phase = ToWorker::Phase {
-            phase: 2,
+        let msg = ToWorker::Phase {
+            phase,
             chunks: 8,
             job: job.clone(),
         };
-        m.received(t0, Some(phase));
+        m.received(t0, Some(msg));
         assert!(matches!(
             &polled(m)[..],
-            [Out::Code(Code::Phase { phase: 2, chunks: 8, job: j })] if *j == job
+            [Out::Code(Code::Phase { phase: p, chunks: 8, job: j })] if *j == job && *p == phase
         ));
         m.answer(Ok(None));
         assert!(polled(m).is_empty());
@@ -1348,6 +1728,7 @@ mod tests {
         let two = with_halos(done(1, 2, true), Halo::Kept, Halo::Sent(halo(2, "down")));
         assert_eq!(sent(polled(&mut m)), vec![two]);
         // The next phase: chunk 2's halo from chunk 1 is here; chunk 3's comes as bytes.
+        to_phase(&mut m, t0, 3);
         m.received(
             t0,
             Some(ToWorker::Begin {

@@ -27,6 +27,16 @@ use crate::job::Job;
 use crate::run::{Cell, Inputs, MAIL};
 use crate::wire::Error;
 use crate::wire::frame::{ToCoordinator, ToWorker};
+use crate::wire::peer::{FromPeer, ToPeer};
+
+/// A frame between two simulated processes (the peer data plane).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum PeerFrame {
+    /// From the process that dialled.
+    To(ToPeer),
+    /// Back to it.
+    From(FromPeer),
+}
 
 /// A compute thread of a simulated process.
 struct SimThread<J: Job> {
@@ -57,6 +67,8 @@ pub(crate) struct SimProcess<J: Job> {
     store: Option<(crate::snapshot::Store, Arc<tokio::runtime::Runtime>)>,
     /// Messages for the coordinator, in the order they go on the wire.
     outbox: VecDeque<ToCoordinator>,
+    /// Frames for peer processes (by their number), in the order they were decided.
+    peer_out: VecDeque<(u64, PeerFrame)>,
     ended: Option<Result<bool, Error>>,
 }
 
@@ -99,6 +111,7 @@ impl<J: Job> SimProcess<J> {
             background: Vec::new(),
             store,
             outbox: VecDeque::new(),
+            peer_out: VecDeque::new(),
             ended: None,
         };
         p.drive();
@@ -118,6 +131,33 @@ impl<J: Job> SimProcess<J> {
     /// The next message for the coordinator, if any.
     pub(crate) fn next_sent(&mut self) -> Option<ToCoordinator> {
         self.outbox.pop_front()
+    }
+
+    /// This process accepts halos from its peers (at a made-up address).
+    pub(crate) fn listen(&mut self, addr: String) {
+        self.machine.listening(addr);
+        self.drive();
+    }
+
+    /// The next frame for a peer process, with its number, if any.
+    pub(crate) fn next_peer_frame(&mut self) -> Option<(u64, PeerFrame)> {
+        self.peer_out.pop_front()
+    }
+
+    /// A frame from peer process `from` arrives.
+    pub(crate) fn peer_frame(&mut self, from: u64, frame: PeerFrame) {
+        match frame {
+            PeerFrame::To(msg) => self.machine.peer_received(from, msg),
+            PeerFrame::From(msg) => self.machine.peer_answered(from, msg),
+        }
+        self.drive();
+    }
+
+    /// The link with peer process `process` broke.
+    pub(crate) fn peer_down(&mut self, process: u64) {
+        self.machine
+            .peer_down(process, "the simulated link broke".into());
+        self.drive();
     }
 
     /// Whether a thread has a chunk or a request waiting.
@@ -241,6 +281,9 @@ impl<J: Job> SimProcess<J> {
                     self.background
                         .retain(|b| !matches!(b, Background::Place(_)));
                 }
+                Out::Peer { to, msg, .. } => self.peer_out.push_back((to, PeerFrame::To(msg))),
+                Out::Answer { to, msg } => self.peer_out.push_back((to, PeerFrame::From(msg))),
+                Out::Roster { .. } => {}
                 Out::Check(check) => self.background.push(Background::Check(check)),
                 Out::Put(put) => self.background.push(Background::Put(put)),
                 Out::End { tell, result } => {

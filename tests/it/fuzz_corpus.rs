@@ -468,6 +468,7 @@ fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
             "released",
             ToCoordinator::Released {
                 chunk: 15,
+                phase: 7,
                 halos: vec![(14, frame::Halo::Sent(Bytes::from_static(b"\x02up")))],
             },
         ),
