@@ -1640,6 +1640,30 @@ mod tests {
                 "{why}: {refused:?}"
             );
         }
+        // A halo kept "at a peer" that is the sender itself, or with no receiver, is refused.
+        for (halos, why) in [
+            (
+                vec![(Some(1), crate::wire::frame::Halo::KeptAt(id.0))],
+                "not another process",
+            ),
+        ] {
+            let refused = h.coord().on_remote(id, forged(halos));
+            assert!(
+                matches!(&refused, Err(e) if e.to_string().contains(why)),
+                "{why}: {refused:?}"
+            );
+        }
+        // A peer listener that is not an address is refused.
+        let refused = h.coord().on_remote(
+            id,
+            ToCoordinator::Listening {
+                addr: "my laptop".into(),
+            },
+        );
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("not an address")),
+            "{refused:?}"
+        );
         assert_eq!(h.coord().exports.iter().flatten().count(), 0);
         // A halo handed up before its partition leaves must carry its bytes.
         let released = ToCoordinator::Released {

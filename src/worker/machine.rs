@@ -2429,6 +2429,208 @@ mod tests {
     /// a thread whose slots are all released is closed. `Leave` goes once, with the grace;
     /// `End` ends with whether this process left. An undecodable job value tells the
     /// coordinator before the process ends.
+    /// A roster for process 1 of a job whose chunk 3 is held by process 2 (at
+    /// `127.0.0.1:9002`), generation `generation`.
+    fn roster(generation: u64) -> ToWorker {
+        ToWorker::Peers {
+            me: 1,
+            session: [7; 16],
+            generation,
+            addrs: vec![(2, "127.0.0.1:9002".into())],
+            holders: vec![(3, Some(2))],
+        }
+    }
+
+    /// The pushes and answers among `outs`, and the messages for the coordinator.
+    fn peer_outs(outs: Vec<Out>) -> (Vec<(u64, ToPeer)>, Vec<(u64, FromPeer)>, Vec<ToCoordinator>) {
+        let (mut pushed, mut answers, mut sent) = (Vec::new(), Vec::new(), Vec::new());
+        for o in outs {
+            match o {
+                Out::Peer { to, msg, .. } => pushed.push((to, msg)),
+                Out::Answer { to, msg } => answers.push((to, msg)),
+                Out::Send(m) => sent.push(m),
+                Out::Roster { .. } | Out::Thread(..) => {}
+                o => panic!("unexpected {o:?}"),
+            }
+        }
+        (pushed, answers, sent)
+    }
+
+    /// A halo for a partition a peer holds goes there; the `Done` waits for the answer and
+    /// says where it was kept, or carries the bytes if the peer refused it or its link went
+    /// down; what the process decided after the `Done` waits behind it, but a heartbeat.
+    #[test]
+    fn a_halo_for_a_peer_s_partition_is_pushed_and_the_done_waits_for_its_answer() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::Roster { me: 1, session: [7, ..] }]
+        ));
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        // Chunk 2 ends: its halo for chunk 1 goes up, the one for chunk 3 to process 2.
+        m.reported(done(0, 2, true));
+        let (pushed, _, up) = peer_outs(polled(&mut m));
+        assert!(up.is_empty(), "{up:?}");
+        let [(2, ToPeer::Halo { seq, generation: 4, phase: 2, from: 2, to: 3, bytes })] = &pushed[..]
+        else {
+            panic!("{pushed:?}");
+        };
+        assert_eq!(bytes, &halo(2, "down"));
+        // Meanwhile the process leaves: `Leave` waits behind the `Done`; a heartbeat does not.
+        m.leave();
+        m.tick(t0 + Duration::from_secs(1), vec![0]);
+        let (_, _, up) = peer_outs(polled(&mut m));
+        assert!(matches!(&up[..], [ToCoordinator::Heartbeat { .. }]), "{up:?}");
+        // An answer from another peer, or to no push, changes nothing.
+        m.peer_answered(5, FromPeer::Ack { seq: *seq, kept: true });
+        m.peer_answered(2, FromPeer::Ack { seq: seq + 1, kept: true });
+        assert!(polled(&mut m).is_empty());
+        m.peer_answered(2, FromPeer::Ack { seq: *seq, kept: true });
+        let kept = with_halos(done(0, 2, true), Halo::Sent(halo(2, "up")), Halo::KeptAt(2));
+        let (_, _, up) = peer_outs(polled(&mut m));
+        assert!(
+            matches!(&up[..], [k, ToCoordinator::Leave { .. }] if *k == kept),
+            "{up:?}"
+        );
+        assert_eq!(m.peer_counts().kept, 1);
+
+        // Refused: the bytes go up after all.
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let _ = polled(&mut m);
+        m.peer_answered(2, FromPeer::Ack { seq: 0, kept: false });
+        assert_eq!(sent(polled(&mut m)), vec![done(0, 2, true)]);
+
+        // The link goes down: the bytes go up, the coordinator hears of it once, and the next
+        // halo for that peer goes up at once.
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let _ = polled(&mut m);
+        m.peer_down(2, "reset".into());
+        m.peer_down(2, "reset again".into());
+        let unreachable = ToCoordinator::Unreachable {
+            process: 2,
+            reason: "reset".into(),
+        };
+        assert_eq!(sent(polled(&mut m)), vec![done(0, 2, true), unreachable]);
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        assert_eq!(sent(polled(&mut m)), vec![done(0, 2, true)]);
+        assert_eq!(m.peer_counts().unreachable, 1);
+        // A new generation (after a rollback) tries that peer again.
+        m.received(t0, Some(ToWorker::Forget));
+        let _ = polled(&mut m);
+        m.received(t0, Some(roster(5)));
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let (pushed, _, up) = peer_outs(polled(&mut m));
+        assert!(up.is_empty());
+        assert!(matches!(&pushed[..], [(2, ToPeer::Halo { generation: 5, .. })]));
+    }
+
+    /// A pushed halo is kept only for a partition whose only copy is here, of this phase
+    /// or the next, under this generation, once; the next `Begin` takes it, and a partition
+    /// that leaves takes it along in `Released`, by phase.
+    #[test]
+    fn a_pushed_halo_is_kept_only_for_a_partition_held_here() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let push = |seq, generation, phase, to| ToPeer::Halo {
+            seq,
+            generation,
+            phase,
+            from: 4,
+            to,
+            bytes: halo(4, "up"),
+        };
+        let answer = |m: &mut Machine| -> bool {
+            let (_, answers, _) = peer_outs(polled(m));
+            match &answers[..] {
+                [(9, FromPeer::Ack { kept, .. })] => *kept,
+                a => panic!("{a:?}"),
+            }
+        };
+        // No roster yet: refused.
+        m.peer_received(9, push(0, 4, 2, 3));
+        assert!(!answer(&mut m));
+        m.received(t0, Some(roster(4)));
+        // Chunk 3 runs here from a state the coordinator has: refused.
+        m.received(
+            t0,
+            Some(ToWorker::Run {
+                slot: 0,
+                chunk: 3,
+                start: 30,
+                end: 40,
+                state: Some(Bytes::from_static(b"s")),
+                held: false,
+                then: Vec::new(),
+            }),
+        );
+        let _ = polled(&mut m);
+        m.peer_received(9, push(1, 4, 2, 3));
+        assert!(!answer(&mut m));
+        // Once it ended here, its only copy is here: kept, once.
+        m.reported(done(0, 3, true));
+        let _ = polled(&mut m);
+        m.peer_received(9, push(2, 3, 2, 3));
+        assert!(!answer(&mut m), "another generation");
+        m.peer_received(9, push(3, 4, 4, 3));
+        assert!(!answer(&mut m), "a phase two on");
+        m.peer_received(9, push(4, 4, 2, 3));
+        assert!(answer(&mut m));
+        m.peer_received(9, push(5, 4, 2, 3));
+        assert!(!answer(&mut m), "twice");
+        // The next phase's, pushed before this process took the phase's `Begin`: kept apart.
+        m.peer_received(9, push(6, 4, 3, 3));
+        assert!(answer(&mut m));
+        to_phase(&mut m, t0, 3);
+        m.received(
+            t0,
+            Some(ToWorker::Begin {
+                chunk: 3,
+                halos: vec![(2, Halo::Sent(halo(2, "down"))), (4, Halo::Kept)],
+            }),
+        );
+        let outs = polled(&mut m);
+        let [Out::Code(Code::Begin { chunk: 3, halos })] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(halos, &vec![(2, halo(2, "down")), (4, halo(4, "up"))]);
+        m.answer(Ok(None));
+        // The partition leaves with the next phase's, which go up named by their phase.
+        m.received(t0, Some(ToWorker::Surrender { chunk: 3 }));
+        let _ = polled(&mut m);
+        let surrendered = ToCoordinator::Surrendered {
+            chunk: 3,
+            state: Bytes::from_static(b"3"),
+        };
+        m.answer(Ok(Some(surrendered.clone())));
+        let released = ToCoordinator::Released {
+            chunk: 3,
+            phase: 3,
+            halos: vec![(4, Halo::Sent(halo(4, "up")))],
+        };
+        assert_eq!(sent(polled(&mut m)), vec![released, surrendered]);
+        // Gone: refused.
+        m.peer_received(9, push(7, 4, 3, 3));
+        assert!(!answer(&mut m));
+        assert_eq!(m.peer_counts().accepted, 2);
+    }
+
     #[test]
     fn slots_leave_and_end() {
         let (mut m, t0) = machine(false, 2);
