@@ -326,6 +326,8 @@ pub(crate) struct Remotes {
     /// receiver left, all before the sender's report that it was kept there (two
     /// connections, no order between them). The sender's `Done` takes them.
     early: IdMap<(ChunkId, ChunkId), (ProcessId, Bytes)>,
+    /// Connected processes that listen for their peers' halos.
+    listeners: usize,
 }
 
 impl Remotes {
@@ -386,6 +388,9 @@ impl Remotes {
         if c.retiring {
             self.retiring -= 1;
         }
+        if c.listen.is_some() {
+            self.listeners -= 1;
+        }
         debug_assert_eq!(
             self.retiring,
             self.conns.values().filter(|c| c.retiring).count()
@@ -423,9 +428,7 @@ impl Remotes {
         self.job_bytes = Some((phase, job.clone()));
         // Halos released for the phase that ended found their sender's `Done` by now.
         self.early.clear();
-        let holders: IdMap<ChunkId, ProcessId> =
-            begins.iter().map(|(id, chunk, _)| (*chunk, *id)).collect();
-        self.tell_peers(&holders);
+        self.tell_peers(&begins);
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -494,11 +497,35 @@ impl Remotes {
 
     /// The roster of the peer data plane for each worker process that sent halos through
     /// this coordinator in the phase that ended (`Told::relayed`): where their receivers
-    /// are now (`holders`, from the phase's `Begin`s), with the addresses it lacks. Only
+    /// are now (from the phase's `Begin`s, `begins`), with the addresses it lacks. Only
     /// what changed goes; a process gets a whole roster again after a rollback (a new
     /// generation). Queued ahead of the phase's other messages, so the phase's `Done`s
-    /// can use it.
-    fn tell_peers(&mut self, holders: &IdMap<ChunkId, ProcessId>) {
+    /// can use it. Nothing is done, nor any map built, while no process listens; in a
+    /// steady state only the few chunks whose halos were relayed are looked up.
+    fn tell_peers(&mut self, begins: &[(ProcessId, ChunkId, Inbox<frame::Halo>)]) {
+        if self.listeners == 0 {
+            // No process takes halos from its peers: everything is relayed.
+            self.conns.values_mut().for_each(|c| c.told.relayed.clear());
+            return;
+        }
+        let generation = self.generation;
+        let wanted: IdSet<ChunkId> = self
+            .conns
+            .values()
+            .flat_map(|c| c.told.relayed.iter().copied())
+            .collect();
+        let fresh_any = self
+            .conns
+            .values()
+            .any(|c| c.told.generation != Some(generation));
+        if wanted.is_empty() && !fresh_any {
+            return;
+        }
+        let holders: IdMap<ChunkId, ProcessId> = begins
+            .iter()
+            .filter(|(_, chunk, _)| wanted.contains(chunk))
+            .map(|(id, chunk, _)| (*chunk, *id))
+            .collect();
         let session = *self.session.get_or_insert_with(|| {
             let mut s = [0; 16];
             if let Err(e) = getrandom::fill(&mut s) {
@@ -506,17 +533,10 @@ impl Remotes {
             }
             s
         });
-        let generation = self.generation;
-        let listening: IdMap<ProcessId, Arc<str>> = self
-            .conns
-            .iter()
-            .filter_map(|(id, c)| c.listen.clone().map(|a| (*id, a)))
+        let listening: IdMap<ProcessId, Arc<str>> = holders
+            .values()
+            .filter_map(|h| Some((*h, self.conns.get(h)?.listen.clone()?)))
             .collect();
-        if listening.is_empty() {
-            // No process takes halos from its peers: everything is relayed.
-            self.conns.values_mut().for_each(|c| c.told.relayed.clear());
-            return;
-        }
         let mut msgs = Vec::new();
         for (&id, conn) in &mut self.conns {
             let told = &mut conn.told;
@@ -1860,7 +1880,9 @@ impl<J: Job> State<J> {
                     return Err(bad(format!("a peer listener at {addr:?}, not an address")));
                 }
                 tracing::debug!(conn = %id, %addr, "a worker process accepts halos from its peers");
-                conn.listen = Some(addr.into());
+                if conn.listen.replace(addr.into()).is_none() {
+                    self.remote.listeners += 1;
+                }
                 return Ok(());
             }
             ToCoordinator::Unreachable { process, reason } => {

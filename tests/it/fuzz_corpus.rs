@@ -288,6 +288,16 @@ fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
         ),
         ("heartbeat", ToWorker::Heartbeat),
         ("end", ToWorker::End),
+        (
+            "peers",
+            ToWorker::Peers {
+                me: 3,
+                session: [9; 16],
+                generation: 2,
+                addrs: vec![(1, "127.0.0.1:40001".into()), (4, "[::1]:40004".into())],
+                holders: vec![(7, Some(1)), (8, None)],
+            },
+        ),
     ]
 }
 
@@ -492,6 +502,33 @@ fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::Heartbeat { progress: vec![] },
         ),
         ("leave", ToCoordinator::Leave { grace_ms: None }),
+        (
+            "listening",
+            ToCoordinator::Listening {
+                addr: "10.0.0.7:40007".into(),
+            },
+        ),
+        (
+            "unreachable",
+            ToCoordinator::Unreachable {
+                process: 4,
+                reason: "connection refused".into(),
+            },
+        ),
+        (
+            "done-kept-at",
+            ToCoordinator::Done {
+                slot: 1,
+                chunk: 15,
+                output: Bytes::from_static(b"\x01"),
+                halos: Some(vec![
+                    (Some(14), frame::Halo::Kept),
+                    (Some(16), frame::Halo::KeptAt(4)),
+                ]),
+                iterations: 8,
+                busy_ns: 1000,
+            },
+        ),
         (
             "leave-grace",
             ToCoordinator::Leave {
