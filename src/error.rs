@@ -740,6 +740,7 @@ mod tests {
             | ClusterError::MessageTooLarge { .. }
             | ClusterError::Malformed { .. }
             | ClusterError::Refused { .. }
+            | ClusterError::PeerSession { .. }
             | ClusterError::NoToken { .. }
             | ClusterError::Token(_) => false,
         };

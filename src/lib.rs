@@ -132,12 +132,12 @@ pub mod cluster {
     //! through a [`Launcher`].
     //!
     //! This module is the face of two layers: the wire (`src/wire/`: [`frame`],
-    //! [`handshake`], launchers, [`Error`]) and the worker process (`src/worker/`: [`serve`],
+    //! [`handshake`], [`peer`], launchers, [`Error`]) and the worker process (`src/worker/`: [`serve`],
     //! [`Registry`], [`WorkerOptions`], [`Served`]).
 
     pub use crate::wire::{
         AuthFailure, CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher,
-        TOKEN_ENV, Token, frame, handshake,
+        TOKEN_ENV, Token, frame, handshake, peer,
     };
     pub use crate::worker::{
         GRACE_ENV, NODE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve,

@@ -37,6 +37,7 @@
 //! | `malleable_snapshot_remote_parts_total` | counter | parts | snapshot parts received from worker processes (label `part`: `running`, a running chunk's state, or `held`, a partition the process holds; label `written_by`: `worker`, written to the store by the process and received as a reference, or `coordinator`, received as bytes for the coordinator to write) |
 //! | `malleable_snapshot_removal_failures_total` | counter | removals | a finished job's snapshots that could not be removed ([`Builder::remove_snapshots_when_finished`](crate::Builder::remove_snapshots_when_finished)) |
 //! | `malleable_drains_overrun_total` | counter | processes | worker processes still connected at the end of their drain's grace period, let go ([`JobHandle::drain_remote`](crate::JobHandle::drain_remote)) |
+//! | `malleable_peer_links_total` | counter | links | links between worker processes that send each other halos (protocol 20), in the process at either end (label `event`: `up`, a handshake completed; `down`, a link ended by itself: closed by the other side, silent for a lease, or a frame that broke the protocol; `refused`, a handshake that failed, or a dial that did not connect; label `direction`: `dialled`, `accepted`; no `job` label) |
 //! | `malleable_timeline_errors_total` | counter | records | timeline records lost (label `kind`: `dropped`, the writer's queue was full; `write`, a write or flush failed; no `job` label) |
 //!
 //! Membership, progress and phase metrics are updated when something changes at the
@@ -122,6 +123,9 @@ pub const SNAPSHOT_BYTES: &str = "malleable_snapshot_bytes_total";
 pub const REMOTE_PARTS: &str = "malleable_snapshot_remote_parts_total";
 /// Snapshots that failed.
 pub const SNAPSHOT_FAILURES: &str = "malleable_snapshot_failures_total";
+/// Links between worker processes that send each other halos, by event (`up`, `down`,
+/// `refused`) and direction (`dialled`, `accepted`).
+pub const PEER_LINKS: &str = "malleable_peer_links_total";
 /// Timeline records lost, by kind (`dropped`, `write`).
 pub const TIMELINE_ERRORS: &str = "malleable_timeline_errors_total";
 

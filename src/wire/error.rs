@@ -67,7 +67,8 @@ pub enum Error {
         theirs: u32,
     },
     /// The shared token did not check: the coordinator and the worker process hold different
-    /// tokens, or one of them has none. What this side saw is in `failure`; the message says
+    /// tokens, or one of them has none (or, between worker processes that exchange halos,
+    /// the dialer and the listener do). What this side saw is in `failure`; the message says
     /// which side is which and how the token is set ([`TOKEN_ENV`](super::TOKEN_ENV),
     /// `Builder::cluster_token`, [`WorkerOptions::token`](crate::cluster::WorkerOptions::token)).
     #[error("{}", auth_text(.peer, *.failure))]
@@ -239,6 +240,26 @@ pub enum Error {
         /// The reason it gave.
         reason: String,
     },
+    /// A worker process of another session (another run of the job: before or after a
+    /// rollback or a new roster, or another job that shares the token) dialled this one for
+    /// halos, or this one dialled such a process (protocol 20, `wire::peer`). The dialer is
+    /// refused after both sides proved the token and before any halo crosses; both sides
+    /// report it, each with its own session as `ours`.
+    #[error(
+        "the worker process at {peer} is in session {}, this worker process in session {}: \
+         one of the two has not yet learned of the job's new run (a rollback, a new roster), \
+         or they are of different jobs; no halo crosses between them",
+        session_text(.theirs),
+        session_text(.ours)
+    )]
+    PeerSession {
+        /// The other side's address.
+        peer: String,
+        /// This side's session.
+        ours: [u8; 16],
+        /// The other side's session.
+        theirs: [u8; 16],
+    },
     /// Listening on an address other than loopback needs a token.
     #[error(
         "refusing to listen on {addr} without a token: set MALLEABLE_TOKEN (or a token file) \
@@ -291,6 +312,7 @@ crate::error::debug_as_report!(Error {
     Malformed { peer, what, reason, source },
     Rejected { peer, what, reason, source },
     Refused { peer, reason },
+    PeerSession { peer, ours, theirs },
     NoToken { addr },
     Token(text),
     Environment { var, value, expected },
@@ -337,6 +359,7 @@ impl Error {
             Error::Malformed { .. } => "malformed",
             Error::Rejected { .. } => "rejected",
             Error::Refused { .. } => "refused",
+            Error::PeerSession { .. } => "peer_session",
             Error::NoToken { .. } => "no_token",
             Error::Token(_) => "token",
             Error::Environment { .. } => "environment",
@@ -364,6 +387,32 @@ pub enum AuthFailure {
         /// Whether this coordinator has a token.
         token: bool,
     },
+    /// Seen by a worker process that dialled another for halos (`wire::peer`): the listening
+    /// process's proof does not check with this process's token (the listener proves first,
+    /// so this is what a dialer with the wrong token, or none, sees).
+    ListenerProof {
+        /// Whether this worker process has a token.
+        token: bool,
+    },
+    /// Seen by a worker process that dialled another for halos: the listening process
+    /// refused this process's proof.
+    RefusedByListener,
+    /// Seen by a worker process that another dialled for halos: the dialer's proof does not
+    /// check with this process's token.
+    DialerProof {
+        /// Whether this worker process has a token.
+        token: bool,
+    },
+}
+
+/// How worker processes get the same token, for the messages about peers.
+const SAME_PEER_TOKEN: &str = "give every worker process of the job the coordinator's token: \
+                               MALLEABLE_TOKEN in the environment of each (read by \
+                               WorkerOptions::from_env), or WorkerOptions::token";
+
+/// A session in hexadecimal, for the messages.
+fn session_text(session: &[u8; 16]) -> String {
+    session.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How the two sides get the same token, for the messages.
@@ -394,6 +443,27 @@ fn auth_text(peer: &str, failure: AuthFailure) -> String {
             "the worker process at {peer} has a shared token and this coordinator none: \
              give the coordinator the same token (MALLEABLE_TOKEN in its environment, or \
              Builder::cluster_token), or start the worker without one"
+        ),
+        AuthFailure::ListenerProof { token: true } => format!(
+            "the worker process at {peer}, dialled for halos, does not hold this worker \
+             process's shared token: {SAME_PEER_TOKEN}"
+        ),
+        AuthFailure::ListenerProof { token: false } => format!(
+            "the worker process at {peer}, dialled for halos, requires a shared token and \
+             this worker process has none: {SAME_PEER_TOKEN}"
+        ),
+        AuthFailure::RefusedByListener => format!(
+            "the worker process at {peer}, dialled for halos, refused this worker process's \
+             proof of the shared token: {SAME_PEER_TOKEN}"
+        ),
+        AuthFailure::DialerProof { token: true } => format!(
+            "the worker process at {peer}, which dialled this one for halos, did not prove \
+             that it holds this worker process's shared token (it has another one, or none): \
+             {SAME_PEER_TOKEN}"
+        ),
+        AuthFailure::DialerProof { token: false } => format!(
+            "the worker process at {peer}, which dialled this one for halos, has a shared \
+             token and this worker process none: {SAME_PEER_TOKEN}"
         ),
     }
 }

@@ -59,7 +59,8 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// in collectives ([`Exchange`](crate::Exchange)): `Done` and `Exported` address each piece
 /// (`None`: to every partition, an allgather's), `Begin` and `Released` name each piece's
 /// sender, and `Phase` carries the job's number of chunks (an all-to-all addresses them all).
-pub const PROTOCOL_VERSION: u32 = 19;
+/// Version 20: worker processes exchange halos directly (`wire::peer`).
+pub const PROTOCOL_VERSION: u32 = 20;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -803,7 +804,8 @@ thread_local! {
     static FRAME: std::cell::RefCell<Option<Bytes>> = const { std::cell::RefCell::new(None) };
 }
 
-fn with_frame<T>(frame: Bytes, decode: impl FnOnce(&[u8]) -> T) -> T {
+/// Decodes with `decode` the body `frame` holds, with the frame at hand for [`in_frame`].
+pub(super) fn with_frame<T>(frame: Bytes, decode: impl FnOnce(&[u8]) -> T) -> T {
     let body = frame.clone();
     FRAME.with_borrow_mut(|f| *f = Some(frame));
     let decoded = decode(&body);
@@ -813,7 +815,7 @@ fn with_frame<T>(frame: Bytes, decode: impl FnOnce(&[u8]) -> T) -> T {
 
 /// A byte field: a view of the frame being decoded when it lies in it (see `with_frame`),
 /// else a copy.
-fn in_frame<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+pub(super) fn in_frame<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
     struct InFrame;
     impl<'de> serde::de::Visitor<'de> for InFrame {
         type Value = Bytes;

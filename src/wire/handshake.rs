@@ -167,24 +167,27 @@ impl Token {
         mac
     }
 
-    fn prove(&self, label: &[u8], a: &Nonce, b: &Nonce) -> Proof {
+    /// `H(label, a, b)`.
+    pub(super) fn prove(&self, label: &[u8], a: &Nonce, b: &Nonce) -> Proof {
         self.mac(label, a, b).finalize().into_bytes().into()
     }
 
     /// Constant-time check of a MAC.
-    fn check(&self, label: &[u8], a: &Nonce, b: &Nonce, proof: &Proof) -> bool {
+    pub(super) fn check(&self, label: &[u8], a: &Nonce, b: &Nonce, proof: &Proof) -> bool {
         self.mac(label, a, b).verify_slice(proof).is_ok()
     }
 }
 
 /// The key used when no token is configured (loopback only): the handshake still runs, but
 /// proves nothing.
-fn no_token() -> Token {
+pub(super) fn no_token() -> Token {
     Token(Arc::from(&b"malleable: no token (loopback only)"[..]))
 }
 
-const COORDINATOR: &[u8] = b"malleable coordinator v1";
-const WORKER: &[u8] = b"malleable worker v1";
+/// The label of the coordinator's MACs.
+pub(super) const COORDINATOR: &[u8] = b"malleable coordinator v1";
+/// The label of the worker's MACs.
+pub(super) const WORKER: &[u8] = b"malleable worker v1";
 
 /// A job type a worker process can run: its name, version and layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,7 +322,7 @@ pub struct ProofMsg {
 }
 
 /// Prefixes a first frame with the magic and version.
-fn versioned<T: Serialize>(body: &T) -> bytes::Bytes {
+pub(super) fn versioned<T: Serialize>(body: &T) -> bytes::Bytes {
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
@@ -328,7 +331,7 @@ fn versioned<T: Serialize>(body: &T) -> bytes::Bytes {
 }
 
 /// Checks a first frame's magic and version and returns its body.
-fn unversioned<'a>(peer: &str, frame: &'a [u8]) -> Result<&'a [u8], Error> {
+pub(super) fn unversioned<'a>(peer: &str, frame: &'a [u8]) -> Result<&'a [u8], Error> {
     let not_a_peer = || Error::NotAPeer {
         peer: peer.to_owned(),
     };
@@ -396,7 +399,8 @@ pub fn decode_welcome(peer: &str, frame: &[u8]) -> Result<Reply, Error> {
     decode(peer, "a welcome", frame)
 }
 
-fn nonce() -> Result<Nonce, Error> {
+/// A fresh nonce from the operating system's generator.
+pub(super) fn nonce() -> Result<Nonce, Error> {
     let mut n = [0; 32];
     getrandom::fill(&mut n).map_err(|e| Error::Token(format!("no random nonce: {e}")))?;
     Ok(n)
@@ -404,7 +408,7 @@ fn nonce() -> Result<Nonce, Error> {
 
 /// The next frame of the handshake, from a peer not yet authenticated, or the error that
 /// ended the connection: a frame over [`HANDSHAKE_MAX_FRAME`] means [`Error::NotAPeer`].
-async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
+pub(super) async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
     framed: &mut Framed<S, LengthDelimitedCodec>,
     peer: &str,
 ) -> Result<bytes::BytesMut, Error> {
@@ -430,10 +434,11 @@ async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Sets the connection's frame limit (both ways: the codec checks what it writes too).
-fn set_limit<S>(framed: &mut Framed<S, LengthDelimitedCodec>, limit: usize) {
+pub(super) fn set_limit<S>(framed: &mut Framed<S, LengthDelimitedCodec>, limit: usize) {
     framed.codec_mut().set_max_frame_length(limit);
 }
 
+/// Sends one frame of the handshake.
 pub(crate) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
     framed: &mut Framed<S, LengthDelimitedCodec>,
     peer: &str,

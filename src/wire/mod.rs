@@ -6,6 +6,8 @@
 //!   there and only there.
 //! - `frame.rs`: the messages and their framing.
 //! - `handshake.rs`: versions, the shared token (challenge and response), the job.
+//! - `peer.rs`: the handshake and frames of links between worker processes of one job,
+//!   which send halos to each other directly (protocol 20); the links are `worker/peers.rs`.
 //! - `listener.rs`: the coordinator's listener, which hands accepted workers to their job
 //!   through the `Attach` trait (the job's side of membership is `executor/remote.rs`).
 //! - `launch.rs`: launchers that start worker processes for `JobHandle::scale_remote`.
@@ -22,6 +24,7 @@ pub mod handshake;
 mod launch;
 pub mod peer;
 pub(crate) mod listener;
+pub mod peer;
 pub(crate) mod transport;
 
 pub use error::{AuthFailure, Error};

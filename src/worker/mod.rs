@@ -11,6 +11,8 @@
 //! - `io.rs`: the I/O task, the machine's pump: frames in and out, timers, the job's own
 //!   code (job values, halos, held and placed partitions), the store's tasks.
 //! - `halos.rs`: the partitions in this process and the halos kept for them.
+//! - `peers.rs`: the links to the other worker processes of the job, which send each
+//!   other halos directly (protocol 20): tasks that move frames and decide nothing.
 //! - `thread.rs`: a compute thread and its slots, a host of the chunk runner.
 //!
 //! This layer combines the wire (`crate::cluster`), the runner (`crate::run`) and the store
@@ -88,6 +90,10 @@ use crate::wire::transport;
 mod halos;
 mod io;
 mod machine;
+// The links of the peer data plane; the peer protocol's machine that drives them comes
+// next, and uses them.
+#[cfg_attr(not(test), allow(dead_code))]
+mod peers;
 // Built for the crate's tests, and with the hidden `sim` feature for its benches.
 #[cfg(any(test, feature = "sim"))]
 #[cfg_attr(not(test), allow(dead_code))]

@@ -1,0 +1,1163 @@
+//! The links of the peer data plane (protocol 20): worker processes of one job send halos
+//! directly to each other over TCP. [`Peers`] is one process's end of them: a listener that
+//! accepts the processes that send it halos, and the links it dials to those it sends halos
+//! to. Its tasks move frames and decide nothing: what goes where, and what an answer or a
+//! lost link means, is the peer protocol's machine's, which is fed [`PeerEvent`]s and calls
+//! [`Peers::send`] and [`Peers::answer`]. The handshake and the frames are `wire/peer.rs`.
+//!
+//! # A link
+//!
+//! 1. *Dial.* [`Peers::send`] to a process with no link up dials it (at most
+//!    [`PeerConfig::handshake_timeout`] for the connection and the handshake together) and
+//!    queues the message meanwhile; later messages queue behind it, in order. An accepted
+//!    connection runs the listener's side of the handshake within the same limit, under the
+//!    handshake's small frame limit until the dialer's proof checks: a stranger's claim of a
+//!    long frame reserves nothing, an HTTP request is [`Error::NotAPeer`], and a refused
+//!    handshake is recorded ([`Peers::refusals`]), logged and counted, but not an event (the
+//!    stranger has no process number).
+//! 2. *Up.* Each link has a number ([`LinkId`]), new for every connection, in either
+//!    direction. The dialer's messages ([`ToPeer`]) come out of the listener's process as
+//!    [`PeerEvent::Received`], the listener's answers ([`FromPeer`]) out of the dialer's as
+//!    [`PeerEvent::Answered`], each naming its link. A message longer than `max_frame` goes
+//!    in pieces; a reader puts at most `max_message` bytes together.
+//! 3. *Heartbeats* go both ways every [`PeerConfig::heartbeat`] and are not events. A link
+//!    on which nothing was read for a [`PeerConfig::lease`] is given up
+//!    ([`Error::LeaseExpired`]), and so is one whose write waited a whole lease (a peer that
+//!    stopped reading is as silent as one that stopped writing).
+//! 4. *Down.* A link that ends by itself (closed by the other side, silent, a frame that
+//!    does not decode or breaks the piece protocol, a failed dial or handshake) ends with
+//!    [`PeerEvent::Down`], naming its link and the typed error. Only that link ends: a
+//!    misbehaving peer never ends the process. A link this process closes itself
+//!    ([`Peers::set_session`], [`Peers::close`], a dial to another address of the process)
+//!    ends without an event.
+//!
+//! # What the events guarantee
+//!
+//! - *In order, per link.* The messages of one link come out in the order they were sent;
+//!   each [`Peers::send`] returns the link its message went on.
+//! - *Down comes last.* A link's queue is closed before its `Down` is sent: a message sent
+//!   after the machine saw a link's `Down` goes on a new link, never on the dead one. The
+//!   messages sent on a link that went down and not answered may or may not have arrived:
+//!   the machine decides what to do with them (send them through the coordinator).
+//! - *No `Received` or `Answered` after `Down`* for a link, and no `Down` for a link closed on
+//!   purpose, unless it failed at the same moment: an event for a link number the machine
+//!   has forgotten is to be ignored.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::wire::Error;
+use crate::wire::frame::{self, Message};
+use crate::wire::handshake::Token;
+use crate::wire::peer::{self, FromPeer, Session, ToPeer};
+use crate::wire::transport::{self, Acceptor, Stream};
+
+/// How many refused handshakes [`Peers::refusals`] remembers.
+const KEEP_REFUSALS: usize = 256;
+
+/// How a process's peer links are set up (from its coordinator).
+#[derive(Debug, Clone)]
+pub(super) struct PeerConfig {
+    /// The job's shared token; `None` only on loopback ([`Peers::bind`] refuses another
+    /// address without one).
+    pub(super) token: Option<Token>,
+    /// The session at the start ([`Peers::set_session`] changes it).
+    pub(super) session: Session,
+    /// This process's number, which it names to the processes it dials.
+    pub(super) me: u64,
+    /// The frame limit of a link after its handshake, in bytes: the same in every process
+    /// of the job (a frame over the reader's limit ends the link). Longer messages go in
+    /// pieces.
+    pub(super) max_frame: usize,
+    /// The longest message a link reads, in bytes (put together from pieces).
+    pub(super) max_message: usize,
+    /// How often each side of a link sends a heartbeat; shorter than `lease`.
+    pub(super) heartbeat: Duration,
+    /// How long a link may go without a frame read, or a write may wait, before the link is
+    /// given up.
+    pub(super) lease: Duration,
+    /// The time limit of a handshake: on an accepted connection, the listener's; on a dial,
+    /// the connection and the dialer's handshake together.
+    pub(super) handshake_timeout: Duration,
+}
+
+/// The number of one link (one connection, either way), unique within a [`Peers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct LinkId(u64);
+
+/// What the links tell the peer protocol's machine.
+#[derive(Debug)]
+pub(super) enum PeerEvent {
+    /// A message from the dialer `from` on an accepted link (after its handshake).
+    Received {
+        /// The dialer's process number (as it named itself, proven to hold the token).
+        from: u64,
+        /// The link: answers go back on it ([`Peers::answer`]).
+        link: LinkId,
+        /// The message (never a heartbeat or a piece).
+        msg: ToPeer,
+    },
+    /// An answer from the listener of process `to`, on a link this process dialled.
+    Answered {
+        /// The listener's process number.
+        to: u64,
+        /// The link, as [`Peers::send`] returned it.
+        link: LinkId,
+        /// The answer (never a heartbeat or a piece).
+        msg: FromPeer,
+    },
+    /// The link to (`dialled`) or from (accepted) process `process` ended by itself, or could
+    /// not be made (a dial that failed or was refused): `error` says why.
+    Down {
+        /// The other process's number.
+        process: u64,
+        /// The link.
+        link: LinkId,
+        /// Whether this process dialled it.
+        dialled: bool,
+        /// Why it ended, with its cause.
+        error: Error,
+    },
+}
+
+/// Which end of a link this process is, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Dialled,
+    Accepted,
+}
+
+impl Direction {
+    fn name(self) -> &'static str {
+        match self {
+            Direction::Dialled => "dialled",
+            Direction::Accepted => "accepted",
+        }
+    }
+}
+
+/// How a link's task ended.
+#[derive(Debug)]
+enum Ended {
+    /// Closed by this process (or nobody listens to the events any more).
+    Closed,
+    /// The dial or the handshake failed.
+    Refused(Error),
+    /// The link ended by itself.
+    Down(Error),
+}
+
+/// This process's handle of one link: its queue, and its closing (dropping the handle closes
+/// the link at once, without sending what is queued).
+#[derive(Debug)]
+struct Link<T> {
+    id: LinkId,
+    tx: UnboundedSender<T>,
+    _close: DropGuard,
+}
+
+/// A link this process dialled.
+#[derive(Debug)]
+struct Dialled {
+    addr: SocketAddr,
+    link: Link<ToPeer>,
+}
+
+/// What the tasks share with [`Peers`].
+#[derive(Debug)]
+struct Shared {
+    config: PeerConfig,
+    events: UnboundedSender<PeerEvent>,
+    state: Mutex<State>,
+    refusals: Mutex<VecDeque<Arc<Error>>>,
+    next_link: AtomicU64,
+    /// Cancelled when the [`Peers`] is closed or dropped: every task ends.
+    shutdown: CancellationToken,
+}
+
+/// The session and the accepted links, under one lock so that a link accepted in an old
+/// session is never kept (see `accept`).
+#[derive(Debug)]
+struct State {
+    session: Session,
+    /// The link of each dialer, by process number (the latest one).
+    accepted: HashMap<u64, Link<FromPeer>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn link(&self) -> LinkId {
+        LinkId(self.next_link.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn up(&self, process: u64, link: LinkId, direction: Direction, addr: SocketAddr) {
+        tracing::info!(process, link = link.0, direction = direction.name(), %addr, "peer link up");
+        metrics::counter!(crate::metrics::PEER_LINKS, "event" => "up", "direction" => direction.name())
+            .increment(1);
+    }
+
+    /// A connection whose listener's handshake failed: recorded, logged, counted.
+    fn refused(&self, error: Error) {
+        tracing::warn!(
+            error = &error as &dyn std::error::Error,
+            "refused a peer's link"
+        );
+        metrics::counter!(crate::metrics::PEER_LINKS, "event" => "refused", "direction" => "accepted")
+            .increment(1);
+        let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        if refusals.len() == KEEP_REFUSALS {
+            refusals.pop_front();
+        }
+        refusals.push_back(Arc::new(error));
+    }
+
+    /// The end of an established or dialled link: a `Down` unless this process closed it.
+    fn ended(&self, process: u64, link: LinkId, direction: Direction, ended: Ended) {
+        let (error, event) = match ended {
+            Ended::Closed => {
+                tracing::debug!(
+                    process,
+                    link = link.0,
+                    direction = direction.name(),
+                    "peer link closed here"
+                );
+                return;
+            }
+            Ended::Refused(e) => (e, "refused"),
+            Ended::Down(e) => (e, "down"),
+        };
+        tracing::warn!(
+            process,
+            link = link.0,
+            direction = direction.name(),
+            error = &error as &dyn std::error::Error,
+            "peer link {event}"
+        );
+        metrics::counter!(crate::metrics::PEER_LINKS, "event" => event, "direction" => direction.name())
+            .increment(1);
+        let _ = self.events.send(PeerEvent::Down {
+            process,
+            link,
+            dialled: direction == Direction::Dialled,
+            error,
+        });
+    }
+}
+
+/// One worker process's peer links: its listener and the links it dialled. Dropping it (or
+/// [`Peers::close`]) ends every link and the listener.
+pub(super) struct Peers {
+    shared: Arc<Shared>,
+    dialled: HashMap<u64, Dialled>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peers")
+            .field("me", &self.shared.config.me)
+            .field("dialled", &self.dialled.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
+        self.shared.lock().accepted.clear();
+    }
+}
+
+impl Peers {
+    /// Binds a listener on `ip` (any free port) and starts accepting on the current
+    /// runtime; events go to `events`. The listener's address, for the coordinator to give
+    /// to the processes that will dial this one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoToken`] for an address other than loopback without a token,
+    /// [`Error::Address`] if it cannot be bound.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub(super) async fn bind(
+        ip: IpAddr,
+        config: PeerConfig,
+        events: UnboundedSender<PeerEvent>,
+    ) -> Result<(Peers, SocketAddr), Error> {
+        let asked = SocketAddr::new(ip, 0).to_string();
+        if config.token.is_none() && !ip.is_loopback() {
+            return Err(Error::NoToken { addr: asked });
+        }
+        let runtime = tokio::runtime::Handle::current();
+        let (acceptor, addr) = Acceptor::bind(&asked, &runtime)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                session: config.session,
+                accepted: HashMap::new(),
+            }),
+            config,
+            events,
+            refusals: Mutex::new(VecDeque::new()),
+            next_link: AtomicU64::new(0),
+            shutdown: CancellationToken::new(),
+        });
+        runtime.spawn(accept_loop(Arc::clone(&shared), acceptor));
+        tracing::info!(%addr, me = shared.config.me, "listening for peers");
+        Ok((
+            Peers {
+                shared,
+                dialled: HashMap::new(),
+                runtime,
+            },
+            addr,
+        ))
+    }
+
+    /// Sends `msg` to process `to`, whose listener is at `addr`, on the link up to it, or on
+    /// a new one (dialled now; the message waits in its queue meanwhile, and so do later
+    /// ones, in order). A link up to another address of `to` is closed first. The link the
+    /// message went on: its answer, or its `Down`, names it.
+    pub(super) fn send(&mut self, to: u64, addr: SocketAddr, msg: ToPeer) -> LinkId {
+        let msg = match self.dialled.get(&to) {
+            Some(d) if d.addr == addr => match d.link.tx.send(msg) {
+                Ok(()) => return d.link.id,
+                // The link ended (its `Down` is sent, or on its way): dial again.
+                Err(unsent) => unsent.0,
+            },
+            _ => msg,
+        };
+        let id = self.shared.link();
+        let (tx, rx) = unbounded_channel();
+        // The receiver is here: this cannot fail.
+        let _ = tx.send(msg);
+        let close = self.shared.shutdown.child_token();
+        let session = self.shared.lock().session;
+        self.runtime.spawn(dial(
+            Arc::clone(&self.shared),
+            (to, addr, id),
+            rx,
+            close.clone(),
+            session,
+        ));
+        // Replaces (so closes) a link to another address of `to`, if any.
+        self.dialled.insert(
+            to,
+            Dialled {
+                addr,
+                link: Link {
+                    id,
+                    tx,
+                    _close: close.drop_guard(),
+                },
+            },
+        );
+        id
+    }
+
+    /// Answers dialer `to` on link `link` (that of the message answered). False if that link
+    /// is no longer up (its `Down` is sent or on its way, or it was replaced by a newer link
+    /// from `to`): the answer is dropped.
+    pub(super) fn answer(&mut self, to: u64, link: LinkId, msg: FromPeer) -> bool {
+        let state = self.shared.lock();
+        match state.accepted.get(&to) {
+            Some(l) if l.id == link => l.tx.send(msg).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// Changes the session (a rollback, a new roster): every link up is closed, without an
+    /// event (those accepted were of the old session, those dialled said the old one in
+    /// their hello), with what it had queued. The next [`Peers::send`] to a process dials it
+    /// again, in the new session.
+    pub(super) fn set_session(&mut self, session: Session) {
+        let closed = {
+            let mut state = self.shared.lock();
+            if state.session == session {
+                return;
+            }
+            state.session = session;
+            std::mem::take(&mut state.accepted)
+        };
+        tracing::info!(
+            accepted = closed.len(),
+            dialled = self.dialled.len(),
+            "a new session: the peer links of the old one are closed"
+        );
+        drop(closed);
+        self.dialled.clear();
+    }
+
+    /// The latest handshakes refused on accepted connections (at most 256), oldest first.
+    pub(super) fn refusals(&self) -> Vec<Arc<Error>> {
+        let refusals = self
+            .shared
+            .refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        refusals.iter().cloned().collect()
+    }
+
+    /// Ends every link and the listener (the job ended), without events.
+    pub(super) fn close(self) {
+        tracing::info!(me = self.shared.config.me, "peer links closed");
+        drop(self);
+    }
+}
+
+/// Accepts connections until the [`Peers`] is closed.
+async fn accept_loop(shared: Arc<Shared>, acceptor: Acceptor) {
+    loop {
+        let accepted = tokio::select! {
+            () = shared.shutdown.cancelled() => return,
+            accepted = acceptor.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, addr)) => {
+                tokio::spawn(accept(Arc::clone(&shared), stream, addr));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: wait, and accept again.
+                tracing::debug!(error = &e as &dyn std::error::Error, "accepting a peer");
+                tokio::select! {
+                    () = shared.shutdown.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// An accepted connection: the listener's handshake, then the link until it ends.
+async fn accept(shared: Arc<Shared>, stream: Stream, addr: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let config = &shared.config;
+    let peer = addr.to_string();
+    let mut framed = Framed::new(stream, frame::codec(config.max_frame));
+    let session = shared.lock().session;
+    let shake = peer::listener(
+        &mut framed,
+        &peer,
+        config.token.as_ref(),
+        session,
+        config.max_frame,
+    );
+    let shaken = tokio::select! {
+        () = shared.shutdown.cancelled() => return,
+        shaken = tokio::time::timeout(config.handshake_timeout, shake) => shaken,
+    };
+    let from = match shaken {
+        Ok(Ok(from)) => from,
+        Ok(Err(e)) => return shared.refused(e),
+        Err(_) => {
+            return shared.refused(Error::HandshakeTimeout {
+                peer,
+                after: config.handshake_timeout,
+            });
+        }
+    };
+    let id = shared.link();
+    let (tx, rx) = unbounded_channel();
+    let close = shared.shutdown.child_token();
+    {
+        let mut state = shared.lock();
+        // Checked under the lock `set_session` takes: a link of a session that changed
+        // during the handshake is never kept.
+        if state.session != session || shared.shutdown.is_cancelled() {
+            tracing::debug!(from, %addr, "a peer's link of an old session, dropped");
+            return;
+        }
+        let link = Link {
+            id,
+            tx,
+            _close: close.clone().drop_guard(),
+        };
+        if let Some(old) = state.accepted.insert(from, link) {
+            tracing::debug!(
+                from,
+                old = old.id.0,
+                new = id.0,
+                "a newer link from a peer replaces its older one"
+            );
+        }
+    }
+    shared.up(from, id, Direction::Accepted, addr);
+    let name = format!("worker process {from} at {addr}");
+    let events = shared.events.clone();
+    let deliver = |msg: ToPeer| match msg {
+        ToPeer::Heartbeat => true,
+        msg => events
+            .send(PeerEvent::Received {
+                from,
+                link: id,
+                msg,
+            })
+            .is_ok(),
+    };
+    let ended = tokio::select! {
+        () = close.cancelled() => Ended::Closed,
+        ended = run(framed, &name, rx, config, || FromPeer::Heartbeat, deliver) => ended,
+    };
+    // `rx` went with `run`'s future: answers on this link fail from here on.
+    {
+        let mut state = shared.lock();
+        if state.accepted.get(&from).is_some_and(|l| l.id == id) {
+            state.accepted.remove(&from);
+        }
+    }
+    shared.ended(from, id, Direction::Accepted, ended);
+}
+
+/// A dialled link: the connection, the dialer's handshake, then the link until it ends or
+/// `close` is cancelled.
+async fn dial(
+    shared: Arc<Shared>,
+    (to, addr, id): (u64, SocketAddr, LinkId),
+    rx: UnboundedReceiver<ToPeer>,
+    close: CancellationToken,
+    session: Session,
+) {
+    let ended = tokio::select! {
+        () = close.cancelled() => Ended::Closed,
+        ended = dial_and_run(&shared, (to, addr, id), rx, session) => ended,
+    };
+    // `rx` went with `dial_and_run`'s future: `Peers::send` dials again from here on, before
+    // the `Down` is sent.
+    shared.ended(to, id, Direction::Dialled, ended);
+}
+
+async fn dial_and_run(
+    shared: &Shared,
+    (to, addr, id): (u64, SocketAddr, LinkId),
+    rx: UnboundedReceiver<ToPeer>,
+    session: Session,
+) -> Ended {
+    let config = &shared.config;
+    let peer = addr.to_string();
+    let connect = async {
+        let (stream, _) = transport::dial(&peer, config.handshake_timeout).await?;
+        let mut framed = Framed::new(stream, frame::codec(config.max_frame));
+        peer::dialer(
+            &mut framed,
+            &peer,
+            config.token.as_ref(),
+            session,
+            config.me,
+            config.max_frame,
+        )
+        .await?;
+        Ok::<_, Error>(framed)
+    };
+    let framed = match tokio::time::timeout(config.handshake_timeout, connect).await {
+        Ok(Ok(framed)) => framed,
+        Ok(Err(e)) => return Ended::Refused(e),
+        Err(_) => {
+            return Ended::Refused(Error::HandshakeTimeout {
+                peer,
+                after: config.handshake_timeout,
+            });
+        }
+    };
+    shared.up(to, id, Direction::Dialled, addr);
+    let name = format!("worker process {to} at {addr}");
+    let events = shared.events.clone();
+    let deliver = |msg: FromPeer| match msg {
+        FromPeer::Heartbeat => true,
+        msg => events
+            .send(PeerEvent::Answered { to, link: id, msg })
+            .is_ok(),
+    };
+    run(framed, &name, rx, config, || ToPeer::Heartbeat, deliver).await
+}
+
+/// Moves a link's frames until it ends: what `rx` brings goes out (with a heartbeat every
+/// heartbeat period), what comes in goes to `deliver` (false: nobody listens any more, the
+/// link is closed). Reading and writing go on together, so that a long write never delays
+/// the reading of the other side's heartbeats.
+async fn run<In: Message, Out: Message>(
+    framed: Framed<Stream, LengthDelimitedCodec>,
+    peer: &str,
+    mut rx: UnboundedReceiver<Out>,
+    config: &PeerConfig,
+    heartbeat: fn() -> Out,
+    mut deliver: impl FnMut(In) -> bool,
+) -> Ended {
+    let (mut sink, mut stream) = framed.split();
+    let lease = config.lease;
+    let reading = async {
+        let mut pieces = frame::Assembler::new(config.max_message);
+        loop {
+            let Ok(next) = tokio::time::timeout(lease, stream.next()).await else {
+                return Ended::Down(Error::LeaseExpired {
+                    peer: peer.to_owned(),
+                    after: lease,
+                });
+            };
+            let bytes = match next {
+                None => {
+                    return Ended::Down(Error::Closed {
+                        peer: peer.to_owned(),
+                    });
+                }
+                Some(Err(e)) => return Ended::Down(Error::io(peer, e, config.max_frame)),
+                Some(Ok(bytes)) => bytes,
+            };
+            match pieces.frame::<In>(peer, bytes.freeze()) {
+                Err(e) => return Ended::Down(e),
+                Ok(None) => {}
+                Ok(Some(msg)) => {
+                    if !deliver(msg) {
+                        return Ended::Closed;
+                    }
+                }
+            }
+        }
+    };
+    let writing = async {
+        let start = tokio::time::Instant::now() + config.heartbeat;
+        let mut beat = tokio::time::interval_at(start, config.heartbeat);
+        beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let first = tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(msg) => msg,
+                    None => return Ended::Closed,
+                },
+                _ = beat.tick() => heartbeat(),
+            };
+            // What is queued goes with one flush.
+            let mut next = Some(first);
+            while let Some(msg) = next {
+                for f in frame::Frames::new(&msg, config.max_frame) {
+                    if let Err(e) = write(peer, lease, sink.feed(f)).await {
+                        return Ended::Down(e);
+                    }
+                }
+                next = rx.try_recv().ok();
+            }
+            if let Err(e) = write(peer, lease, sink.flush()).await {
+                return Ended::Down(e);
+            }
+        }
+    };
+    tokio::select! {
+        ended = reading => ended,
+        ended = writing => ended,
+    }
+}
+
+/// One write (a frame, or a flush) within a lease, as `worker/io.rs` writes to the
+/// coordinator: a peer that stopped reading is given up like one that fell silent.
+async fn write(
+    peer: &str,
+    lease: Duration,
+    op: impl std::future::Future<Output = std::io::Result<()>>,
+) -> Result<(), Error> {
+    match tokio::time::timeout(lease, op).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(Error::Io {
+            peer: peer.to_owned(),
+            source,
+        }),
+        Err(_) => Err(Error::LeaseExpired {
+            peer: peer.to_owned(),
+            after: lease,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Real TCP on loopback: two `Peers`, or one and a hand-played peer.
+
+    use std::io::{Read, Write};
+    use std::time::Instant;
+
+    use tokio::sync::mpsc::error::TryRecvError;
+
+    use super::*;
+    use crate::wire::AuthFailure;
+
+    const SESSION: Session = [1; 16];
+    const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    /// How long a test waits for an event before it fails.
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    fn config(me: u64) -> PeerConfig {
+        PeerConfig {
+            token: Some(Token::new("the job's token").unwrap()),
+            session: SESSION,
+            me,
+            max_frame: 1 << 20,
+            max_message: 16 << 20,
+            heartbeat: Duration::from_millis(50),
+            lease: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(2),
+        }
+    }
+
+    type Events = UnboundedReceiver<PeerEvent>;
+
+    async fn peers(config: PeerConfig) -> (Peers, SocketAddr, Events) {
+        let (tx, rx) = unbounded_channel();
+        let (peers, addr) = Peers::bind(LOOPBACK, config, tx).await.unwrap();
+        (peers, addr, rx)
+    }
+
+    async fn next(events: &mut Events) -> PeerEvent {
+        tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("no event in time")
+            .expect("the events' sender is gone")
+    }
+
+    fn halo(seq: u64, len: usize) -> ToPeer {
+        ToPeer::Halo {
+            seq,
+            generation: 1,
+            phase: 7,
+            from: 3,
+            to: 4,
+            bytes: (0..len).map(|i| (i * 7) as u8).collect::<Vec<u8>>().into(),
+        }
+    }
+
+    /// The link `Received` came on, after checking it came from `from` with `msg`.
+    fn received(event: PeerEvent, from: u64, msg: &ToPeer) -> LinkId {
+        match event {
+            PeerEvent::Received {
+                from: f,
+                link,
+                msg: m,
+            } if f == from && &m == msg => link,
+            other => panic!("expected {msg:?} from {from}, got {other:?}"),
+        }
+    }
+
+    /// The link and error of a `Down` of process `process`, dialled or not.
+    fn down(event: PeerEvent, process: u64, dialled: bool) -> (LinkId, Error) {
+        match event {
+            PeerEvent::Down {
+                process: p,
+                link,
+                dialled: d,
+                error,
+            } if p == process && d == dialled => (link, error),
+            other => panic!("expected the Down of {process} (dialled: {dialled}), got {other:?}"),
+        }
+    }
+
+    /// Waits until `peers` has recorded `n` refusals.
+    async fn refusals(peers: &Peers, n: usize) -> Vec<Arc<Error>> {
+        let start = Instant::now();
+        loop {
+            let r = peers.refusals();
+            if r.len() >= n {
+                return r;
+            }
+            assert!(start.elapsed() < PATIENCE, "refusals: {r:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A halo from one process arrives at the other as `Received` from the sender, its ack
+    /// comes back as `Answered` on the link `send` named; heartbeats are not events.
+    #[test]
+    fn a_halo_crosses_and_its_ack_comes_back() {
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(config(1)).await;
+            let (mut b, b_addr, mut b_events) = peers(config(2)).await;
+            let la = a.send(2, b_addr, halo(10, 100));
+            assert_eq!(a.send(2, b_addr, halo(11, 0)), la, "one link per process");
+            let lb = received(next(&mut b_events).await, 1, &halo(10, 100));
+            assert_eq!(received(next(&mut b_events).await, 1, &halo(11, 0)), lb);
+            assert!(b.answer(
+                1,
+                lb,
+                FromPeer::Ack {
+                    seq: 10,
+                    kept: true
+                }
+            ));
+            assert!(b.answer(
+                1,
+                lb,
+                FromPeer::Ack {
+                    seq: 11,
+                    kept: false
+                }
+            ));
+            for (seq, kept) in [(10, true), (11, false)] {
+                match next(&mut a_events).await {
+                    PeerEvent::Answered {
+                        to: 2,
+                        link,
+                        msg: FromPeer::Ack { seq: s, kept: k },
+                    } => assert_eq!((link, s, k), (la, seq, kept)),
+                    other => panic!("{other:?}"),
+                }
+            }
+            // No answer on a link that is not one.
+            assert!(!b.answer(1, LinkId(999), FromPeer::Heartbeat));
+            assert!(!b.answer(5, lb, FromPeer::Heartbeat));
+            // Several heartbeat periods: heartbeats cross, and are no events.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(matches!(a_events.try_recv(), Err(TryRecvError::Empty)));
+            assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
+            a.close();
+            // The dialer closed the link: the listener's end is down, by itself.
+            let (link, e) = down(next(&mut b_events).await, 1, false);
+            assert_eq!(link, lb);
+            assert!(
+                matches!(e, Error::Closed { .. } | Error::Io { .. }),
+                "{e:?}"
+            );
+            // A closed `Peers` sends no event of its own, and its tasks end (they hold the
+            // events' sender).
+            let last = tokio::time::timeout(PATIENCE, a_events.recv()).await;
+            assert!(matches!(last, Ok(None)), "{last:?}");
+        });
+    }
+
+    /// Messages longer than a frame go in pieces and come out whole; one longer than the
+    /// reader's message limit ends only its link, and the next halo goes on a new one.
+    #[test]
+    fn long_halos_go_in_pieces_within_the_message_limit() {
+        block_on(async {
+            let small = |me| PeerConfig {
+                max_frame: 1024,
+                max_message: 200_000,
+                ..config(me)
+            };
+            let (mut a, _, mut a_events) = peers(small(1)).await;
+            let (_b, b_addr, mut b_events) = peers(small(2)).await;
+            let long = halo(1, 100_000);
+            let la = a.send(2, b_addr, long.clone());
+            let lb = received(next(&mut b_events).await, 1, &long);
+            a.send(2, b_addr, halo(2, 300_000));
+            let (link, e) = down(next(&mut b_events).await, 1, false);
+            assert_eq!(link, lb);
+            assert!(
+                matches!(e, Error::MessageTooLarge { limit: 200_000, .. }),
+                "{e:?}"
+            );
+            let (link, _) = down(next(&mut a_events).await, 2, true);
+            assert_eq!(link, la);
+            // The listener goes on: a new link.
+            let again = a.send(2, b_addr, halo(3, 10));
+            assert_ne!(again, la);
+            assert_ne!(received(next(&mut b_events).await, 1, &halo(3, 10)), lb);
+        });
+    }
+
+    /// A listener that goes away is `Down` for its dialer, and dialling it again fails with
+    /// the address's error, as a `Down` too.
+    #[test]
+    fn a_killed_listener_is_down_for_its_dialer() {
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(config(1)).await;
+            let (b, b_addr, mut b_events) = peers(config(2)).await;
+            let la = a.send(2, b_addr, halo(1, 10));
+            received(next(&mut b_events).await, 1, &halo(1, 10));
+            drop(b);
+            let (link, e) = down(next(&mut a_events).await, 2, true);
+            assert_eq!(link, la);
+            assert!(
+                matches!(e, Error::Closed { .. } | Error::Io { .. }),
+                "{e:?}"
+            );
+            let again = a.send(2, b_addr, halo(2, 10));
+            assert_ne!(again, la);
+            let (link, e) = down(next(&mut a_events).await, 2, true);
+            assert_eq!(link, again);
+            assert!(matches!(e, Error::Address { .. }), "{e:?}");
+        });
+    }
+
+    /// A hand-played listener: accepts one connection, shakes hands with `token` in
+    /// `session`, then says nothing and reads nothing while it holds the connection.
+    async fn silent_listener(
+        token: Option<Token>,
+        session: Session,
+    ) -> (SocketAddr, tokio::task::JoinHandle<Result<u64, Error>>) {
+        let listener = tokio::net::TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut framed = Framed::new(stream, frame::codec(1 << 20));
+            let from = peer::listener(&mut framed, "d", token.as_ref(), session, 1 << 20).await?;
+            tokio::time::sleep(PATIENCE).await;
+            drop(framed);
+            Ok(from)
+        });
+        (addr, task)
+    }
+
+    /// A hand-played dialer of process `from`, after its handshake.
+    async fn dialer(
+        addr: SocketAddr,
+        token: Option<&Token>,
+        session: Session,
+        from: u64,
+    ) -> Result<Framed<Stream, LengthDelimitedCodec>, Error> {
+        let stream = Stream::connect(addr).await.unwrap();
+        let mut framed = Framed::new(stream, frame::codec(1 << 20));
+        peer::dialer(&mut framed, "l", token, session, from, 1 << 20).await?;
+        Ok(framed)
+    }
+
+    /// A peer that shakes hands and then falls silent is given up after the lease, on
+    /// either end.
+    #[test]
+    fn a_silent_peer_is_given_up_after_the_lease() {
+        block_on(async {
+            let lease = Duration::from_millis(600);
+            let leased = |me| PeerConfig {
+                lease,
+                ..config(me)
+            };
+            let (mut a, _, mut a_events) = peers(leased(1)).await;
+            let (addr, _silent) = silent_listener(config(0).token, SESSION).await;
+            let start = Instant::now();
+            let la = a.send(2, addr, halo(1, 10));
+            let (link, e) = down(next(&mut a_events).await, 2, true);
+            let took = start.elapsed();
+            assert_eq!(link, la);
+            assert!(
+                matches!(e, Error::LeaseExpired { after, .. } if after == lease),
+                "{e:?}"
+            );
+            assert!(took >= lease && took < lease + PATIENCE / 2, "{took:?}");
+
+            let (_b, b_addr, mut b_events) = peers(leased(2)).await;
+            let start = Instant::now();
+            let _silent = dialer(b_addr, config(0).token.as_ref(), SESSION, 9)
+                .await
+                .unwrap();
+            let (_, e) = down(next(&mut b_events).await, 9, false);
+            assert!(matches!(e, Error::LeaseExpired { .. }), "{e:?}");
+            assert!(start.elapsed() >= lease, "{:?}", start.elapsed());
+        });
+    }
+
+    /// Strangers on the listener: an HTTP request and a claim of a long frame are not peers
+    /// (and are dropped at once), one that says nothing is dropped after the handshake's
+    /// limit; a peer with the wrong token is refused, each side naming its own side. None is
+    /// an event, and the listener goes on.
+    #[test]
+    fn strangers_are_refused_and_the_listener_goes_on() {
+        block_on(async {
+            let quick = PeerConfig {
+                handshake_timeout: Duration::from_millis(300),
+                ..config(2)
+            };
+            let (_b, b_addr, mut b_events) = peers(quick).await;
+            let stranger = |bytes: &'static [u8]| {
+                std::thread::spawn(move || {
+                    let mut s = std::net::TcpStream::connect(b_addr).unwrap();
+                    s.write_all(bytes).unwrap();
+                    s.set_read_timeout(Some(PATIENCE)).unwrap();
+                    let mut got = Vec::new();
+                    // The listener answers nothing and closes the connection.
+                    match s.read_to_end(&mut got) {
+                        Ok(_) => assert!(got.is_empty(), "{got:?}"),
+                        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
+                    }
+                })
+            };
+            let http = stranger(b"GET / HTTP/1.1\r\nHost: malleable\r\n\r\n");
+            tokio::task::spawn_blocking(|| http.join().unwrap())
+                .await
+                .unwrap();
+            let claim = stranger(b"\x40\x00\x00\x00MALLEABL");
+            tokio::task::spawn_blocking(|| claim.join().unwrap())
+                .await
+                .unwrap();
+            let start = Instant::now();
+            let mute = stranger(b"");
+            tokio::task::spawn_blocking(|| mute.join().unwrap())
+                .await
+                .unwrap();
+            assert!(start.elapsed() >= Duration::from_millis(300));
+            let wrong = Token::new("another token").unwrap();
+            let e = dialer(b_addr, Some(&wrong), SESSION, 1).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Auth {
+                        failure: AuthFailure::ListenerProof { token: true },
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            let r = refusals(&_b, 4).await;
+            let kinds: Vec<&str> = r.iter().map(|e| e.kind()).collect();
+            assert_eq!(
+                kinds,
+                ["not_a_peer", "not_a_peer", "handshake_timeout", "auth"]
+            );
+            assert!(matches!(
+                *r[3],
+                Error::Auth {
+                    failure: AuthFailure::DialerProof { token: true },
+                    ..
+                }
+            ));
+            assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
+            // A peer still links.
+            let (mut a, _, _a_events) = peers(config(1)).await;
+            a.send(2, b_addr, halo(1, 1));
+            received(next(&mut b_events).await, 1, &halo(1, 1));
+        });
+    }
+
+    /// A dialer of another session is `Down` with both sessions, and the listener records
+    /// its refusal; a listener whose handshake stalls is `Down` after the handshake's limit.
+    #[test]
+    fn a_dial_into_another_session_or_a_stalled_handshake_is_down() {
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(config(1)).await;
+            let other = PeerConfig {
+                session: [2; 16],
+                ..config(2)
+            };
+            let (b, b_addr, _b_events) = peers(other).await;
+            a.send(2, b_addr, halo(1, 1));
+            let (_, e) = down(next(&mut a_events).await, 2, true);
+            assert!(
+                matches!(e, Error::PeerSession { ours, theirs, .. } if ours == SESSION && theirs == [2; 16]),
+                "{e:?}"
+            );
+            let r = refusals(&b, 1).await;
+            assert!(
+                matches!(*r[0], Error::PeerSession { ours, theirs, .. } if ours == [2; 16] && theirs == SESSION),
+                "{r:?}"
+            );
+            // A "listener" that accepts and says nothing.
+            let mute = tokio::net::TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+            let mute_addr = mute.local_addr().unwrap();
+            let start = Instant::now();
+            a.send(3, mute_addr, halo(1, 1));
+            let (_, e) = down(next(&mut a_events).await, 3, true);
+            assert!(matches!(e, Error::HandshakeTimeout { .. }), "{e:?}");
+            assert!(start.elapsed() >= config(1).handshake_timeout);
+            drop(mute);
+        });
+    }
+
+    /// A new session closes the links up without events; the next halo dials again in it.
+    #[test]
+    fn a_new_session_closes_the_links_of_the_old_one() {
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(config(1)).await;
+            let (mut b, b_addr, mut b_events) = peers(config(2)).await;
+            let la = a.send(2, b_addr, halo(1, 1));
+            let lb = received(next(&mut b_events).await, 1, &halo(1, 1));
+            b.set_session([3; 16]);
+            // The dialer sees its link closed by the other side.
+            let (link, _) = down(next(&mut a_events).await, 2, true);
+            assert_eq!(link, la);
+            assert!(!b.answer(1, lb, FromPeer::Ack { seq: 1, kept: true }));
+            a.set_session([3; 16]);
+            let again = a.send(2, b_addr, halo(2, 1));
+            assert_ne!(again, la);
+            // The listener's next event is the halo of the new link: no `Down` for the one
+            // it closed.
+            let new = received(next(&mut b_events).await, 1, &halo(2, 1));
+            assert_ne!(new, lb);
+            assert!(b.answer(1, new, FromPeer::Ack { seq: 2, kept: true }));
+            assert!(matches!(
+                next(&mut a_events).await,
+                PeerEvent::Answered { to: 2, link, .. } if link == again
+            ));
+            // The dialer's own new session closes its link, without an event either.
+            a.set_session([4; 16]);
+            let (link, _) = down(next(&mut b_events).await, 1, false);
+            assert_eq!(link, new);
+            assert!(matches!(a_events.try_recv(), Err(TryRecvError::Empty)));
+        });
+    }
+
+    /// An authenticated peer whose frame does not decode ends its own link with a typed
+    /// error, and the listener goes on.
+    #[test]
+    fn a_misbehaving_peer_ends_only_its_link() {
+        block_on(async {
+            let (_b, b_addr, mut b_events) = peers(config(2)).await;
+            let mut bad = dialer(b_addr, config(0).token.as_ref(), SESSION, 7)
+                .await
+                .unwrap();
+            bad.send(bytes::Bytes::from_static(&[0x7f, 1, 2]))
+                .await
+                .unwrap();
+            let (_, e) = down(next(&mut b_events).await, 7, false);
+            assert!(
+                matches!(&e, Error::Malformed { what, .. } if *what == ToPeer::WHAT),
+                "{e:?}"
+            );
+            // A piece, then a whole message in its middle.
+            let mut bad = dialer(b_addr, config(0).token.as_ref(), SESSION, 8)
+                .await
+                .unwrap();
+            let piece = frame::encode(&ToPeer::Piece {
+                more: true,
+                bytes: bytes::Bytes::from_static(b"ab"),
+            });
+            bad.send(piece).await.unwrap();
+            bad.send(frame::encode(&halo(1, 1))).await.unwrap();
+            let (_, e) = down(next(&mut b_events).await, 8, false);
+            assert!(matches!(e, Error::Malformed { .. }), "{e:?}");
+            let (mut a, _, _a_events) = peers(config(1)).await;
+            a.send(2, b_addr, halo(1, 1));
+            received(next(&mut b_events).await, 1, &halo(1, 1));
+        });
+    }
+
+    /// Without a token, only loopback.
+    #[test]
+    fn no_token_listens_on_loopback_only() {
+        block_on(async {
+            let open = PeerConfig {
+                token: None,
+                ..config(1)
+            };
+            let (tx, _rx) = unbounded_channel();
+            let any = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+            let e = Peers::bind(any, open.clone(), tx.clone())
+                .await
+                .unwrap_err();
+            assert!(matches!(e, Error::NoToken { .. }), "{e:?}");
+            // On loopback, two processes without a token link.
+            let (mut a, _, _a_events) = peers(PeerConfig {
+                me: 1,
+                ..open.clone()
+            })
+            .await;
+            let (_b, b_addr, mut b_events) = peers(PeerConfig { me: 2, ..open }).await;
+            a.send(2, b_addr, halo(1, 1));
+            received(next(&mut b_events).await, 1, &halo(1, 1));
+        });
+    }
+}
