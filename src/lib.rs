@@ -140,7 +140,7 @@ pub mod cluster {
         TOKEN_ENV, Token, frame, handshake, peer,
     };
     pub use crate::worker::{
-        GRACE_ENV, NODE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve,
+        DIRECT_HALOS_ENV, GRACE_ENV, NODE_ENV, Registry, Served, WAIT_FOR_JOB_ENV, WorkerOptions, serve,
     };
 }
 

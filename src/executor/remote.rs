@@ -495,6 +495,38 @@ impl Remotes {
         Ok(out)
     }
 
+    /// The peer data plane's session: random, drawn once per run.
+    fn session(&mut self) -> [u8; 16] {
+        *self.session.get_or_insert_with(|| {
+            let mut s = [0; 16];
+            if let Err(e) = getrandom::fill(&mut s) {
+                tracing::warn!(error = %e, "no random session for the peer data plane: a fixed one is used");
+            }
+            s
+        })
+    }
+
+    /// A process of a job with owned partitions joined: it learns its number and the run's
+    /// session (`Peers`, with nobody in it yet), which it needs to listen for its peers and
+    /// to dial them.
+    fn welcome_peer(&mut self, id: ProcessId) {
+        let (session, generation) = (self.session(), self.generation);
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
+        conn.told.generation = Some(generation);
+        self.outbox.push((
+            id,
+            ToWorker::Peers {
+                me: id.0,
+                session,
+                generation,
+                addrs: Vec::new(),
+                holders: Vec::new(),
+            },
+        ));
+    }
+
     /// The roster of the peer data plane for each worker process that sent halos through
     /// this coordinator in the phase that ended (`Told::relayed`): where their receivers
     /// are now (from the phase's `Begin`s, `begins`), with the addresses it lacks. Only
@@ -526,13 +558,7 @@ impl Remotes {
             .filter(|(_, chunk, _)| wanted.contains(chunk))
             .map(|(id, chunk, _)| (*chunk, *id))
             .collect();
-        let session = *self.session.get_or_insert_with(|| {
-            let mut s = [0; 16];
-            if let Err(e) = getrandom::fill(&mut s) {
-                tracing::warn!(error = %e, "no random session for the peer data plane: a fixed one is used");
-            }
-            s
-        });
+        let session = self.session();
         let listening: IdMap<ProcessId, Arc<str>> = holders
             .values()
             .filter_map(|h| Some((*h, self.conns.get(h)?.listen.clone()?)))
@@ -771,6 +797,9 @@ impl<J: Job> State<J> {
             },
         );
         self.offer_store(Some(id));
+        if self.core.is_partitioned() {
+            self.remote.welcome_peer(id);
+        }
         // The slots join together: the ledger reassigns and dispatches once, at the last.
         let slots: Vec<WorkerId> = slots.into_iter().flatten().collect();
         if let Some((&last, rest)) = slots.split_last() {

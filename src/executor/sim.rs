@@ -577,7 +577,7 @@ impl<J: Simulated> History<J> {
         let mut sim = SimProcess::new(threads as usize, (HEARTBEAT, LEASE), store, now);
         // Most processes take halos from their peers; the others get them relayed.
         if listens {
-            sim.listen(format!("127.0.0.1:{}", 7000 + id.0));
+            sim.listen();
         }
         let reads = if opens { ", opens the store" } else { "" };
         self.note(format!(

@@ -22,7 +22,6 @@ mod error;
 pub mod frame;
 pub mod handshake;
 mod launch;
-pub mod peer;
 pub(crate) mod listener;
 pub mod peer;
 pub(crate) mod transport;

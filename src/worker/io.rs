@@ -20,6 +20,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::codec::Framed;
 
 use super::machine::{self, Check, Code, Machine, Out, Place, Put, Source, ToThread, Unusable};
+use super::peers::{LinkId, PeerConfig, PeerEvent, Peers};
 use super::thread::{HeldParts, Run, SlotMsg, Thread, lock};
 use crate::codec;
 use crate::job::Job;
@@ -40,6 +41,24 @@ pub(super) struct Io {
     pub(super) first_run: std::cell::Cell<Option<Duration>>,
     pub(super) parts_written: std::cell::Cell<u64>,
     pub(super) parts_sent: std::cell::Cell<u64>,
+    /// The peer data plane: `None` if this process sends and takes no halo directly
+    /// ([`WorkerOptions::direct_halos`](super::WorkerOptions::direct_halos)); else the job's
+    /// token and the handshake's time limit, for its links.
+    pub(super) direct: Option<(Option<crate::wire::Token>, Duration)>,
+    /// What the peer data plane did, once the loop ended.
+    pub(super) peer_counts: std::cell::Cell<machine::PeerCounts>,
+}
+
+/// The pump's side of the peer data plane: the links, once the coordinator said who this
+/// process is (`Out::Roster`), and the link each peer's halos came on last (its answers go
+/// back on it).
+struct Plane {
+    peers: Option<Peers>,
+    events: tokio::sync::mpsc::UnboundedSender<PeerEvent>,
+    /// The link each peer dialled last.
+    accepted: std::collections::HashMap<u64, LinkId>,
+    /// The link to each peer this process dialled last (a `Down` of an older one is old news).
+    dialled: std::collections::HashMap<u64, LinkId>,
 }
 
 /// What background tasks of the I/O loop report.
@@ -331,6 +350,9 @@ impl Io {
         mut out_rx: UnboundedReceiver<ToCoordinator>,
     ) -> Result<bool, Error> {
         let peer = &self.peer;
+        // The peers listener is bound on the address this process reaches the coordinator
+        // from: the one its peers can reach it on too, as far as it knows.
+        let local_ip = framed.get_ref().local_addr().map(|a| a.ip()).ok();
         let (mut sink, mut stream) = framed.split();
         let config = machine::Config {
             peer: peer.clone(),
@@ -351,6 +373,13 @@ impl Io {
             .flatten();
         let stop = self.stop.clone();
         let mut pieces = frame::Assembler::new(self.max_message);
+        let (peer_tx, mut peer_rx) = unbounded_channel();
+        let mut plane = Plane {
+            peers: None,
+            events: peer_tx,
+            accepted: std::collections::HashMap::new(),
+            dialled: std::collections::HashMap::new(),
+        };
         let (bg_tx, mut bg_rx) = unbounded_channel();
         let mut pump = Pump::<J> {
             job: None,
@@ -386,6 +415,21 @@ impl Io {
                             }
                         }
                     },
+                    Some(event) = peer_rx.recv() => match event {
+                        PeerEvent::Received { from, link, msg } => {
+                            plane.accepted.insert(from, link);
+                            machine.peer_received(from, msg);
+                        }
+                        PeerEvent::Answered { to, msg, .. } => machine.peer_answered(to, msg),
+                        PeerEvent::Down { process, link, dialled: true, error } => {
+                            if plane.dialled.get(&process) == Some(&link) {
+                                plane.dialled.remove(&process);
+                                machine.peer_down(process, error.to_string());
+                            }
+                        }
+                        // The dialer hears of it and sends what it had pushed up instead.
+                        PeerEvent::Down { .. } => {}
+                    },
                     Some(done) = bg_rx.recv() => match done {
                         Background::Checked(checked) => machine.checked(checked),
                         Background::Stored(put, written) => machine.stored(put, written),
@@ -404,7 +448,7 @@ impl Io {
                     _ = async { sigint.as_mut().expect("guarded").recv().await }, if sigint.is_some() && !left => machine.leave(),
                 }
                 if let Some(ended) = self
-                    .drive(&mut machine, &mut pump, &mut sink, threads, held)
+                    .drive(&mut machine, &mut pump, &mut sink, threads, held, (&mut plane, local_ip))
                     .await?
                 {
                     return ended;
@@ -415,6 +459,10 @@ impl Io {
         let (written, sent) = machine.parts();
         self.parts_written.set(written);
         self.parts_sent.set(sent);
+        self.peer_counts.set(machine.peer_counts());
+        if let Some(peers) = plane.peers.take() {
+            peers.close();
+        }
         match ended {
             // The coordinator ends a job by sending `End` and closing its socket. What this
             // process wrote in between (a heartbeat, a slot's report) may reach a closed
@@ -446,6 +494,7 @@ impl Io {
         sink: &mut S,
         threads: &mut [Thread<J>],
         held: &HeldParts<J::Chunk>,
+        (plane, local_ip): (&mut Plane, Option<std::net::IpAddr>),
     ) -> Result<Option<Result<bool, Error>>, Error>
     where
         S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
@@ -474,11 +523,49 @@ impl Io {
                     pump.placing = Placements::new();
                     pump.placing.spares = dropped;
                 }
-                Out::Peer { to, .. } => {
-                    // No peer links yet: never asked, as this process announces no listener.
-                    machine.peer_down(to, "this build has no peer links".into());
+                Out::Peer { to, addr, msg } => {
+                    match (plane.peers.as_mut(), addr.parse::<std::net::SocketAddr>()) {
+                        (Some(peers), Ok(at)) => {
+                            let link = peers.send(to, at, msg);
+                            plane.dialled.insert(to, link);
+                        }
+                        (None, _) => machine.peer_down(to, "this process has no peer links".into()),
+                        (_, Err(e)) => machine.peer_down(to, format!("its address {addr:?} is none: {e}")),
+                    }
                 }
-                Out::Answer { .. } | Out::Roster { .. } => {}
+                Out::Answer { to, msg } => {
+                    if let (Some(peers), Some(&link)) = (plane.peers.as_mut(), plane.accepted.get(&to)) {
+                        // False if that link went down: the dialer hears of it, and sends
+                        // what it pushed through the coordinator.
+                        let _ = peers.answer(to, link, msg);
+                    }
+                }
+                Out::Roster { me, session } => match (&mut plane.peers, self.direct.clone(), local_ip) {
+                    (Some(peers), ..) => peers.set_session(session),
+                    (None, Some((token, handshake_timeout)), Some(ip)) => {
+                        let config = PeerConfig {
+                            token,
+                            session,
+                            me,
+                            max_frame: self.max_frame,
+                            max_message: self.max_message,
+                            heartbeat: self.heartbeat,
+                            lease: self.lease,
+                            handshake_timeout,
+                        };
+                        match Peers::bind(ip, config, plane.events.clone()).await {
+                            Ok((peers, addr)) => {
+                                plane.peers = Some(peers);
+                                machine.listening(addr.to_string());
+                            }
+                            Err(e) => tracing::warn!(
+                                error = &e as &dyn std::error::Error,
+                                "no listener for peers: this process's halos go through the coordinator"
+                            ),
+                        }
+                    }
+                    (None, ..) => {}
+                },
                 Out::Check(check) => pump.check(check),
                 Out::Put(put) => pump.put(put),
                 Out::End { tell, result } => {
@@ -806,6 +893,8 @@ mod tests {
             first_run: std::cell::Cell::new(None),
             parts_written: std::cell::Cell::new(0),
             parts_sent: std::cell::Cell::new(0),
+            direct: None,
+            peer_counts: std::cell::Cell::new(Default::default()),
         }
     }
 

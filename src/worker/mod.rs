@@ -118,6 +118,10 @@ pub const GRACE_ENV: &str = "MALLEABLE_GRACE";
 /// The environment variable [`WorkerOptions::from_env`] reads [`WorkerOptions::node`] from.
 pub const NODE_ENV: &str = "MALLEABLE_NODE";
 
+/// The environment variable [`WorkerOptions::from_env`] reads
+/// [`WorkerOptions::direct_halos`] from: `1` (the default) or `0`.
+pub const DIRECT_HALOS_ENV: &str = "MALLEABLE_DIRECT_HALOS";
+
 /// The job types a worker process can run.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -190,6 +194,7 @@ pub struct WorkerOptions {
     signals: bool,
     grace: Option<Duration>,
     node: String,
+    direct_halos: bool,
 }
 
 impl Default for WorkerOptions {
@@ -205,6 +210,7 @@ impl Default for WorkerOptions {
             signals: false,
             grace: None,
             node: crate::snapshot::lease::host_name(),
+            direct_halos: true,
         }
     }
 }
@@ -235,6 +241,19 @@ impl WorkerOptions {
         };
         if let Some(node) = std::env::var_os(NODE_ENV) {
             options.node = node.to_string_lossy().into_owned();
+        }
+        if let Some(v) = std::env::var_os(DIRECT_HALOS_ENV) {
+            options.direct_halos = match v.to_string_lossy().as_ref() {
+                "1" | "true" | "on" => true,
+                "0" | "false" | "off" => false,
+                other => {
+                    return Err(Error::Environment {
+                        var: DIRECT_HALOS_ENV,
+                        value: other.to_owned(),
+                        expected: "1 or 0 (on or off)",
+                    });
+                }
+            };
         }
         Ok(options)
     }
@@ -317,6 +336,19 @@ impl WorkerOptions {
     /// handshake ([`Error::HandshakeTooLarge`]) before anything is sent.
     pub fn node(mut self, name: impl Into<String>) -> Self {
         self.node = name.into();
+        self
+    }
+
+    /// Whether this process exchanges halos of owned partitions directly with the job's
+    /// other worker processes (default: yes). It then listens for its peers on the address
+    /// it reaches the coordinator from (any free port; a token is needed unless that is
+    /// loopback), pushes each halo for a partition another process holds to that process,
+    /// and keeps those its peers push here: halos between processes no longer cross the
+    /// coordinator. Off, its halos go through the coordinator (the relay), as do those of a
+    /// peer it cannot reach. Also read from [`DIRECT_HALOS_ENV`] (`1` or `0`) by
+    /// [`from_env`](Self::from_env).
+    pub fn direct_halos(mut self, on: bool) -> Self {
+        self.direct_halos = on;
         self
     }
 }
@@ -562,6 +594,10 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         first_run: std::cell::Cell::new(None),
         parts_written: std::cell::Cell::new(0),
         parts_sent: std::cell::Cell::new(0),
+        direct: options
+            .direct_halos
+            .then(|| (options.token.clone(), options.timeout)),
+        peer_counts: std::cell::Cell::new(Default::default()),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, &inputs, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.

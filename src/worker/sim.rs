@@ -69,6 +69,8 @@ pub(crate) struct SimProcess<J: Job> {
     outbox: VecDeque<ToCoordinator>,
     /// Frames for peer processes (by their number), in the order they were decided.
     peer_out: VecDeque<(u64, PeerFrame)>,
+    /// Whether it listens for its peers once it knows its number, and whether it does.
+    listens: (bool, bool),
     ended: Option<Result<bool, Error>>,
 }
 
@@ -112,6 +114,7 @@ impl<J: Job> SimProcess<J> {
             store,
             outbox: VecDeque::new(),
             peer_out: VecDeque::new(),
+            listens: (false, false),
             ended: None,
         };
         p.drive();
@@ -133,10 +136,10 @@ impl<J: Job> SimProcess<J> {
         self.outbox.pop_front()
     }
 
-    /// This process accepts halos from its peers (at a made-up address).
-    pub(crate) fn listen(&mut self, addr: String) {
-        self.machine.listening(addr);
-        self.drive();
+    /// This process accepts halos from its peers once it knows its number (at a made-up
+    /// address).
+    pub(crate) fn listen(&mut self) {
+        self.listens.0 = true;
     }
 
     /// The next frame for a peer process, with its number, if any.
@@ -283,7 +286,12 @@ impl<J: Job> SimProcess<J> {
                 }
                 Out::Peer { to, msg, .. } => self.peer_out.push_back((to, PeerFrame::To(msg))),
                 Out::Answer { to, msg } => self.peer_out.push_back((to, PeerFrame::From(msg))),
-                Out::Roster { .. } => {}
+                Out::Roster { me, .. } => {
+                    if self.listens == (true, false) {
+                        self.listens.1 = true;
+                        self.machine.listening(format!("127.0.0.1:{}", 7000 + me));
+                    }
+                }
                 Out::Check(check) => self.background.push(Background::Check(check)),
                 Out::Put(put) => self.background.push(Background::Put(put)),
                 Out::End { tell, result } => {
