@@ -12,10 +12,12 @@
 //!    sequential loop.
 //! 2. **Remote vs local**: the same solver (`PARTITIONS_REMOTE_PHASES` phases, default 50) on
 //!    2 local threads, then on 2 worker processes over loopback (this binary re-executed with
-//!    `--worker ADDR`, one thread each; the coordinator has no local worker). The processes
-//!    start before the job is submitted, as in `benches/cluster.rs`. Pairs run back to back;
-//!    the ratio is local time ÷ remote time, the median over pairs (target ≥ 0.8×). Values are
-//!    checked equal.
+//!    `--worker ADDR`, one thread each; the coordinator has no local worker) that push their
+//!    halos to each other (direct), then on 2 that send them through the coordinator
+//!    (relayed, `MALLEABLE_DIRECT_HALOS=0`). The processes start before the job is
+//!    submitted, as in `benches/cluster.rs`. Runs go back to back, in turn; the ratios are
+//!    local time ÷ remote time, the medians over the rounds (target ≥ 0.95× for direct), and
+//!    relayed time ÷ direct time. Values are checked equal.
 //! 3. **Snapshot pause**: 2 local workers (16 bands each, at the barrier), snapshots asked for
 //!    at points spread over a phase. Three measures:
 //!    - `malleable_snapshot_pause_seconds` without an `at` label is recorded by a worker that
@@ -375,7 +377,8 @@ fn manifests(dir: &Path, job_id: &str) -> Vec<PathBuf> {
 fn worker(addr: &str) {
     log::log_if_asked("PARTITIONS_LOG", "worker process");
     let registry = Registry::new().register::<Banded<Heat>>();
-    let options = WorkerOptions::default().threads(1);
+    let direct = std::env::var("MALLEABLE_DIRECT_HALOS").map_or(true, |v| v != "0");
+    let options = WorkerOptions::default().threads(1).direct_halos(direct);
     // Started before its job is submitted: until the job runs, the coordinator refuses it
     // as a worker of no running job; try again.
     loop {
@@ -392,11 +395,8 @@ fn worker(addr: &str) {
     }
 }
 
-fn spawn_worker(addr: &str) -> Child {
-    spawn_worker_env(addr, &[])
-}
-
-/// As [`spawn_worker`], with more environment (an S3 store's credentials).
+/// This binary re-executed as a worker process serving the coordinator at `addr`, with
+/// more environment (an S3 store's credentials, whether halos go direct).
 fn spawn_worker_env(addr: &str, env: &[(String, String)]) -> Child {
     Command::new(std::env::current_exe().expect("the bench binary"))
         .args(["--worker", addr])
@@ -538,7 +538,8 @@ fn doubling(s: Sizes, snapshotter: &Snapshotter, reference: &Solution) -> Vec<St
 fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     let phases = s.remote_phases;
     println!(
-        "\n== 2 worker processes over loopback vs 2 local threads, {phases} phases, {} pairs",
+        "\n== 2 worker processes over loopback (halos direct, then relayed) vs 2 local threads, \
+         {phases} phases, {} rounds",
         s.pairs
     );
     let job = || Banded(Heat::new(s.n, phases));
@@ -546,67 +547,97 @@ fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
         .local_workers(2)
         .build()
         .expect("an executor");
-    let mut ratios = Vec::new();
-    let (mut tl, mut tr) = (Vec::new(), Vec::new());
-    for pair in 0..s.pairs {
+    let (mut direct_ratios, mut relayed_ratios, mut relay_costs) =
+        (Vec::new(), Vec::new(), Vec::new());
+    let (mut tl, mut td, mut tr) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..s.pairs {
         let t = Instant::now();
         let expected = Heat::solution(&local.run(job()).expect("the local run"));
         let l = t.elapsed();
-
-        let exec = coordinator().build().expect("a coordinator");
-        let addr = exec.local_addr().expect("listening").to_string();
-        let workers = [spawn_worker(&addr), spawn_worker(&addr)];
-        // Let them start before the clock does.
-        std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
-        // Only this job's halos from here on.
-        let _ = counter_by(snapshotter, malleable::metrics::HALOS, "route");
-        let t = Instant::now();
-        let h = exec.submit(job()).expect("submit");
-        let done = finish(h.clone());
-        let r = t.elapsed();
-        // Kept by the ended run: read once it is over, not while it is timed.
-        let traffic = h.traffic();
-        for mut w in workers {
-            let _ = w.wait();
-        }
-        check("remote", &Heat::solution(&done), &expected);
-        let halos = counter_by(snapshotter, malleable::metrics::HALOS, "route");
-        let halos = |route| halos.get(route).copied().unwrap_or(0);
-        println!(
-            "pair {}: local {:.3} s, remote {:.3} s: {:.2}x; halos kept in the processes {}, \
-             relayed by the coordinator {}",
-            pair + 1,
-            l.as_secs_f64(),
-            r.as_secs_f64(),
-            l.as_secs_f64() / r.as_secs_f64(),
-            halos("kept"),
-            halos("relayed"),
-        );
-        let per_phase = |n: u64| n as f64 / phases as f64;
-        println!(
-            "pair {}: through the coordinator per phase: {:.1} messages in, {:.1} out \
-             ({:.1} per process; target <= 2), {:.0} halo bytes in, {:.0} out",
-            pair + 1,
-            per_phase(traffic.messages_in),
-            per_phase(traffic.messages_out),
-            per_phase(traffic.messages_in + traffic.messages_out) / 2.0,
-            per_phase(traffic.halo_bytes_in),
-            per_phase(traffic.halo_bytes_out),
-        );
-        ratios.push(l.as_secs_f64() / r.as_secs_f64());
+        let remote = |direct: bool| {
+            let exec = coordinator().build().expect("a coordinator");
+            let addr = exec.local_addr().expect("listening").to_string();
+            let env = [(
+                "MALLEABLE_DIRECT_HALOS".to_owned(),
+                if direct { "1" } else { "0" }.to_owned(),
+            )];
+            let workers = [spawn_worker_env(&addr, &env), spawn_worker_env(&addr, &env)];
+            // Let them start before the clock does.
+            std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
+            // Only this job's halos from here on.
+            let _ = counter_by(snapshotter, malleable::metrics::HALOS, "route");
+            let t = Instant::now();
+            let h = exec.submit(job()).expect("submit");
+            let done = finish(h.clone());
+            let r = t.elapsed();
+            // Kept by the ended run: read once it is over, not while it is timed.
+            let traffic = h.traffic();
+            for mut w in workers {
+                let _ = w.wait();
+            }
+            check("remote", &Heat::solution(&done), &expected);
+            let halos = counter_by(snapshotter, malleable::metrics::HALOS, "route");
+            let halos = |route| halos.get(route).copied().unwrap_or(0);
+            let name = if direct { "direct" } else { "relayed" };
+            println!(
+                "round {}: {name}: local {:.3} s, remote {:.3} s: {:.2}x; halos kept in the \
+                 processes {}, pushed between them {}, relayed by the coordinator {}",
+                round + 1,
+                l.as_secs_f64(),
+                r.as_secs_f64(),
+                l.as_secs_f64() / r.as_secs_f64(),
+                halos("kept"),
+                halos("direct"),
+                halos("relayed"),
+            );
+            let per_phase = |n: u64| n as f64 / phases as f64;
+            println!(
+                "round {}: {name}: through the coordinator per phase: {:.1} messages in, {:.1} \
+                 out ({:.1} per process; target <= 2), {:.0} halo bytes in, {:.0} out; {:.1} \
+                 halos a phase between the processes directly",
+                round + 1,
+                per_phase(traffic.messages_in),
+                per_phase(traffic.messages_out),
+                per_phase(traffic.messages_in + traffic.messages_out) / 2.0,
+                per_phase(traffic.halo_bytes_in),
+                per_phase(traffic.halo_bytes_out),
+                per_phase(traffic.halos_direct),
+            );
+            r
+        };
+        // Alternate which goes first, so that neither always runs on a warmer machine.
+        let (d, r) = if round % 2 == 0 {
+            let d = remote(true);
+            (d, remote(false))
+        } else {
+            let r = remote(false);
+            (remote(true), r)
+        };
+        direct_ratios.push(l.as_secs_f64() / d.as_secs_f64());
+        relayed_ratios.push(l.as_secs_f64() / r.as_secs_f64());
+        relay_costs.push(r.as_secs_f64() / d.as_secs_f64());
         tl.push(l);
+        td.push(d);
         tr.push(r);
     }
-    let ratio = median_f64(ratios);
     println!(
-        "medians: local {:.3} s, remote {:.3} s; values equal",
+        "medians: local {:.3} s, direct {:.3} s, relayed {:.3} s; values equal",
         median(tl).as_secs_f64(),
+        median(td).as_secs_f64(),
         median(tr).as_secs_f64()
     );
-    vec![format!(
-        "partitions remote vs local: {ratio:.2}x (local time / remote time, median of {} pairs; target >= 0.8x)",
-        s.pairs
-    )]
+    let rounds = s.pairs;
+    vec![
+        format!(
+            "partitions remote (halos direct) vs local: {:.2}x (local time / remote time, median of {rounds} rounds; target >= 0.95x)",
+            median_f64(direct_ratios)
+        ),
+        format!(
+            "partitions remote (halos relayed) vs local: {:.2}x; relayed time / direct time: {:.2}x (median of {rounds} rounds)",
+            median_f64(relayed_ratios),
+            median_f64(relay_costs)
+        ),
+    ]
 }
 
 // ---------------------------------------------------------------------------------------

@@ -502,7 +502,11 @@ impl<J: Simulated> History<J> {
         for p in &mut self.procs {
             while let Some((to, frame)) = p.sim.next_peer_frame() {
                 let (from, to) = (p.id, ProcessId(to));
-                let link = match self.links.iter_mut().position(|l| l.from == from && l.to == to) {
+                let link = match self
+                    .links
+                    .iter_mut()
+                    .position(|l| l.from == from && l.to == to)
+                {
                     Some(k) => &mut self.links[k],
                     None => {
                         self.links.push(Link {
@@ -1535,7 +1539,11 @@ mod tests {
         // crosses the coordinator after that.
         let t = h.state.remote.traffic;
         assert!(t.halos_direct >= 2 * 3, "{t:?}");
-        assert_eq!(relayed_at[2..].windows(2).filter(|w| w[1] != w[0]).count(), 0, "{relayed_at:?} {t:?}");
+        assert_eq!(
+            relayed_at[2..].windows(2).filter(|w| w[1] != w[0]).count(),
+            0,
+            "{relayed_at:?} {t:?}"
+        );
         assert_eq!(t.peers_unreachable, 0);
     }
 
@@ -1641,12 +1649,10 @@ mod tests {
             );
         }
         // A halo kept "at a peer" that is the sender itself, or with no receiver, is refused.
-        for (halos, why) in [
-            (
-                vec![(Some(1), crate::wire::frame::Halo::KeptAt(id.0))],
-                "not another process",
-            ),
-        ] {
+        for (halos, why) in [(
+            vec![(Some(1), crate::wire::frame::Halo::KeptAt(id.0))],
+            "not another process",
+        )] {
             let refused = h.coord().on_remote(id, forged(halos));
             assert!(
                 matches!(&refused, Err(e) if e.to_string().contains(why)),

@@ -129,7 +129,12 @@ impl Keeper {
     /// A message on its way to the coordinator in `phase`, pushed onto `out`: halos for
     /// partitions here are kept; a message that hands a partition back goes after a
     /// `Released` (one per phase) with what was kept for it.
-    pub(super) fn outgoing(&mut self, mut msg: ToCoordinator, phase: u64, out: &mut Vec<ToCoordinator>) {
+    pub(super) fn outgoing(
+        &mut self,
+        mut msg: ToCoordinator,
+        phase: u64,
+        out: &mut Vec<ToCoordinator>,
+    ) {
         match &mut msg {
             ToCoordinator::Done {
                 chunk,
@@ -286,7 +291,10 @@ mod tests {
         );
         // Bytes from the coordinator pass as they are.
         assert_eq!(
-            k.begin(begin(1, vec![(0, sent(0, "down")), (2, Halo::Kept)]), PHASE + 1),
+            k.begin(
+                begin(1, vec![(0, sent(0, "down")), (2, Halo::Kept)]),
+                PHASE + 1
+            ),
             Some(begin(1, vec![(0, sent(0, "down")), (2, sent(2, "up"))]))
         );
         // A kept halo is given once: a second `Begin` naming it is refused.
@@ -332,7 +340,10 @@ mod tests {
         };
         assert_eq!(halos(&out(&mut k, all)[0]), vec![piece("to all")]);
         assert_eq!(
-            k.begin(begin(9, vec![(5, Halo::Kept), (9, piece("to all"))]), PHASE + 1),
+            k.begin(
+                begin(9, vec![(5, Halo::Kept), (9, piece("to all"))]),
+                PHASE + 1
+            ),
             Some(begin(9, vec![(5, piece("to 9")), (9, piece("to all"))]))
         );
     }

@@ -47,6 +47,8 @@ pub(super) struct Io {
     pub(super) direct: Option<(Option<crate::wire::Token>, Duration)>,
     /// What the peer data plane did, once the loop ended.
     pub(super) peer_counts: std::cell::Cell<machine::PeerCounts>,
+    /// Bytes of the frames sent to the coordinator.
+    pub(super) bytes_sent: std::cell::Cell<u64>,
 }
 
 /// The pump's side of the peer data plane: the links, once the coordinator said who this
@@ -315,6 +317,8 @@ impl Io {
     {
         for msg in msgs {
             for f in frame::Frames::new(&msg, self.max_frame) {
+                self.bytes_sent
+                    .set(self.bytes_sent.get() + f.len() as u64 + 4);
                 self.write(sink.feed(f)).await?;
             }
         }
@@ -530,42 +534,48 @@ impl Io {
                             plane.dialled.insert(to, link);
                         }
                         (None, _) => machine.peer_down(to, "this process has no peer links".into()),
-                        (_, Err(e)) => machine.peer_down(to, format!("its address {addr:?} is none: {e}")),
+                        (_, Err(e)) => {
+                            machine.peer_down(to, format!("its address {addr:?} is none: {e}"))
+                        }
                     }
                 }
                 Out::Answer { to, msg } => {
-                    if let (Some(peers), Some(&link)) = (plane.peers.as_mut(), plane.accepted.get(&to)) {
+                    if let (Some(peers), Some(&link)) =
+                        (plane.peers.as_mut(), plane.accepted.get(&to))
+                    {
                         // False if that link went down: the dialer hears of it, and sends
                         // what it pushed through the coordinator.
                         let _ = peers.answer(to, link, msg);
                     }
                 }
-                Out::Roster { me, session } => match (&mut plane.peers, self.direct.clone(), local_ip) {
-                    (Some(peers), ..) => peers.set_session(session),
-                    (None, Some((token, handshake_timeout)), Some(ip)) => {
-                        let config = PeerConfig {
-                            token,
-                            session,
-                            me,
-                            max_frame: self.max_frame,
-                            max_message: self.max_message,
-                            heartbeat: self.heartbeat,
-                            lease: self.lease,
-                            handshake_timeout,
-                        };
-                        match Peers::bind(ip, config, plane.events.clone()).await {
-                            Ok((peers, addr)) => {
-                                plane.peers = Some(peers);
-                                machine.listening(addr.to_string());
+                Out::Roster { me, session } => {
+                    match (&mut plane.peers, self.direct.clone(), local_ip) {
+                        (Some(peers), ..) => peers.set_session(session),
+                        (None, Some((token, handshake_timeout)), Some(ip)) => {
+                            let config = PeerConfig {
+                                token,
+                                session,
+                                me,
+                                max_frame: self.max_frame,
+                                max_message: self.max_message,
+                                heartbeat: self.heartbeat,
+                                lease: self.lease,
+                                handshake_timeout,
+                            };
+                            match Peers::bind(ip, config, plane.events.clone()).await {
+                                Ok((peers, addr)) => {
+                                    plane.peers = Some(peers);
+                                    machine.listening(addr.to_string());
+                                }
+                                Err(e) => tracing::warn!(
+                                    error = &e as &dyn std::error::Error,
+                                    "no listener for peers: this process's halos go through the coordinator"
+                                ),
                             }
-                            Err(e) => tracing::warn!(
-                                error = &e as &dyn std::error::Error,
-                                "no listener for peers: this process's halos go through the coordinator"
-                            ),
                         }
+                        (None, ..) => {}
                     }
-                    (None, ..) => {}
-                },
+                }
                 Out::Check(check) => pump.check(check),
                 Out::Put(put) => pump.put(put),
                 Out::End { tell, result } => {
@@ -895,6 +905,7 @@ mod tests {
             parts_sent: std::cell::Cell::new(0),
             direct: None,
             peer_counts: std::cell::Cell::new(Default::default()),
+            bytes_sent: std::cell::Cell::new(0),
         }
     }
 

@@ -429,8 +429,9 @@ struct Push {
 /// What the peer data plane did in this process.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PeerCounts {
-    /// Halos pushed to peers, and how many of them they kept.
+    /// Halos pushed to peers, their bytes, and how many of them they kept.
     pub(super) pushed: u64,
+    pub(super) bytes_pushed: u64,
     pub(super) kept: u64,
     /// Halos pushed here by peers, and how many were kept.
     pub(super) received: u64,
@@ -513,7 +514,13 @@ impl Machine {
         if kept {
             self.peer_counts.accepted += 1;
         } else {
-            tracing::debug!(peer = from, to, phase, generation, "a pushed halo is refused");
+            tracing::debug!(
+                peer = from,
+                to,
+                phase,
+                generation,
+                "a pushed halo is refused"
+            );
         }
         self.out.push_back(Out::Answer {
             to: from,
@@ -673,6 +680,7 @@ impl Machine {
             let Halo::Sent(bytes) = std::mem::replace(h, Halo::Kept) else {
                 continue;
             };
+            let len = bytes.len();
             let seq = self.next_push;
             self.next_push += 1;
             self.pushes.insert(
@@ -697,6 +705,7 @@ impl Machine {
                 },
             });
             self.peer_counts.pushed += 1;
+            self.peer_counts.bytes_pushed += len as u64;
             n += 1;
         }
         n
@@ -1228,7 +1237,8 @@ impl Machine {
                 holders,
             } => {
                 if !self.config.partitioned {
-                    return self.fail(self.bad("a roster of peers for a job without partitions".into()));
+                    return self
+                        .fail(self.bad("a roster of peers for a job without partitions".into()));
                 }
                 self.roster(me, session, generation, addrs, holders);
             }
@@ -2466,7 +2476,10 @@ mod tests {
         m.received(t0, Some(roster(4)));
         assert!(matches!(
             &polled(&mut m)[..],
-            [Out::Roster { me: 1, session: [7, ..] }]
+            [Out::Roster {
+                me: 1,
+                session: [7, ..]
+            }]
         ));
         m.received(t0, Some(run(0, 2, true)));
         let _ = polled(&mut m);
@@ -2474,7 +2487,19 @@ mod tests {
         m.reported(done(0, 2, true));
         let (pushed, _, up) = peer_outs(polled(&mut m));
         assert!(up.is_empty(), "{up:?}");
-        let [(2, ToPeer::Halo { seq, generation: 4, phase: 2, from: 2, to: 3, bytes })] = &pushed[..]
+        let [
+            (
+                2,
+                ToPeer::Halo {
+                    seq,
+                    generation: 4,
+                    phase: 2,
+                    from: 2,
+                    to: 3,
+                    bytes,
+                },
+            ),
+        ] = &pushed[..]
         else {
             panic!("{pushed:?}");
         };
@@ -2483,12 +2508,33 @@ mod tests {
         m.leave();
         m.tick(t0 + Duration::from_secs(1), vec![0]);
         let (_, _, up) = peer_outs(polled(&mut m));
-        assert!(matches!(&up[..], [ToCoordinator::Heartbeat { .. }]), "{up:?}");
+        assert!(
+            matches!(&up[..], [ToCoordinator::Heartbeat { .. }]),
+            "{up:?}"
+        );
         // An answer from another peer, or to no push, changes nothing.
-        m.peer_answered(5, FromPeer::Ack { seq: *seq, kept: true });
-        m.peer_answered(2, FromPeer::Ack { seq: seq + 1, kept: true });
+        m.peer_answered(
+            5,
+            FromPeer::Ack {
+                seq: *seq,
+                kept: true,
+            },
+        );
+        m.peer_answered(
+            2,
+            FromPeer::Ack {
+                seq: seq + 1,
+                kept: true,
+            },
+        );
         assert!(polled(&mut m).is_empty());
-        m.peer_answered(2, FromPeer::Ack { seq: *seq, kept: true });
+        m.peer_answered(
+            2,
+            FromPeer::Ack {
+                seq: *seq,
+                kept: true,
+            },
+        );
         let kept = with_halos(done(0, 2, true), Halo::Sent(halo(2, "up")), Halo::KeptAt(2));
         let (_, _, up) = peer_outs(polled(&mut m));
         assert!(
@@ -2505,7 +2551,13 @@ mod tests {
         let _ = polled(&mut m);
         m.reported(done(0, 2, true));
         let _ = polled(&mut m);
-        m.peer_answered(2, FromPeer::Ack { seq: 0, kept: false });
+        m.peer_answered(
+            2,
+            FromPeer::Ack {
+                seq: 0,
+                kept: false,
+            },
+        );
         assert_eq!(sent(polled(&mut m)), vec![done(0, 2, true)]);
 
         // The link goes down: the bytes go up, the coordinator hears of it once, and the next
@@ -2538,7 +2590,10 @@ mod tests {
         m.reported(done(0, 2, true));
         let (pushed, _, up) = peer_outs(polled(&mut m));
         assert!(up.is_empty());
-        assert!(matches!(&pushed[..], [(2, ToPeer::Halo { generation: 5, .. })]));
+        assert!(matches!(
+            &pushed[..],
+            [(2, ToPeer::Halo { generation: 5, .. })]
+        ));
     }
 
     /// A pushed halo is kept only for a partition whose only copy is here, of this phase

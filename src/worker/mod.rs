@@ -378,6 +378,30 @@ pub struct Served {
     /// Connections tried until the coordinator took this worker, that one included (1 when
     /// it took it at once; more while [`WorkerOptions::wait_for_job`] waited for the job).
     pub attempts: u32,
+    /// Bytes of the frames this process sent to the coordinator.
+    pub bytes_to_coordinator: u64,
+    /// What this process exchanged with its peers directly
+    /// ([`WorkerOptions::direct_halos`]).
+    pub peers: PeerTraffic,
+}
+
+/// What a worker process exchanged with its peers directly ([`Served::peers`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerTraffic {
+    /// Halos this process pushed to the processes that hold their partitions.
+    pub halos_pushed: u64,
+    /// Their bytes.
+    pub halo_bytes_pushed: u64,
+    /// Of those, the ones their receiver kept (the others went through the coordinator).
+    pub halos_kept_by_peers: u64,
+    /// Halos its peers pushed here.
+    pub halos_received: u64,
+    /// Of those, the ones it kept for its partitions (the others it refused).
+    pub halos_kept_here: u64,
+    /// Pushes that failed because their peer was unreachable (they went through the
+    /// coordinator).
+    pub halos_unreachable: u64,
 }
 
 /// A number of seconds in an environment variable.
@@ -598,6 +622,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
             .direct_halos
             .then(|| (options.token.clone(), options.timeout)),
         peer_counts: std::cell::Cell::new(Default::default()),
+        bytes_sent: std::cell::Cell::new(0),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, &inputs, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -621,5 +646,17 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         parts_written: io.parts_written.get(),
         parts_sent: io.parts_sent.get(),
         attempts,
+        bytes_to_coordinator: io.bytes_sent.get(),
+        peers: {
+            let c = io.peer_counts.get();
+            PeerTraffic {
+                halos_pushed: c.pushed,
+                halo_bytes_pushed: c.bytes_pushed,
+                halos_kept_by_peers: c.kept,
+                halos_received: c.received,
+                halos_kept_here: c.accepted,
+                halos_unreachable: c.unreachable,
+            }
+        },
     })
 }
