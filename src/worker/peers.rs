@@ -29,7 +29,16 @@
 //!    [`PeerEvent::Down`], naming its link and the typed error. Only that link ends: a
 //!    misbehaving peer never ends the process. A link this process closes itself
 //!    ([`Peers::set_session`], [`Peers::close`], a dial to another address of the process)
-//!    ends without an event.
+//!    ends without an event, and so does one the machine gives up ([`Peers::hang_up`]).
+//!
+//! # Memory
+//!
+//! Before a handshake completes, a connection holds at most the handshake's frame limit. A
+//! link's reader holds at most one frame (`max_frame`) and one message being put together
+//! from pieces (`max_message`). A link's queue of messages to send, and the events, are
+//! unbounded channels: what a dialer has in flight is bounded by the peer protocol (its
+//! window of halos not yet answered), not here; the machine of a listener that receives
+//! more than a dialer may have in flight gives it up with [`Peers::hang_up`].
 //!
 //! # What the events guarantee
 //!
@@ -398,6 +407,26 @@ impl Peers {
         );
         drop(closed);
         self.dialled.clear();
+    }
+
+    /// Closes link `link` with process `process`, dialled or accepted, at once and without
+    /// an event: a peer the machine gives up (one that broke the protocol, or sent more than
+    /// it may have in flight). False if this process has no such link.
+    pub(super) fn hang_up(&mut self, process: u64, link: LinkId) -> bool {
+        if self
+            .dialled
+            .get(&process)
+            .is_some_and(|d| d.link.id == link)
+        {
+            self.dialled.remove(&process);
+            return true;
+        }
+        let mut state = self.shared.lock();
+        if state.accepted.get(&process).is_some_and(|l| l.id == link) {
+            state.accepted.remove(&process);
+            return true;
+        }
+        false
     }
 
     /// The latest handshakes refused on accepted connections (at most 256), oldest first.
@@ -821,6 +850,7 @@ mod tests {
             // No answer on a link that is not one.
             assert!(!b.answer(1, LinkId(999), FromPeer::Heartbeat));
             assert!(!b.answer(5, lb, FromPeer::Heartbeat));
+            assert!(!b.hang_up(1, LinkId(999)));
             // Several heartbeat periods: heartbeats cross, and are no events.
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert!(matches!(a_events.try_recv(), Err(TryRecvError::Empty)));
@@ -1132,6 +1162,31 @@ mod tests {
             let (mut a, _, _a_events) = peers(config(1)).await;
             a.send(2, b_addr, halo(1, 1));
             received(next(&mut b_events).await, 1, &halo(1, 1));
+        });
+    }
+
+    /// A link the machine gives up closes at once, on its side without an event, and is
+    /// `Down` on the other's; either end may hang up.
+    #[test]
+    fn a_link_given_up_is_closed_without_an_event() {
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(config(1)).await;
+            let (mut b, b_addr, mut b_events) = peers(config(2)).await;
+            let la = a.send(2, b_addr, halo(1, 1));
+            let lb = received(next(&mut b_events).await, 1, &halo(1, 1));
+            assert!(b.hang_up(1, lb));
+            assert!(!b.answer(1, lb, FromPeer::Heartbeat));
+            let (link, _) = down(next(&mut a_events).await, 2, true);
+            assert_eq!(link, la);
+            let again = a.send(2, b_addr, halo(2, 1));
+            let lb = received(next(&mut b_events).await, 1, &halo(2, 1));
+            assert!(a.hang_up(2, again));
+            assert!(!a.hang_up(2, again));
+            let (link, _) = down(next(&mut b_events).await, 1, false);
+            assert_eq!(link, lb);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(matches!(a_events.try_recv(), Err(TryRecvError::Empty)));
+            assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
         });
     }
 
