@@ -991,45 +991,87 @@ mod tests {
         });
     }
 
-    /// Strangers on the listener: an HTTP request and a claim of a long frame are not peers
-    /// (and are dropped at once), one that says nothing is dropped after the handshake's
-    /// limit; a peer with the wrong token is refused, each side naming its own side. None is
-    /// an event, and the listener goes on.
+    /// Connects to `addr` as a stranger, writes `bytes`, and reads until the listener closes
+    /// the connection: what it answered, and how long it took to close.
+    fn stranger(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, Duration) {
+        let start = Instant::now();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(bytes).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("the listener kept a stranger's connection: {e}"),
+            }
+        }
+        (got, start.elapsed())
+    }
+
+    /// Strangers on the listener, as the coordinator's listener gets them
+    /// (`tests/it/cluster_unauthenticated.rs`, `cluster_hostile.rs`): an HTTP request and
+    /// claims of long frames are not peers, and get no answer; one that says nothing, or
+    /// stalls in the middle of a frame, is dropped at the handshake's limit; a peer of
+    /// another version is told so; one with the wrong token is refused, each side naming
+    /// its own. None is an event, and the listener goes on.
     #[test]
     fn strangers_are_refused_and_the_listener_goes_on() {
         block_on(async {
+            let limit = Duration::from_millis(300);
             let quick = PeerConfig {
-                handshake_timeout: Duration::from_millis(300),
+                handshake_timeout: limit,
                 ..config(2)
             };
-            let (_b, b_addr, mut b_events) = peers(quick).await;
-            let stranger = |bytes: &'static [u8]| {
-                std::thread::spawn(move || {
-                    let mut s = std::net::TcpStream::connect(b_addr).unwrap();
-                    s.write_all(bytes).unwrap();
-                    s.set_read_timeout(Some(PATIENCE)).unwrap();
-                    let mut got = Vec::new();
-                    // The listener answers nothing and closes the connection.
-                    match s.read_to_end(&mut got) {
-                        Ok(_) => assert!(got.is_empty(), "{got:?}"),
-                        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
-                    }
+            let (b, b_addr, mut b_events) = peers(quick).await;
+            let strangers = |inputs: Vec<Vec<u8>>| {
+                tokio::task::spawn_blocking(move || {
+                    let threads: Vec<_> = inputs
+                        .into_iter()
+                        .map(|bytes| std::thread::spawn(move || stranger(b_addr, &bytes)))
+                        .collect();
+                    threads
+                        .into_iter()
+                        .map(|t| t.join().unwrap())
+                        .collect::<Vec<_>>()
                 })
             };
-            let http = stranger(b"GET / HTTP/1.1\r\nHost: malleable\r\n\r\n");
-            tokio::task::spawn_blocking(|| http.join().unwrap())
-                .await
-                .unwrap();
-            let claim = stranger(b"\x40\x00\x00\x00MALLEABL");
-            tokio::task::spawn_blocking(|| claim.join().unwrap())
-                .await
-                .unwrap();
-            let start = Instant::now();
-            let mute = stranger(b"");
-            tokio::task::spawn_blocking(|| mute.join().unwrap())
-                .await
-                .unwrap();
-            assert!(start.elapsed() >= Duration::from_millis(300));
+            // Not peers: an HTTP request, a claim of 1 GiB, and 50 claims of the default
+            // frame limit at once.
+            let mut not_peers = vec![
+                b"GET / HTTP/1.1\r\nHost: malleable\r\n\r\n".to_vec(),
+                b"\x40\x00\x00\x00MALLEABL".to_vec(),
+            ];
+            let claim = (frame::DEFAULT_MAX_FRAME as u32).to_be_bytes();
+            not_peers.extend((0..50).map(|_| [&claim[..], &frame::MAGIC].concat()));
+            for (answer, took) in strangers(not_peers).await.unwrap() {
+                assert!(answer.is_empty(), "{answer:?}");
+                assert!(took < PATIENCE / 2, "{took:?}");
+            }
+            // Silent, or stalled in the middle of a frame: dropped at the limit.
+            let stalled = [&[0, 0, 0, 100][..], &frame::MAGIC].concat();
+            for (answer, took) in strangers(vec![Vec::new(), stalled]).await.unwrap() {
+                assert!(answer.is_empty(), "{answer:?}");
+                assert!(took >= limit, "{took:?}");
+            }
+            // Another version: a refusal in this side's version.
+            let mut old = frame::MAGIC.to_vec();
+            old.extend_from_slice(&19u32.to_be_bytes());
+            old.extend_from_slice(&frame::encode(&peer::PeerHello {
+                session: SESSION,
+                from: 1,
+                nonce: [0; 32],
+            }));
+            let old = [&(old.len() as u32).to_be_bytes()[..], &old].concat();
+            let (answer, _) = strangers(vec![old]).await.unwrap().remove(0);
+            let reply = answer.get(4..).expect("an answer");
+            assert!(matches!(
+                peer::decode_peer_reply("l", reply),
+                Ok(peer::PeerReply::Refused(peer::PeerRefusal::Version))
+            ));
+            // The wrong token.
             let wrong = Token::new("another token").unwrap();
             let e = dialer(b_addr, Some(&wrong), SESSION, 1).await.unwrap_err();
             assert!(
@@ -1042,19 +1084,21 @@ mod tests {
                 ),
                 "{e:?}"
             );
-            let r = refusals(&_b, 4).await;
-            let kinds: Vec<&str> = r.iter().map(|e| e.kind()).collect();
-            assert_eq!(
-                kinds,
-                ["not_a_peer", "not_a_peer", "handshake_timeout", "auth"]
+            let r = refusals(&b, 56).await;
+            let count = |kind| r.iter().filter(|e| e.kind() == kind).count();
+            assert_eq!(count("not_a_peer"), 52, "{r:?}");
+            assert_eq!(count("handshake_timeout"), 2, "{r:?}");
+            assert_eq!(count("version"), 1, "{r:?}");
+            assert!(
+                r.iter().any(|e| matches!(
+                    **e,
+                    Error::Auth {
+                        failure: AuthFailure::DialerProof { token: true },
+                        ..
+                    }
+                )),
+                "{r:?}"
             );
-            assert!(matches!(
-                *r[3],
-                Error::Auth {
-                    failure: AuthFailure::DialerProof { token: true },
-                    ..
-                }
-            ));
             assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
             // A peer still links.
             let (mut a, _, _a_events) = peers(config(1)).await;
@@ -1159,6 +1203,19 @@ mod tests {
             bad.send(frame::encode(&halo(1, 1))).await.unwrap();
             let (_, e) = down(next(&mut b_events).await, 8, false);
             assert!(matches!(e, Error::Malformed { .. }), "{e:?}");
+            // A frame over the limit (written by hand: the codec would not).
+            let mut bad = dialer(b_addr, config(0).token.as_ref(), SESSION, 9)
+                .await
+                .unwrap();
+            let over = (config(2).max_frame as u32 + 1).to_be_bytes();
+            tokio::io::AsyncWriteExt::write_all(bad.get_mut(), &over)
+                .await
+                .unwrap();
+            let (_, e) = down(next(&mut b_events).await, 9, false);
+            assert!(
+                matches!(e, Error::FrameTooLarge { limit, .. } if limit == config(2).max_frame),
+                "{e:?}"
+            );
             let (mut a, _, _a_events) = peers(config(1)).await;
             a.send(2, b_addr, halo(1, 1));
             received(next(&mut b_events).await, 1, &halo(1, 1));
