@@ -1058,7 +1058,7 @@ mod tests {
             }
             // Another version: a refusal in this side's version.
             let mut old = frame::MAGIC.to_vec();
-            old.extend_from_slice(&19u32.to_be_bytes());
+            old.extend_from_slice(&(frame::PROTOCOL_VERSION - 1).to_be_bytes());
             old.extend_from_slice(&frame::encode(&peer::PeerHello {
                 session: SESSION,
                 from: 1,

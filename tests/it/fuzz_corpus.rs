@@ -947,7 +947,10 @@ fn peer_seeds(seeds: &mut BTreeMap<(&'static str, String), Vec<u8>>) {
         "seed-wrong-version",
         versioned_as(&frame::MAGIC, PROTOCOL_VERSION + 1, &hello),
     );
-    p("seed-version-19", versioned_as(&frame::MAGIC, 19, &hello));
+    p(
+        "seed-version-previous",
+        versioned_as(&frame::MAGIC, PROTOCOL_VERSION - 1, &hello),
+    );
     let full = versioned(&hello);
     p("seed-truncated-hello", full[..full.len() - 4].to_vec());
     p("seed-hello-trailing-byte", [&full[..], &[0]].concat());
