@@ -140,11 +140,14 @@ pub(super) enum PeerEvent {
 /// Which end of a link this process is, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Direction {
+    /// This process dialled the link (it sends halos on it).
     Dialled,
+    /// This process accepted the link (it receives halos on it).
     Accepted,
 }
 
 impl Direction {
+    /// The label of the metrics.
     fn name(self) -> &'static str {
         match self {
             Direction::Dialled => "dialled",
@@ -202,14 +205,18 @@ struct State {
 }
 
 impl Shared {
+    /// The session and the accepted links (a poisoned lock is taken as it is: nothing
+    /// under it is left half-done by a panic).
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A new link number.
     fn link(&self) -> LinkId {
         LinkId(self.next_link.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// A link is up: logged and counted.
     fn up(&self, process: u64, link: LinkId, direction: Direction, addr: SocketAddr) {
         tracing::info!(process, link = link.0, direction = direction.name(), %addr, "peer link up");
         metrics::counter!(crate::metrics::PEER_LINKS, "event" => "up", "direction" => direction.name())
@@ -567,6 +574,7 @@ async fn dial(
     shared.ended(to, id, Direction::Dialled, ended);
 }
 
+/// The body of [`dial`]: how the link ended, unless it was closed first.
 async fn dial_and_run(
     shared: &Shared,
     (to, addr, id): (u64, SocketAddr, LinkId),
@@ -655,8 +663,9 @@ async fn run<In: Message, Out: Message>(
         }
     };
     let writing = async {
-        let start = tokio::time::Instant::now() + config.heartbeat;
-        let mut beat = tokio::time::interval_at(start, config.heartbeat);
+        // An interval of zero would panic: a millisecond at least.
+        let period = config.heartbeat.max(Duration::from_millis(1));
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let first = tokio::select! {
