@@ -218,9 +218,10 @@ impl Shared {
 
     /// A link is up: logged and counted.
     fn up(&self, process: u64, link: LinkId, direction: Direction, addr: SocketAddr) {
-        tracing::info!(process, link = link.0, direction = direction.name(), %addr, "peer link up");
-        metrics::counter!(crate::metrics::PEER_LINKS, "event" => "up", "direction" => direction.name())
-            .increment(1);
+        let direction = direction.name();
+        tracing::info!(process, link = link.0, direction, %addr, "peer link up");
+        let labels = [("event", "up"), ("direction", direction)];
+        metrics::counter!(crate::metrics::PEER_LINKS, &labels).increment(1);
     }
 
     /// A connection whose listener's handshake failed: recorded, logged, counted.
@@ -229,8 +230,8 @@ impl Shared {
             error = &error as &dyn std::error::Error,
             "refused a peer's link"
         );
-        metrics::counter!(crate::metrics::PEER_LINKS, "event" => "refused", "direction" => "accepted")
-            .increment(1);
+        let labels = [("event", "refused"), ("direction", "accepted")];
+        metrics::counter!(crate::metrics::PEER_LINKS, &labels).increment(1);
         let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         if refusals.len() == KEEP_REFUSALS {
             refusals.pop_front();
@@ -260,8 +261,8 @@ impl Shared {
             error = &error as &dyn std::error::Error,
             "peer link {event}"
         );
-        metrics::counter!(crate::metrics::PEER_LINKS, "event" => event, "direction" => direction.name())
-            .increment(1);
+        let labels = [("event", event), ("direction", direction.name())];
+        metrics::counter!(crate::metrics::PEER_LINKS, &labels).increment(1);
         let _ = self.events.send(PeerEvent::Down {
             process,
             link,
@@ -1129,15 +1130,15 @@ mod tests {
             let (b, b_addr, _b_events) = peers(other).await;
             a.send(2, b_addr, halo(1, 1));
             let (_, e) = down(next(&mut a_events).await, 2, true);
-            assert!(
-                matches!(e, Error::PeerSession { ours, theirs, .. } if ours == SESSION && theirs == [2; 16]),
-                "{e:?}"
-            );
+            let Error::PeerSession { ours, theirs, .. } = e else {
+                panic!("{e:?}");
+            };
+            assert_eq!((ours, theirs), (SESSION, [2; 16]));
             let r = refusals(&b, 1).await;
-            assert!(
-                matches!(*r[0], Error::PeerSession { ours, theirs, .. } if ours == [2; 16] && theirs == SESSION),
-                "{r:?}"
-            );
+            let Error::PeerSession { ours, theirs, .. } = *r[0] else {
+                panic!("{r:?}");
+            };
+            assert_eq!((ours, theirs), ([2; 16], SESSION));
             // A "listener" that accepts and says nothing.
             let mute = tokio::net::TcpListener::bind((LOOPBACK, 0)).await.unwrap();
             let mute_addr = mute.local_addr().unwrap();
