@@ -14,6 +14,10 @@ use malleable::cluster::frame::{
 use malleable::cluster::handshake::{
     decode_hello, decode_proof, decode_reply, decode_welcome, decode_worker_layout,
 };
+use malleable::cluster::peer::{
+    FromPeer, ToPeer, decode_from_peer, decode_peer_hello, decode_peer_proof, decode_peer_reply,
+    decode_peer_welcome, decode_to_peer,
+};
 use malleable::snapshot::{
     FORMAT_VERSION, MAGIC, PartRef, check_part, decode_manifest, encode_manifest,
 };
@@ -199,6 +203,86 @@ pub(crate) fn handshake_target(data: &[u8]) -> bool {
         malformed,
     );
     ok
+}
+
+/// The `peer` target (the links between worker processes, protocol 20): the input as a
+/// first frame to `decode_peer_hello` and `decode_peer_reply`; as a body to
+/// `decode_peer_proof`, `decode_peer_welcome`, `decode_to_peer` and `decode_from_peer`; and
+/// as a stream of length-delimited frames (maximum [`LIMIT`]), each a message to a peer or
+/// a peer's answer, through an assembler of each. True if anything decoded.
+pub(crate) fn peer_target(data: &[u8]) -> bool {
+    let mut ok = round_trip(
+        decode_peer_hello(PEER, data),
+        versioned,
+        |b| decode_peer_hello(PEER, b),
+        first_frame_error,
+    );
+    ok |= round_trip(
+        decode_peer_reply(PEER, data),
+        versioned,
+        |b| decode_peer_reply(PEER, b),
+        first_frame_error,
+    );
+    ok |= round_trip(
+        decode_peer_proof(PEER, data),
+        |m| encode(m).to_vec(),
+        |b| decode_peer_proof(PEER, b),
+        malformed,
+    );
+    ok |= round_trip(
+        decode_peer_welcome(PEER, data),
+        |m| encode(m).to_vec(),
+        |b| decode_peer_welcome(PEER, b),
+        malformed,
+    );
+    ok |= to_peer(data);
+    ok |= from_peer(data);
+    let mut codec = LengthDelimitedCodec::builder()
+        .length_field_type::<u32>()
+        .max_frame_length(LIMIT)
+        .new_codec();
+    let mut stream = BytesMut::from(data);
+    let mut to = frame::Assembler::new(4 * LIMIT);
+    let mut from = frame::Assembler::new(4 * LIMIT);
+    while let Ok(Some(frame)) = codec.decode(&mut stream) {
+        assert!(frame.len() <= LIMIT, "a frame over the limit");
+        ok |= to_peer(&frame);
+        ok |= from_peer(&frame);
+        let frame = frame.freeze();
+        match to.frame::<ToPeer>(PEER, frame.clone()) {
+            Ok(_) => {}
+            Err(Error::Malformed { .. } | Error::MessageTooLarge { .. }) => {
+                to = frame::Assembler::new(4 * LIMIT);
+            }
+            Err(e) => panic!("an assembler error of another kind: {e:?}"),
+        }
+        match from.frame::<FromPeer>(PEER, frame) {
+            Ok(_) => {}
+            Err(Error::Malformed { .. } | Error::MessageTooLarge { .. }) => {
+                from = frame::Assembler::new(4 * LIMIT);
+            }
+            Err(e) => panic!("an assembler error of another kind: {e:?}"),
+        }
+    }
+    ok
+}
+
+pub(crate) fn to_peer(body: &[u8]) -> bool {
+    round_trip(
+        decode_to_peer(PEER, body),
+        |m| encode(m).to_vec(),
+        |b| decode_to_peer(PEER, b),
+        malformed,
+    )
+}
+
+pub(crate) fn from_peer(body: &[u8]) -> bool {
+    round_trip(
+        decode_from_peer(PEER, body),
+        |m| encode(m).to_vec(),
+        |b| decode_from_peer(PEER, b),
+        malformed,
+    )
 }
 
 /// A header and body with a correct checksum around an arbitrary body: from format 4 on

@@ -132,8 +132,8 @@ pub mod cluster {
     //! through a [`Launcher`].
     //!
     //! This module is the face of two layers: the wire (`src/wire/`: [`frame`],
-    //! [`handshake`], [`peer`], launchers, [`Error`]) and the worker process (`src/worker/`: [`serve`],
-    //! [`Registry`], [`WorkerOptions`], [`Served`]).
+    //! [`handshake`], [`peer`], launchers, [`Error`]) and the worker process (`src/worker/`:
+    //! [`serve`], [`Registry`], [`WorkerOptions`], [`Served`]).
 
     pub use crate::wire::{
         AuthFailure, CommandLauncher, Error, LaunchSpec, Launched, Launcher, LocalLauncher,

@@ -681,12 +681,11 @@ mod tests {
                 d.send(Bytes::from(old)).await.unwrap();
                 d.next().await.unwrap().unwrap()
             };
-            let (l, answer) =
-                tokio::join!(listener(&mut l, "d", None, SESSION, LIMIT), old_dialer);
-            assert!(
-                matches!(l, Err(Error::Version { ours: PROTOCOL_VERSION, theirs, .. }) if theirs == PROTOCOL_VERSION - 1),
-                "{l:?}"
-            );
+            let (l, answer) = tokio::join!(listener(&mut l, "d", None, SESSION, LIMIT), old_dialer);
+            let Err(Error::Version { ours, theirs, .. }) = l else {
+                panic!("{l:?}");
+            };
+            assert_eq!((ours, theirs), (PROTOCOL_VERSION, PROTOCOL_VERSION - 1));
             // What the listener answered, read by a dialer of the old version: a refusal of
             // the version, in the listener's version.
             assert_eq!(

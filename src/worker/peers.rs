@@ -29,7 +29,16 @@
 //!    [`PeerEvent::Down`], naming its link and the typed error. Only that link ends: a
 //!    misbehaving peer never ends the process. A link this process closes itself
 //!    ([`Peers::set_session`], [`Peers::close`], a dial to another address of the process)
-//!    ends without an event.
+//!    ends without an event, and so does one the machine gives up ([`Peers::hang_up`]).
+//!
+//! # Memory
+//!
+//! Before a handshake completes, a connection holds at most the handshake's frame limit. A
+//! link's reader holds at most one frame (`max_frame`) and one message being put together
+//! from pieces (`max_message`). A link's queue of messages to send, and the events, are
+//! unbounded channels: what a dialer has in flight is bounded by the peer protocol (its
+//! window of halos not yet answered), not here; the machine of a listener that receives
+//! more than a dialer may have in flight gives it up with [`Peers::hang_up`].
 //!
 //! # What the events guarantee
 //!
@@ -131,11 +140,14 @@ pub(super) enum PeerEvent {
 /// Which end of a link this process is, for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Direction {
+    /// This process dialled the link (it sends halos on it).
     Dialled,
+    /// This process accepted the link (it receives halos on it).
     Accepted,
 }
 
 impl Direction {
+    /// The label of the metrics.
     fn name(self) -> &'static str {
         match self {
             Direction::Dialled => "dialled",
@@ -193,18 +205,23 @@ struct State {
 }
 
 impl Shared {
+    /// The session and the accepted links (a poisoned lock is taken as it is: nothing
+    /// under it is left half-done by a panic).
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A new link number.
     fn link(&self) -> LinkId {
         LinkId(self.next_link.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// A link is up: logged and counted.
     fn up(&self, process: u64, link: LinkId, direction: Direction, addr: SocketAddr) {
-        tracing::info!(process, link = link.0, direction = direction.name(), %addr, "peer link up");
-        metrics::counter!(crate::metrics::PEER_LINKS, "event" => "up", "direction" => direction.name())
-            .increment(1);
+        let direction = direction.name();
+        tracing::info!(process, link = link.0, direction, %addr, "peer link up");
+        let labels = [("event", "up"), ("direction", direction)];
+        metrics::counter!(crate::metrics::PEER_LINKS, &labels).increment(1);
     }
 
     /// A connection whose listener's handshake failed: recorded, logged, counted.
@@ -213,8 +230,8 @@ impl Shared {
             error = &error as &dyn std::error::Error,
             "refused a peer's link"
         );
-        metrics::counter!(crate::metrics::PEER_LINKS, "event" => "refused", "direction" => "accepted")
-            .increment(1);
+        let labels = [("event", "refused"), ("direction", "accepted")];
+        metrics::counter!(crate::metrics::PEER_LINKS, &labels).increment(1);
         let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         if refusals.len() == KEEP_REFUSALS {
             refusals.pop_front();
@@ -244,8 +261,8 @@ impl Shared {
             error = &error as &dyn std::error::Error,
             "peer link {event}"
         );
-        metrics::counter!(crate::metrics::PEER_LINKS, "event" => event, "direction" => direction.name())
-            .increment(1);
+        let labels = [("event", event), ("direction", direction.name())];
+        metrics::counter!(crate::metrics::PEER_LINKS, &labels).increment(1);
         let _ = self.events.send(PeerEvent::Down {
             process,
             link,
@@ -400,6 +417,26 @@ impl Peers {
         self.dialled.clear();
     }
 
+    /// Closes link `link` with process `process`, dialled or accepted, at once and without
+    /// an event: a peer the machine gives up (one that broke the protocol, or sent more than
+    /// it may have in flight). False if this process has no such link.
+    pub(super) fn hang_up(&mut self, process: u64, link: LinkId) -> bool {
+        if self
+            .dialled
+            .get(&process)
+            .is_some_and(|d| d.link.id == link)
+        {
+            self.dialled.remove(&process);
+            return true;
+        }
+        let mut state = self.shared.lock();
+        if state.accepted.get(&process).is_some_and(|l| l.id == link) {
+            state.accepted.remove(&process);
+            return true;
+        }
+        false
+    }
+
     /// The latest handshakes refused on accepted connections (at most 256), oldest first.
     pub(super) fn refusals(&self) -> Vec<Arc<Error>> {
         let refusals = self
@@ -538,6 +575,7 @@ async fn dial(
     shared.ended(to, id, Direction::Dialled, ended);
 }
 
+/// The body of [`dial`]: how the link ended, unless it was closed first.
 async fn dial_and_run(
     shared: &Shared,
     (to, addr, id): (u64, SocketAddr, LinkId),
@@ -626,8 +664,9 @@ async fn run<In: Message, Out: Message>(
         }
     };
     let writing = async {
-        let start = tokio::time::Instant::now() + config.heartbeat;
-        let mut beat = tokio::time::interval_at(start, config.heartbeat);
+        // An interval of zero would panic: a millisecond at least.
+        let period = config.heartbeat.max(Duration::from_millis(1));
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let first = tokio::select! {
@@ -821,6 +860,7 @@ mod tests {
             // No answer on a link that is not one.
             assert!(!b.answer(1, LinkId(999), FromPeer::Heartbeat));
             assert!(!b.answer(5, lb, FromPeer::Heartbeat));
+            assert!(!b.hang_up(1, LinkId(999)));
             // Several heartbeat periods: heartbeats cross, and are no events.
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert!(matches!(a_events.try_recv(), Err(TryRecvError::Empty)));
@@ -961,45 +1001,87 @@ mod tests {
         });
     }
 
-    /// Strangers on the listener: an HTTP request and a claim of a long frame are not peers
-    /// (and are dropped at once), one that says nothing is dropped after the handshake's
-    /// limit; a peer with the wrong token is refused, each side naming its own side. None is
-    /// an event, and the listener goes on.
+    /// Connects to `addr` as a stranger, writes `bytes`, and reads until the listener closes
+    /// the connection: what it answered, and how long it took to close.
+    fn stranger(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, Duration) {
+        let start = Instant::now();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(bytes).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("the listener kept a stranger's connection: {e}"),
+            }
+        }
+        (got, start.elapsed())
+    }
+
+    /// Strangers on the listener, as the coordinator's listener gets them
+    /// (`tests/it/cluster_unauthenticated.rs`, `cluster_hostile.rs`): an HTTP request and
+    /// claims of long frames are not peers, and get no answer; one that says nothing, or
+    /// stalls in the middle of a frame, is dropped at the handshake's limit; a peer of
+    /// another version is told so; one with the wrong token is refused, each side naming
+    /// its own. None is an event, and the listener goes on.
     #[test]
     fn strangers_are_refused_and_the_listener_goes_on() {
         block_on(async {
+            let limit = Duration::from_millis(300);
             let quick = PeerConfig {
-                handshake_timeout: Duration::from_millis(300),
+                handshake_timeout: limit,
                 ..config(2)
             };
-            let (_b, b_addr, mut b_events) = peers(quick).await;
-            let stranger = |bytes: &'static [u8]| {
-                std::thread::spawn(move || {
-                    let mut s = std::net::TcpStream::connect(b_addr).unwrap();
-                    s.write_all(bytes).unwrap();
-                    s.set_read_timeout(Some(PATIENCE)).unwrap();
-                    let mut got = Vec::new();
-                    // The listener answers nothing and closes the connection.
-                    match s.read_to_end(&mut got) {
-                        Ok(_) => assert!(got.is_empty(), "{got:?}"),
-                        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset),
-                    }
+            let (b, b_addr, mut b_events) = peers(quick).await;
+            let strangers = |inputs: Vec<Vec<u8>>| {
+                tokio::task::spawn_blocking(move || {
+                    let threads: Vec<_> = inputs
+                        .into_iter()
+                        .map(|bytes| std::thread::spawn(move || stranger(b_addr, &bytes)))
+                        .collect();
+                    threads
+                        .into_iter()
+                        .map(|t| t.join().unwrap())
+                        .collect::<Vec<_>>()
                 })
             };
-            let http = stranger(b"GET / HTTP/1.1\r\nHost: malleable\r\n\r\n");
-            tokio::task::spawn_blocking(|| http.join().unwrap())
-                .await
-                .unwrap();
-            let claim = stranger(b"\x40\x00\x00\x00MALLEABL");
-            tokio::task::spawn_blocking(|| claim.join().unwrap())
-                .await
-                .unwrap();
-            let start = Instant::now();
-            let mute = stranger(b"");
-            tokio::task::spawn_blocking(|| mute.join().unwrap())
-                .await
-                .unwrap();
-            assert!(start.elapsed() >= Duration::from_millis(300));
+            // Not peers: an HTTP request, a claim of 1 GiB, and 50 claims of the default
+            // frame limit at once.
+            let mut not_peers = vec![
+                b"GET / HTTP/1.1\r\nHost: malleable\r\n\r\n".to_vec(),
+                b"\x40\x00\x00\x00MALLEABL".to_vec(),
+            ];
+            let claim = (frame::DEFAULT_MAX_FRAME as u32).to_be_bytes();
+            not_peers.extend((0..50).map(|_| [&claim[..], &frame::MAGIC].concat()));
+            for (answer, took) in strangers(not_peers).await.unwrap() {
+                assert!(answer.is_empty(), "{answer:?}");
+                assert!(took < PATIENCE / 2, "{took:?}");
+            }
+            // Silent, or stalled in the middle of a frame: dropped at the limit.
+            let stalled = [&[0, 0, 0, 100][..], &frame::MAGIC].concat();
+            for (answer, took) in strangers(vec![Vec::new(), stalled]).await.unwrap() {
+                assert!(answer.is_empty(), "{answer:?}");
+                assert!(took >= limit, "{took:?}");
+            }
+            // Another version: a refusal in this side's version.
+            let mut old = frame::MAGIC.to_vec();
+            old.extend_from_slice(&(frame::PROTOCOL_VERSION - 1).to_be_bytes());
+            old.extend_from_slice(&frame::encode(&peer::PeerHello {
+                session: SESSION,
+                from: 1,
+                nonce: [0; 32],
+            }));
+            let old = [&(old.len() as u32).to_be_bytes()[..], &old].concat();
+            let (answer, _) = strangers(vec![old]).await.unwrap().remove(0);
+            let reply = answer.get(4..).expect("an answer");
+            assert!(matches!(
+                peer::decode_peer_reply("l", reply),
+                Ok(peer::PeerReply::Refused(peer::PeerRefusal::Version))
+            ));
+            // The wrong token.
             let wrong = Token::new("another token").unwrap();
             let e = dialer(b_addr, Some(&wrong), SESSION, 1).await.unwrap_err();
             assert!(
@@ -1012,19 +1094,21 @@ mod tests {
                 ),
                 "{e:?}"
             );
-            let r = refusals(&_b, 4).await;
-            let kinds: Vec<&str> = r.iter().map(|e| e.kind()).collect();
-            assert_eq!(
-                kinds,
-                ["not_a_peer", "not_a_peer", "handshake_timeout", "auth"]
+            let r = refusals(&b, 56).await;
+            let count = |kind| r.iter().filter(|e| e.kind() == kind).count();
+            assert_eq!(count("not_a_peer"), 52, "{r:?}");
+            assert_eq!(count("handshake_timeout"), 2, "{r:?}");
+            assert_eq!(count("version"), 1, "{r:?}");
+            assert!(
+                r.iter().any(|e| matches!(
+                    **e,
+                    Error::Auth {
+                        failure: AuthFailure::DialerProof { token: true },
+                        ..
+                    }
+                )),
+                "{r:?}"
             );
-            assert!(matches!(
-                *r[3],
-                Error::Auth {
-                    failure: AuthFailure::DialerProof { token: true },
-                    ..
-                }
-            ));
             assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
             // A peer still links.
             let (mut a, _, _a_events) = peers(config(1)).await;
@@ -1046,15 +1130,15 @@ mod tests {
             let (b, b_addr, _b_events) = peers(other).await;
             a.send(2, b_addr, halo(1, 1));
             let (_, e) = down(next(&mut a_events).await, 2, true);
-            assert!(
-                matches!(e, Error::PeerSession { ours, theirs, .. } if ours == SESSION && theirs == [2; 16]),
-                "{e:?}"
-            );
+            let Error::PeerSession { ours, theirs, .. } = e else {
+                panic!("{e:?}");
+            };
+            assert_eq!((ours, theirs), (SESSION, [2; 16]));
             let r = refusals(&b, 1).await;
-            assert!(
-                matches!(*r[0], Error::PeerSession { ours, theirs, .. } if ours == [2; 16] && theirs == SESSION),
-                "{r:?}"
-            );
+            let Error::PeerSession { ours, theirs, .. } = *r[0] else {
+                panic!("{r:?}");
+            };
+            assert_eq!((ours, theirs), ([2; 16], SESSION));
             // A "listener" that accepts and says nothing.
             let mute = tokio::net::TcpListener::bind((LOOPBACK, 0)).await.unwrap();
             let mute_addr = mute.local_addr().unwrap();
@@ -1129,9 +1213,47 @@ mod tests {
             bad.send(frame::encode(&halo(1, 1))).await.unwrap();
             let (_, e) = down(next(&mut b_events).await, 8, false);
             assert!(matches!(e, Error::Malformed { .. }), "{e:?}");
+            // A frame over the limit (written by hand: the codec would not).
+            let mut bad = dialer(b_addr, config(0).token.as_ref(), SESSION, 9)
+                .await
+                .unwrap();
+            let over = (config(2).max_frame as u32 + 1).to_be_bytes();
+            tokio::io::AsyncWriteExt::write_all(bad.get_mut(), &over)
+                .await
+                .unwrap();
+            let (_, e) = down(next(&mut b_events).await, 9, false);
+            assert!(
+                matches!(e, Error::FrameTooLarge { limit, .. } if limit == config(2).max_frame),
+                "{e:?}"
+            );
             let (mut a, _, _a_events) = peers(config(1)).await;
             a.send(2, b_addr, halo(1, 1));
             received(next(&mut b_events).await, 1, &halo(1, 1));
+        });
+    }
+
+    /// A link the machine gives up closes at once, on its side without an event, and is
+    /// `Down` on the other's; either end may hang up.
+    #[test]
+    fn a_link_given_up_is_closed_without_an_event() {
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(config(1)).await;
+            let (mut b, b_addr, mut b_events) = peers(config(2)).await;
+            let la = a.send(2, b_addr, halo(1, 1));
+            let lb = received(next(&mut b_events).await, 1, &halo(1, 1));
+            assert!(b.hang_up(1, lb));
+            assert!(!b.answer(1, lb, FromPeer::Heartbeat));
+            let (link, _) = down(next(&mut a_events).await, 2, true);
+            assert_eq!(link, la);
+            let again = a.send(2, b_addr, halo(2, 1));
+            let lb = received(next(&mut b_events).await, 1, &halo(2, 1));
+            assert!(a.hang_up(2, again));
+            assert!(!a.hang_up(2, again));
+            let (link, _) = down(next(&mut b_events).await, 1, false);
+            assert_eq!(link, lb);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(matches!(a_events.try_recv(), Err(TryRecvError::Empty)));
+            assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
         });
     }
 

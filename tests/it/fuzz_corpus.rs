@@ -2,8 +2,9 @@
 //! normal test: no input may panic, and the valid seeds (`valid-*`) must decode.
 //!
 //! Targets: `manifest` and `part` (snapshot files), `frame` (the cluster's messages in both
-//! directions, and the length-delimited framing) and `handshake` (the handshake's five
-//! decoders). The checks are `fuzz/checks.rs`, shared with the fuzz targets.
+//! directions, and the length-delimited framing), `handshake` (the handshake's five
+//! decoders) and `peer` (the handshake and messages of the links between worker processes,
+//! protocol 20). The checks are `fuzz/checks.rs`, shared with the fuzz targets.
 //!
 //! The hand-made seeds (`seed-*` and `valid-*`) are written by [`seeds`]; regenerate them
 //! after a format change with
@@ -19,14 +20,15 @@ use bytes::Bytes;
 use malleable::Layout;
 use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
 use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply, WorkerLayout};
+use malleable::cluster::peer::{FromPeer, PeerHello, PeerProof, PeerRefusal, PeerReply, ToPeer};
 use malleable::snapshot::{Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
 #[path = "../../fuzz/checks.rs"]
 mod checks;
 
 use checks::{
-    LIMIT, frame_target, framed, handshake_target, manifest_target, part_target, versioned,
-    versioned_as,
+    LIMIT, frame_target, framed, handshake_target, manifest_target, part_target, peer_target,
+    versioned, versioned_as,
 };
 
 fn corpus(target: &str) -> PathBuf {
@@ -73,6 +75,11 @@ fn frame_corpus_never_panics() {
 #[test]
 fn handshake_corpus_never_panics() {
     assert!(replay("handshake", handshake_target) >= 10);
+}
+
+#[test]
+fn peer_corpus_never_panics() {
+    assert!(replay("peer", peer_target) >= 10);
 }
 
 fn manifest(chunks: u64, done: u64, parts: u64, blob: usize) -> Manifest {
@@ -859,7 +866,140 @@ fn seeds() -> BTreeMap<(&'static str, String), Vec<u8>> {
         "seed-http-request",
         b"GET / HTTP/1.1\r\nHost: 198.51.100.7\r\n\r\n".to_vec(),
     );
+
+    peer_seeds(&mut seeds);
     seeds
+}
+
+/// A halo of `len` bytes.
+fn a_halo(seq: u64, len: usize) -> ToPeer {
+    ToPeer::Halo {
+        seq,
+        generation: 2,
+        phase: 41,
+        from: 17,
+        to: 18,
+        bytes: (0..len).map(|i| (i * 13) as u8).collect::<Vec<u8>>().into(),
+    }
+}
+
+/// The seeds of the `peer` target: every message of the handshake between worker processes
+/// and of the links after it, a link's frames as a stream, and hostile inputs.
+fn peer_seeds(seeds: &mut BTreeMap<(&'static str, String), Vec<u8>>) {
+    let mut p = |name: &str, bytes| seeds.insert(("peer", name.to_owned()), bytes);
+    let hello = PeerHello {
+        session: [0xa5; 16],
+        from: 300,
+        nonce: nonce(5),
+    };
+    p("valid-hello", versioned(&hello));
+    let replies = [
+        (
+            "challenge",
+            PeerReply::Challenge {
+                nonce: nonce(6),
+                proof: nonce(7),
+            },
+        ),
+        ("welcome", PeerReply::Welcome),
+        ("refused-version", PeerReply::Refused(PeerRefusal::Version)),
+        ("refused-auth", PeerReply::Refused(PeerRefusal::Auth)),
+        (
+            "refused-session",
+            PeerReply::Refused(PeerRefusal::Session {
+                session: [0x5a; 16],
+            }),
+        ),
+    ];
+    for (name, reply) in &replies {
+        p(&format!("valid-reply-{name}"), versioned(reply));
+        p(&format!("valid-welcome-{name}"), encode(reply).to_vec());
+    }
+    let proof = encode(&PeerProof { proof: nonce(8) });
+    p("valid-proof", proof.to_vec());
+    let to_peer = [
+        ("halo", a_halo(1, 24)),
+        ("halo-empty", a_halo(u64::MAX, 0)),
+        ("heartbeat", ToPeer::Heartbeat),
+        (
+            "piece",
+            ToPeer::Piece {
+                more: true,
+                bytes: Bytes::from_static(b"\x00\x01\x02"),
+            },
+        ),
+    ];
+    for (name, msg) in &to_peer {
+        p(&format!("valid-to-peer-{name}"), encode(msg).to_vec());
+    }
+    let from_peer = [
+        ("ack-kept", FromPeer::Ack { seq: 1, kept: true }),
+        (
+            "ack-refused",
+            FromPeer::Ack {
+                seq: 1 << 40,
+                kept: false,
+            },
+        ),
+        ("heartbeat", FromPeer::Heartbeat),
+        (
+            "piece",
+            FromPeer::Piece {
+                more: false,
+                bytes: Bytes::from_static(b"\x01"),
+            },
+        ),
+    ];
+    for (name, msg) in &from_peer {
+        p(&format!("valid-from-peer-{name}"), encode(msg).to_vec());
+    }
+    // What a listener reads on a link: the hello, the proof, a heartbeat, a halo in pieces
+    // under the target's frame limit, and a short halo.
+    let hello_frame = versioned(&hello);
+    let heartbeat = encode(&ToPeer::Heartbeat);
+    let pieces: Vec<Bytes> = frame::Frames::new(&a_halo(2, 3 * LIMIT), LIMIT).collect();
+    assert!(pieces.len() > 3);
+    let short = encode(&a_halo(3, 5));
+    let mut link: Vec<&[u8]> = vec![&hello_frame, &proof, &heartbeat];
+    link.extend(pieces.iter().map(|p| &p[..]));
+    link.push(&short);
+    p("valid-stream-link", stream(&link));
+    // Frames that decode, of a message that does not: a whole halo in the middle of a pieced
+    // one.
+    p(
+        "valid-stream-interrupted-pieces",
+        stream(&[&pieces[0], &short, &pieces[1]]),
+    );
+    // Hostile: nothing, an HTTP request, another protocol or version, cut or padded hellos,
+    // a short proof, unknown variants, a halo claiming u64::MAX bytes, a bool that is not one.
+    p("seed-empty-input", vec![]);
+    p(
+        "seed-http-request",
+        b"GET / HTTP/1.1\r\nHost: 198.51.100.7\r\n\r\n".to_vec(),
+    );
+    p(
+        "seed-wrong-magic",
+        versioned_as(b"MALLEABX", PROTOCOL_VERSION, &hello),
+    );
+    p(
+        "seed-wrong-version",
+        versioned_as(&frame::MAGIC, PROTOCOL_VERSION + 1, &hello),
+    );
+    p(
+        "seed-version-previous",
+        versioned_as(&frame::MAGIC, PROTOCOL_VERSION - 1, &hello),
+    );
+    let full = versioned(&hello);
+    p("seed-truncated-hello", full[..full.len() - 4].to_vec());
+    p("seed-hello-trailing-byte", [&full[..], &[0]].concat());
+    p("seed-proof-short", vec![9; 31]);
+    p("seed-unknown-variant", vec![3]);
+    p("seed-unknown-refusal", vec![2, 3]);
+    p(
+        "seed-halo-huge-length",
+        [&[0u8, 1, 1, 1, 1, 1][..], &[0xff; 9], &[0x01]].concat(),
+    );
+    p("seed-ack-not-a-bool", vec![0, 5, 2]);
 }
 
 /// The hostile seeds of the cluster targets are refused by every decoder (so that each one
@@ -870,6 +1010,7 @@ fn cluster_hostile_seeds_decode_nothing() {
         let run = match target {
             "frame" => frame_target,
             "handshake" => handshake_target,
+            "peer" => peer_target,
             _ => continue,
         };
         assert_eq!(
