@@ -1183,6 +1183,12 @@ impl<J: Simulated> History<J> {
         if let Some(k) = (0..self.replies.0).find(|k| !self.replies.1.contains(k)) {
             return Err(format!("snapshot request {k} was never answered"));
         }
+        if let Some(p) = self.procs.iter().find(|p| !p.sim.hung_up.is_empty()) {
+            return Err(format!(
+                "{} ended the links of honest peers {:?}",
+                p.id, p.sim.hung_up
+            ));
+        }
         let job_id = self.config.snapshots.job_id::<J>();
         for epoch in self.committed()? {
             let id = SnapshotId::new(job_id.clone(), epoch);

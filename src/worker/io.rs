@@ -424,7 +424,10 @@ impl Io {
                             plane.accepted.insert(from, link);
                             machine.peer_received(from, msg);
                         }
-                        PeerEvent::Answered { to, msg, .. } => machine.peer_answered(to, msg),
+                        PeerEvent::Answered { to, link, msg } => {
+                            tracing::trace!(peer = to, ?link, "an answer from a peer");
+                            machine.peer_answered(to, msg);
+                        }
                         PeerEvent::Down { process, link, dialled: true, error } => {
                             if plane.dialled.get(&process) == Some(&link) {
                                 plane.dialled.remove(&process);
@@ -463,10 +466,12 @@ impl Io {
         let (written, sent) = machine.parts();
         self.parts_written.set(written);
         self.parts_sent.set(sent);
-        self.peer_counts.set(machine.peer_counts());
+        let mut counts = machine.peer_counts();
         if let Some(peers) = plane.peers.take() {
+            counts.refused_handshakes = peers.refusals().len() as u64;
             peers.close();
         }
+        self.peer_counts.set(counts);
         match ended {
             // The coordinator ends a job by sending `End` and closing its socket. What this
             // process wrote in between (a heartbeat, a slot's report) may reach a closed
@@ -537,6 +542,13 @@ impl Io {
                         (_, Err(e)) => {
                             machine.peer_down(to, format!("its address {addr:?} is none: {e}"))
                         }
+                    }
+                }
+                Out::HangUp { to } => {
+                    if let (Some(peers), Some(link)) =
+                        (plane.peers.as_mut(), plane.accepted.remove(&to))
+                    {
+                        peers.hang_up(to, link);
                     }
                 }
                 Out::Answer { to, msg } => {

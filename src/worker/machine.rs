@@ -156,6 +156,12 @@ pub(super) enum Out {
         /// The frame.
         msg: FromPeer,
     },
+    /// End the link peer process `to` dialled: it broke the peer protocol (a halo for a
+    /// chunk the job does not have).
+    HangUp {
+        /// The peer's number.
+        to: u64,
+    },
     /// This process's number and the run's session, from the roster (the pump's peer
     /// links use them; links of another session end).
     Roster {
@@ -337,8 +343,10 @@ pub(super) struct Machine {
     /// Which slots of each thread are still workers of the job; a thread with none is
     /// closed.
     live: Vec<[bool; SLOTS_PER_THREAD as usize]>,
-    /// The phase of the job value the pump holds, once one came.
+    /// The phase of the job value the pump holds, once one came, and the job's number of
+    /// chunks then.
     phase: Option<u64>,
+    chunks: Option<u64>,
     /// This process asked to leave.
     left: bool,
     /// The end was decided: nothing more is taken.
@@ -438,6 +446,11 @@ pub(super) struct PeerCounts {
     pub(super) accepted: u64,
     /// Halos sent up after all because their peer's link was down.
     pub(super) unreachable: u64,
+    /// Links of peers that broke the peer protocol, ended here.
+    pub(super) refused_links: u64,
+    /// Handshakes of strangers refused by this process's listener (filled by the pump, at
+    /// most the 256 it remembers).
+    pub(super) refused_handshakes: u64,
 }
 
 impl Machine {
@@ -449,6 +462,7 @@ impl Machine {
             next_beat: now,
             config,
             phase: None,
+            chunks: None,
             left: false,
             ended: false,
             keeper: Keeper::default(),
@@ -504,6 +518,16 @@ impl Machine {
             return;
         };
         self.peer_counts.received += 1;
+        if self.chunks.is_some_and(|n| sender >= n || to >= n) {
+            tracing::warn!(
+                peer = from,
+                from = sender,
+                to,
+                "a peer pushed a halo between chunks the job does not have: its link ends"
+            );
+            self.peer_counts.refused_links += 1;
+            return self.out.push_back(Out::HangUp { to: from });
+        }
         let current = self.peering.as_ref().and_then(|p| p.generation);
         let kept = self.config.partitioned
             && current == Some(generation)
@@ -1047,6 +1071,7 @@ impl Machine {
             }),
             ToWorker::Phase { phase, chunks, job } => {
                 self.phase = Some(phase);
+                self.chunks = Some(chunks);
                 self.code(Code::Phase { phase, chunks, job }, None);
             }
             ToWorker::Run {
@@ -2684,6 +2709,10 @@ mod tests {
         m.peer_received(9, push(7, 4, 3, 3));
         assert!(!answer(&mut m));
         assert_eq!(m.peer_counts().accepted, 2);
+        // A halo for a chunk past the job's last (8 of them) ends that peer's link.
+        m.peer_received(9, push(8, 4, 3, 8));
+        assert!(matches!(&polled(&mut m)[..], [Out::HangUp { to: 9 }]));
+        assert_eq!(m.peer_counts().refused_links, 1);
     }
 
     #[test]

@@ -90,9 +90,6 @@ use crate::wire::transport;
 mod halos;
 mod io;
 mod machine;
-// The links of the peer data plane; the peer protocol's machine that drives them comes
-// next, and uses them.
-#[cfg_attr(not(test), allow(dead_code))]
 mod peers;
 // Built for the crate's tests, and with the hidden `sim` feature for its benches.
 #[cfg(any(test, feature = "sim"))]
@@ -402,6 +399,11 @@ pub struct PeerTraffic {
     /// Pushes that failed because their peer was unreachable (they went through the
     /// coordinator).
     pub halos_unreachable: u64,
+    /// Links of peers that broke the peer protocol, ended by this process.
+    pub links_refused: u64,
+    /// Connections to this process's peer listener whose handshake was refused (a stranger,
+    /// another token, another run; at most the last 256 are counted).
+    pub handshakes_refused: u64,
 }
 
 /// A number of seconds in an environment variable.
@@ -656,6 +658,8 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
                 halos_received: c.received,
                 halos_kept_here: c.accepted,
                 halos_unreachable: c.unreachable,
+                links_refused: c.refused_links,
+                handshakes_refused: c.refused_handshakes,
             }
         },
     })

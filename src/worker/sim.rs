@@ -71,6 +71,8 @@ pub(crate) struct SimProcess<J: Job> {
     peer_out: VecDeque<(u64, PeerFrame)>,
     /// Whether it listens for its peers once it knows its number, and whether it does.
     listens: (bool, bool),
+    /// Peers whose link this process ended (they broke the peer protocol).
+    pub(crate) hung_up: Vec<u64>,
     ended: Option<Result<bool, Error>>,
 }
 
@@ -115,6 +117,7 @@ impl<J: Job> SimProcess<J> {
             outbox: VecDeque::new(),
             peer_out: VecDeque::new(),
             listens: (false, false),
+            hung_up: Vec::new(),
             ended: None,
         };
         p.drive();
@@ -286,6 +289,7 @@ impl<J: Job> SimProcess<J> {
                 }
                 Out::Peer { to, msg, .. } => self.peer_out.push_back((to, PeerFrame::To(msg))),
                 Out::Answer { to, msg } => self.peer_out.push_back((to, PeerFrame::From(msg))),
+                Out::HangUp { to } => self.hung_up.push(to),
                 Out::Roster { me, .. } => {
                     if self.listens == (true, false) {
                         self.listens.1 = true;
