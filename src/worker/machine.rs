@@ -2476,8 +2476,11 @@ mod tests {
         }
     }
 
+    /// The pushes and answers among some orders, and the messages for the coordinator.
+    type PeerOuts = (Vec<(u64, ToPeer)>, Vec<(u64, FromPeer)>, Vec<ToCoordinator>);
+
     /// The pushes and answers among `outs`, and the messages for the coordinator.
-    fn peer_outs(outs: Vec<Out>) -> (Vec<(u64, ToPeer)>, Vec<(u64, FromPeer)>, Vec<ToCoordinator>) {
+    fn peer_outs(outs: Vec<Out>) -> PeerOuts {
         let (mut pushed, mut answers, mut sent) = (Vec::new(), Vec::new(), Vec::new());
         for o in outs {
             match o {
