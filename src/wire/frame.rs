@@ -59,7 +59,14 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// in collectives ([`Exchange`](crate::Exchange)): `Done` and `Exported` address each piece
 /// (`None`: to every partition, an allgather's), `Begin` and `Released` name each piece's
 /// sender, and `Phase` carries the job's number of chunks (an all-to-all addresses them all).
-/// Version 20: worker processes exchange halos directly (`wire::peer`).
+/// Version 19: a `Run` of a held partition grants the slot the held partitions queued after
+/// it (`Run::then`; `Recall` and `Returned` give back those not started), and what goes to or
+/// from one process at once goes in one `Batch`. Version 20: worker processes exchange halos
+/// directly ([`peer`](super::peer)): `Peers` tells a process its number, the run's session and
+/// generation and where the receivers of its halos are; a process says where it listens
+/// (`Listening`) and which peer it cannot reach (`Unreachable`); a `Done` names a halo its
+/// receiver's process kept after a push ([`Halo::KeptAt`]); `Released` names the phase of the
+/// halos it carries.
 pub const PROTOCOL_VERSION: u32 = 20;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
