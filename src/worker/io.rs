@@ -59,8 +59,6 @@ struct Plane {
     events: tokio::sync::mpsc::UnboundedSender<PeerEvent>,
     /// The link each peer dialled last.
     accepted: std::collections::HashMap<u64, LinkId>,
-    /// The link to each peer this process dialled last (a `Down` of an older one is old news).
-    dialled: std::collections::HashMap<u64, LinkId>,
 }
 
 /// What background tasks of the I/O loop report.
@@ -382,7 +380,6 @@ impl Io {
             peers: None,
             events: peer_tx,
             accepted: std::collections::HashMap::new(),
-            dialled: std::collections::HashMap::new(),
         };
         let (bg_tx, mut bg_rx) = unbounded_channel();
         let mut pump = Pump::<J> {
@@ -428,11 +425,11 @@ impl Io {
                             tracing::trace!(peer = to, ?link, "an answer from a peer");
                             machine.peer_answered(to, msg);
                         }
+                        // Whichever link it was: what went on it and is not answered may or
+                        // may not have arrived, and goes through the coordinator.
                         PeerEvent::Down { process, link, dialled: true, error } => {
-                            if plane.dialled.get(&process) == Some(&link) {
-                                plane.dialled.remove(&process);
-                                machine.peer_down(process, error.to_string());
-                            }
+                            tracing::debug!(peer = process, ?link, "a link to a peer is down");
+                            machine.peer_down(process, error.to_string());
                         }
                         // The dialer hears of it and sends what it had pushed up instead.
                         PeerEvent::Down { .. } => {}
@@ -535,8 +532,7 @@ impl Io {
                 Out::Peer { to, addr, msg } => {
                     match (plane.peers.as_mut(), addr.parse::<std::net::SocketAddr>()) {
                         (Some(peers), Ok(at)) => {
-                            let link = peers.send(to, at, msg);
-                            plane.dialled.insert(to, link);
+                            peers.send(to, at, msg);
                         }
                         (None, _) => machine.peer_down(to, "this process has no peer links".into()),
                         (_, Err(e)) => {
