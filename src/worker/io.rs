@@ -362,6 +362,7 @@ impl Io {
             lease: self.lease,
             grace: self.grace,
             partitioned: J::OWNERSHIP.is_partitioned(),
+            direct: self.direct.is_some(),
             threads: threads.len(),
         };
         let mut machine = Machine::new(config, std::time::Instant::now());

@@ -316,6 +316,9 @@ pub(super) struct Config {
     pub(super) partitioned: bool,
     /// Compute threads, each with [`SLOTS_PER_THREAD`] slots.
     pub(super) threads: usize,
+    /// Whether this process pushes halos to its peers (and takes theirs): without, a
+    /// roster is taken for nothing, and every halo goes through the coordinator.
+    pub(super) direct: bool,
 }
 
 /// A message about a chunk waiting behind the write of that chunk's held partition: the
@@ -1265,7 +1268,9 @@ impl Machine {
                     return self
                         .fail(self.bad("a roster of peers for a job without partitions".into()));
                 }
-                self.roster(me, session, generation, addrs, holders);
+                if self.config.direct {
+                    self.roster(me, session, generation, addrs, holders);
+                }
             }
             ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
         }
@@ -1560,6 +1565,7 @@ mod tests {
             grace: Some(Duration::from_millis(1500)),
             partitioned,
             threads,
+            direct: true,
         };
         let mut m = Machine::new(config, t0);
         m.tick(t0, vec![0; threads]);

@@ -91,6 +91,7 @@ impl<J: Job> SimProcess<J> {
             grace: None,
             partitioned: J::OWNERSHIP.hooks.is_some(),
             threads,
+            direct: true,
         };
         let held = HeldParts::default();
         let (out, reports): (UnboundedSender<ToCoordinator>, _) = unbounded_channel();
