@@ -291,6 +291,9 @@ pub(crate) struct Remotes {
     pub(crate) halos: (u64, u64),
     /// What crossed to and from the processes ([`Traffic`]).
     pub(crate) traffic: Traffic,
+    /// Emptied outboxes of the last barrier (`route`), filled again by the next phase's
+    /// exports (`count_halos`) instead of a new one for each.
+    pub(crate) spare: Vec<Outbox<HeldHalo>>,
 }
 
 impl Remotes {
@@ -386,6 +389,7 @@ impl Remotes {
         begins: Vec<(ProcessId, ChunkId, Inbox<frame::Halo>)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
+        self.outbox.reserve(begins.len() + self.conns.len());
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -413,19 +417,19 @@ impl Remotes {
         id: ProcessId,
         halos: Vec<(Option<u64>, frame::Halo)>,
     ) -> Outbox<HeldHalo> {
-        halos
-            .into_iter()
-            .map(|(to, h)| {
-                match &h {
-                    frame::Halo::Kept => self.halos.0 += 1,
-                    frame::Halo::Sent(b) => {
-                        self.halos.1 += 1;
-                        self.traffic.halo_bytes_in += b.len() as u64;
-                    }
+        let mut out = self.spare.pop().unwrap_or_default();
+        out.reserve(halos.len());
+        for (to, h) in halos {
+            match &h {
+                frame::Halo::Kept => self.halos.0 += 1,
+                frame::Halo::Sent(b) => {
+                    self.halos.1 += 1;
+                    self.traffic.halo_bytes_in += b.len() as u64;
                 }
-                (to, HeldHalo::from_wire(h, id))
-            })
-            .collect()
+            }
+            out.push((to, HeldHalo::from_wire(h, id)));
+        }
+        out
     }
 
     /// Whether no partition is on its way from a worker process.

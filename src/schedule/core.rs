@@ -264,7 +264,10 @@ impl<R: Reducer, S> Core<R, S> {
         let len = plan.len();
         if matches!(self.pending, Pending::Owned(_)) {
             // Every chunk is pending with the partition its last phase left, on its holder.
-            self.suspended = std::mem::take(&mut self.kept);
+            // (The maps trade places, so that the phase's partitions fill a table of the
+            // right size rather than grow one again.)
+            std::mem::swap(&mut self.suspended, &mut self.kept);
+            self.kept.clear();
             self.later_phase = true;
             let speeds = self.owner_view();
             if let Pending::Owned(o) = &mut self.pending {
