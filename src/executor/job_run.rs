@@ -764,7 +764,7 @@ impl<J: Job> State<J> {
             }
             for (chunk, held) in self.core.kept_mut() {
                 if let Some((live, halos)) = decoded.remove(&chunk) {
-                    *held = Held::Live(live);
+                    *held = Held::Live(Box::new(live));
                     if let Some(out) = halos {
                         self.exports[chunk as usize] = Some(live_outbox(out));
                     }

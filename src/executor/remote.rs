@@ -983,7 +983,7 @@ impl<J: Job> State<J> {
                 Ok(part) => {
                     let encode = || Ok(Bytes::from(codec::encode("a chunk state", &part)?));
                     self.held_arrived(chunk, &raw, encode);
-                    self.restate(chunk, Held::Live(part));
+                    self.restate(chunk, Held::Live(Box::new(part)));
                 }
                 Err(e) => self.fail(e),
             }
