@@ -44,7 +44,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::dynamic::Pile;
-use super::idhash::IdMap;
+use super::idhash::{ChunkMap, IdMap};
 use super::owned::Owners;
 use super::static_::Deal;
 use super::{Plan, Schedule};
@@ -202,12 +202,12 @@ pub struct Core<R: Reducer, S> {
     plan: Plan,
     pending: Pending,
     /// States of pending chunks that were started and handed back.
-    suspended: IdMap<ChunkId, S>,
+    suspended: ChunkMap<S>,
     /// Last reported states of running chunks, for when their worker is lost.
     known: IdMap<ChunkId, S>,
     /// Owned partitions: the partitions of the phase's done chunks, which the next phase
-    /// runs from.
-    kept: IdMap<ChunkId, S>,
+    /// runs from. (It and `suspended` are walked in chunk order: `ChunkMap`.)
+    kept: ChunkMap<S>,
     /// Owned partitions: the phase is not the job's first, so every partition has a state
     /// that only its holder had: one lost with its worker cannot be made again.
     later_phase: bool,
@@ -244,9 +244,9 @@ impl<R: Reducer, S> Core<R, S> {
             reducer,
             plan: Plan::Uniform { n: 0, size: 1 },
             pending,
-            suspended: IdMap::default(),
+            suspended: ChunkMap::default(),
             known: IdMap::default(),
-            kept: IdMap::default(),
+            kept: ChunkMap::default(),
             later_phase: false,
             lost: Vec::new(),
             merge,
