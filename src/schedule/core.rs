@@ -204,9 +204,9 @@ pub struct Core<R: Reducer, S> {
     /// States of pending chunks that were started and handed back.
     suspended: ChunkMap<S>,
     /// Last reported states of running chunks, for when their worker is lost.
-    known: IdMap<ChunkId, S>,
+    known: ChunkMap<S>,
     /// Owned partitions: the partitions of the phase's done chunks, which the next phase
-    /// runs from. (It and `suspended` are walked in chunk order: `ChunkMap`.)
+    /// runs from. (The chunks' tables are walked in chunk order: `ChunkMap`.)
     kept: ChunkMap<S>,
     /// Owned partitions: the phase is not the job's first, so every partition has a state
     /// that only its holder had: one lost with its worker cannot be made again.
@@ -245,7 +245,7 @@ impl<R: Reducer, S> Core<R, S> {
             plan: Plan::Uniform { n: 0, size: 1 },
             pending,
             suspended: ChunkMap::default(),
-            known: IdMap::default(),
+            known: ChunkMap::default(),
             kept: ChunkMap::default(),
             later_phase: false,
             lost: Vec::new(),
