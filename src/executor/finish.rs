@@ -203,7 +203,7 @@ impl<J: Job> State<J> {
                             crate::codec::decode::<J::Chunk>("a chunk state", b)
                         })?
                         .map_err(|e| self.snap.from_snapshot.blame(chunk, e.into()))?;
-                        *held = Held::Live(part);
+                        *held = Held::Live(Box::new(part));
                     }
                     if let Held::Live(part) = held {
                         crate::run::output(&hooks, part, ran, input, f.phase, chunk)?;

@@ -89,28 +89,27 @@ impl HeldHalo {
     }
 
     /// The halos of an inbox on the wire, for partition `chunk` held by worker process
-    /// `holder`.
+    /// `holder`: `inbox` is drained (the barrier reuses it).
     pub(crate) fn wire<J: Job>(
-        inbox: Inbox<HeldHalo>,
+        inbox: &mut Inbox<HeldHalo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
         holder: ProcessId,
     ) -> Result<Inbox<crate::wire::frame::Halo>> {
         use crate::wire::frame::Halo as Wire;
-        inbox
-            .into_iter()
-            .map(|(from, h)| {
-                Ok((
-                    from,
-                    match h {
-                        HeldHalo::Bytes(b) => Wire::Sent(b),
-                        HeldHalo::Live(h) => Wire::Sent((hooks.encode_halo)(&h)?.into()),
-                        HeldHalo::Kept(conn) if conn == holder => Wire::Kept,
-                        HeldHalo::Kept(conn) => return Err(kept_astray(conn, chunk)),
-                    },
-                ))
-            })
-            .collect()
+        let mut wire = Vec::with_capacity(inbox.len());
+        for (from, h) in inbox.drain(..) {
+            wire.push((
+                from,
+                match h {
+                    HeldHalo::Bytes(b) => Wire::Sent(b),
+                    HeldHalo::Live(h) => Wire::Sent((hooks.encode_halo)(&h)?.into()),
+                    HeldHalo::Kept(conn) if conn == holder => Wire::Kept,
+                    HeldHalo::Kept(conn) => return Err(kept_astray(conn, chunk)),
+                },
+            ));
+        }
+        Ok(wire)
     }
 }
 
@@ -118,15 +117,20 @@ impl HeldHalo {
 /// each in sender order (`inboxes` is the barrier's, reused: emptied first). A piece
 /// addressed to everyone (an allgather's) goes to every partition. A live piece owned by
 /// one receiver addressed to everyone cannot be: it is an internal error.
+///
+/// The emptied outboxes go to `spare` (up to `len` of them), for the next phase's exports
+/// (`Remotes::count_halos`): a phase then allocates no outbox.
 pub(crate) fn route(
     exports: impl IntoIterator<Item = Option<Outbox<HeldHalo>>>,
     len: usize,
     inboxes: &mut Vec<Inbox<HeldHalo>>,
+    spare: &mut Vec<Outbox<HeldHalo>>,
 ) -> Result<()> {
     inboxes.iter_mut().for_each(Vec::clear);
     inboxes.resize_with(len, Vec::new);
     for (from, out) in exports.into_iter().enumerate() {
-        for (to, h) in out.into_iter().flatten() {
+        let Some(mut out) = out else { continue };
+        for (to, h) in out.drain(..) {
             match to {
                 Some(to) => {
                     if let Some(inbox) = inboxes.get_mut(to as usize) {
@@ -144,6 +148,9 @@ pub(crate) fn route(
                     }
                 }
             }
+        }
+        if spare.len() < len {
+            spare.push(out);
         }
     }
     Ok(())
@@ -749,7 +756,7 @@ impl<J: Job> State<J> {
             }
             for (chunk, held) in self.core.kept_mut() {
                 if let Some((live, halos)) = decoded.remove(&chunk) {
-                    *held = Held::Live(live);
+                    *held = Held::Live(Box::new(live));
                     if let Some(out) = halos {
                         self.exports[chunk as usize] = Some(live_outbox(out));
                     }
@@ -774,10 +781,15 @@ impl<J: Job> State<J> {
         }
         // Every chunk's pieces, sorted into their receivers' inboxes.
         let (mut inboxes, mut live) = std::mem::take(&mut self.inboxes);
-        route(self.exports.drain(..), len, &mut inboxes)?;
+        route(
+            self.exports.drain(..),
+            len,
+            &mut inboxes,
+            &mut self.remote.spare,
+        )?;
         // What partitions gather at this barrier, built once for all (`Pieces::concat`).
         let gathered = crate::exchange::Gathered::default();
-        let mut remote_begins = Vec::new();
+        let mut remote_begins = Vec::with_capacity(len);
         for (chunk, held) in self.core.kept_mut() {
             // The partition changes: no part of it in the store is current any more.
             self.snap.on_run(chunk);
@@ -796,17 +808,14 @@ impl<J: Job> State<J> {
                 }
                 // Held by a worker process: it gets the halos after the new job value; one on
                 // its way back here (its holder leaves) takes them when it arrives.
-                Held::Elsewhere(conn) => {
-                    let inbox = std::mem::take(inbox);
-                    match self.remote.fetching(chunk) {
-                        Some(fetch) => *fetch = Fetch::Begin(inbox),
-                        None => remote_begins.push((
-                            *conn,
-                            chunk,
-                            HeldHalo::wire(inbox, &hooks, chunk, *conn)?,
-                        )),
-                    }
-                }
+                Held::Elsewhere(conn) => match self.remote.fetching(chunk) {
+                    Some(fetch) => *fetch = Fetch::Begin(std::mem::take(inbox)),
+                    None => remote_begins.push((
+                        *conn,
+                        chunk,
+                        HeldHalo::wire(inbox, &hooks, chunk, *conn)?,
+                    )),
+                },
                 Held::Bytes(_) | Held::Fetch(_) | Held::Asked(_) => {
                     return Err(Error::Internal(format!(
                         "partition {chunk} is not at hand at the barrier"
@@ -1097,7 +1106,7 @@ mod tests {
         use crate::wire::frame::Halo as Wire;
         const P3: ProcessId = ProcessId(3);
         let hooks = crate::job::Ownership::<Strips>::PARTITIONS.hooks.unwrap();
-        let wire = |h, holder| HeldHalo::wire(vec![(4, h)], &hooks, 5, holder);
+        let wire = |h, holder| HeldHalo::wire(&mut vec![(4, h)], &hooks, 5, holder);
         assert_eq!(wire(HeldHalo::Kept(P3), P3).unwrap(), vec![(4, Wire::Kept)]);
         let sent = wire(HeldHalo::Live(Piece::Own(Box::new(7u64))), P3).unwrap();
         assert_eq!(

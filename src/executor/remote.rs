@@ -328,6 +328,9 @@ pub(crate) struct Remotes {
     early: IdMap<(ChunkId, ChunkId), (ProcessId, Bytes)>,
     /// Connected processes that listen for their peers' halos.
     listeners: usize,
+    /// Emptied outboxes of the last barrier (`route`), filled again by the next phase's
+    /// exports (`count_halos`) instead of a new one for each.
+    pub(crate) spare: Vec<Outbox<HeldHalo>>,
 }
 
 impl Remotes {
@@ -426,6 +429,7 @@ impl Remotes {
         begins: Vec<(ProcessId, ChunkId, Inbox<frame::Halo>)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
+        self.outbox.reserve(begins.len() + self.conns.len());
         // Halos released for the phase that ended found their sender's `Done` by now.
         self.early.clear();
         self.tell_peers(&begins);
@@ -459,7 +463,8 @@ impl Remotes {
         chunk: ChunkId,
         halos: Vec<(Option<u64>, frame::Halo)>,
     ) -> Result<Outbox<HeldHalo>, String> {
-        let mut out = Vec::with_capacity(halos.len());
+        let mut out = self.spare.pop().unwrap_or_default();
+        out.reserve(halos.len());
         for (to, h) in halos {
             let early = to.and_then(|to| self.early.remove(&(to, chunk)));
             let held = match h {
@@ -1171,7 +1176,7 @@ impl<J: Job> State<J> {
                 Ok(part) => {
                     let encode = || Ok(Bytes::from(codec::encode("a chunk state", &part)?));
                     self.held_arrived(chunk, &raw, encode);
-                    self.restate(chunk, Held::Live(part));
+                    self.restate(chunk, Held::Live(Box::new(part)));
                 }
                 Err(e) => self.fail(e),
             }

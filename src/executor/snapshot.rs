@@ -88,11 +88,11 @@ type Commands = Vec<CutCommand<Header, Part, bytes::Bytes, Reply, Error>>;
 
 /// A state serialized on a helper thread: its chunk, whether it is a kept partition, the state
 /// (to put back) and its bytes.
-type Encoded<C> = (ChunkId, bool, C, Result<bytes::Bytes>);
+type Encoded<C> = (ChunkId, bool, Box<C>, Result<bytes::Bytes>);
 
 /// A state taken out of the ledger to serialize: its chunk, whether it is a kept partition,
 /// the state, and the bytes to start its buffer with.
-type Taken<C> = (ChunkId, bool, C, usize);
+type Taken<C> = (ChunkId, bool, Box<C>, usize);
 
 /// Snapshot bookkeeping of one job run: the pure cut (`schedule/cut.rs`), and what only the
 /// executor knows (parts in the store, epochs, timings).
@@ -502,7 +502,7 @@ impl<J: Job> State<J> {
                 .collect()
         });
         let mut encoded = IdMap::with_capacity_and_hasher(count, Default::default());
-        let mut back: IdMap<(bool, ChunkId), J::Chunk> =
+        let mut back: IdMap<(bool, ChunkId), Box<J::Chunk>> =
             IdMap::with_capacity_and_hasher(count, Default::default());
         for (c, kept, state, bytes) in done.into_iter().flatten() {
             back.insert((kept, c), state);

@@ -136,14 +136,14 @@ fn run_one<J: Job>(
             output,
             kept: kept.map(|k| {
                 st.keep_halos(chunk, exported.unwrap_or_default());
-                Held::Live(k.state)
+                Held::Live(Box::new(k.state))
             }),
             work,
         },
         Ran::Yielded { state, work } => Event::Yielded {
             worker,
             chunk,
-            state: Held::Live(state),
+            state: Held::Live(Box::new(state)),
             work,
         },
     };

@@ -66,7 +66,9 @@ pub(crate) fn output<J: Job>(
 /// done in the snapshot's phase are decoded by the coordinator at the next barrier, to export
 /// their halos (`begin_partitions`, on every core).
 pub(crate) enum Held<C> {
-    Live(C),
+    /// Boxed: the ledger moves states between its tables at every run and every end of
+    /// one, and a partition may be hundreds of bytes (most are `Elsewhere` in a cluster).
+    Live(Box<C>),
     Bytes(bytes::Bytes),
     /// An owned partition held by the worker process of this connection (the executor's
     /// number for it): only that process has its state.
@@ -84,7 +86,7 @@ impl<C: serde::Serialize + serde::de::DeserializeOwned> Held<C> {
     /// The live state, decoding it if needed (and waiting for it, if it is on its way).
     pub(crate) fn into_live(self) -> Result<C, Error> {
         match self {
-            Held::Live(c) => Ok(c),
+            Held::Live(c) => Ok(*c),
             Held::Bytes(b) => Ok(codec::decode("a chunk state", &b)?),
             Held::Fetch(rx) => match rx.recv() {
                 Ok(Ok(b)) => Ok(codec::decode("a chunk state", &b)?),

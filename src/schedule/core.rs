@@ -44,7 +44,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::dynamic::Pile;
-use super::idhash::IdMap;
+use super::idhash::{ChunkMap, IdMap};
 use super::owned::Owners;
 use super::static_::Deal;
 use super::{Plan, Schedule};
@@ -202,12 +202,12 @@ pub struct Core<R: Reducer, S> {
     plan: Plan,
     pending: Pending,
     /// States of pending chunks that were started and handed back.
-    suspended: IdMap<ChunkId, S>,
+    suspended: ChunkMap<S>,
     /// Last reported states of running chunks, for when their worker is lost.
-    known: IdMap<ChunkId, S>,
+    known: ChunkMap<S>,
     /// Owned partitions: the partitions of the phase's done chunks, which the next phase
-    /// runs from.
-    kept: IdMap<ChunkId, S>,
+    /// runs from. (The chunks' tables are walked in chunk order: `ChunkMap`.)
+    kept: ChunkMap<S>,
     /// Owned partitions: the phase is not the job's first, so every partition has a state
     /// that only its holder had: one lost with its worker cannot be made again.
     later_phase: bool,
@@ -244,9 +244,9 @@ impl<R: Reducer, S> Core<R, S> {
             reducer,
             plan: Plan::Uniform { n: 0, size: 1 },
             pending,
-            suspended: IdMap::default(),
-            known: IdMap::default(),
-            kept: IdMap::default(),
+            suspended: ChunkMap::default(),
+            known: ChunkMap::default(),
+            kept: ChunkMap::default(),
             later_phase: false,
             lost: Vec::new(),
             merge,
@@ -264,7 +264,10 @@ impl<R: Reducer, S> Core<R, S> {
         let len = plan.len();
         if matches!(self.pending, Pending::Owned(_)) {
             // Every chunk is pending with the partition its last phase left, on its holder.
-            self.suspended = std::mem::take(&mut self.kept);
+            // (The maps trade places, so that the phase's partitions fill a table of the
+            // right size rather than grow one again.)
+            std::mem::swap(&mut self.suspended, &mut self.kept);
+            self.kept.clear();
             self.later_phase = true;
             let speeds = self.owner_view();
             if let Pending::Owned(o) = &mut self.pending {

@@ -270,9 +270,9 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         if self.open.is_some() || self.writing.is_some() {
             return;
         }
-        let quiet = core.running().next().is_none();
+        // (Asked only of a suspend: a scan of the workers, at every event.)
         let (replies, suspend) = match self.suspend.take() {
-            Some(replies) if quiet => (replies, true),
+            Some(replies) if core.running().next().is_none() => (replies, true),
             Some(replies) => {
                 self.suspend = Some(replies);
                 return;

@@ -102,8 +102,33 @@ impl Owners {
     /// Starts a phase: every chunk pending, queued on its holder, then reassigned over
     /// `workers` (sorted by id, with their throughputs).
     pub(super) fn start_phase(&mut self, workers: &[(WorkerId, f64, u64)], plan: &Plan) {
-        self.queues.clear();
-        self.orphans = (0..plan.len()).collect();
+        // Each chunk goes home, in chunk order, as `reassign` takes orphans home: queued on
+        // its holder if it is among `workers`, else an orphan. (Queued here rather than made
+        // orphans first: a phase start of thousands of processes built a set of every chunk,
+        // and every queue anew.)
+        let present = |w: WorkerId| workers.binary_search_by_key(&w, |&(w, _, _)| w).is_ok();
+        self.queues.values_mut().for_each(VecDeque::clear);
+        self.orphans.clear();
+        let mut last: Option<(WorkerId, bool)> = None;
+        for c in 0..plan.len() {
+            match self.holder(c) {
+                Some(h) => {
+                    let home = match last {
+                        Some((w, home)) if w == h => home,
+                        _ => present(h),
+                    };
+                    last = Some((h, home));
+                    if home {
+                        self.queues.entry(h).or_default().push_back(c);
+                    } else {
+                        self.orphans.insert(c);
+                    }
+                }
+                None => {
+                    self.orphans.insert(c);
+                }
+            }
+        }
         self.len = plan.len() as usize;
         self.reassign(workers, plan, PHASE_SLACK);
     }
@@ -340,7 +365,7 @@ impl Owners {
         // differ by more than the slack, and partitions would cross between processes at
         // every phase.)
         let mut groups: Vec<(Group, Vec<usize>)> = Vec::new();
-        let mut group_at: std::collections::HashMap<Group, usize> = Default::default();
+        let mut group_at: IdMap<Group, usize> = IdMap::default();
         for (i, w) in ids.iter().enumerate() {
             let g = self.group_of(*w);
             let at = *group_at.entry(g).or_insert_with(|| {

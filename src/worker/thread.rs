@@ -382,7 +382,7 @@ impl<J: Job> Compute<J> {
         } = next;
         let state = if is_held {
             match lock(&queue.held).remove(&chunk) {
-                Some(part) => Some(Held::Live(part)),
+                Some(part) => Some(Held::Live(Box::new(part))),
                 None => {
                     tracing::warn!(
                         chunk,
