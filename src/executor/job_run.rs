@@ -826,6 +826,9 @@ impl<J: Job> State<J> {
         inboxes.iter_mut().for_each(Vec::clear);
         live.clear();
         self.inboxes = (inboxes, live);
+        // Halos released for the phase that ended found their sender's `Done` by now (those
+        // that did not were released for nobody).
+        self.remote.early.clear();
         if !remote_begins.is_empty() {
             let job_bytes = bytes::Bytes::from(crate::codec::encode_for_workers("the job", job)?);
             self.remote

@@ -325,7 +325,7 @@ pub(crate) struct Remotes {
     /// sender came, by `(receiver, sender)`: pushed there, kept, and sent up when the
     /// receiver left, all before the sender's report that it was kept there (two
     /// connections, no order between them). The sender's `Done` takes them.
-    early: IdMap<(ChunkId, ChunkId), (ProcessId, Bytes)>,
+    pub(crate) early: IdMap<(ChunkId, ChunkId), (ProcessId, Bytes)>,
     /// Connected processes that listen for their peers' halos.
     listeners: usize,
     /// Emptied outboxes of the last barrier (`route`), filled again by the next phase's
@@ -430,8 +430,6 @@ impl Remotes {
     ) {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
-        // Halos released for the phase that ended found their sender's `Done` by now.
-        self.early.clear();
         self.tell_peers(&begins);
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
