@@ -406,6 +406,22 @@ pub(super) fn nonce() -> Result<Nonce, Error> {
     Ok(n)
 }
 
+/// The next frame from a peer whose proof checked (its frames may be up to `limit`), or the
+/// error that ended the connection.
+pub(super) async fn next_authenticated<S: AsyncRead + AsyncWrite + Unpin>(
+    framed: &mut Framed<S, LengthDelimitedCodec>,
+    peer: &str,
+    limit: usize,
+) -> Result<bytes::BytesMut, Error> {
+    match framed.next().await {
+        Some(Ok(frame)) => Ok(frame),
+        Some(Err(e)) => Err(Error::io(peer, e, limit)),
+        None => Err(Error::Closed {
+            peer: peer.to_owned(),
+        }),
+    }
+}
+
 /// The next frame of the handshake, from a peer not yet authenticated, or the error that
 /// ended the connection: a frame over [`HANDSHAKE_MAX_FRAME`] means [`Error::NotAPeer`].
 pub(super) async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
@@ -743,15 +759,7 @@ where
     set_limit(framed, limit);
     let proof = token.prove(WORKER, &nc, &nw);
     send(framed, peer, encode(&ProofMsg { proof })).await?;
-    let welcome = match framed.next().await {
-        Some(Ok(frame)) => frame,
-        Some(Err(e)) => return Err(Error::io(peer, e, limit)),
-        None => {
-            return Err(Error::Closed {
-                peer: peer.to_owned(),
-            });
-        }
-    };
+    let welcome = next_authenticated(framed, peer, limit).await?;
     match decode_welcome(peer, &welcome)? {
         Reply::Welcome {
             job,

@@ -79,7 +79,6 @@
 //! target `peer` exercises them.
 
 use bytes::Bytes;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
@@ -88,8 +87,8 @@ use super::Error;
 use super::error::AuthFailure;
 use super::frame::{Message, decode, encode, in_frame, with_frame};
 use super::handshake::{
-    HANDSHAKE_MAX_FRAME, Nonce, Proof, Token, next_frame, no_token, nonce, send, set_limit,
-    unversioned, versioned,
+    HANDSHAKE_MAX_FRAME, Nonce, Proof, Token, next_authenticated, next_frame, no_token, nonce,
+    send, set_limit, unversioned, versioned,
 };
 
 /// One run of a job, as the coordinator names it to every worker process: 16 bytes, a new
@@ -441,15 +440,7 @@ where
     set_limit(framed, limit);
     let proof = token.prove(PEER_DIALER, &nl, &nd);
     send(framed, peer, encode(&PeerProof { proof })).await?;
-    let welcome = match framed.next().await {
-        Some(Ok(frame)) => frame,
-        Some(Err(e)) => return Err(Error::io(peer, e, limit)),
-        None => {
-            return Err(Error::Closed {
-                peer: peer.to_owned(),
-            });
-        }
-    };
+    let welcome = next_authenticated(framed, peer, limit).await?;
     match decode_peer_welcome(peer, &welcome)? {
         PeerReply::Welcome => Ok(()),
         PeerReply::Refused(PeerRefusal::Auth) => Err(Error::Auth {
