@@ -468,7 +468,7 @@ mod tests {
     use super::super::frame::{Assembler, Frames, PROTOCOL_VERSION, codec};
     use super::super::handshake::{COORDINATOR, WORKER};
     use super::*;
-    use futures::SinkExt;
+    use futures::{SinkExt, StreamExt};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const LIMIT: usize = 1 << 20;
