@@ -78,8 +78,8 @@ pub const HALOS: &str = "malleable_halos_total";
 /// `direction`: `in`, from the processes; `out`, to them).
 pub const REMOTE_MESSAGES: &str = "malleable_remote_messages_total";
 /// Times a worker process could not reach a peer of the data plane (or lost its link to
-/// it): its halos for that peer go through the coordinator until the roster's next
-/// generation.
+/// it): its halos for that peer go through the coordinator for a while (2 phases, doubling
+/// with each failure up to 64), then it is offered again.
 pub const PEERS_UNREACHABLE: &str = "malleable_peers_unreachable_total";
 /// Rollbacks to the latest committed snapshot after owned partitions were lost.
 pub const ROLLBACKS: &str = "malleable_rollbacks_total";

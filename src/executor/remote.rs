@@ -201,6 +201,10 @@ struct Told {
     /// Chunks its partitions sent halos for through the coordinator since the last barrier:
     /// at the barrier it is told where they are.
     relayed: IdSet<ChunkId>,
+    /// Peers it said it could not reach (`Unreachable`): how many times in a row, and the
+    /// phase before which it is not told of them again (its halos for them go through the
+    /// coordinator until then; each failure doubles the wait, up to 64 phases).
+    unreachable: IdMap<ProcessId, (u32, u64)>,
 }
 
 impl Conn {
@@ -243,7 +247,8 @@ pub struct Traffic {
     /// kept by the process that holds its partition, without crossing the coordinator.
     pub halos_direct: u64,
     /// Times a worker process could not reach a peer (or lost its link to it): its halos
-    /// for that peer went through the coordinator for the rest of the roster's generation.
+    /// for that peer went through the coordinator for a while (2 phases, doubling with each
+    /// failure in a row up to 64), then the peer was offered again.
     pub peers_unreachable: u64,
 }
 
@@ -430,7 +435,7 @@ impl Remotes {
     ) {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
-        self.tell_peers(&begins);
+        self.tell_peers(phase, &begins);
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -537,7 +542,7 @@ impl Remotes {
     /// generation). Queued ahead of the phase's other messages, so the phase's `Done`s
     /// can use it. Nothing is done, nor any map built, while no process listens; in a
     /// steady state only the few chunks whose halos were relayed are looked up.
-    fn tell_peers(&mut self, begins: &[(ProcessId, ChunkId, Inbox<frame::Halo>)]) {
+    fn tell_peers(&mut self, phase: u64, begins: &[(ProcessId, ChunkId, Inbox<frame::Halo>)]) {
         if self.listeners == 0 {
             // No process takes halos from its peers: everything is relayed.
             self.conns.values_mut().for_each(|c| c.told.relayed.clear());
@@ -580,10 +585,14 @@ impl Remotes {
             let mut relayed: Vec<ChunkId> = told.relayed.drain().collect();
             relayed.sort_unstable();
             for to in relayed {
-                let holder = holders
-                    .get(&to)
-                    .copied()
-                    .filter(|h| *h != id && listening.contains_key(h));
+                let holder = holders.get(&to).copied().filter(|h| {
+                    *h != id
+                        && listening.contains_key(h)
+                        && told
+                            .unreachable
+                            .get(h)
+                            .is_none_or(|&(_, until)| phase >= until)
+                });
                 if told.holders.get(&to) == Some(&holder) {
                     continue;
                 }
@@ -1926,6 +1935,15 @@ impl<J: Job> State<J> {
                 );
                 metrics::counter!(crate::metrics::PEERS_UNREACHABLE, "job" => J::NAME).increment(1);
                 self.remote.traffic.peers_unreachable += 1;
+                // Relayed for a while, then offered again (its address too): a peer that
+                // restarts, or a link that was cut for a moment, is used again.
+                let peer = ProcessId(process);
+                let told = &mut conn.told;
+                let failures = told.unreachable.get(&peer).map_or(0, |f| f.0) + 1;
+                let wait = 1u64 << failures.min(6);
+                told.unreachable.insert(peer, (failures, self.phase + wait));
+                told.addrs.remove(&peer);
+                told.holders.retain(|_, h| *h != Some(peer));
                 return Ok(());
             }
             ToCoordinator::Heartbeat { progress } => {

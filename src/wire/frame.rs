@@ -542,7 +542,8 @@ pub enum ToCoordinator {
     },
     /// Owned partitions, the peer data plane: this process could not reach process
     /// `process` (or lost its link to it); its halos for it go through the coordinator
-    /// until the next roster generation.
+    /// until the coordinator offers that peer again in a `Peers` (after a wait that doubles
+    /// with each failure, from 2 phases up to 64, or at the next rollback).
     Unreachable {
         /// The peer.
         process: u64,

@@ -74,8 +74,8 @@
 //!    waits until every push is answered ([`Machine::peer_answered`]): one the peer keeps is
 //!    reported as [`Halo::KeptAt`] that peer, one it refuses goes up as bytes after all; so
 //!    does every push to a peer whose link is down ([`Machine::peer_down`]), which the
-//!    coordinator is told once per generation (`Unreachable`) and which gets no more pushes
-//!    until the next generation. Every message behind a waiting `Done` waits too, so the
+//!    coordinator is told (`Unreachable`) and which gets no more pushes until the
+//!    coordinator offers it again (its address, in a later roster). Every message behind a waiting `Done` waits too, so the
 //!    wire's order is the order they were decided in (a heartbeat goes past: it is about no
 //!    chunk). A halo a peer pushes here ([`Machine::peer_received`]) is kept if its
 //!    partition is here, it is of this phase or the next, and its generation is this one
@@ -415,7 +415,8 @@ struct Peering {
     addrs: IdMap<u64, String>,
     /// Which process holds the partition of each chunk, as far as this process was told.
     holders: IdMap<u64, u64>,
-    /// Peers whose link is down this generation (their halos go up).
+    /// Peers whose link went down, until the coordinator offers them again (their halos go
+    /// up meanwhile).
     down: IdSet<u64>,
 }
 
@@ -581,7 +582,7 @@ impl Machine {
 
     /// The link to or from peer process `process` is down (it could not be made, or
     /// ended): every push to it not answered goes up as bytes, the coordinator is told
-    /// (once this generation), and no more halos are pushed there this generation.
+    /// (once), and no more halos are pushed there until the coordinator offers it again.
     pub(super) fn peer_down(&mut self, process: u64, reason: String) {
         if self.ended {
             return;
@@ -663,7 +664,11 @@ impl Machine {
         }
         peering.me = me;
         peering.session = session;
-        peering.addrs.extend(addrs);
+        for (p, addr) in addrs {
+            // Offered again after it was unreachable: tried again.
+            peering.down.remove(&p);
+            peering.addrs.insert(p, addr);
+        }
         for (chunk, holder) in holders {
             match holder {
                 Some(h) => peering.holders.insert(chunk, h),
@@ -2615,6 +2620,16 @@ mod tests {
         m.reported(done(0, 2, true));
         assert_eq!(sent(polled(&mut m)), vec![done(0, 2, true)]);
         assert_eq!(m.peer_counts().unreachable, 1);
+        // Offered again by the coordinator (its address in a roster): tried again.
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let (pushed, _, up) = peer_outs(polled(&mut m));
+        assert!(up.is_empty(), "{up:?}");
+        assert!(matches!(&pushed[..], [(2, ToPeer::Halo { .. })]), "{pushed:?}");
+        m.peer_answered(2, FromPeer::Ack { seq: 1, kept: true });
+        let _ = polled(&mut m);
         // A new generation (after a rollback) tries that peer again.
         m.received(t0, Some(ToWorker::Forget));
         let _ = polled(&mut m);
