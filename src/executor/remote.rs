@@ -201,7 +201,7 @@ struct Told {
     /// Chunks its partitions sent halos for through the coordinator since the last barrier:
     /// at the barrier it is told where they are.
     relayed: IdSet<ChunkId>,
-    /// Peers it said it could not reach (`Unreachable`): how many times in a row, and the
+    /// Peers it said it could not reach (`Unreachable`): how many times so far, and the
     /// phase before which it is not told of them again (its halos for them go through the
     /// coordinator until then; each failure doubles the wait, up to 64 phases).
     unreachable: IdMap<ProcessId, (u32, u64)>,
@@ -248,7 +248,7 @@ pub struct Traffic {
     pub halos_direct: u64,
     /// Times a worker process could not reach a peer (or lost its link to it): its halos
     /// for that peer went through the coordinator for a while (2 phases, doubling with each
-    /// failure in a row up to 64), then the peer was offered again.
+    /// failure up to 64), then the peer was offered again.
     pub peers_unreachable: u64,
 }
 
