@@ -2627,7 +2627,10 @@ mod tests {
         m.reported(done(0, 2, true));
         let (pushed, _, up) = peer_outs(polled(&mut m));
         assert!(up.is_empty(), "{up:?}");
-        assert!(matches!(&pushed[..], [(2, ToPeer::Halo { .. })]), "{pushed:?}");
+        assert!(
+            matches!(&pushed[..], [(2, ToPeer::Halo { .. })]),
+            "{pushed:?}"
+        );
         m.peer_answered(2, FromPeer::Ack { seq: 1, kept: true });
         let _ = polled(&mut m);
         // A new generation (after a rollback) tries that peer again.

@@ -3,6 +3,7 @@
 
 pub mod grid;
 pub mod log;
+pub mod netns;
 pub mod procs;
 pub mod raw;
 pub mod slow;

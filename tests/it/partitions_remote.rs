@@ -31,6 +31,9 @@ fn worker_process() {
     };
     common::log::log_if_asked("MALLEABLE_TEST_LOG", "worker process");
     let mut options = WorkerOptions::from_env().unwrap().threads(1);
+    if let Ok(t) = std::env::var(TIMEOUT_ENV) {
+        options = options.timeout(Duration::from_secs_f64(t.parse().unwrap()));
+    }
     if std::env::var_os(cluster::GRACE_ENV).is_some() {
         options = options.stop_on_signals();
     }
@@ -271,6 +274,68 @@ fn a_process_without_direct_halos_gets_them_through_the_coordinator() {
     assert!(t.halo_bytes_in > 0, "{t:?}");
     let (a, b) = (served(a, &a_out), served(b, &b_out));
     assert_eq!(a["pushed"] + b["pushed"], 0, "{a:?} {b:?}");
+}
+
+/// The time limit a worker process gets for its connections and handshakes (seconds), peers'
+/// included.
+const TIMEOUT_ENV: &str = "MALLEABLE_TEST_TIMEOUT";
+
+/// Two worker processes on hosts that reach the coordinator but not each other (network
+/// namespaces; the root namespace does not forward between them): each push to the other
+/// fails (its dial times out), each says so, and their halos go through the coordinator;
+/// each is offered the other again after a while and fails again. The grid is exact, and
+/// nothing was kept at a peer.
+#[test]
+fn peers_that_cannot_reach_each_other_get_their_halos_through_the_coordinator() {
+    let hosts = common::netns::Hosts::new(&format!("mwp{}", std::process::id() % 10_000), 2);
+    let token = "a token for hosts apart";
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("0.0.0.0:0")
+        .cluster_token(cluster::Token::new(token).unwrap())
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let port = exec.local_addr().unwrap().port();
+    let job = grid(24);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let start_on = |i: usize| {
+        let out = std::env::temp_dir().join(format!(
+            "malleable-partitions-remote-apart-{i}-{}.out",
+            std::process::id()
+        ));
+        let child = Command::new("ip")
+            .args(["netns", "exec", hosts.name(i)])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                crate::common::exact(module_path!(), "worker_process").as_str(),
+                "--ignored",
+                "--nocapture",
+            ])
+            .args(["--test-threads", "1"])
+            .env(ADDR_ENV, format!("{}:{port}", hosts.gateway(i)))
+            .env(TOKEN_ENV, token)
+            .env(TIMEOUT_ENV, "1")
+            .stdout(std::fs::File::create(&out).unwrap())
+            .spawn()
+            .unwrap();
+        (child, out)
+    };
+    let (a, a_out) = start_on(0);
+    let (b, b_out) = start_on(1);
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let (a, b) = (served(a, &a_out), served(b, &b_out));
+    let t = h.traffic();
+    assert_eq!(t.halos_direct, 0, "{t:?}");
+    assert!(t.peers_unreachable >= 2, "{t:?} {a:?} {b:?}");
+    for p in [&a, &b] {
+        assert!(p["unreachable"] > 0, "{p:?}");
+        assert_eq!(p["pushed"], p["unreachable"], "{p:?}");
+        assert_eq!(p["received"], 0, "{p:?}");
+    }
+    drop(hosts);
 }
 
 /// A process killed after the first phase took the only copy of its partitions: the job ends
