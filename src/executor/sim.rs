@@ -55,6 +55,9 @@ pub(crate) mod scale;
 const LEASE: Duration = Duration::from_secs(1);
 /// Heartbeats, both ways.
 const HEARTBEAT: Duration = Duration::from_millis(100);
+/// Phases without a fault after which a cut still open counts as stuck: one completes
+/// within the phase it was asked in or the next, once its answers came.
+const STUCK_CUT_PHASES: u64 = 3;
 /// Simulated time without progress after which a history counts as stuck.
 const STUCK: Duration = Duration::from_secs(60);
 /// Steps after which a history counts as endless.
@@ -392,6 +395,11 @@ struct History<J: Simulated = SimJob> {
     ops: Vec<StoreOp>,
     /// Snapshot requests asked, and those answered.
     replies: (u64, crate::schedule::idhash::IdSet<u64>),
+    /// Each request's phase and fault count when it was asked (a suspend's too), by number.
+    asked: Vec<(u64, u64)>,
+    /// A request answered "the job ended" although nothing went wrong for phases after it
+    /// was asked: its cut never completed.
+    stuck_cut: Option<String>,
     /// Store operations to fail, from the next one on.
     fail_store: u32,
     log: Vec<String>,
@@ -464,6 +472,8 @@ impl<J: Simulated> History<J> {
             next_proc: 0,
             ops: Vec::new(),
             replies: (0, Default::default()),
+            asked: Vec::new(),
+            stuck_cut: None,
             fail_store: 0,
             log: Vec::new(),
             trace: std::env::var_os("MALLEABLE_SIM_TRACE").is_some(),
@@ -521,9 +531,24 @@ impl<J: Simulated> History<J> {
             }
         }
         let ops = std::mem::take(&mut st.store_ops);
+        let (phase, faults) = (st.phase, self.tally.faults);
         for order in st.orders.drain(..) {
-            if let super::links::Order::Reply(r, _) = order {
+            if let super::links::Order::Reply(r, result) = order {
                 self.replies.1.insert(r.0);
+                // A cut asked while nothing went wrong that is still open phases later, and
+                // is given up only because the job ended, never completed: a cut that
+                // waits for an answer nobody will send.
+                if let (Err(Error::Ended { .. }), Some(&(at, f))) =
+                    (&result, self.asked.get(r.0 as usize))
+                {
+                    if f == faults && phase >= at + STUCK_CUT_PHASES && self.stuck_cut.is_none() {
+                        self.stuck_cut = Some(format!(
+                            "snapshot request {} asked in phase {at} was still open in phase \
+                             {phase}, with no fault since, and was answered \"ended\"",
+                            r.0
+                        ));
+                    }
+                }
             }
         }
         for op in ops {
@@ -1048,6 +1073,7 @@ impl<J: Simulated> History<J> {
 
     /// A new snapshot request's number.
     fn reply_to(&mut self) -> super::snapshot::Reply {
+        self.asked.push((self.state.phase, self.tally.faults));
         self.replies.0 += 1;
         super::snapshot::Reply(self.replies.0 - 1)
     }
@@ -1182,6 +1208,9 @@ impl<J: Simulated> History<J> {
     fn check_end(&mut self) -> Result<(), String> {
         if let Some(k) = (0..self.replies.0).find(|k| !self.replies.1.contains(k)) {
             return Err(format!("snapshot request {k} was never answered"));
+        }
+        if let Some(stuck) = self.stuck_cut.take() {
+            return Err(stuck);
         }
         if let Some(p) = self.procs.iter().find(|p| !p.sim.hung_up.is_empty()) {
             return Err(format!(
