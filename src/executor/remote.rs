@@ -1818,6 +1818,12 @@ impl<J: Job> State<J> {
             iterations,
             busy: Duration::from_nanos(busy_ns),
         };
+        // A slot this process had that was released since (it retired): a capture it
+        // wrote in the background after it handed its chunk back answers a cut that took
+        // the chunk from that hand-back. Late, not wrong: the process, which may still
+        // hold partitions, is not dropped for it.
+        let released =
+            |conn: &Conn, slot: u32| conn.slots.get(slot as usize).is_some_and(Option::is_none);
         let slot_of = |conn: &Conn, slot: u32| {
             conn.slots
                 .get(slot as usize)
@@ -1961,6 +1967,11 @@ impl<J: Job> State<J> {
                 return Ok(());
             }
             ToCoordinator::Captured { slot, chunk, state } => {
+                if released(conn, slot) {
+                    self.snap.captures_outstanding.answered((id, slot, chunk));
+                    tracing::debug!(conn = %id, slot, chunk, "a capture from a slot released since is dropped");
+                    return Ok(());
+                }
                 let w = slot_of(conn, slot)?;
                 self.remote_parts(id, RemotePart::Running, false);
                 if self.snap.captures_outstanding.answered((id, slot, chunk))
@@ -1972,6 +1983,11 @@ impl<J: Job> State<J> {
                 return Ok(());
             }
             ToCoordinator::CapturedPart { slot, chunk, part } => {
+                if released(conn, slot) {
+                    self.snap.captures_outstanding.answered((id, slot, chunk));
+                    tracing::debug!(conn = %id, slot, chunk, "a captured part from a slot released since is dropped");
+                    return Ok(());
+                }
                 let w = slot_of(conn, slot)?;
                 let job_id = self.config.snapshots.job_id::<J>();
                 check_part(&part, chunk, &job_id, None).map_err(bad)?;
