@@ -59,8 +59,9 @@ pub(crate) const FLAG: &str = "--processes";
 const FIRST: usize = 2;
 const MOST: usize = 3;
 
-/// The launched process that is killed (its number among those the job launched): one of
-/// the first two, since the third is the one retired.
+/// The launched process that is retired (its number among those the job launched): the
+/// third, the most recently joined. And the one killed: one of the first two.
+const RETIRED: usize = 2;
 const KILLED: usize = 0;
 
 /// How long a step may wait for what it started (a process to join, a rollback).
@@ -140,7 +141,11 @@ fn served_line(s: &Served) -> String {
         p.halos_unreachable,
         p.halos_received,
         p.halos_kept_here,
-        if s.left { "; left when retired" } else { "" }
+        if s.left {
+            "; left on a stop request"
+        } else {
+            ""
+        }
     )
 }
 
@@ -300,10 +305,17 @@ fn run<J: Job>(job: J) -> Result<(Finished<J>, Summary), BoxError> {
 /// The line of launched process `i`, once it has written it (the killed one writes none).
 fn report(folder: &Path, i: usize) -> Result<String, BoxError> {
     let pid = std::fs::read_to_string(folder.join(format!("worker-{i}.pid")))?;
-    let who = format!("worker process {i} (pid {})", pid.trim());
-    if i == KILLED {
-        return Ok(format!("{who}: killed with SIGKILL, no report"));
-    }
+    let role = match i {
+        KILLED => {
+            return Ok(format!(
+                "worker process {i} (pid {}): killed with SIGKILL, no report",
+                pid.trim()
+            ));
+        }
+        RETIRED => "retired",
+        _ => "to the end",
+    };
+    let who = format!("worker process {i} (pid {}, {role})", pid.trim());
     let path = folder.join(format!("worker-{i}.txt"));
     let start = Instant::now();
     loop {
