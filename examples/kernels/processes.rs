@@ -12,22 +12,26 @@
 //! kill always rolls the job back. (With one local worker the coordinator would hold some
 //! partitions itself, and a kill could find the process holding none.)
 //!
-//! Snapshots go to a temporary folder, one every `gap` phases (a tenth of the job's phases,
-//! at least one), asked for by the thread that drives the scenario. While the job runs:
+//! Snapshots go to a temporary folder, asked for by the thread that drives the scenario
+//! every `gap` phases (a tenth of the job's phases, at least one), one at a time: a snapshot
+//! may take longer than many short phases, and requests would pile up. While the job runs:
 //!
 //! 1. `scale_remote(2)` starts two worker processes through a [`LocalLauncher`]: this
 //!    program re-executed with `--worker ADDR` ([`serve_if_worker`], one compute thread
 //!    each);
 //! 2. `gap` phases after both have joined, `scale_remote(3)` starts a third;
 //! 3. `gap` phases after it has joined, `retire_remote(1)` retires it (the most recently
-//!    joined): it hands its partitions back and ends;
+//!    joined): it hands its partitions back and ends. No snapshot is under way meanwhile
+//!    (see the comment at this step in [`run`]);
 //! 4. `gap` phases later, and once a snapshot has been committed, the first process is killed
-//!    with SIGKILL (found by the process id it wrote to the temporary folder): the partitions
-//!    only it held are lost, and the job rolls back to its latest committed snapshot by
-//!    itself and goes on with the process left.
+//!    with SIGKILL: the partitions only it held are lost, and the job rolls back to its
+//!    latest committed snapshot by itself and goes on with the process left. The handles of
+//!    launched processes are the executor's, so each process writes its process id to the
+//!    temporary folder, named by its launch number (`{index}`), and `kill -KILL` is given it.
 //!
 //! A step that the job's end comes before is an error: the run was too short to show the
-//! scenario (give it more phases).
+//! scenario (give it more phases). The scenario waits for the job's end by polling it, and
+//! calls `wait` only then: with no local worker, the thread in `wait` would compute.
 //!
 //! # What is printed
 //!
@@ -576,7 +580,16 @@ impl Folder {
 }
 
 impl Drop for Folder {
+    /// Removes the folder. When the scenario ends early with an error, worker processes
+    /// may still be writing their reports into it as it goes: a file written after the
+    /// removal listed the folder fails it, and the removal is tried again (a report
+    /// written after the folder is gone fails, and creates nothing).
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        for _ in 0..50 {
+            if std::fs::remove_dir_all(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
