@@ -274,8 +274,9 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
     let t_rayon = t.elapsed();
 
     let phase_ends = watch_phases();
+    let runner = processes::Runner::new(args.workers, args.processes)?;
     let start = Instant::now();
-    let (done, processes) = processes::run_job(job, args.workers, args.processes)?;
+    let (done, processes) = runner.run(job)?;
     let t_mall = start.elapsed();
     let by_malleable = digest(&done);
 

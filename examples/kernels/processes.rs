@@ -74,19 +74,33 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// How long the coordinator waits for a worker process's report once the job has ended.
 const REPORT_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Runs `job` on `workers` local threads, or in the processes mode (the module's docs) if
-/// `processes`; the summary of the processes mode comes with the result.
-pub(crate) fn run_job<J: Job>(
-    job: J,
-    workers: usize,
-    processes: bool,
-) -> Result<(Finished<J>, Option<Summary>), BoxError> {
-    if processes {
-        let (done, summary) = run(job)?;
-        return Ok((done, Some(summary)));
+/// Where an example's malleable run runs: on local threads, or in the processes mode (the
+/// module's docs).
+#[derive(Debug)]
+pub(crate) enum Runner {
+    /// An executor with local threads, built before the run is timed.
+    Threads(Executor),
+    /// An executor of its own for each run, listening for the worker processes it starts.
+    Processes,
+}
+
+impl Runner {
+    /// `workers` local threads, or the processes mode if `processes`.
+    pub(crate) fn new(workers: usize, processes: bool) -> Result<Runner, BoxError> {
+        Ok(if processes {
+            Runner::Processes
+        } else {
+            Runner::Threads(Executor::builder().local_workers(workers).build()?)
+        })
     }
-    let exec = Executor::builder().local_workers(workers).build()?;
-    Ok((exec.run(job)?, None))
+
+    /// Runs `job`; in the processes mode, its summary comes with the result.
+    pub(crate) fn run<J: Job>(&self, job: J) -> Result<(Finished<J>, Option<Summary>), BoxError> {
+        match self {
+            Runner::Threads(exec) => Ok((exec.run(job)?, None)),
+            Runner::Processes => run(job).map(|(done, summary)| (done, Some(summary))),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
