@@ -77,28 +77,29 @@ const REPORT_PATIENCE: Duration = Duration::from_secs(10);
 /// Where an example's malleable run runs: on local threads, or in the processes mode (the
 /// module's docs).
 #[derive(Debug)]
-pub(crate) enum Runner {
-    /// An executor with local threads, built before the run is timed.
-    Threads(Executor),
-    /// An executor of its own for each run, listening for the worker processes it starts.
-    Processes,
+pub(crate) struct Runner {
+    /// An executor with local threads, built before the run is timed; `None` in the
+    /// processes mode, which builds one of its own for each run, listening for the worker
+    /// processes it starts.
+    threads: Option<Executor>,
 }
 
 impl Runner {
     /// `workers` local threads, or the processes mode if `processes`.
     pub(crate) fn new(workers: usize, processes: bool) -> Result<Runner, BoxError> {
-        Ok(if processes {
-            Runner::Processes
+        let threads = if processes {
+            None
         } else {
-            Runner::Threads(Executor::builder().local_workers(workers).build()?)
-        })
+            Some(Executor::builder().local_workers(workers).build()?)
+        };
+        Ok(Runner { threads })
     }
 
     /// Runs `job`; in the processes mode, its summary comes with the result.
     pub(crate) fn run<J: Job>(&self, job: J) -> Result<(Finished<J>, Option<Summary>), BoxError> {
-        match self {
-            Runner::Threads(exec) => Ok((exec.run(job)?, None)),
-            Runner::Processes => run(job).map(|(done, summary)| (done, Some(summary))),
+        match &self.threads {
+            Some(exec) => Ok((exec.run(job)?, None)),
+            None => run(job).map(|(done, summary)| (done, Some(summary))),
         }
     }
 }
