@@ -6,7 +6,7 @@
 //! so (see `examples/kernels/processes.rs`).
 //!
 //! The examples are built with this test's profile and features (`cargo build --example`,
-//! once for the three; usually nothing to do, since `cargo test` has built them).
+//! once for the three; nothing to do after a whole `cargo test`, which builds them).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
