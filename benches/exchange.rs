@@ -161,6 +161,7 @@ fn heat3d(measuring: bool, runs: usize) -> Vec<String> {
         cut: [4, 2],
         phases: if measuring { 30 } else { 3 },
         workers,
+        processes: false,
     };
     let a = args(1);
     println!(
@@ -203,6 +204,7 @@ fn cg(measuring: bool, runs: usize) -> Vec<String> {
         iterations: if measuring { 25 } else { 3 },
         blocks: 8,
         workers,
+        processes: false,
     };
     let a1 = args(1);
     let spec = cg_example::spec(&a1);
@@ -250,6 +252,7 @@ fn ft(measuring: bool, runs: usize) -> Vec<String> {
         steps: if measuring { 8 } else { 2 },
         parts: 8,
         workers,
+        processes: false,
     };
     let a1 = args(1);
     let spec = ft_example::spec(&a1);

@@ -20,13 +20,22 @@
 //! solver's, bit for bit, for the malleable run (and for rayon); the exit status is non-zero
 //! on a mismatch. Prints the time of each phase of the malleable run.
 //!
+//! With `--processes` the malleable run is done by worker processes of this program that
+//! join, retire and are killed with SIGKILL while it runs (the job rolls back to its latest
+//! snapshot by itself), and the coordinator computes nothing: see `kernels/processes.rs`.
+//! It also prints what crossed between the processes. Each process builds the matrix
+//! itself, from the job's seed.
+//!
 //! ```text
 //! cargo run --release --example cg
 //! cargo run --release --example cg -- --side 48 --iterations 100 --blocks 32 --workers 2
+//! cargo run --release --example cg -- --processes
+//! cargo run --release --example cg -- --processes --side 48 --iterations 200
 //! ```
 //!
-//! Options: `--side S` (32: `S³` rows), `--iterations K` (40), `--blocks B` (16),
-//! `--workers W` (2).
+//! Options: `--side S` (32: `S³` rows), `--iterations K` (40; 100 with `--processes`, for
+//! the scenario to fit in the run), `--blocks B` (16), `--workers W` (2: the threads of the malleable and rayon runs; of the rayon run only with
+//! `--processes`, where each worker process computes with one thread), `--processes`.
 
 #[path = "kernels/mod.rs"]
 pub(crate) mod kernels;
@@ -38,13 +47,14 @@ use std::time::Instant;
 
 use malleable::reduce::CollectInOrder;
 use malleable::{
-    BoxError, Chunk, Chunking, Exchange, Executor, Finished, Input, Job, Next, Ownership, Pattern,
-    Pieces, Step,
+    BoxError, Chunk, Chunking, Exchange, Finished, Input, Job, Next, Ownership, Pattern, Pieces,
+    Step,
 };
 use rayon::ThreadPoolBuilder;
 use serde::{Deserialize, Serialize};
 
 use kernels::cg::{self, Csr};
+use kernels::processes;
 use kernels::stencil::{
     Checked, Digest, Report, Wording, check_all, hash_cells, phase_ended, trace, watch_phases,
 };
@@ -270,6 +280,7 @@ pub(crate) struct Args {
     pub(crate) iterations: u64,
     pub(crate) blocks: usize,
     pub(crate) workers: usize,
+    pub(crate) processes: bool,
 }
 
 /// The problem of `args`.
@@ -311,18 +322,22 @@ fn parse_args() -> Result<Args, Error> {
         iterations: 40,
         blocks: 16,
         workers: 2,
+        processes: false,
     };
+    let mut iterations = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--side" => args.side = value()?.parse()?,
-            "--iterations" => args.iterations = value()?.parse()?,
+            "--iterations" => iterations = Some(value()?.parse()?),
             "--blocks" => args.blocks = value()?.parse()?,
             "--workers" => args.workers = value()?.parse()?,
+            processes::FLAG => args.processes = true,
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
     }
+    args.iterations = iterations.unwrap_or(if args.processes { 100 } else { 40 });
     if args.side < 1 || args.iterations == 0 || args.blocks == 0 {
         return Err("need --side >= 1, --iterations >= 1 and --blocks >= 1".into());
     }
@@ -333,6 +348,9 @@ fn parse_args() -> Result<Args, Error> {
 }
 
 fn main() -> ExitCode {
+    if let Some(worker) = processes::serve_if_worker::<Cg>() {
+        return worker;
+    }
     kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
@@ -360,9 +378,9 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
     let t_rayon = t.elapsed();
 
     let phase_ends = watch_phases();
-    let exec = Executor::builder().local_workers(args.workers).build()?;
+    let runner = processes::Runner::new(args.workers, args.processes)?;
     let start = Instant::now();
-    let done = exec.run(job(args))?;
+    let (done, processes) = runner.run(job(args))?;
     let t_mall = start.elapsed();
     let by_malleable = digest(&done);
 
@@ -371,16 +389,18 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
         "q = Ap, p·q",
         "x += αp, r −= αq, r·r",
     ];
-    let mut last = start;
-    for end in phase_ends.try_iter() {
+    let ends = processes::timed(phase_ends.try_iter(), start);
+    for (end, took, again) in &ends {
         println!(
-            "phase {:>4}  {:>8.3} ms  {:<24} ρ = {:.6e}",
+            "phase {:>4}  {:>8.3} ms  {:<24} ρ = {:.6e}{again}",
             end.phase,
-            (end.at - last).as_secs_f64() * 1e3,
+            took.as_secs_f64() * 1e3,
             names[(end.phase % 3) as usize],
             end.value
         );
-        last = end.at;
+    }
+    if let Some(summary) = processes {
+        summary.print(ends.len() as u64);
     }
     for (what, t) in [
         ("sequential", t_seq),

@@ -25,13 +25,21 @@
 //! loop's, bit for bit, for the malleable run (and for rayon); the exit status is non-zero
 //! on a mismatch. Prints the time of each phase of the malleable run.
 //!
+//! With `--processes` the malleable run is done by worker processes of this program that
+//! join, retire and are killed with SIGKILL while it runs (the job rolls back to its latest
+//! snapshot by itself), and the coordinator computes nothing: see `kernels/processes.rs`.
+//! It also prints what crossed between the processes.
+//!
 //! ```text
 //! cargo run --release --example ft
 //! cargo run --release --example ft -- --ny 512 --nx 256 --steps 20 --parts 8 --workers 2
+//! cargo run --release --example ft -- --processes
+//! cargo run --release --example ft -- --processes --ny 512 --steps 100 --parts 8
 //! ```
 //!
-//! Options: `--ny N` (256), `--nx N` (256), `--steps K` (10), `--parts P` (6), `--workers W`
-//! (2).
+//! Options: `--ny N` (256), `--nx N` (256), `--steps K` (10; 60 with `--processes`, for the
+//! scenario to fit in the run), `--parts P` (6), `--workers W` (2: the threads of the malleable and rayon runs; of the rayon run only with
+//! `--processes`, where each worker process computes with one thread), `--processes`.
 
 #[path = "kernels/mod.rs"]
 pub(crate) mod kernels;
@@ -42,13 +50,14 @@ use std::time::Instant;
 
 use malleable::reduce::CollectInOrder;
 use malleable::{
-    BoxError, Chunk, Chunking, Exchange, Executor, Finished, Input, Job, Next, Ownership, Pattern,
-    Pieces, Step,
+    BoxError, Chunk, Chunking, Exchange, Finished, Input, Job, Next, Ownership, Pattern, Pieces,
+    Step,
 };
 use rayon::ThreadPoolBuilder;
 use serde::{Deserialize, Serialize};
 
 use kernels::ft::{self, C, Plans};
+use kernels::processes;
 use kernels::stencil::{
     Checked, Digest, Report, Wording, check_all, hash_cells, phase_ended, trace, watch_phases,
 };
@@ -274,6 +283,7 @@ pub(crate) struct Args {
     pub(crate) steps: u64,
     pub(crate) parts: u64,
     pub(crate) workers: usize,
+    pub(crate) processes: bool,
 }
 
 /// The problem of `args`.
@@ -308,19 +318,23 @@ fn parse_args() -> Result<Args, Error> {
         steps: 10,
         parts: 6,
         workers: 2,
+        processes: false,
     };
+    let mut steps = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--ny" => args.ny = value()?.parse()?,
             "--nx" => args.nx = value()?.parse()?,
-            "--steps" => args.steps = value()?.parse()?,
+            "--steps" => steps = Some(value()?.parse()?),
             "--parts" => args.parts = value()?.parse()?,
             "--workers" => args.workers = value()?.parse()?,
+            processes::FLAG => args.processes = true,
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
     }
+    args.steps = steps.unwrap_or(if args.processes { 60 } else { 10 });
     if !args.ny.is_power_of_two() || !args.nx.is_power_of_two() || args.steps == 0 {
         return Err("need --ny and --nx powers of two and --steps >= 1".into());
     }
@@ -331,6 +345,9 @@ fn parse_args() -> Result<Args, Error> {
 }
 
 fn main() -> ExitCode {
+    if let Some(worker) = processes::serve_if_worker::<Ft>() {
+        return worker;
+    }
     kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
@@ -352,14 +369,14 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
     let t_rayon = t.elapsed();
 
     let phase_ends = watch_phases();
-    let exec = Executor::builder().local_workers(args.workers).build()?;
+    let runner = processes::Runner::new(args.workers, args.processes)?;
     let start = Instant::now();
-    let done = exec.run(job(args))?;
+    let (done, processes) = runner.run(job(args))?;
     let t_mall = start.elapsed();
     let by_malleable = digest(&done);
 
-    let mut last = start;
-    for end in phase_ends.try_iter() {
+    let ends = processes::timed(phase_ends.try_iter(), start);
+    for (end, took, again) in &ends {
         let what = match end.phase {
             0 => "FFTs along x".to_owned(),
             1 => "FFTs along y, step 1".to_owned(),
@@ -367,12 +384,14 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
             p => format!("checksum {}, step {p}", p - 1),
         };
         println!(
-            "phase {:>4}  {:>8.3} ms  {what:<22} checksum.re {:.12e}",
+            "phase {:>4}  {:>8.3} ms  {what:<22} checksum.re {:.12e}{again}",
             end.phase,
-            (end.at - last).as_secs_f64() * 1e3,
+            took.as_secs_f64() * 1e3,
             end.value
         );
-        last = end.at;
+    }
+    if let Some(summary) = processes {
+        summary.print(ends.len() as u64);
     }
     for (what, t) in [
         ("sequential", t_seq),

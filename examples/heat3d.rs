@@ -14,13 +14,22 @@
 //! sequential loop's, bit for bit, for the malleable run (and for rayon); the exit status is
 //! non-zero on a mismatch. Prints the time of each phase of the malleable run.
 //!
+//! With `--processes` the malleable run is done by worker processes of this program that
+//! join, retire and are killed with SIGKILL while it runs (the job rolls back to its latest
+//! snapshot by itself), and the coordinator computes nothing: see `kernels/processes.rs`.
+//! It also prints what crossed between the processes. The pencils' faces go from process to
+//! process directly.
+//!
 //! ```text
 //! cargo run --release --example heat3d
 //! cargo run --release --example heat3d -- --n 128 --cut 4x2 --phases 50 --workers 2
+//! cargo run --release --example heat3d -- --processes
+//! cargo run --release --example heat3d -- --processes --n 96 --phases 400
 //! ```
 //!
-//! Options: `--n N` (64: an N³ grid), `--cut PZxPY` (3x2), `--phases K` (40), `--workers W`
-//! (2).
+//! Options: `--n N` (64: an N³ grid), `--cut PZxPY` (3x2), `--phases K` (40; 200 with
+//! `--processes`, for the scenario to fit in the run), `--workers W` (2: the threads of the malleable and rayon runs; of the rayon run only with
+//! `--processes`, where each worker process computes with one thread), `--processes`.
 
 #[path = "kernels/mod.rs"]
 pub(crate) mod kernels;
@@ -30,13 +39,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use malleable::reduce::Reducer;
-use malleable::{
-    Blocks, Chunk, Chunking, Exchange, Executor, Finished, Job, Next, Ownership, Pieces, Step,
-};
+use malleable::{Blocks, Chunk, Chunking, Exchange, Finished, Job, Next, Ownership, Pieces, Step};
 use rayon::ThreadPoolBuilder;
 use serde::{Deserialize, Serialize};
 
 use kernels::heat3d::{self, Brick, Dims};
+use kernels::processes;
 use kernels::stencil::{Digest, Wording, check_all, phase_ended, trace, watch_phases};
 
 pub(crate) type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -176,6 +184,7 @@ pub(crate) struct Args {
     pub(crate) cut: [u64; 2],
     pub(crate) phases: u64,
     pub(crate) workers: usize,
+    pub(crate) processes: bool,
 }
 
 /// The job of `args`.
@@ -207,14 +216,17 @@ fn parse_args() -> Result<Args, Error> {
         cut: [3, 2],
         phases: 40,
         workers: 2,
+        processes: false,
     };
+    let mut phases = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--n" => args.n = value()?.parse()?,
-            "--phases" => args.phases = value()?.parse()?,
+            "--phases" => phases = Some(value()?.parse()?),
             "--workers" => args.workers = value()?.parse()?,
+            processes::FLAG => args.processes = true,
             "--cut" => {
                 let v = value()?;
                 let (z, y) = v.split_once('x').ok_or("--cut takes PZxPY, as 3x2")?;
@@ -223,6 +235,7 @@ fn parse_args() -> Result<Args, Error> {
             other => return Err(format!("unknown argument {other:?} (see the file's docs)").into()),
         }
     }
+    args.phases = phases.unwrap_or(if args.processes { 200 } else { 40 });
     if args.n < 3 || args.phases == 0 {
         return Err("need --n >= 3 and --phases >= 1".into());
     }
@@ -230,6 +243,9 @@ fn parse_args() -> Result<Args, Error> {
 }
 
 fn main() -> ExitCode {
+    if let Some(worker) = processes::serve_if_worker::<Heat3d>() {
+        return worker;
+    }
     kernels::exit_code(parse_args().and_then(|args| run(&args)))
 }
 
@@ -258,21 +274,23 @@ pub(crate) fn run(args: &Args) -> Result<bool, Error> {
     let t_rayon = t.elapsed();
 
     let phase_ends = watch_phases();
-    let exec = Executor::builder().local_workers(args.workers).build()?;
+    let runner = processes::Runner::new(args.workers, args.processes)?;
     let start = Instant::now();
-    let done = exec.run(job)?;
+    let (done, processes) = runner.run(job)?;
     let t_mall = start.elapsed();
     let by_malleable = digest(&done);
 
-    let mut last = start;
-    for end in phase_ends.try_iter() {
+    let ends = processes::timed(phase_ends.try_iter(), start);
+    for (end, took, again) in &ends {
         println!(
-            "phase {:>4}  {:>8.3} ms  largest change {:.3e}",
+            "phase {:>4}  {:>8.3} ms  largest change {:.3e}{again}",
             end.phase,
-            (end.at - last).as_secs_f64() * 1e3,
+            took.as_secs_f64() * 1e3,
             end.value
         );
-        last = end.at;
+    }
+    if let Some(summary) = processes {
+        summary.print(ends.len() as u64);
     }
     let updates = (d.cells() as u64 * args.phases) as f64;
     for (what, t) in [

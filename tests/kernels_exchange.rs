@@ -34,6 +34,7 @@ fn heat3d_pencils_exchanging_faces_give_the_sequential_bits() {
             cut,
             phases: 7,
             workers,
+            processes: false,
         };
         assert!(
             heat3d_example::run(&args).unwrap(),
@@ -50,6 +51,7 @@ fn cg_gathering_the_search_direction_gives_the_sequential_bits() {
             iterations: 6,
             blocks,
             workers,
+            processes: false,
         };
         assert!(
             cg_example::run(&args).unwrap(),
@@ -67,6 +69,7 @@ fn ft_transposing_all_to_all_gives_the_sequential_bits() {
             steps: 3,
             parts,
             workers,
+            processes: false,
         };
         assert!(
             ft_example::run(&args).unwrap(),
@@ -93,6 +96,7 @@ fn heat3d_grown_shrunk_suspended_and_resumed_gives_the_sequential_bits() {
         cut: [3, 2],
         phases: 400,
         workers: 1,
+        processes: false,
     };
     let (url, dir) = store("heat3d");
     let exec = Executor::builder()

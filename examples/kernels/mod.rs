@@ -15,6 +15,8 @@
 //! a spectral solver's transposes): each has a sequential reference and a rayon version
 //! that give the same bits, and the pieces (per block of rows, per pencil, per transpose
 //! block) a partitioned run computes with; `tests/kernels_reference.rs` checks them.
+//! [`processes`] is the processes mode of those three examples (`--processes`): worker
+//! processes of the same program that join, retire and are killed while the job runs.
 //!
 //! Include it with `#[path = "kernels/mod.rs"] mod kernels;` (from `benches/`:
 //! `#[path = "../examples/kernels/mod.rs"]`). Cargo does not build this folder as an example
@@ -30,6 +32,7 @@ pub(crate) mod heat3d;
 pub(crate) mod jobs;
 pub(crate) mod kmeans;
 pub(crate) mod montecarlo;
+pub(crate) mod processes;
 pub(crate) mod raytrace;
 pub(crate) mod stencil;
 
