@@ -329,9 +329,10 @@ impl Owners {
                 (queued + workers[i].2 as f64) / speed(i)
             })
             .collect();
-        // Step 1.
+        // Step 1. (Most phase starts have nothing to place: no deal of nothing, which sorts
+        // every worker.)
         let never_held = homeless.iter().all(|&c| self.holder(c).is_none());
-        if never_held {
+        if never_held && !homeless.is_empty() {
             for (c, i) in self.deal_blocks(workers, homeless, plan) {
                 load[i] += len_of(plan, c) / speed(i);
                 push_sorted(self.queues.entry(ids[i]).or_default(), c);
