@@ -336,6 +336,25 @@ pub(crate) struct Remotes {
     /// Emptied outboxes of the last barrier (`route`), filled again by the next phase's
     /// exports (`count_halos`) instead of a new one for each.
     pub(crate) spare: Vec<Outbox<HeldHalo>>,
+    /// [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), in and out.
+    messages: MessageCounters,
+}
+
+/// The handles of [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), registered once per
+/// run (as `JobMetrics` are): registering one hashes its name and labels, at every message
+/// of thousands of processes.
+struct MessageCounters {
+    into: metrics::Counter,
+    out: metrics::Counter,
+}
+
+impl Default for MessageCounters {
+    fn default() -> Self {
+        MessageCounters {
+            into: metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "in"),
+            out: metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "out"),
+        }
+    }
 }
 
 impl Remotes {
@@ -352,8 +371,7 @@ impl Remotes {
         };
         if !out.is_empty() {
             self.traffic.messages_out += out.len() as u64;
-            metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "out")
-                .increment(out.len() as u64);
+            self.messages.out.increment(out.len() as u64);
         }
         out
     }
@@ -1743,7 +1761,7 @@ impl<J: Job> State<J> {
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         self.remote.traffic.messages_in += 1;
-        metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "in").increment(1);
+        self.remote.messages.into.increment(1);
         let ToCoordinator::Batch(batch) = msg else {
             return self.on_remote_one(id, msg);
         };

@@ -44,7 +44,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::dynamic::Pile;
-use super::idhash::{ChunkMap, IdMap};
+use super::idhash::{ChunkMap, IdMap, chunk_map};
 use super::owned::Owners;
 use super::static_::Deal;
 use super::{Plan, Schedule};
@@ -263,11 +263,9 @@ impl<R: Reducer, S> Core<R, S> {
     fn reset(&mut self, plan: Plan) {
         let len = plan.len();
         if matches!(self.pending, Pending::Owned(_)) {
-            // Every chunk is pending with the partition its last phase left, on its holder.
-            // (The maps trade places, so that the phase's partitions fill a table of the
-            // right size rather than grow one again.)
-            std::mem::swap(&mut self.suspended, &mut self.kept);
-            self.kept.clear();
+            // Every chunk is pending with the partition its last phase left, on its holder;
+            // the phase's partitions fill a table of the right size rather than grow one.
+            self.suspended = std::mem::replace(&mut self.kept, chunk_map(len as usize));
             self.later_phase = true;
             let speeds = self.owner_view();
             if let Pending::Owned(o) = &mut self.pending {
@@ -281,7 +279,7 @@ impl<R: Reducer, S> Core<R, S> {
             self.suspended.clear();
         }
         self.plan = plan;
-        self.known.clear();
+        self.known = chunk_map(self.known.capacity());
         self.done_chunks = 0;
         self.done_iterations = 0;
     }

@@ -19,6 +19,13 @@ pub(crate) type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 /// chunk `c` in its bucket `c`, and is walked in chunk order.
 pub(crate) type ChunkMap<V> = HashMap<u64, V, BuildHasherDefault<ChunkHasher>>;
 
+/// An empty [`ChunkMap`] with room for `n` chunks. (Not a cleared one: `HashMap::clear` of a
+/// map that removals emptied keeps their tombstones, and each insert then probes past them,
+/// a table of a phase's partitions at a time.)
+pub(crate) fn chunk_map<V>(n: usize) -> ChunkMap<V> {
+    ChunkMap::with_capacity_and_hasher(n, BuildHasherDefault::default())
+}
+
 /// Hashes one integer by multiplication; anything else falls back to FNV-style mixing.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct IdHasher(u64);

@@ -107,23 +107,23 @@ impl Owners {
         // orphans first: a phase start of thousands of processes built a set of every chunk,
         // and every queue anew.)
         let present = |w: WorkerId| workers.binary_search_by_key(&w, |&(w, _, _)| w).is_ok();
-        self.queues.values_mut().for_each(VecDeque::clear);
+        // Only present workers keep a queue, so that a chunk finds its holder's in one look.
+        self.queues.retain(|&w, q| {
+            q.clear();
+            present(w)
+        });
         self.orphans.clear();
-        let mut last: Option<(WorkerId, bool)> = None;
         for c in 0..plan.len() {
             match self.holder(c) {
-                Some(h) => {
-                    let home = match last {
-                        Some((w, home)) if w == h => home,
-                        _ => present(h),
-                    };
-                    last = Some((h, home));
-                    if home {
-                        self.queues.entry(h).or_default().push_back(c);
-                    } else {
+                Some(h) => match self.queues.get_mut(&h) {
+                    Some(q) => q.push_back(c),
+                    None if present(h) => {
+                        self.queues.insert(h, VecDeque::from([c]));
+                    }
+                    None => {
                         self.orphans.insert(c);
                     }
-                }
+                },
                 None => {
                     self.orphans.insert(c);
                 }
@@ -329,9 +329,10 @@ impl Owners {
                 (queued + workers[i].2 as f64) / speed(i)
             })
             .collect();
-        // Step 1.
+        // Step 1. (Most phase starts have nothing to place: no deal of nothing, which sorts
+        // every worker.)
         let never_held = homeless.iter().all(|&c| self.holder(c).is_none());
-        if never_held {
+        if never_held && !homeless.is_empty() {
             for (c, i) in self.deal_blocks(workers, homeless, plan) {
                 load[i] += len_of(plan, c) / speed(i);
                 push_sorted(self.queues.entry(ids[i]).or_default(), c);

@@ -120,7 +120,15 @@ impl Shape {
     /// every chunk in an all-to-all, everyone (`None`) in an allgather.
     pub(crate) fn may_send(&self, pattern: Pattern, from: ChunkId, to: Option<ChunkId>) -> bool {
         match (pattern, to) {
-            (Pattern::Neighbours, Some(to)) => self.neighbours(from).any(|n| n == to),
+            // A chain's two neighbours, without walking them (asked for every halo that
+            // every partition exports).
+            (Pattern::Neighbours, Some(to)) => match self {
+                Shape::Chain { len } => {
+                    from.checked_sub(1) == Some(to)
+                        || (from.checked_add(1) == Some(to) && to < *len)
+                }
+                Shape::Graph(_) => self.neighbours(from).any(|n| n == to),
+            },
             (Pattern::AllToAll, Some(to)) => to < self.len(),
             (Pattern::Allgather, None) => true,
             _ => false,
@@ -131,7 +139,13 @@ impl Shape {
     pub(crate) fn sends(&self, pattern: Pattern, from: ChunkId) -> usize {
         match pattern {
             Pattern::Nothing => 0,
-            Pattern::Neighbours => self.neighbours(from).count(),
+            Pattern::Neighbours => match self {
+                Shape::Chain { len } => {
+                    usize::from(from > 0)
+                        + usize::from(from.checked_add(1).is_some_and(|n| n < *len))
+                }
+                Shape::Graph(_) => self.neighbours(from).count(),
+            },
             Pattern::Allgather => 1,
             Pattern::AllToAll => self.len() as usize,
         }
@@ -148,6 +162,30 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chain answers `may_send` and `sends` for its neighbours as a walk of them does, at
+    /// its ends and past them too.
+    #[test]
+    fn a_chain_answers_for_its_neighbours_as_their_walk() {
+        for len in [0, 1, 2, 5, u64::MAX] {
+            let s = Shape::chain(len);
+            let near = [0, 1, 2, 3, 4, 5, 6, u64::MAX - 1, u64::MAX];
+            for from in near {
+                assert_eq!(
+                    s.sends(Pattern::Neighbours, from),
+                    s.neighbours(from).count(),
+                    "{len} {from}"
+                );
+                for to in near {
+                    assert_eq!(
+                        s.may_send(Pattern::Neighbours, from, Some(to)),
+                        s.neighbours(from).any(|n| n == to),
+                        "{len} {from} {to}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_chain_neighbours_the_partitions_next_to_each_one() {
