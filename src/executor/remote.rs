@@ -336,8 +336,9 @@ pub(crate) struct Remotes {
     /// Emptied outboxes of the last barrier (`route`), filled again by the next phase's
     /// exports (`count_halos`) instead of a new one for each.
     pub(crate) spare: Vec<Outbox<HeldHalo>>,
-    /// [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), in and out.
-    messages: MessageCounters,
+    /// [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), in and out: registered at the
+    /// first message (a run without worker processes registers none).
+    messages: Option<MessageCounters>,
 }
 
 /// The handles of [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), registered once per
@@ -348,8 +349,8 @@ struct MessageCounters {
     out: metrics::Counter,
 }
 
-impl Default for MessageCounters {
-    fn default() -> Self {
+impl MessageCounters {
+    fn new() -> Self {
         MessageCounters {
             into: metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "in"),
             out: metrics::counter!(crate::metrics::REMOTE_MESSAGES, "direction" => "out"),
@@ -371,7 +372,10 @@ impl Remotes {
         };
         if !out.is_empty() {
             self.traffic.messages_out += out.len() as u64;
-            self.messages.out.increment(out.len() as u64);
+            self.messages
+                .get_or_insert_with(MessageCounters::new)
+                .out
+                .increment(out.len() as u64);
         }
         out
     }
@@ -1761,7 +1765,11 @@ impl<J: Job> State<J> {
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         self.remote.traffic.messages_in += 1;
-        self.remote.messages.into.increment(1);
+        self.remote
+            .messages
+            .get_or_insert_with(MessageCounters::new)
+            .into
+            .increment(1);
         let ToCoordinator::Batch(batch) = msg else {
             return self.on_remote_one(id, msg);
         };
