@@ -101,11 +101,31 @@ fn start_logged(addr: &str, name: &str) -> (Child, std::path::PathBuf) {
 
 /// As [`start_logged`], with more environment.
 fn start_logged_with(addr: &str, name: &str, env: &[(&str, &str)]) -> (Child, std::path::PathBuf) {
+    start_logged_in(None, addr, name, env)
+}
+
+/// As [`start_logged_with`], in network namespace `ns` if one is given (`ip netns exec`).
+/// `env` comes last: it may set the token the others go without.
+fn start_logged_in(
+    ns: Option<&str>,
+    addr: &str,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (Child, std::path::PathBuf) {
     let out = std::env::temp_dir().join(format!(
         "malleable-partitions-remote-{name}-{}.out",
         std::process::id()
     ));
-    let child = Command::new(std::env::current_exe().unwrap())
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let child = cmd
         .args([
             "--exact",
             crate::common::exact(module_path!(), "worker_process").as_str(),
@@ -115,8 +135,8 @@ fn start_logged_with(addr: &str, name: &str, env: &[(&str, &str)]) -> (Child, st
         .args(["--test-threads", "1"])
         .env(ADDR_ENV, addr)
         .env(cluster::WAIT_FOR_JOB_ENV, "20")
-        .envs(env.iter().copied())
         .env_remove(TOKEN_ENV)
+        .envs(env.iter().copied())
         .stdout(std::fs::File::create(&out).unwrap())
         .spawn()
         .unwrap();
@@ -300,27 +320,9 @@ fn peers_that_cannot_reach_each_other_get_their_halos_through_the_coordinator() 
     let job = grid(24);
     let h = exec.submit(Banded(job.clone())).unwrap();
     let start_on = |i: usize| {
-        let out = std::env::temp_dir().join(format!(
-            "malleable-partitions-remote-apart-{i}-{}.out",
-            std::process::id()
-        ));
-        let child = Command::new("ip")
-            .args(["netns", "exec", hosts.name(i)])
-            .arg(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                crate::common::exact(module_path!(), "worker_process").as_str(),
-                "--ignored",
-                "--nocapture",
-            ])
-            .args(["--test-threads", "1"])
-            .env(ADDR_ENV, format!("{}:{port}", hosts.gateway(i)))
-            .env(TOKEN_ENV, token)
-            .env(TIMEOUT_ENV, "1")
-            .stdout(std::fs::File::create(&out).unwrap())
-            .spawn()
-            .unwrap();
-        (child, out)
+        let addr = format!("{}:{port}", hosts.gateway(i));
+        let env = [(TOKEN_ENV, token), (TIMEOUT_ENV, "1")];
+        start_logged_in(Some(hosts.name(i)), &addr, &format!("apart-{i}"), &env)
     };
     let (a, a_out) = start_on(0);
     let (b, b_out) = start_on(1);
