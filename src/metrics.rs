@@ -126,6 +126,11 @@ pub const SNAPSHOT_FAILURES: &str = "malleable_snapshot_failures_total";
 /// Links between worker processes that send each other halos, by event (`up`, `down`,
 /// `refused`) and direction (`dialled`, `accepted`).
 pub const PEER_LINKS: &str = "malleable_peer_links_total";
+/// Buddy copies of owned partitions made in worker processes' memory, by outcome (`kept` by
+/// the buddy, `refused`: not kept, or no buddy).
+pub const BUDDY_COPIES: &str = "malleable_buddy_copies_total";
+/// The bytes of the buddy copies worker processes keep now.
+pub const BUDDY_COPY_BYTES: &str = "malleable_buddy_copy_bytes";
 /// Timeline records lost, by kind (`dropped`, `write`).
 pub const TIMELINE_ERRORS: &str = "malleable_timeline_errors_total";
 

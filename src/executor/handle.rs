@@ -343,6 +343,13 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().remote.traffic
     }
 
+    /// The buddy copies of the job's owned partitions
+    /// ([`Builder::buddy_copies`](crate::Builder::buddy_copies)): how many partitions have
+    /// one now, their bytes, the most one process keeps, and the rounds so far.
+    pub fn copies(&self) -> super::Copies {
+        self.shared.lock().remote.buddies.report()
+    }
+
     /// Gracefully retires the `n` most recently joined worker processes: their threads hand
     /// their chunks back at their next adjustment point, then the processes are told to end.
     pub fn retire_remote(&self, n: usize) {

@@ -291,6 +291,7 @@ impl<J: Job> State<J> {
             phases,
         );
         State {
+            remote: Remotes::with_copies(config.buddy_copies),
             config,
             inputs,
             core,
@@ -306,7 +307,6 @@ impl<J: Job> State<J> {
             pause: None,
             out: Vec::new(),
             members: Members::new(target),
-            remote: Remotes::default(),
             snap,
             exports: Vec::new(),
             shape,

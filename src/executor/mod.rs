@@ -78,6 +78,7 @@
 
 mod autoscale;
 mod connection;
+mod copies;
 mod drain;
 mod finish;
 mod from_snapshot;
@@ -105,6 +106,7 @@ mod updates;
 mod watch;
 
 pub use autoscale::AutoscaleStatus;
+pub use copies::Copies;
 pub use handle::{Finished, JobFuture, JobHandle, Outcome, SnapshotRequest};
 pub use lifecycle::{Resubmit, Resume};
 pub use progress::Progress;
@@ -207,6 +209,8 @@ struct Config {
     snapshots: SnapshotConfig,
     cluster: ClusterConfig,
     autoscale: Option<crate::schedule::Autoscale>,
+    /// Buddy copies every this many phases ([`Builder::buddy_copies`]).
+    buddy_copies: Option<u64>,
     /// The file of [`Builder::timeline`], and its writer once built.
     timeline_path: Option<std::path::PathBuf>,
     timeline: Option<Arc<crate::timeline::Sink>>,
@@ -359,6 +363,7 @@ impl Default for Builder {
                 snapshots: SnapshotConfig::default(),
                 cluster: ClusterConfig::default(),
                 autoscale: None,
+                buddy_copies: None,
                 timeline_path: None,
                 timeline: None,
                 lease: crate::snapshot::DEFAULT_LEASE,
@@ -651,6 +656,26 @@ impl Builder {
     /// Starts worker processes for [`JobHandle::scale_remote`].
     pub fn launcher(mut self, launcher: impl crate::wire::Launcher + 'static) -> Self {
         self.config.cluster.launcher = Some(Arc::new(launcher));
+        self
+    }
+
+    /// Buddy copies of owned partitions (local recovery's first step), every `every` phases
+    /// (0: none, the default). At the barrier after every `every`-th phase, each worker
+    /// process copies the partitions it holds, as the phase left them, into the memory of
+    /// another worker process (on another node if the roster has one; only processes that
+    /// exchange halos directly, [`WorkerOptions::direct_halos`](crate::cluster::WorkerOptions::direct_halos),
+    /// take copies), process to process, never through the coordinator. Each partition has
+    /// at most one copy; [`JobHandle::copies`] shows them, with the memory they take per
+    /// process (bounded in each process by
+    /// [`WorkerOptions::copy_memory`](crate::cluster::WorkerOptions::copy_memory)).
+    ///
+    /// Partitions on the coordinator's own threads need no copy: they are lost only with the
+    /// coordinator. What the copies are for, replaying a lost process's partitions from them
+    /// while the other processes go on, is not built yet: a lost partition still rolls the
+    /// job back to its latest snapshot. Until then the copies cost a pause at the barriers
+    /// where they are taken (`BENCHMARKS.md`, buddy copies) and buy nothing.
+    pub fn buddy_copies(mut self, every: u64) -> Self {
+        self.config.buddy_copies = Some(every).filter(|&k| k > 0);
         self
     }
 

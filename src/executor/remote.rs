@@ -105,6 +105,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::copies::Buddies;
 use super::job_run::{HeldHalo, State};
 use super::links::Order;
 use super::members::RemoteSlot;
@@ -339,6 +340,8 @@ pub(crate) struct Remotes {
     /// [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), in and out: registered at the
     /// first message (a run without worker processes registers none).
     messages: Option<MessageCounters>,
+    /// Buddy copies of the partitions processes hold (`copies.rs`).
+    pub(crate) buddies: Buddies,
 }
 
 /// The handles of [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), registered once per
@@ -359,6 +362,14 @@ impl MessageCounters {
 }
 
 impl Remotes {
+    /// No process yet; buddy copies every `every` phases (`copies.rs`).
+    pub(crate) fn with_copies(every: Option<u64>) -> Remotes {
+        Remotes {
+            buddies: Buddies::new(every),
+            ..Remotes::default()
+        }
+    }
+
     /// The messages for the processes, in order, counted as they go: what one process
     /// gets at once goes in one [`ToWorker::Batch`] (a phase's start is then one message
     /// per process, whatever its partitions), up to about [`BATCH_BYTES`] of bytes each, so
@@ -415,6 +426,7 @@ impl Remotes {
     /// Connection `id` is gone: forgotten, and no longer counted.
     fn remove(&mut self, id: ProcessId) -> Option<Conn> {
         let c = self.conns.remove(&id)?;
+        self.buddies.lost(id);
         if c.retiring {
             self.retiring -= 1;
         }
@@ -458,6 +470,9 @@ impl Remotes {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
         self.tell_peers(phase, &begins);
+        if phase > 0 && self.buddies.due(phase - 1) {
+            self.ask_copies(phase - 1, &begins);
+        }
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -523,6 +538,48 @@ impl Remotes {
             out.push((to, held));
         }
         Ok(out)
+    }
+
+    /// Buddy copies at the barrier after `ended`: each process holding partitions (those of
+    /// `begins`) is asked to copy them to its buddy, ahead of the next phase's messages.
+    fn ask_copies(&mut self, ended: u64, begins: &[(ProcessId, ChunkId, Inbox<frame::Halo>)]) {
+        let mut owned: Vec<(ProcessId, ChunkId)> =
+            begins.iter().map(|(id, chunk, _)| (*id, *chunk)).collect();
+        owned.sort_unstable();
+        let mut roster: Vec<(ProcessId, NodeId)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.listen.is_some() && !c.retiring)
+            .map(|(id, c)| (*id, c.node))
+            .collect();
+        roster.sort_unstable();
+        let generation = self.generation;
+        for group in owned.chunk_by(|a, b| a.0 == b.0) {
+            let owner = group[0].0;
+            let Some(node) = self.conns.get(&owner).map(|c| c.node) else {
+                continue;
+            };
+            let chunks: Vec<u64> = group.iter().map(|&(_, c)| c).collect();
+            self.buddies.asked();
+            let buddy = Buddies::buddy_of(owner, node, &roster);
+            let addr = buddy.and_then(|b| self.conns.get(&b)?.listen.clone());
+            let (Some(buddy), Some(addr)) = (buddy, addr) else {
+                tracing::debug!(conn = %owner, "no buddy for the partitions of a worker process");
+                self.buddies.no_buddy(chunks.len());
+                continue;
+            };
+            tracing::debug!(conn = %owner, %buddy, phase = ended, partitions = chunks.len(), "buddy copies");
+            self.outbox.push((
+                owner,
+                ToWorker::Copy {
+                    phase: ended,
+                    generation,
+                    buddy: buddy.0,
+                    addr: addr.to_string(),
+                    chunks,
+                },
+            ));
+        }
     }
 
     /// The peer data plane's session: random, drawn once per run.
@@ -1816,6 +1873,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Undecodable { .. } => ("undecodable", None),
                 ToCoordinator::Listening { .. } => ("listening", None),
                 ToCoordinator::Unreachable { .. } => ("unreachable", None),
+                ToCoordinator::Copied { .. } => ("copied", None),
             };
             tracing::debug!(conn = %id, what, chunk, "from a worker process");
         }
@@ -1976,6 +2034,57 @@ impl<J: Job> State<J> {
                 told.unreachable.insert(peer, (failures, self.phase + wait));
                 told.addrs.remove(&peer);
                 told.holders.retain(|_, h| *h != Some(peer));
+                return Ok(());
+            }
+            ToCoordinator::Copied {
+                phase,
+                generation,
+                buddy,
+                copied,
+                refused,
+            } => {
+                if !J::OWNERSHIP.is_partitioned() {
+                    return Err(bad("buddy copies of a job without partitions".into()));
+                }
+                let chunks = self.core.plan().len();
+                let ordered = |c: &[u64]| {
+                    c.last().is_none_or(|&l| l < chunks) && c.windows(2).all(|w| w[0] < w[1])
+                };
+                let kept: Vec<u64> = copied.iter().map(|c| c.0).collect();
+                if phase > self.phase || !ordered(&kept) || !ordered(&refused) {
+                    return Err(bad(format!(
+                        "buddy copies of phase {phase} (now {}), or of chunks out of order or \
+                         past the last",
+                        self.phase
+                    )));
+                }
+                if generation != self.remote.generation {
+                    // An answer from before a rollback: its buddy dropped the copies.
+                    return Ok(());
+                }
+                let buddy = ProcessId(buddy);
+                metrics::counter!(crate::metrics::BUDDY_COPIES, "job" => J::NAME, "outcome" => "kept")
+                    .increment(copied.len() as u64);
+                metrics::counter!(crate::metrics::BUDDY_COPIES, "job" => J::NAME, "outcome" => "refused")
+                    .increment(refused.len() as u64);
+                if !self.remote.conns.contains_key(&buddy) {
+                    // Gone with its copies already.
+                    self.remote.buddies.no_buddy(copied.len() + refused.len());
+                    return Ok(());
+                }
+                let drops = self
+                    .remote
+                    .buddies
+                    .copied(phase, buddy, &copied, refused.len());
+                for (p, chunks) in drops {
+                    if self.remote.conns.contains_key(&p) {
+                        self.remote
+                            .outbox
+                            .push((p, ToWorker::DropCopies { chunks }));
+                    }
+                }
+                metrics::gauge!(crate::metrics::BUDDY_COPY_BYTES, "job" => J::NAME)
+                    .set(self.remote.buddies.report().bytes as f64);
                 return Ok(());
             }
             ToCoordinator::Heartbeat { progress } => {

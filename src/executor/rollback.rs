@@ -608,6 +608,8 @@ impl super::remote::Remotes {
     /// again before its next chunk.
     pub(crate) fn forget_partitions(&mut self) {
         self.clear_phases();
+        // The processes drop their copies at `Forget`: they are of phases run again.
+        self.buddies.reset();
         for id in self.conn_ids() {
             let _ = self.send_to(id, ToWorker::Forget);
         }

@@ -66,8 +66,11 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// generation and where the receivers of its halos are; a process says where it listens
 /// (`Listening`) and which peer it cannot reach (`Unreachable`); a `Done` names a halo its
 /// receiver's process kept after a push ([`Halo::KeptAt`]); `Released` names the phase of the
-/// halos it carries.
-pub const PROTOCOL_VERSION: u32 = 20;
+/// halos it carries. Version 21: buddy copies (local recovery's first step): `Copy` asks a
+/// process to copy the partitions it holds to another process's memory
+/// ([`ToPeer::Copy`](super::peer::ToPeer::Copy)), `Copied` says which the buddy kept, and
+/// `DropCopies` tells a buddy which copies it no longer needs.
+pub const PROTOCOL_VERSION: u32 = 21;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -134,6 +137,8 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         ToWorker::Peers { addrs, holders, .. } => {
             addrs.iter().map(|(_, a)| a.len() + 8).sum::<usize>() + 16 * holders.len()
         }
+        ToWorker::Copy { addr, chunks, .. } => addr.len() + 8 * chunks.len(),
+        ToWorker::DropCopies { chunks } => 8 * chunks.len(),
         _ => 0,
     }
 }
@@ -347,6 +352,29 @@ pub enum ToWorker {
         /// for one not held by a worker process (its halos go through the coordinator).
         holders: Vec<(u64, Option<u64>)>,
     },
+    /// Owned partitions, buddy copies (protocol 21): copy the partitions of `chunks` this
+    /// process holds, which ended `phase`, into the memory of process `buddy` (listening at
+    /// `addr`), each as a [`ToPeer::Copy`](super::peer::ToPeer::Copy), and say which it kept
+    /// (`Copied`). Sent at a barrier, before the next phase's messages: the copies are of the
+    /// partitions as the phase left them.
+    Copy {
+        /// The phase the partitions ended.
+        phase: u64,
+        /// The roster's generation (a copy of another generation is refused).
+        generation: u64,
+        /// The process that keeps the copies.
+        buddy: u64,
+        /// Its peer listener.
+        addr: String,
+        /// The partitions to copy, each held here, in chunk order.
+        chunks: Vec<u64>,
+    },
+    /// Owned partitions, buddy copies: the copies of `chunks` this process keeps for others
+    /// are no longer needed (a newer one is elsewhere, or their partition is gone): drop them.
+    DropCopies {
+        /// The chunks.
+        chunks: Vec<u64>,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -549,6 +577,22 @@ pub enum ToCoordinator {
         process: u64,
         /// Why (the link's error, as text: it happened in this process).
         reason: String,
+    },
+    /// Owned partitions, buddy copies: the answer to a `Copy`. Process `buddy` keeps in its
+    /// memory a copy of each partition of `copied` (with its size in bytes) as it ended
+    /// `phase`; those of `refused` have no copy there (the buddy refused it or could not be
+    /// reached, or the partition was not here).
+    Copied {
+        /// The `Copy`'s phase.
+        phase: u64,
+        /// The `Copy`'s generation.
+        generation: u64,
+        /// The `Copy`'s buddy.
+        buddy: u64,
+        /// `(chunk, bytes)` of each copy kept, in chunk order.
+        copied: Vec<(u64, u64)>,
+        /// The chunks with no copy, in chunk order.
+        refused: Vec<u64>,
     },
     /// Several messages in one frame, taken in this order as if each came alone: the
     /// `Done`s of the partitions a process ran in a phase, sent together when the last of

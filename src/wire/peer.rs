@@ -179,12 +179,30 @@ pub enum ToPeer {
         #[serde(deserialize_with = "in_frame")]
         bytes: Bytes,
     },
+    /// A buddy copy (protocol 21): partition `chunk` as it ended `phase`, for the receiver to
+    /// keep in memory until a newer copy replaces it or the coordinator says it is not
+    /// needed. Answered by [`FromPeer::Ack`] with the same `seq` (`kept`: the receiver keeps
+    /// it; otherwise it refused it: another generation, a chunk the job does not have, one
+    /// held there, or over its memory for copies).
+    Copy {
+        /// The sender's number for it, which the answer quotes.
+        seq: u64,
+        /// The job's generation the copy is of.
+        generation: u64,
+        /// The phase the partition ended.
+        phase: u64,
+        /// The partition (chunk).
+        chunk: u64,
+        /// The partition's state (postcard of the job's chunk).
+        #[serde(deserialize_with = "in_frame")]
+        bytes: Bytes,
+    },
 }
 
 /// A message from a listener to a dialer, after the handshake.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum FromPeer {
-    /// The answer to [`ToPeer::Halo`] number `seq`.
+    /// The answer to [`ToPeer::Halo`] or [`ToPeer::Copy`] number `seq`.
     Ack {
         /// The halo's number.
         seq: u64,
@@ -243,7 +261,9 @@ impl Message for FromPeer {
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn weight(msg: &ToPeer) -> usize {
     64 + match msg {
-        ToPeer::Halo { bytes, .. } | ToPeer::Piece { bytes, .. } => bytes.len(),
+        ToPeer::Halo { bytes, .. } | ToPeer::Piece { bytes, .. } | ToPeer::Copy { bytes, .. } => {
+            bytes.len()
+        }
         ToPeer::Heartbeat => 0,
     }
 }

@@ -49,6 +49,11 @@ pub(super) struct Io {
     pub(super) peer_counts: std::cell::Cell<machine::PeerCounts>,
     /// Bytes of the frames sent to the coordinator.
     pub(super) bytes_sent: std::cell::Cell<u64>,
+    /// The most bytes of buddy copies kept for peers
+    /// ([`WorkerOptions::copy_memory`](super::WorkerOptions::copy_memory)).
+    pub(super) copy_memory: u64,
+    /// The buddy copies kept for peers when the loop ended, and their bytes.
+    pub(super) copies_held: std::cell::Cell<(usize, u64)>,
 }
 
 /// The pump's side of the peer data plane: the links, once the coordinator said who this
@@ -364,6 +369,7 @@ impl Io {
             partitioned: J::OWNERSHIP.is_partitioned(),
             direct: self.direct.is_some(),
             threads: threads.len(),
+            copy_memory: self.copy_memory,
         };
         let mut machine = Machine::new(config, std::time::Instant::now());
         let mut sigterm = self
@@ -470,6 +476,7 @@ impl Io {
             peers.close();
         }
         self.peer_counts.set(counts);
+        self.copies_held.set(machine.copies());
         match ended {
             // The coordinator ends a job by sending `End` and closing its socket. What this
             // process wrote in between (a heartbeat, a slot's report) may reach a closed
@@ -915,6 +922,8 @@ mod tests {
             direct: None,
             peer_counts: std::cell::Cell::new(Default::default()),
             bytes_sent: std::cell::Cell::new(0),
+            copy_memory: u64::MAX,
+            copies_held: std::cell::Cell::new((0, 0)),
         }
     }
 

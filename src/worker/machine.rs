@@ -319,6 +319,9 @@ pub(super) struct Config {
     /// Whether this process pushes halos to its peers (and takes theirs): without, a
     /// roster is taken for nothing, and every halo goes through the coordinator.
     pub(super) direct: bool,
+    /// The most bytes of buddy copies this process keeps for its peers (`ToPeer::Copy`): a
+    /// copy past it is refused.
+    pub(super) copy_memory: u64,
 }
 
 /// A message about a chunk waiting behind the write of that chunk's held partition: the
@@ -337,6 +340,9 @@ enum Blocked {
     },
     /// This message (the keeper saw it) is about a partition being placed here.
     Placing(ToWorker),
+    /// The job's code encodes a partition for buddy copy round `round`; the round's other
+    /// partitions follow (`Machine::copying`).
+    Copy { round: u64 },
 }
 
 /// The worker process's protocol state (see the module docs).
@@ -402,6 +408,32 @@ pub(super) struct Machine {
     next_push: u64,
     /// What the peer data plane did, for the process's report.
     peer_counts: PeerCounts,
+    /// Buddy copies this process keeps for its peers, by chunk: the phase each partition
+    /// ended and its bytes; and their bytes in all.
+    copies: IdMap<u64, (u64, Bytes)>,
+    copy_bytes: u64,
+    /// Buddy copy rounds (`Copy`) not answered yet, by number.
+    rounds: IdMap<u64, Round>,
+    /// Numbers rounds.
+    next_round: u64,
+    /// The partitions of the round being encoded that the job's code has not encoded yet.
+    copying: VecDeque<u64>,
+}
+
+/// A buddy copy round (`ToWorker::Copy`): the partitions encoded are pushed to the buddy;
+/// when every push is answered (and every partition encoded), `Copied` goes.
+#[derive(Debug)]
+struct Round {
+    phase: u64,
+    generation: u64,
+    buddy: u64,
+    addr: String,
+    /// Pushes not answered yet.
+    pending: usize,
+    /// Partitions still to encode.
+    encoding: bool,
+    copied: Vec<(u64, u64)>,
+    refused: Vec<u64>,
 }
 
 /// The roster of the peer data plane (`ToWorker::Peers`).
@@ -428,14 +460,25 @@ struct Waiting {
     pending: usize,
 }
 
-/// A halo pushed to a peer, not answered yet: the `Done` it belongs to (`Waiting::id`), its
-/// index among the `Done`'s halos, and its bytes (sent up if the push fails).
+/// A frame pushed to a peer, not answered yet.
 #[derive(Debug)]
 struct Push {
     peer: u64,
-    waiting: u64,
-    index: usize,
-    bytes: Bytes,
+    what: Pushed,
+}
+
+/// What a [`Push`] carried.
+#[derive(Debug)]
+enum Pushed {
+    /// A halo: the `Done` it belongs to (`Waiting::id`), its index among the `Done`'s
+    /// halos, and its bytes (sent up if the push fails).
+    Halo {
+        waiting: u64,
+        index: usize,
+        bytes: Bytes,
+    },
+    /// A buddy copy of `chunk`, of `len` bytes, for round `round`.
+    Copy { round: u64, chunk: u64, len: u64 },
 }
 
 /// What the peer data plane did in this process.
@@ -455,6 +498,14 @@ pub(super) struct PeerCounts {
     /// Handshakes of strangers refused by this process's listener (filled by the pump, at
     /// most the 256 it remembers).
     pub(super) refused_handshakes: u64,
+    /// Buddy copies of partitions held here pushed to peers, their bytes, and how many of
+    /// them the buddy kept.
+    pub(super) copies_pushed: u64,
+    pub(super) copy_bytes_pushed: u64,
+    pub(super) copies_kept: u64,
+    /// Buddy copies peers pushed here, and how many were kept.
+    pub(super) copies_received: u64,
+    pub(super) copies_accepted: u64,
 }
 
 impl Machine {
@@ -489,7 +540,17 @@ impl Machine {
             pushes: IdMap::default(),
             next_push: 0,
             peer_counts: PeerCounts::default(),
+            copies: IdMap::default(),
+            copy_bytes: 0,
+            rounds: IdMap::default(),
+            next_round: 0,
+            copying: VecDeque::new(),
         }
+    }
+
+    /// The buddy copies this process keeps for its peers: how many, and their bytes.
+    pub(super) fn copies(&self) -> (usize, u64) {
+        (self.copies.len(), self.copy_bytes)
     }
 
     /// What the peer data plane did so far.
@@ -510,16 +571,23 @@ impl Machine {
         if self.ended {
             return;
         }
-        let ToPeer::Halo {
-            seq,
-            generation,
-            phase,
-            from: sender,
-            to,
-            bytes,
-        } = msg
-        else {
-            return;
+        let (seq, generation, phase, sender, to, bytes) = match msg {
+            ToPeer::Halo {
+                seq,
+                generation,
+                phase,
+                from,
+                to,
+                bytes,
+            } => (seq, generation, phase, from, to, bytes),
+            ToPeer::Copy {
+                seq,
+                generation,
+                phase,
+                chunk,
+                bytes,
+            } => return self.copy_received(from, seq, generation, phase, chunk, bytes),
+            ToPeer::Heartbeat | ToPeer::Piece { .. } => return,
         };
         self.peer_counts.received += 1;
         if self.chunks.is_some_and(|n| sender >= n || to >= n) {
@@ -556,6 +624,66 @@ impl Machine {
         });
     }
 
+    /// A buddy copy peer process `from` pushed here: kept (replacing an older copy of its
+    /// chunk) if it is of this generation, of a chunk the job has and that is not held here,
+    /// and within the memory for copies; answered either way.
+    fn copy_received(
+        &mut self,
+        from: u64,
+        seq: u64,
+        generation: u64,
+        phase: u64,
+        chunk: u64,
+        bytes: Bytes,
+    ) {
+        self.peer_counts.copies_received += 1;
+        if self.chunks.is_some_and(|n| chunk >= n) {
+            tracing::warn!(
+                peer = from,
+                chunk,
+                "a peer pushed a copy of a chunk the job does not have: its link ends"
+            );
+            self.peer_counts.refused_links += 1;
+            return self.out.push_back(Out::HangUp { to: from });
+        }
+        let current = self.peering.as_ref().and_then(|p| p.generation);
+        let older = self.copies.get(&chunk).map_or(0, |(_, b)| b.len() as u64);
+        let fits = self.copy_bytes - older + bytes.len() as u64 <= self.config.copy_memory;
+        let newer = self.copies.get(&chunk).is_none_or(|(p, _)| *p <= phase);
+        let kept = self.config.partitioned
+            && current == Some(generation)
+            && !self.keeper.is_here(chunk)
+            && newer
+            && fits;
+        if kept {
+            self.copy_bytes = self.copy_bytes - older + bytes.len() as u64;
+            self.copies.insert(chunk, (phase, bytes));
+            self.peer_counts.copies_accepted += 1;
+        } else {
+            tracing::debug!(
+                peer = from,
+                chunk,
+                phase,
+                generation,
+                fits,
+                "a buddy copy is refused"
+            );
+        }
+        self.out.push_back(Out::Answer {
+            to: from,
+            msg: FromPeer::Ack { seq, kept },
+        });
+    }
+
+    /// Drops the buddy copies of `chunks` kept here.
+    fn drop_copies(&mut self, chunks: impl IntoIterator<Item = u64>) {
+        for c in chunks {
+            if let Some((_, b)) = self.copies.remove(&c) {
+                self.copy_bytes -= b.len() as u64;
+            }
+        }
+    }
+
     /// A frame from peer process `to`, on the link this process dialled: the answer to a
     /// push.
     pub(super) fn peer_answered(&mut self, to: u64, msg: FromPeer) {
@@ -573,7 +701,7 @@ impl Machine {
             }
         }
         let push = self.pushes.remove(&seq).expect("checked above");
-        if kept {
+        if kept && matches!(push.what, Pushed::Halo { .. }) {
             self.peer_counts.kept += 1;
         }
         self.answered(push, kept);
@@ -604,15 +732,39 @@ impl Machine {
         }
         for seq in failed {
             let push = self.pushes.remove(&seq).expect("listed above");
-            self.peer_counts.unreachable += 1;
+            if matches!(push.what, Pushed::Halo { .. }) {
+                self.peer_counts.unreachable += 1;
+            }
             self.answered(push, false);
         }
         self.drain_waiting();
     }
 
-    /// A push is answered: its halo is reported kept at its peer, or goes up as bytes.
+    /// A push is answered: its halo is reported kept at its peer, or goes up as bytes; a
+    /// copy counts for its round.
     fn answered(&mut self, push: Push, kept: bool) {
-        let Some(w) = self.waiting.iter_mut().find(|w| w.id == push.waiting) else {
+        let (waiting, index, bytes) = match push.what {
+            Pushed::Halo {
+                waiting,
+                index,
+                bytes,
+            } => (waiting, index, bytes),
+            Pushed::Copy { round, chunk, len } => {
+                if kept {
+                    self.peer_counts.copies_kept += 1;
+                }
+                if let Some(r) = self.rounds.get_mut(&round) {
+                    r.pending -= 1;
+                    if kept {
+                        r.copied.push((chunk, len));
+                    } else {
+                        r.refused.push(chunk);
+                    }
+                }
+                return self.round_ended(round);
+            }
+        };
+        let Some(w) = self.waiting.iter_mut().find(|w| w.id == waiting) else {
             return;
         };
         w.pending -= 1;
@@ -620,14 +772,156 @@ impl Machine {
             halos: Some(halos), ..
         } = &mut w.msg
         {
-            if let Some((_, h)) = halos.get_mut(push.index) {
+            if let Some((_, h)) = halos.get_mut(index) {
                 *h = if kept {
                     Halo::KeptAt(push.peer)
                 } else {
-                    Halo::Sent(push.bytes)
+                    Halo::Sent(bytes)
                 };
             }
         }
+    }
+
+    /// A buddy copy round (`Copy`): its partitions are encoded one by one by the job's code,
+    /// each pushed to the buddy as it comes ([`Machine::copy_encoded`]).
+    fn copy_round(
+        &mut self,
+        phase: u64,
+        generation: u64,
+        buddy: u64,
+        addr: String,
+        chunks: Vec<u64>,
+    ) {
+        let round = self.next_round;
+        self.next_round += 1;
+        self.rounds.insert(
+            round,
+            Round {
+                phase,
+                generation,
+                buddy,
+                addr,
+                pending: 0,
+                encoding: true,
+                copied: Vec::new(),
+                refused: Vec::new(),
+            },
+        );
+        self.copying = chunks.into();
+        self.next_copy(round);
+    }
+
+    /// The next partition of round `round` goes to the job's code, or the round's encoding
+    /// ended.
+    fn next_copy(&mut self, round: u64) {
+        match self.copying.pop_front() {
+            Some(chunk) => {
+                self.blocked = Some(Blocked::Copy { round });
+                let code = Code::Held {
+                    chunk,
+                    surrender: false,
+                };
+                self.out.push_back(Out::Code(code));
+            }
+            None => {
+                if let Some(r) = self.rounds.get_mut(&round) {
+                    r.encoding = false;
+                }
+                self.round_ended(round);
+            }
+        }
+    }
+
+    /// The job's code answered a partition of copy round `round`: its bytes are pushed to
+    /// the buddy (or counted refused, if the buddy is down or not known, or the partition
+    /// is not here); a failure of the job's code goes to the coordinator.
+    fn copy_encoded(&mut self, round: u64, answer: Option<ToCoordinator>) {
+        let Some(r) = self.rounds.get_mut(&round) else {
+            return;
+        };
+        match answer {
+            Some(ToCoordinator::CapturedHeld { chunk, state }) => {
+                let reachable = self.peering.as_ref().is_some_and(|p| {
+                    p.generation == Some(r.generation)
+                        && !p.down.contains(&r.buddy)
+                        && p.me != r.buddy
+                });
+                if !reachable {
+                    r.refused.push(chunk);
+                    return;
+                }
+                let seq = self.next_push;
+                self.next_push += 1;
+                let len = state.len() as u64;
+                r.pending += 1;
+                let (to, addr, generation, phase) =
+                    (r.buddy, r.addr.clone(), r.generation, r.phase);
+                self.pushes.insert(
+                    seq,
+                    Push {
+                        peer: to,
+                        what: Pushed::Copy { round, chunk, len },
+                    },
+                );
+                self.peer_counts.copies_pushed += 1;
+                self.peer_counts.copy_bytes_pushed += len;
+                self.out.push_back(Out::Peer {
+                    to,
+                    addr,
+                    msg: ToPeer::Copy {
+                        seq,
+                        generation,
+                        phase,
+                        chunk,
+                        bytes: state,
+                    },
+                });
+            }
+            Some(ToCoordinator::Missing { chunk }) => {
+                tracing::warn!(
+                    chunk,
+                    "a buddy copy of a partition this process does not hold"
+                );
+                r.refused.push(chunk);
+            }
+            Some(other) => {
+                if let Some(c) = chunk_of(&other) {
+                    r.refused.push(c);
+                }
+                self.route(other, None);
+            }
+            None => {}
+        }
+    }
+
+    /// Round `round` is answered if its encoding ended and every push was answered:
+    /// `Copied` goes.
+    fn round_ended(&mut self, round: u64) {
+        if !self
+            .rounds
+            .get(&round)
+            .is_some_and(|r| !r.encoding && r.pending == 0)
+        {
+            return;
+        }
+        let mut r = self.rounds.remove(&round).expect("checked");
+        r.copied.sort_unstable();
+        r.refused.sort_unstable();
+        if !r.refused.is_empty() {
+            tracing::warn!(
+                buddy = r.buddy,
+                phase = r.phase,
+                refused = r.refused.len(),
+                "buddy copies were not kept"
+            );
+        }
+        self.send(ToCoordinator::Copied {
+            phase: r.phase,
+            generation: r.generation,
+            buddy: r.buddy,
+            copied: r.copied,
+            refused: r.refused,
+        });
     }
 
     /// The messages at the head of `waiting` that wait for nothing any more go.
@@ -719,9 +1013,11 @@ impl Machine {
                 seq,
                 Push {
                     peer,
-                    waiting,
-                    index,
-                    bytes: bytes.clone(),
+                    what: Pushed::Halo {
+                        waiting,
+                        index,
+                        bytes: bytes.clone(),
+                    },
                 },
             );
             self.out.push_back(Out::Peer {
@@ -906,6 +1202,14 @@ impl Machine {
         }
         let (held_folder, slot) = match self.blocked.take() {
             Some(Blocked::Code { held_folder, slot }) => (held_folder, slot),
+            Some(Blocked::Copy { round }) => {
+                match answer {
+                    Ok(reply) => self.copy_encoded(round, reply),
+                    Err(e) => return self.fail(e),
+                }
+                self.next_copy(round);
+                return self.take();
+            }
             other => {
                 self.blocked = other;
                 tracing::warn!("an answer of the job's code that nothing asked for");
@@ -1260,6 +1564,9 @@ impl Machine {
                     // Pushes of the generation rolled back from are refused from now on.
                     p.generation = None;
                 }
+                // Copies of the run rolled back from are of phases it will compute again.
+                let kept: Vec<u64> = self.copies.keys().copied().collect();
+                self.drop_copies(kept);
                 self.out.push_back(Out::Forget);
             }
             ToWorker::Peers {
@@ -1277,6 +1584,22 @@ impl Machine {
                     self.roster(me, session, generation, addrs, holders);
                 }
             }
+            ToWorker::Copy {
+                phase,
+                generation,
+                buddy,
+                addr,
+                chunks,
+            } => {
+                if !self.config.partitioned {
+                    return self.fail(self.bad("a buddy copy for a job without partitions".into()));
+                }
+                if chunks.windows(2).any(|w| w[0] >= w[1]) {
+                    return self.fail(self.bad("buddy copies out of chunk order or twice".into()));
+                }
+                self.copy_round(phase, generation, buddy, addr, chunks);
+            }
+            ToWorker::DropCopies { chunks } => self.drop_copies(chunks),
             ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
         }
     }
@@ -1520,6 +1843,7 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Piece { .. }
         | ToCoordinator::Listening { .. }
         | ToCoordinator::Unreachable { .. }
+        | ToCoordinator::Copied { .. }
         | ToCoordinator::Undecodable { .. } => None,
     }
 }
@@ -1527,13 +1851,15 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
 /// The held partitions a message from the coordinator is about (a `Run` with a grant names
 /// several).
 fn held_chunks(msg: &ToWorker) -> impl Iterator<Item = u64> + '_ {
-    let granted = match msg {
-        ToWorker::Run { then, .. } => &then[..],
-        _ => &[],
+    let (granted, copied): (&[(u64, u64, u64)], &[u64]) = match msg {
+        ToWorker::Run { then, .. } => (&then[..], &[]),
+        ToWorker::Copy { chunks, .. } => (&[], &chunks[..]),
+        _ => (&[], &[]),
     };
     held_chunk(msg)
         .into_iter()
         .chain(granted.iter().map(|&(c, _, _)| c))
+        .chain(copied.iter().copied())
 }
 
 /// The held partition a message from the coordinator is about first, if it is about one.
@@ -1571,6 +1897,7 @@ mod tests {
             partitioned,
             threads,
             direct: true,
+            copy_memory: 1 << 20,
         };
         let mut m = Machine::new(config, t0);
         m.tick(t0, vec![0; threads]);
@@ -2646,6 +2973,186 @@ mod tests {
             &pushed[..],
             [(2, ToPeer::Halo { generation: 5, .. })]
         ));
+    }
+
+    /// A copy round: each listed partition is encoded by the job's code in turn (later
+    /// messages wait), pushed to the buddy as it comes, and `Copied` says which the buddy
+    /// kept once every push is answered; a buddy whose link goes down keeps none.
+    #[test]
+    fn a_copy_round_pushes_each_partition_to_the_buddy_and_says_which_it_kept() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        let _ = polled(&mut m);
+        let copy = |chunks: Vec<u64>| ToWorker::Copy {
+            phase: 2,
+            generation: 4,
+            buddy: 2,
+            addr: "127.0.0.1:9002".into(),
+            chunks,
+        };
+        let begin = ToWorker::Begin {
+            chunk: 5,
+            halos: vec![(4, Halo::Sent(halo(4, "down")))],
+        };
+        m.received(t0, Some(ToWorker::Batch(vec![copy(vec![3, 5]), begin])));
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::Code(Code::Held {
+                chunk: 3,
+                surrender: false
+            })]
+        ));
+        m.answer(Ok(Some(captured_held(3, b"three"))));
+        let outs = polled(&mut m);
+        let [
+            Out::Peer {
+                to: 2,
+                msg:
+                    ToPeer::Copy {
+                        seq: first,
+                        generation: 4,
+                        phase: 2,
+                        chunk: 3,
+                        bytes,
+                    },
+                ..
+            },
+            Out::Code(Code::Held { chunk: 5, .. }),
+        ] = &outs[..]
+        else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(&bytes[..], b"three");
+        let first = *first;
+        m.answer(Ok(Some(captured_held(5, b"five"))));
+        // The partition's `Begin` waited for its copy.
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [
+                    Out::Peer {
+                        msg: ToPeer::Copy { chunk: 5, .. },
+                        ..
+                    },
+                    Out::Code(Code::Begin { chunk: 5, .. })
+                ]
+            ),
+            "{outs:?}"
+        );
+        m.answer(Ok(None));
+        m.peer_answered(
+            2,
+            FromPeer::Ack {
+                seq: first + 1,
+                kept: false,
+            },
+        );
+        assert!(polled(&mut m).is_empty(), "one push is not answered");
+        m.peer_answered(
+            2,
+            FromPeer::Ack {
+                seq: first,
+                kept: true,
+            },
+        );
+        let copied = ToCoordinator::Copied {
+            phase: 2,
+            generation: 4,
+            buddy: 2,
+            copied: vec![(3, 5)],
+            refused: vec![5],
+        };
+        assert_eq!(sent(polled(&mut m)), vec![copied]);
+        let c = m.peer_counts();
+        assert_eq!(
+            (c.copies_pushed, c.copy_bytes_pushed, c.copies_kept),
+            (2, 9, 1)
+        );
+
+        // The buddy's link goes down: nothing kept; a buddy down is not pushed to.
+        m.received(t0, Some(copy(vec![3])));
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"three"))));
+        let _ = polled(&mut m);
+        m.peer_down(2, "reset".into());
+        let up = sent(polled(&mut m));
+        assert!(
+            matches!(&up[..], [ToCoordinator::Unreachable { process: 2, .. }, ToCoordinator::Copied { copied, refused, .. }] if copied.is_empty() && refused == &[3]),
+            "{up:?}"
+        );
+        m.received(t0, Some(copy(vec![3, 5])));
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"three"))));
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(ToCoordinator::Missing { chunk: 5 })));
+        let up = sent(polled(&mut m));
+        assert!(
+            matches!(&up[..], [ToCoordinator::Copied { copied, refused, .. }] if copied.is_empty() && refused == &[3, 5]),
+            "{up:?}"
+        );
+        // A round out of chunk order ends the process.
+        refused(copy(vec![5, 3]), "out of chunk order");
+    }
+
+    /// A buddy keeps a copy of this generation, of a chunk the job has and that is not held
+    /// here, newer than the one it has, within its memory for copies; `DropCopies` and
+    /// `Forget` drop them.
+    #[test]
+    fn a_buddy_keeps_copies_within_its_memory_and_drops_them_when_told() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let push = |seq, generation, phase, chunk, len: usize| ToPeer::Copy {
+            seq,
+            generation,
+            phase,
+            chunk,
+            bytes: vec![7u8; len].into(),
+        };
+        let answer = |m: &mut Machine| -> bool {
+            let (_, answers, _) = peer_outs(polled(m));
+            match &answers[..] {
+                [(9, FromPeer::Ack { kept, .. })] => *kept,
+                a => panic!("{a:?}"),
+            }
+        };
+        m.peer_received(9, push(0, 4, 2, 1, 10));
+        assert!(!answer(&mut m), "no roster yet");
+        m.received(t0, Some(roster(4)));
+        let _ = polled(&mut m);
+        m.peer_received(9, push(1, 3, 2, 1, 10));
+        assert!(!answer(&mut m), "another generation");
+        m.peer_received(9, push(2, 4, 2, 1, 10));
+        assert!(answer(&mut m));
+        m.peer_received(9, push(3, 4, 2, 6, 100));
+        assert!(answer(&mut m));
+        assert_eq!(m.copies(), (2, 110));
+        // A newer copy replaces the older; an older one is refused.
+        m.peer_received(9, push(4, 4, 4, 1, 20));
+        assert!(answer(&mut m));
+        m.peer_received(9, push(5, 4, 3, 1, 30));
+        assert!(!answer(&mut m), "older than the one kept");
+        assert_eq!(m.copies(), (2, 120));
+        // Past the memory for copies (1 MiB here): refused.
+        m.peer_received(9, push(6, 4, 4, 2, 1 << 20));
+        assert!(!answer(&mut m), "too large");
+        // A partition held here has no copy here.
+        m.received(t0, Some(run(0, 4, true)));
+        m.reported(done(0, 4, false));
+        let _ = polled(&mut m);
+        m.peer_received(9, push(7, 4, 2, 4, 10));
+        assert!(!answer(&mut m), "held here");
+        m.received(t0, Some(ToWorker::DropCopies { chunks: vec![1, 5] }));
+        assert_eq!(m.copies(), (1, 100));
+        m.received(t0, Some(ToWorker::Forget));
+        let _ = polled(&mut m);
+        assert_eq!(m.copies(), (0, 0));
+        let c = m.peer_counts();
+        assert_eq!((c.copies_received, c.copies_accepted), (8, 3));
+        // A copy of a chunk past the job's last ends that peer's link.
+        m.peer_received(9, push(8, 4, 2, 8, 10));
+        assert!(matches!(&polled(&mut m)[..], [Out::HangUp { to: 9 }]));
     }
 
     /// A pushed halo is kept only for a partition whose only copy is here, of this phase

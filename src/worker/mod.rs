@@ -192,6 +192,7 @@ pub struct WorkerOptions {
     grace: Option<Duration>,
     node: String,
     direct_halos: bool,
+    copy_memory: u64,
 }
 
 impl Default for WorkerOptions {
@@ -208,6 +209,7 @@ impl Default for WorkerOptions {
             grace: None,
             node: crate::snapshot::lease::host_name(),
             direct_halos: true,
+            copy_memory: u64::MAX,
         }
     }
 }
@@ -348,6 +350,17 @@ impl WorkerOptions {
         self.direct_halos = on;
         self
     }
+
+    /// The most bytes of buddy copies this process keeps in memory for its peers (default:
+    /// no limit but the coordinator's, which gives each partition's copy to one process).
+    /// A job with buddy copies ([`JobBuilder::buddy_copies`](crate::JobBuilder::buddy_copies))
+    /// has each worker process copy the partitions it holds into another process's memory;
+    /// a copy that would pass this limit is refused, and its partition has no copy (counted
+    /// on the coordinator's handle, [`JobHandle::copies`](crate::JobHandle::copies)).
+    pub fn copy_memory(mut self, bytes: u64) -> Self {
+        self.copy_memory = bytes;
+        self
+    }
 }
 
 /// What a worker process did, from [`serve`].
@@ -404,6 +417,20 @@ pub struct PeerTraffic {
     /// Connections to this process's peer listener whose handshake was refused (a stranger,
     /// another token, another run; at most the last 256 are counted).
     pub handshakes_refused: u64,
+    /// Buddy copies of the partitions held here pushed to peers.
+    pub copies_pushed: u64,
+    /// Their bytes.
+    pub copy_bytes_pushed: u64,
+    /// Of those, the ones their buddy kept.
+    pub copies_kept_by_peers: u64,
+    /// Buddy copies peers pushed here.
+    pub copies_received: u64,
+    /// Of those, the ones this process kept.
+    pub copies_kept_here: u64,
+    /// Buddy copies kept here for peers when the process ended.
+    pub copies_held: u64,
+    /// Their bytes.
+    pub copy_bytes_held: u64,
 }
 
 /// A number of seconds in an environment variable.
@@ -625,6 +652,8 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
             .then(|| (options.token.clone(), options.timeout)),
         peer_counts: std::cell::Cell::new(Default::default()),
         bytes_sent: std::cell::Cell::new(0),
+        copy_memory: options.copy_memory,
+        copies_held: std::cell::Cell::new((0, 0)),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, &inputs, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -660,6 +689,13 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
                 halos_unreachable: c.unreachable,
                 links_refused: c.refused_links,
                 handshakes_refused: c.refused_handshakes,
+                copies_pushed: c.copies_pushed,
+                copy_bytes_pushed: c.copy_bytes_pushed,
+                copies_kept_by_peers: c.copies_kept,
+                copies_received: c.copies_received,
+                copies_kept_here: c.copies_accepted,
+                copies_held: io.copies_held.get().0 as u64,
+                copy_bytes_held: io.copies_held.get().1,
             }
         },
     })

@@ -92,6 +92,7 @@ impl<J: Job> SimProcess<J> {
             partitioned: J::OWNERSHIP.hooks.is_some(),
             threads,
             direct: true,
+            copy_memory: u64::MAX,
         };
         let held = HeldParts::default();
         let (out, reports): (UnboundedSender<ToCoordinator>, _) = unbounded_channel();

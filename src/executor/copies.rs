@@ -1,0 +1,254 @@
+//! Buddy copies of owned partitions (local recovery, first step): the coordinator's record
+//! of which partition has a copy in which worker process's memory, and of which phase.
+//!
+//! With [`Builder::buddy_copies`](crate::Builder::buddy_copies)`(k)`, at the barrier after
+//! every `k`-th phase each worker process holding partitions is asked (`ToWorker::Copy`, ahead
+//! of the next phase's messages) to copy them, as the phase left them, into the memory of
+//! another process, its *buddy*: the next process in the roster's order on another node if
+//! there is one, else the next process; only processes that listen for their peers take
+//! copies. The copies go process to process (`ToPeer::Copy`), never through the
+//! coordinator; the owner says which its buddy kept (`Copied`). This record is then:
+//!
+//! - one copy per partition at most (a newer copy elsewhere makes the older buddy drop its
+//!   own, `DropCopies`), so the memory the copies take over all processes is at most one
+//!   grid, and each process's share is reported ([`Copies`]);
+//! - a copy is forgotten with the process that kept it, and all are forgotten at a
+//!   rollback (the processes drop theirs at `Forget`);
+//! - an answer of another generation (from before a rollback) is dropped.
+//!
+//! What the copies are for, the replay of a lost process's partitions from them while the
+//! survivors go on (DESIGN §10), is the next step: until then a lost partition still rolls
+//! the job back to its latest snapshot, and the copies only cost their time and memory,
+//! which `benches/partitions.rs` measures.
+
+use crate::schedule::idhash::IdMap;
+use crate::schedule::{ChunkId, ProcessId};
+
+/// The buddy copies of a job run, from [`JobHandle::copies`](crate::JobHandle::copies).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Copies {
+    /// Partitions with a copy in a worker process's memory now.
+    pub partitions: u64,
+    /// The bytes of those copies.
+    pub bytes: u64,
+    /// The most bytes of copies one worker process keeps now.
+    pub max_bytes_per_process: u64,
+    /// The phase of the newest copy, if any.
+    pub newest_phase: Option<u64>,
+    /// The phase of the oldest copy kept, if any (replaying a lost partition would start
+    /// there).
+    pub oldest_phase: Option<u64>,
+    /// Copy rounds asked of worker processes so far (one per process and barrier).
+    pub rounds: u64,
+    /// Copies kept by buddies so far.
+    pub kept: u64,
+    /// Copies not kept so far: the buddy refused them (its memory for copies was full) or
+    /// could not be reached, or no buddy was there (one worker process alone).
+    pub refused: u64,
+    /// Copies lost with the process that kept them.
+    pub lost: u64,
+}
+
+/// A partition's copy: the phase it ended, where it is, and its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Kept {
+    phase: u64,
+    buddy: ProcessId,
+    bytes: u64,
+}
+
+/// The coordinator's record of buddy copies (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Buddies {
+    /// Copies are taken at the barrier after every `every`-th phase; `None`: never.
+    every: Option<u64>,
+    copies: IdMap<ChunkId, Kept>,
+    /// Bytes of copies each process keeps.
+    held: IdMap<ProcessId, u64>,
+    report: Copies,
+}
+
+impl Buddies {
+    /// A record for copies every `every` phases (`None` or 0: none).
+    pub(crate) fn new(every: Option<u64>) -> Buddies {
+        Buddies {
+            every: every.filter(|&k| k > 0),
+            ..Buddies::default()
+        }
+    }
+
+    /// Whether copies are taken at the barrier after phase `ended`.
+    pub(crate) fn due(&self, ended: u64) -> bool {
+        self.every.is_some_and(|k| (ended + 1) % k == 0)
+    }
+
+    /// The buddy of process `owner` among `processes` (`(process, node)`, each listening for
+    /// its peers, in the roster's order): the next one after `owner` on another node, else
+    /// the next one; `None` if `owner` is alone.
+    pub(crate) fn buddy_of<N: PartialEq + Copy>(
+        owner: ProcessId,
+        node: N,
+        processes: &[(ProcessId, N)],
+    ) -> Option<ProcessId> {
+        let after = processes.partition_point(|&(p, _)| p <= owner);
+        let ring = || {
+            processes[after..]
+                .iter()
+                .chain(&processes[..after])
+                .filter(|&&(p, _)| p != owner)
+        };
+        ring()
+            .find(|&&(_, n)| n != node)
+            .or_else(|| ring().next())
+            .map(|&(p, _)| p)
+    }
+
+    /// A round was asked of a process.
+    pub(crate) fn asked(&mut self) {
+        self.report.rounds += 1;
+    }
+
+    /// Partitions asked to be copied found no buddy.
+    pub(crate) fn no_buddy(&mut self, n: usize) {
+        self.report.refused += n as u64;
+    }
+
+    /// Process `buddy` keeps the copies `copied` (`(chunk, bytes)`) of `phase`; those of
+    /// `refused` were not kept. Returns, per process, the older copies it keeps that are no
+    /// longer needed.
+    pub(crate) fn copied(
+        &mut self,
+        phase: u64,
+        buddy: ProcessId,
+        copied: &[(ChunkId, u64)],
+        refused: usize,
+    ) -> Vec<(ProcessId, Vec<ChunkId>)> {
+        self.report.refused += refused as u64;
+        let mut stale: Vec<(ProcessId, ChunkId)> = Vec::new();
+        for &(chunk, bytes) in copied {
+            self.report.kept += 1;
+            let new = Kept {
+                phase,
+                buddy,
+                bytes,
+            };
+            if let Some(old) = self.copies.get(&chunk).copied() {
+                if old.phase > phase {
+                    // An answer overtaken by a newer round's: the buddy keeps the newer
+                    // one if it is the same process; else its copy is not needed.
+                    if old.buddy != buddy {
+                        stale.push((buddy, chunk));
+                    }
+                    continue;
+                }
+                self.unhold(old.buddy, old.bytes);
+                if old.buddy != buddy {
+                    stale.push((old.buddy, chunk));
+                }
+            }
+            *self.held.entry(buddy).or_default() += bytes;
+            self.copies.insert(chunk, new);
+        }
+        stale.sort_unstable();
+        let mut drops: Vec<(ProcessId, Vec<ChunkId>)> = Vec::new();
+        for (p, c) in stale {
+            match drops.last_mut() {
+                Some((last, chunks)) if *last == p => chunks.push(c),
+                _ => drops.push((p, vec![c])),
+            }
+        }
+        drops
+    }
+
+    fn unhold(&mut self, process: ProcessId, bytes: u64) {
+        if let Some(h) = self.held.get_mut(&process) {
+            *h = h.saturating_sub(bytes);
+            if *h == 0 {
+                self.held.remove(&process);
+            }
+        }
+    }
+
+    /// Process `process` is gone, with the copies it kept.
+    pub(crate) fn lost(&mut self, process: ProcessId) {
+        if self.held.remove(&process).is_none() {
+            return;
+        }
+        let before = self.copies.len();
+        self.copies.retain(|_, c| c.buddy != process);
+        self.report.lost += (before - self.copies.len()) as u64;
+    }
+
+    /// The job rolled back: every copy is of a phase it computes again, and the processes
+    /// dropped theirs.
+    pub(crate) fn reset(&mut self) {
+        self.copies.clear();
+        self.held.clear();
+    }
+
+    /// The copy of `chunk`, if any: the phase it ended and the process that keeps it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn copy_of(&self, chunk: ChunkId) -> Option<(u64, ProcessId)> {
+        self.copies.get(&chunk).map(|c| (c.phase, c.buddy))
+    }
+
+    /// What the handle shows.
+    pub(crate) fn report(&self) -> Copies {
+        let mut r = self.report.clone();
+        r.partitions = self.copies.len() as u64;
+        r.bytes = self.copies.values().map(|c| c.bytes).sum();
+        r.max_bytes_per_process = self.held.values().copied().max().unwrap_or(0);
+        r.newest_phase = self.copies.values().map(|c| c.phase).max();
+        r.oldest_phase = self.copies.values().map(|c| c.phase).min();
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buddy_is_the_next_process_on_another_node_if_there_is_one() {
+        let p = |n| ProcessId(n);
+        let roster = [(p(1), 'a'), (p(2), 'a'), (p(4), 'b'), (p(7), 'b')];
+        assert_eq!(Buddies::buddy_of(p(1), 'a', &roster), Some(p(4)));
+        assert_eq!(Buddies::buddy_of(p(4), 'b', &roster), Some(p(1)));
+        assert_eq!(Buddies::buddy_of(p(7), 'b', &roster), Some(p(1)));
+        let one_node = [(p(1), 'a'), (p(2), 'a'), (p(4), 'a')];
+        assert_eq!(Buddies::buddy_of(p(2), 'a', &one_node), Some(p(4)));
+        assert_eq!(Buddies::buddy_of(p(4), 'a', &one_node), Some(p(1)));
+        assert_eq!(Buddies::buddy_of(p(1), 'a', &[(p(1), 'a')]), None);
+        // An owner that does not listen itself still gets one.
+        assert_eq!(Buddies::buddy_of(p(3), 'a', &one_node), Some(p(4)));
+    }
+
+    #[test]
+    fn a_newer_copy_elsewhere_drops_the_older_and_a_lost_buddy_takes_its_copies() {
+        let p = |n| ProcessId(n);
+        let mut b = Buddies::new(Some(2));
+        assert!(!b.due(0) && b.due(1) && !b.due(2) && b.due(3));
+        assert!(b.copied(1, p(2), &[(0, 10), (1, 20)], 1).is_empty());
+        assert_eq!(b.report().max_bytes_per_process, 30);
+        // Chunk 1 is copied to process 3 two phases later: process 2 drops its copy.
+        assert_eq!(b.copied(3, p(3), &[(1, 25)], 0), vec![(p(2), vec![1])]);
+        assert_eq!(b.copy_of(1), Some((3, p(3))));
+        let r = b.report();
+        assert_eq!(
+            (r.partitions, r.bytes, r.max_bytes_per_process),
+            (2, 35, 25)
+        );
+        assert_eq!((r.oldest_phase, r.newest_phase), (Some(1), Some(3)));
+        assert_eq!((r.kept, r.refused), (3, 1));
+        // An answer overtaken by a newer one changes nothing, and its copy goes.
+        assert_eq!(b.copied(1, p(2), &[(1, 20)], 0), vec![(p(2), vec![1])]);
+        assert_eq!(b.copy_of(1), Some((3, p(3))));
+        b.lost(p(3));
+        assert_eq!(b.copy_of(1), None);
+        assert_eq!(b.copy_of(0), Some((1, p(2))));
+        assert_eq!(b.report().lost, 1);
+        b.reset();
+        assert_eq!(b.report().partitions, 0);
+    }
+}
