@@ -115,17 +115,17 @@ impl Buddies {
     }
 
     /// Process `buddy` keeps the copies `copied` (`(chunk, bytes)`) of `phase`; those of
-    /// `refused` were not kept. Returns, per process, the older copies it keeps that are no
-    /// longer needed.
+    /// `refused` were not kept. Returns the copies no longer needed: `(process, before,
+    /// chunks)`, the chunks whose copies of a phase before `before` that process keeps.
     pub(crate) fn copied(
         &mut self,
         phase: u64,
         buddy: ProcessId,
         copied: &[(ChunkId, u64)],
         refused: usize,
-    ) -> Vec<(ProcessId, Vec<ChunkId>)> {
+    ) -> Vec<(ProcessId, u64, Vec<ChunkId>)> {
         self.report.refused += refused as u64;
-        let mut stale: Vec<(ProcessId, ChunkId)> = Vec::new();
+        let mut stale: Vec<(ProcessId, u64, ChunkId)> = Vec::new();
         for &(chunk, bytes) in copied {
             self.report.kept += 1;
             let new = Kept {
@@ -138,24 +138,24 @@ impl Buddies {
                     // An answer overtaken by a newer round's: the buddy keeps the newer
                     // one if it is the same process; else its copy is not needed.
                     if old.buddy != buddy {
-                        stale.push((buddy, chunk));
+                        stale.push((buddy, old.phase, chunk));
                     }
                     continue;
                 }
                 self.unhold(old.buddy, old.bytes);
                 if old.buddy != buddy {
-                    stale.push((old.buddy, chunk));
+                    stale.push((old.buddy, phase, chunk));
                 }
             }
             *self.held.entry(buddy).or_default() += bytes;
             self.copies.insert(chunk, new);
         }
         stale.sort_unstable();
-        let mut drops: Vec<(ProcessId, Vec<ChunkId>)> = Vec::new();
-        for (p, c) in stale {
+        let mut drops: Vec<(ProcessId, u64, Vec<ChunkId>)> = Vec::new();
+        for (p, before, c) in stale {
             match drops.last_mut() {
-                Some((last, chunks)) if *last == p => chunks.push(c),
-                _ => drops.push((p, vec![c])),
+                Some((last, b, chunks)) if (*last, *b) == (p, before) => chunks.push(c),
+                _ => drops.push((p, before, vec![c])),
             }
         }
         drops
@@ -232,7 +232,7 @@ mod tests {
         assert!(b.copied(1, p(2), &[(0, 10), (1, 20)], 1).is_empty());
         assert_eq!(b.report().max_bytes_per_process, 30);
         // Chunk 1 is copied to process 3 two phases later: process 2 drops its copy.
-        assert_eq!(b.copied(3, p(3), &[(1, 25)], 0), vec![(p(2), vec![1])]);
+        assert_eq!(b.copied(3, p(3), &[(1, 25)], 0), vec![(p(2), 3, vec![1])]);
         assert_eq!(b.copy_of(1), Some((3, p(3))));
         let r = b.report();
         assert_eq!(
@@ -242,7 +242,7 @@ mod tests {
         assert_eq!((r.oldest_phase, r.newest_phase), (Some(1), Some(3)));
         assert_eq!((r.kept, r.refused), (3, 1));
         // An answer overtaken by a newer one changes nothing, and its copy goes.
-        assert_eq!(b.copied(1, p(2), &[(1, 20)], 0), vec![(p(2), vec![1])]);
+        assert_eq!(b.copied(1, p(2), &[(1, 20)], 0), vec![(p(2), 3, vec![1])]);
         assert_eq!(b.copy_of(1), Some((3, p(3))));
         b.lost(p(3));
         assert_eq!(b.copy_of(1), None);

@@ -2051,16 +2051,17 @@ impl<J: Job> State<J> {
                     c.last().is_none_or(|&l| l < chunks) && c.windows(2).all(|w| w[0] < w[1])
                 };
                 let kept: Vec<u64> = copied.iter().map(|c| c.0).collect();
+                if generation != self.remote.generation {
+                    // An answer from before a rollback (which may have gone back to an
+                    // earlier phase): its buddy dropped the copies.
+                    return Ok(());
+                }
                 if phase > self.phase || !ordered(&kept) || !ordered(&refused) {
                     return Err(bad(format!(
                         "buddy copies of phase {phase} (now {}), or of chunks out of order or \
                          past the last",
                         self.phase
                     )));
-                }
-                if generation != self.remote.generation {
-                    // An answer from before a rollback: its buddy dropped the copies.
-                    return Ok(());
                 }
                 let buddy = ProcessId(buddy);
                 metrics::counter!(crate::metrics::BUDDY_COPIES, "job" => J::NAME, "outcome" => "kept")
@@ -2076,11 +2077,10 @@ impl<J: Job> State<J> {
                     .remote
                     .buddies
                     .copied(phase, buddy, &copied, refused.len());
-                for (p, chunks) in drops {
+                for (p, before, chunks) in drops {
                     if self.remote.conns.contains_key(&p) {
-                        self.remote
-                            .outbox
-                            .push((p, ToWorker::DropCopies { chunks }));
+                        let msg = ToWorker::DropCopies { chunks, before };
+                        self.remote.outbox.push((p, msg));
                     }
                 }
                 metrics::gauge!(crate::metrics::BUDDY_COPY_BYTES, "job" => J::NAME)

@@ -148,6 +148,9 @@ trait Simulated: crate::Job<Reducer: crate::reduce::Reducer<Value = Vec<u64>>> +
     fn draw(rng: &mut Rng) -> Self;
     /// The job's value computed by a plain loop.
     fn expected(&self) -> Vec<u64>;
+    /// Whether `bytes`, a buddy copy of `chunk`'s partition as `phase` left it, is that
+    /// partition as a plain loop leaves it.
+    fn check_copy(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String>;
     /// The job in a few words, for the log.
     fn describe(&self) -> String;
 }
@@ -166,6 +169,27 @@ impl Simulated for SimJob {
     fn expected(&self) -> Vec<u64> {
         sequential(&self.0)
     }
+    fn check_copy(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String> {
+        let band: crate::rows::Band<SimGrid> =
+            crate::codec::decode("a copy", bytes).map_err(|e| e.to_string())?;
+        let grid = grid_after(&self.0, phase + 1);
+        let rows = band.rows();
+        let w = self.0.w;
+        let same = band.cells().len() == (rows.end - rows.start) as usize * w
+            && rows.clone().zip(band.cells().chunks(w)).all(|(i, row)| {
+                let want = &grid[i as usize];
+                row.iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            });
+        if same {
+            Ok(())
+        } else {
+            Err(format!(
+                "the copy of band {chunk} (rows {rows:?}) of phase {phase} is not the grid's"
+            ))
+        }
+    }
     fn describe(&self) -> String {
         format!(
             "grid of {} rows in {} bands, {} phases",
@@ -176,12 +200,23 @@ impl Simulated for SimJob {
 
 /// The grid's value computed by a plain loop.
 fn sequential(g: &SimGrid) -> Vec<u64> {
+    let mut hashes = Vec::new();
+    relaxed(g, g.phases, &mut hashes);
+    hashes
+}
+
+/// The grid after `phases` phases of a plain loop.
+fn grid_after(g: &SimGrid, phases: u64) -> Vec<Vec<f64>> {
+    relaxed(g, phases, &mut Vec::new())
+}
+
+/// The grid after `phases` phases of a plain loop, and the last phase's row hashes.
+fn relaxed(g: &SimGrid, phases: u64, hashes: &mut Vec<u64>) -> Vec<Vec<f64>> {
     let (n, w) = (g.n as usize, g.w);
     let mut grid: Vec<Vec<f64>> = (0..n)
         .map(|i| (0..w).map(|j| init(i as u64, j)).collect())
         .collect();
-    let mut hashes = Vec::new();
-    for _ in 0..g.phases {
+    for _ in 0..phases {
         let mut next = grid.clone();
         hashes.clear();
         for i in 0..n {
@@ -192,7 +227,7 @@ fn sequential(g: &SimGrid) -> Vec<u64> {
         }
         grid = next;
     }
-    hashes
+    grid
 }
 
 /// The simulation's object store: in memory, and able to tear a commit. Armed, the next
@@ -355,6 +390,10 @@ pub(crate) struct Tally {
     pub(crate) pushed: u64,
     pub(crate) kept_at_peers: u64,
     pub(crate) links_broken: u64,
+    /// Buddy copies the coordinator recorded, and those checked against the plain loop's
+    /// partitions in their buddy's memory.
+    pub(crate) copies: u64,
+    pub(crate) copies_checked: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -370,6 +409,8 @@ impl std::ops::AddAssign for Tally {
         self.pushed += t.pushed;
         self.kept_at_peers += t.kept_at_peers;
         self.links_broken += t.links_broken;
+        self.copies += t.copies;
+        self.copies_checked += t.copies_checked;
         self.crashes += t.crashes;
         self.rollbacks += t.rollbacks;
         self.snapshots += t.snapshots;
@@ -422,7 +463,10 @@ impl<J: Simulated> History<J> {
         let job = J::draw(&mut rng);
         let keep = 1 + rng.below(3) as usize;
         let forced_fault = 1 + rng.below(8);
-        let mut h = History::build(job, keep, forced_fault, rng, rt);
+        // A third of the histories take no buddy copies, the others at every barrier or
+        // every other one (drawn apart from `rng`, so that the draws stay as they were).
+        let copies = [None, Some(1), Some(2)][(seed % 3) as usize];
+        let mut h = History::build(job, keep, forced_fault, copies, rng, rt);
         let first = 1 + h.rng.below(3);
         for _ in 0..first {
             h.start_process();
@@ -435,6 +479,7 @@ impl<J: Simulated> History<J> {
         job: J,
         keep: usize,
         forced_fault: u64,
+        copies: Option<u64>,
         rng: Rng,
         rt: Arc<tokio::runtime::Runtime>,
     ) -> History<J> {
@@ -448,6 +493,7 @@ impl<J: Simulated> History<J> {
         config.snapshots.set_store(store.clone());
         config.snapshots.keep = keep;
         config.snapshots.max_failures = Some(1000);
+        config.buddy_copies = copies;
         let wrapped = job.clone();
         config.origin = Origin::new(
             Some(crate::codec::encode("the job", &wrapped).expect("a grid encodes")),
@@ -664,7 +710,7 @@ impl<J: Simulated> History<J> {
     /// A history that a test writes step by step: `job`, no process, no fault unless the test
     /// makes one.
     fn scripted(job: J) -> History<J> {
-        History::build(job, 2, u64::MAX, Rng(0), runtime())
+        History::build(job, 2, u64::MAX, None, Rng(0), runtime())
     }
 
     /// A process of `threads` threads joins (scripted); its index.
@@ -1205,6 +1251,7 @@ impl<J: Simulated> History<J> {
                 self.start_process();
             }
             self.step(&mut buf);
+            self.check_copies()?;
             if !self.moved() {
                 return Err(format!("no progress for {STUCK:?}"));
             }
@@ -1214,9 +1261,51 @@ impl<J: Simulated> History<J> {
         }
     }
 
+    /// Every buddy copy the coordinator records is in its buddy's memory, of that phase or
+    /// a newer one, and is the partition a plain loop has there. Checked when the
+    /// coordinator recorded new copies, and at the end.
+    fn check_copies(&mut self) -> Result<(), String> {
+        let kept = self.state.remote.buddies.report().kept;
+        if kept == self.tally.copies {
+            return Ok(());
+        }
+        self.tally.copies = kept;
+        let chunks = self.state.core.plan().len();
+        for chunk in 0..chunks {
+            let Some((phase, buddy)) = self.state.remote.buddies.copy_of(chunk) else {
+                continue;
+            };
+            // A buddy killed, whose loss the coordinator has not noticed yet, has nothing.
+            let Some(p) = self
+                .procs
+                .iter()
+                .find(|p| p.id == buddy && p.sim.ended().is_none())
+            else {
+                continue;
+            };
+            let Some((had, bytes)) = p.sim.copy_of(chunk) else {
+                return Err(format!(
+                    "the coordinator records a copy of chunk {chunk} of phase {phase} in \
+                     {buddy}, which keeps none"
+                ));
+            };
+            if had < phase {
+                return Err(format!(
+                    "the coordinator records a copy of chunk {chunk} of phase {phase} in \
+                     {buddy}, which keeps one of phase {had}"
+                ));
+            }
+            self.job.check_copy(chunk, had, &bytes)?;
+            self.tally.copies_checked += 1;
+        }
+        Ok(())
+    }
+
     /// The checks after the end: every request answered, every committed snapshot
     /// restorable.
     fn check_end(&mut self) -> Result<(), String> {
+        self.tally.copies = u64::MAX;
+        self.check_copies()?;
         if let Some(k) = (0..self.replies.0).find(|k| !self.replies.1.contains(k)) {
             return Err(format!("snapshot request {k} was never answered"));
         }

@@ -138,7 +138,7 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
             addrs.iter().map(|(_, a)| a.len() + 8).sum::<usize>() + 16 * holders.len()
         }
         ToWorker::Copy { addr, chunks, .. } => addr.len() + 8 * chunks.len(),
-        ToWorker::DropCopies { chunks } => 8 * chunks.len(),
+        ToWorker::DropCopies { chunks, .. } => 8 * chunks.len(),
         _ => 0,
     }
 }
@@ -370,10 +370,14 @@ pub enum ToWorker {
         chunks: Vec<u64>,
     },
     /// Owned partitions, buddy copies: the copies of `chunks` this process keeps for others
-    /// are no longer needed (a newer one is elsewhere, or their partition is gone): drop them.
+    /// that are of a phase before `before` are no longer needed (a newer one is elsewhere):
+    /// drop them. (A newer copy that reached this process meanwhile, over another link, is
+    /// kept.)
     DropCopies {
         /// The chunks.
         chunks: Vec<u64>,
+        /// Copies of this phase or later are kept.
+        before: u64,
     },
 }
 

@@ -548,6 +548,12 @@ impl Machine {
         }
     }
 
+    /// The buddy copy of `chunk` this process keeps for a peer: its phase and bytes.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    pub(super) fn copy_of(&self, chunk: u64) -> Option<(u64, Bytes)> {
+        self.copies.get(&chunk).cloned()
+    }
+
     /// The buddy copies this process keeps for its peers: how many, and their bytes.
     pub(super) fn copies(&self) -> (usize, u64) {
         (self.copies.len(), self.copy_bytes)
@@ -675,10 +681,11 @@ impl Machine {
         });
     }
 
-    /// Drops the buddy copies of `chunks` kept here.
-    fn drop_copies(&mut self, chunks: impl IntoIterator<Item = u64>) {
+    /// Drops the buddy copies of `chunks` kept here that are of a phase before `before`.
+    fn drop_copies(&mut self, chunks: impl IntoIterator<Item = u64>, before: u64) {
         for c in chunks {
-            if let Some((_, b)) = self.copies.remove(&c) {
+            if self.copies.get(&c).is_some_and(|(p, _)| *p < before) {
+                let (_, b) = self.copies.remove(&c).expect("checked");
                 self.copy_bytes -= b.len() as u64;
             }
         }
@@ -1566,7 +1573,7 @@ impl Machine {
                 }
                 // Copies of the run rolled back from are of phases it will compute again.
                 let kept: Vec<u64> = self.copies.keys().copied().collect();
-                self.drop_copies(kept);
+                self.drop_copies(kept, u64::MAX);
                 self.out.push_back(Out::Forget);
             }
             ToWorker::Peers {
@@ -1599,7 +1606,7 @@ impl Machine {
                 }
                 self.copy_round(phase, generation, buddy, addr, chunks);
             }
-            ToWorker::DropCopies { chunks } => self.drop_copies(chunks),
+            ToWorker::DropCopies { chunks, before } => self.drop_copies(chunks, before),
             ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
         }
     }
@@ -3143,15 +3150,32 @@ mod tests {
         let _ = polled(&mut m);
         m.peer_received(9, push(7, 4, 2, 4, 10));
         assert!(!answer(&mut m), "held here");
-        m.received(t0, Some(ToWorker::DropCopies { chunks: vec![1, 5] }));
-        assert_eq!(m.copies(), (1, 100));
+        // Dropped if older than the phase named: a newer copy stays.
+        m.received(
+            t0,
+            Some(ToWorker::DropCopies {
+                chunks: vec![1, 6],
+                before: 3,
+            }),
+        );
+        assert_eq!(m.copies(), (1, 20));
+        m.received(
+            t0,
+            Some(ToWorker::DropCopies {
+                chunks: vec![1],
+                before: 5,
+            }),
+        );
+        assert_eq!(m.copies(), (0, 0));
+        m.peer_received(9, push(8, 4, 2, 6, 100));
+        assert!(answer(&mut m));
         m.received(t0, Some(ToWorker::Forget));
         let _ = polled(&mut m);
         assert_eq!(m.copies(), (0, 0));
         let c = m.peer_counts();
-        assert_eq!((c.copies_received, c.copies_accepted), (8, 3));
+        assert_eq!((c.copies_received, c.copies_accepted), (9, 4));
         // A copy of a chunk past the job's last ends that peer's link.
-        m.peer_received(9, push(8, 4, 2, 8, 10));
+        m.peer_received(9, push(9, 4, 2, 8, 10));
         assert!(matches!(&polled(&mut m)[..], [Out::HangUp { to: 9 }]));
     }
 

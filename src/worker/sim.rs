@@ -141,6 +141,11 @@ impl<J: Job> SimProcess<J> {
         self.outbox.pop_front()
     }
 
+    /// The buddy copy of `chunk` this process keeps for a peer: its phase and bytes.
+    pub(crate) fn copy_of(&self, chunk: u64) -> Option<(u64, bytes::Bytes)> {
+        self.machine.copy_of(chunk)
+    }
+
     /// This process accepts halos from its peers once it knows its number (at a made-up
     /// address).
     pub(crate) fn listen(&mut self) {

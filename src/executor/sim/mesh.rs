@@ -180,11 +180,44 @@ impl Simulated for SimMesh {
     }
 
     fn expected(&self) -> Vec<u64> {
+        self.run(self.phases, |_, _| {})
+    }
+
+    fn check_copy(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String> {
+        let copy: SimTile = crate::codec::decode("a copy", bytes).map_err(|e| e.to_string())?;
+        let mut reference = None;
+        self.run(phase + 1, |p, tiles| {
+            if p == phase {
+                reference = tiles.get(chunk as usize).cloned();
+            }
+        });
+        if reference.as_ref() == Some(&copy) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the copy of tile {chunk} of phase {phase} is {copy:?}, not {reference:?}"
+            ))
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mesh of {} x {} tiles of {} cells, {} phases",
+            self.rows, self.cols, self.cells, self.phases
+        )
+    }
+}
+
+impl SimMesh {
+    /// The value of the first `phases` phases computed by a plain loop; `ended` sees the
+    /// tiles as each phase left them (before the pieces it sends are taken).
+    fn run(&self, phases: u64, mut ended: impl FnMut(u64, &[SimTile])) -> Vec<u64> {
         let n = self.tiles();
         let mut tiles: Vec<SimTile> = (0..n).map(|t| SimTile::new(t, self.cells)).collect();
         let mut value = Vec::new();
-        for phase in 0..self.phases {
+        for phase in 0..phases {
             value = tiles.iter_mut().map(SimTile::phase).collect();
+            ended(phase, &tiles);
             let mut inbox: Vec<Vec<(u64, Vec<u64>)>> = vec![Vec::new(); n as usize];
             for (from, t) in (0..).zip(&tiles) {
                 let to: Vec<Option<u64>> = match SimMesh::pattern_of(phase) {
@@ -206,12 +239,5 @@ impl Simulated for SimMesh {
             }
         }
         value
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "mesh of {} x {} tiles of {} cells, {} phases",
-            self.rows, self.cols, self.cells, self.phases
-        )
     }
 }
