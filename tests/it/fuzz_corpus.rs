@@ -305,6 +305,23 @@ fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
                 holders: vec![(7, Some(1)), (8, None)],
             },
         ),
+        (
+            "copy",
+            ToWorker::Copy {
+                phase: 19,
+                generation: 2,
+                buddy: 4,
+                addr: "10.0.0.4:40004".into(),
+                chunks: vec![0, 1, 7],
+            },
+        ),
+        (
+            "drop-copies",
+            ToWorker::DropCopies {
+                chunks: vec![3, 9],
+                before: 40,
+            },
+        ),
     ]
 }
 
@@ -520,6 +537,16 @@ fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
             ToCoordinator::Unreachable {
                 process: 4,
                 reason: "connection refused".into(),
+            },
+        ),
+        (
+            "copied",
+            ToCoordinator::Copied {
+                phase: 19,
+                generation: 2,
+                buddy: 4,
+                copied: vec![(0, 4096), (7, 1 << 33)],
+                refused: vec![1],
             },
         ),
         (
@@ -921,6 +948,16 @@ fn peer_seeds(seeds: &mut BTreeMap<(&'static str, String), Vec<u8>>) {
         ("halo", a_halo(1, 24)),
         ("halo-empty", a_halo(u64::MAX, 0)),
         ("heartbeat", ToPeer::Heartbeat),
+        (
+            "copy",
+            ToPeer::Copy {
+                seq: 3,
+                generation: 2,
+                phase: 19,
+                chunk: 7,
+                bytes: (0..64).map(|i| (i * 5) as u8).collect::<Vec<u8>>().into(),
+            },
+        ),
         (
             "piece",
             ToPeer::Piece {
