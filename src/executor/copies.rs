@@ -170,6 +170,27 @@ impl Buddies {
         }
     }
 
+    /// The copies of `chunks` are not needed any more: forgotten. Returns, per process, the
+    /// chunks whose copies it keeps.
+    pub(crate) fn forget(&mut self, chunks: &[ChunkId]) -> Vec<(ProcessId, Vec<ChunkId>)> {
+        let mut gone: Vec<(ProcessId, ChunkId)> = Vec::new();
+        for &chunk in chunks {
+            if let Some(old) = self.copies.remove(&chunk) {
+                self.unhold(old.buddy, old.bytes);
+                gone.push((old.buddy, chunk));
+            }
+        }
+        gone.sort_unstable();
+        let mut by: Vec<(ProcessId, Vec<ChunkId>)> = Vec::new();
+        for (p, c) in gone {
+            match by.last_mut() {
+                Some((last, chunks)) if *last == p => chunks.push(c),
+                _ => by.push((p, vec![c])),
+            }
+        }
+        by
+    }
+
     /// Process `process` is gone, with the copies it kept.
     pub(crate) fn lost(&mut self, process: ProcessId) {
         if self.held.remove(&process).is_none() {
@@ -246,6 +267,9 @@ mod tests {
         assert_eq!(b.copy_of(1), Some((3, p(3))));
         b.lost(p(3));
         assert_eq!(b.copy_of(1), None);
+        b.copied(1, p(4), &[(5, 7), (6, 7)], 0);
+        assert_eq!(b.forget(&[6, 5, 9]), vec![(p(4), vec![5, 6])]);
+        assert_eq!(b.copy_of(5), None);
         assert_eq!(b.copy_of(0), Some((1, p(2))));
         assert_eq!(b.report().lost, 1);
         b.reset();

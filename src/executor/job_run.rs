@@ -790,6 +790,9 @@ impl<J: Job> State<J> {
         // What partitions gather at this barrier, built once for all (`Pieces::concat`).
         let gathered = crate::exchange::Gathered::default();
         let mut remote_begins = Vec::with_capacity(len);
+        // Partitions in the coordinator's own hands need no copy (`copies.rs`).
+        let mut live_here = Vec::new();
+        let copies_due = self.remote.buddies.due(phase);
         for (chunk, held) in self.core.kept_mut() {
             // The partition changes: no part of it in the store is current any more.
             self.snap.on_run(chunk);
@@ -800,6 +803,9 @@ impl<J: Job> State<J> {
             };
             match held {
                 Held::Live(part) => {
+                    if copies_due {
+                        live_here.push(chunk);
+                    }
                     live.clear();
                     HeldHalo::live_into(inbox, &hooks, chunk, &mut live)?;
                     catch(Site::Chunk { phase: next, chunk }, J::NAME, || {
@@ -829,6 +835,9 @@ impl<J: Job> State<J> {
         // Halos released for the phase that ended found their sender's `Done` by now (those
         // that did not were released for nobody).
         self.remote.early.clear();
+        if !live_here.is_empty() {
+            self.remote.drop_copies_of(&live_here);
+        }
         if !remote_begins.is_empty() {
             let job_bytes = bytes::Bytes::from(crate::codec::encode_for_workers("the job", job)?);
             self.remote

@@ -582,6 +582,20 @@ impl Remotes {
         }
     }
 
+    /// The partitions of `chunks` are in the coordinator's own hands (its threads run
+    /// them): they are lost only with it, so their copies are not needed any more.
+    pub(crate) fn drop_copies_of(&mut self, chunks: &[ChunkId]) {
+        for (p, chunks) in self.buddies.forget(chunks) {
+            if self.conns.contains_key(&p) {
+                let msg = ToWorker::DropCopies {
+                    chunks,
+                    before: u64::MAX,
+                };
+                self.outbox.push((p, msg));
+            }
+        }
+    }
+
     /// The peer data plane's session: random, drawn once per run.
     fn session(&mut self) -> [u8; 16] {
         *self.session.get_or_insert_with(|| {

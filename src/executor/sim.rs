@@ -1698,6 +1698,75 @@ mod tests {
         assert_eq!(t.peers_unreachable, 0);
     }
 
+    /// With copies every other phase and no fault, every partition has a copy after each
+    /// copy barrier, of that barrier's phase, in another process than its holder's, and the
+    /// copies are the plain loop's partitions.
+    #[test]
+    fn every_partition_has_a_copy_in_another_process_after_a_copy_barrier() {
+        let job = Banded(SimGrid {
+            n: 48,
+            w: 6,
+            bands: 12,
+            phases: 8,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::scripted(job);
+        h.state.remote.buddies = super::super::copies::Buddies::new(Some(2));
+        h.join(1);
+        h.join(2);
+        h.join(1);
+        let mut phase = h.state.phase;
+        let mut covered = Vec::new();
+        while !h.state.outcome_ready() {
+            let mut moved = false;
+            for i in 0..h.procs.len() {
+                if !h.procs[i].inbox.is_empty() || h.procs[i].sim.has_sent() {
+                    h.deliver_all(i);
+                    h.send_all(i);
+                    moved = true;
+                }
+                for t in h.procs[i].sim.busy_threads() {
+                    h.procs[i].sim.turn(t);
+                    moved = true;
+                }
+            }
+            moved |= h.deliver_peers();
+            h.check_copies()
+                .unwrap_or_else(|e| panic!("{e}\n{}", h.log.join("\n")));
+            if h.state.phase != phase {
+                phase = h.state.phase;
+                // The copies of the barrier before the last one are in (their answers came
+                // during the phase after it).
+                let c = h.state.remote.buddies.report();
+                covered.push((phase, c.partitions, c.oldest_phase, c.newest_phase));
+                for chunk in 0..12 {
+                    let Some((_, buddy)) = h.state.remote.buddies.copy_of(chunk) else {
+                        continue;
+                    };
+                    let holder =
+                        h.state
+                            .core
+                            .holder(chunk)
+                            .and_then(|w| match h.state.members.get(w)? {
+                                super::super::members::Member::Remote(r) => Some(r.conn),
+                                _ => None,
+                            });
+                    assert_ne!(holder, Some(buddy), "chunk {chunk}'s copy is with it");
+                }
+            }
+            assert!(moved, "stuck:\n{}", h.log.join("\n"));
+        }
+        finished_with(&mut h, &expected);
+        // Copies at the barriers after phases 1, 3 and 5; by phase 7 all of phase 5.
+        assert!(
+            covered.contains(&(7, 12, Some(5), Some(5))),
+            "{covered:?}\n{}",
+            h.log.join("\n")
+        );
+        assert!(h.tally.copies_checked >= 24, "{:?}", h.tally);
+    }
+
     /// A batch inside a batch from a process is refused, and so is a `Returned` of chunks
     /// its slot was not granted; a batch's messages are taken in order.
     #[test]

@@ -42,7 +42,9 @@ fn worker_process() {
             let p = served.peers;
             println!(
                 "SERVED parts={} sent={} done={} pushed={} kept_by_peers={} received={} \
-                 kept_here={} unreachable={}",
+                 kept_here={} unreachable={} copies_pushed={} copy_bytes_pushed={} \
+                 copies_kept_by_peers={} copies_received={} copies_kept_here={} \
+                 copies_held={} copy_bytes_held={} to_coordinator={}",
                 served.parts_written,
                 served.parts_sent,
                 served.chunks_done,
@@ -51,6 +53,14 @@ fn worker_process() {
                 p.halos_received,
                 p.halos_kept_here,
                 p.halos_unreachable,
+                p.copies_pushed,
+                p.copy_bytes_pushed,
+                p.copies_kept_by_peers,
+                p.copies_received,
+                p.copies_kept_here,
+                p.copies_held,
+                p.copy_bytes_held,
+                served.bytes_to_coordinator,
             );
             std::process::exit(0);
         }
@@ -274,6 +284,61 @@ fn halos_between_worker_processes_go_from_one_to_the_other() {
     assert_eq!(a["received"] + b["received"], pushed);
     assert_eq!(a["kept_here"] + b["kept_here"], kept);
     assert_eq!(a["unreachable"] + b["unreachable"], 0);
+}
+
+/// Buddy copies every other phase: each of three processes copies its partitions into
+/// the next one's memory, process to process (the thread that waits for the job runs some
+/// partitions too, which need no copy). Both sides count the same copies, the
+/// coordinator's handle shows one copy per partition at most and what they weigh, none of
+/// the copies' bytes crossed the coordinator, and the grid is exact.
+#[test]
+fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .buddy_copies(2)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(40);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let procs: Vec<_> = ["copies-a", "copies-b", "copies-c"]
+        .into_iter()
+        .map(|name| start_logged(&addr, name))
+        .collect();
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let c = h.copies();
+    let served: Vec<_> = procs
+        .into_iter()
+        .map(|(child, out)| served(child, &out))
+        .collect();
+    let sum = |k: &str| served.iter().map(|s| s[k]).sum::<u64>();
+    assert!(c.rounds >= 10, "{c:?}");
+    assert!(c.kept >= 12 && c.refused == 0, "{c:?} {served:?}");
+    assert!(c.partitions > 0 && c.partitions <= job.bands, "{c:?}");
+    // Copies are taken at the barriers after phases 1, 3, …, 37; none is left behind (the
+    // partitions the waiting thread took, which are in the coordinator's hands, have none).
+    assert!(c.oldest_phase >= Some(33), "{c:?}");
+    // A copy is the band's rows (240 x 64 cells of 8 bytes in 12 bands) and a little more.
+    let band = 240 / 12 * 64 * 8;
+    assert!(c.bytes >= c.partitions * band, "{c:?}");
+    assert!(c.max_bytes_per_process <= c.bytes, "{c:?}");
+    assert_eq!(sum("copies_pushed"), sum("copies_received"), "{served:?}");
+    assert_eq!(
+        sum("copies_kept_by_peers"),
+        sum("copies_kept_here"),
+        "{served:?}"
+    );
+    assert_eq!(sum("copies_kept_by_peers"), c.kept, "{c:?} {served:?}");
+    // The processes keep what the coordinator counts (and older copies not dropped yet).
+    assert!(sum("copy_bytes_held") >= c.bytes, "{c:?} {served:?}");
+    // The copies went process to process: what the processes sent the coordinator is a
+    // fraction of them.
+    let pushed = sum("copy_bytes_pushed");
+    assert!(pushed >= c.kept * band, "{served:?}");
+    assert!(sum("to_coordinator") * 2 < pushed, "{served:?}");
 }
 
 /// A worker process that takes no halo from its peers (`MALLEABLE_DIRECT_HALOS=0`) gets
