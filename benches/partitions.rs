@@ -53,11 +53,20 @@
 //!    first, so part of the rollback's cost lands in it, and the target's measure does not
 //!    see it) and the median phase on the one process left. The final grid is checked bit for
 //!    bit.
+//! 5. **Buddy copies** ([`Builder::buddy_copies`](malleable::Builder::buddy_copies)): 2
+//!    worker processes (one thread each, halos direct), `PARTITIONS_COPY_PHASES` phases
+//!    (default 100), with a copy of every partition into the other process's memory every
+//!    `PARTITIONS_COPY_EVERY` phases (default 20), against the same without copies, in
+//!    turn. Printed: the run with copies ÷ the run without, the median over the rounds
+//!    (target: overhead ≤ 3%); the pause, the phase after each copy barrier against the
+//!    median phase of the run without copies, ÷ postcard serializing one process's half of
+//!    the grid alone (target ≤ 1.1×); and the copies' bytes per process. Values are checked
+//!    equal.
 //!
 //! ```text
-//! cargo bench --bench partitions                         # all four, 4000 × 4000
+//! cargo bench --bench partitions                         # all five, 4000 × 4000
 //! PARTITIONS_ONLY=doubling cargo bench --bench partitions # one part: doubling, remote,
-//!                                                         # pause or recovery
+//!                                                         # pause, recovery or copies
 //! PARTITIONS_N=1000 PARTITIONS_PHASES=80 cargo bench --bench partitions  # smaller, quicker
 //! cargo test --bench partitions                          # a quick checked pass (N = 200)
 //! ```
@@ -205,6 +214,9 @@ fn main() {
     if part("recovery") {
         let r = reference_for(s.recovery_phases());
         summary.extend(recovery(s, &r));
+    }
+    if part("copies") {
+        summary.extend(copies(s));
     }
     println!();
     for line in summary {
@@ -1043,4 +1055,125 @@ fn recovery(s: Sizes, reference: &Solution) -> Vec<String> {
         median_f64(ratios),
         s.recoveries
     )]
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Buddy copies.
+
+fn copies(s: Sizes) -> Vec<String> {
+    let (phases, every) = if s.quick {
+        (
+            env_or("PARTITIONS_COPY_PHASES", 12),
+            env_or("PARTITIONS_COPY_EVERY", 3),
+        )
+    } else {
+        (
+            env_or("PARTITIONS_COPY_PHASES", 100),
+            env_or("PARTITIONS_COPY_EVERY", 20),
+        )
+    };
+    println!(
+        "\n== buddy copies: 2 worker processes, a copy every {every} phases against none, \
+         {phases} phases, {} rounds",
+        s.pairs
+    );
+    let job = || Banded(Heat::new(s.n, phases));
+    // One run: its time, its phases' times, what the handle says of the copies, the value.
+    let run = |copies: bool| {
+        let exec = coordinator()
+            .buddy_copies(if copies { every } else { 0 })
+            .build()
+            .expect("a coordinator");
+        let addr = exec.local_addr().expect("listening").to_string();
+        let workers = [spawn_worker_env(&addr, &[]), spawn_worker_env(&addr, &[])];
+        std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
+        let t = Instant::now();
+        let mut log = Phases::watch(t);
+        let h = exec.submit(job()).expect("submit");
+        while log.next(&h).is_some() {}
+        let done = finish(h.clone());
+        let took = t.elapsed();
+        log.drain();
+        for mut w in workers {
+            let _ = w.wait();
+        }
+        let times: Vec<(u64, Duration)> = log.seen.iter().map(|&(p, d, _)| (p, d)).collect();
+        (took, times, h.copies(), Heat::solution(&done))
+    };
+    let (mut ratios, mut pauses, mut normals) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last = None;
+    let mut reference: Option<Solution> = None;
+    for round in 0..s.pairs {
+        let (with, without) = if round % 2 == 0 {
+            let w = run(true);
+            (w, run(false))
+        } else {
+            let wo = run(false);
+            (run(true), wo)
+        };
+        for (_, _, _, value) in [&with, &without] {
+            match &reference {
+                Some(r) => check("copies", value, r),
+                None => reference = Some(value.clone()),
+            }
+        }
+        // The phase after a copy barrier (the copies are taken before it starts) against the
+        // median phase of the run without copies, past the first few.
+        let normal = median(
+            without
+                .1
+                .iter()
+                .filter(|(p, _)| *p >= 3)
+                .map(|&(_, d)| d)
+                .collect(),
+        );
+        for &(p, d) in &with.1 {
+            if p > 0 && p % every == 0 {
+                pauses.push(d.saturating_sub(normal));
+            }
+        }
+        normals.push(normal);
+        let ratio = with.0.as_secs_f64() / without.0.as_secs_f64();
+        println!(
+            "round {}: with copies {:.3} s, without {:.3} s: {ratio:.3}x; median phase without \
+             {:.1} ms; copies {:?}",
+            round + 1,
+            with.0.as_secs_f64(),
+            without.0.as_secs_f64(),
+            ms(normal),
+            with.2,
+        );
+        ratios.push(ratio);
+        last = Some(with.2);
+    }
+    // What a process does at a copy barrier, alone: postcard of its half of the grid.
+    let heat = Banded(Heat::new(s.n, phases));
+    let half: Vec<Band<Heat>> = (0..heat.0.bands / 2)
+        .map(|b| barrier_band(&heat, b))
+        .collect();
+    let (alone, bytes) = serialize_alone(&half, 5);
+    let pause = median(pauses.clone());
+    println!(
+        "pauses after copy barriers: {:?} ms; median {:.1} ms; serializing one process's half \
+         ({:.0} MB) alone {:.1} ms",
+        pauses.iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
+        ms(pause),
+        bytes as f64 / 1e6,
+        ms(alone),
+    );
+    let c = last.unwrap_or_default();
+    vec![
+        format!(
+            "buddy copies every {every} phases: run with ÷ without {:.3}x (median of {} rounds; target <= 1.03x)",
+            median_f64(ratios),
+            s.pairs
+        ),
+        format!(
+            "buddy copy pause: {:.1} ms, {:.2}x serializing a process's partitions alone (target <= 1.1x); copies kept {:.0} MB, at most {:.0} MB in one process",
+            ms(pause),
+            pause.as_secs_f64() / alone.as_secs_f64().max(1e-9),
+            c.bytes as f64 / 1e6,
+            c.max_bytes_per_process as f64 / 1e6,
+        ),
+    ]
 }

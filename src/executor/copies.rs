@@ -48,6 +48,11 @@ pub struct Copies {
     pub refused: u64,
     /// Copies lost with the process that kept them.
     pub lost: u64,
+    /// The bytes of the halo logs worker processes keep (the halos each partition
+    /// exported since the oldest copy, what a replay from it needs), as they last said.
+    pub log_bytes: u64,
+    /// The most of those one worker process keeps.
+    pub max_log_bytes_per_process: u64,
 }
 
 /// A partition's copy: the phase it ended, where it is, and its size.
@@ -66,6 +71,10 @@ pub(crate) struct Buddies {
     copies: IdMap<ChunkId, Kept>,
     /// Bytes of copies each process keeps.
     held: IdMap<ProcessId, u64>,
+    /// Where each partition's halo log is (the process that ran it since a phase, whose
+    /// exports from then on it keeps), and each process's log bytes as it last said.
+    logs: IdMap<ChunkId, (ProcessId, u64)>,
+    log_bytes: IdMap<ProcessId, u64>,
     report: Copies,
 }
 
@@ -76,6 +85,39 @@ impl Buddies {
             every: every.filter(|&k| k > 0),
             ..Buddies::default()
         }
+    }
+
+    /// Whether the job takes buddy copies (and its processes keep halo logs).
+    pub(crate) fn enabled(&self) -> bool {
+        self.every.is_some()
+    }
+
+    /// The first phase whose exports the processes' halo logs must keep: the oldest copy's
+    /// (a replay from it takes that phase's exports first), or `ended` if there is none.
+    pub(crate) fn log_from(&self, ended: u64) -> u64 {
+        self.copies
+            .values()
+            .map(|c| c.phase)
+            .min()
+            .unwrap_or(ended)
+            .min(ended)
+    }
+
+    /// Partition `chunk` exported its halos for `phase` in process `by`, which logs them: if
+    /// it ran elsewhere before, its log there starts at `phase`.
+    pub(crate) fn exported(&mut self, chunk: ChunkId, by: ProcessId, phase: u64) {
+        match self.logs.get(&chunk) {
+            Some(&(p, _)) if p == by => {}
+            _ => {
+                self.logs.insert(chunk, (by, phase));
+            }
+        }
+    }
+
+    /// Where the halo log of `chunk` is, and since which phase.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn log_of(&self, chunk: ChunkId) -> Option<(ProcessId, u64)> {
+        self.logs.get(&chunk).copied()
     }
 
     /// Whether copies are taken at the barrier after phase `ended`.
@@ -191,8 +233,15 @@ impl Buddies {
         by
     }
 
-    /// Process `process` is gone, with the copies it kept.
+    /// Process `owner` keeps a halo log of `bytes` now.
+    pub(crate) fn logged(&mut self, owner: ProcessId, bytes: u64) {
+        self.log_bytes.insert(owner, bytes);
+    }
+
+    /// Process `process` is gone, with the copies and the logs it kept.
     pub(crate) fn lost(&mut self, process: ProcessId) {
+        self.log_bytes.remove(&process);
+        self.logs.retain(|_, (p, _)| *p != process);
         if self.held.remove(&process).is_none() {
             return;
         }
@@ -206,6 +255,8 @@ impl Buddies {
     pub(crate) fn reset(&mut self) {
         self.copies.clear();
         self.held.clear();
+        self.logs.clear();
+        self.log_bytes.clear();
     }
 
     /// The copy of `chunk`, if any: the phase it ended and the process that keeps it.
@@ -222,6 +273,8 @@ impl Buddies {
         r.max_bytes_per_process = self.held.values().copied().max().unwrap_or(0);
         r.newest_phase = self.copies.values().map(|c| c.phase).max();
         r.oldest_phase = self.copies.values().map(|c| c.phase).min();
+        r.log_bytes = self.log_bytes.values().sum();
+        r.max_log_bytes_per_process = self.log_bytes.values().copied().max().unwrap_or(0);
         r
     }
 }
@@ -272,6 +325,17 @@ mod tests {
         assert_eq!(b.copy_of(5), None);
         assert_eq!(b.copy_of(0), Some((1, p(2))));
         assert_eq!(b.report().lost, 1);
+        // Logs: where each partition ran since when; gone with their process.
+        assert_eq!(b.log_from(9), 1);
+        b.exported(0, p(2), 4);
+        b.exported(0, p(2), 5);
+        assert_eq!(b.log_of(0), Some((p(2), 4)));
+        b.exported(0, p(4), 6);
+        assert_eq!(b.log_of(0), Some((p(4), 6)));
+        b.logged(p(4), 100);
+        assert_eq!(b.report().log_bytes, 100);
+        b.lost(p(4));
+        assert_eq!((b.log_of(0), b.report().log_bytes), (None, 0));
         b.reset();
         assert_eq!(b.report().partitions, 0);
     }

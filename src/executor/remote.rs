@@ -554,6 +554,12 @@ impl Remotes {
             .collect();
         roster.sort_unstable();
         let generation = self.generation;
+        // Every process trims its halo log to what a replay from the oldest copy needs.
+        let from = self.buddies.log_from(ended);
+        let mut ids: Vec<ProcessId> = self.conns.keys().copied().collect();
+        ids.sort_unstable();
+        self.outbox
+            .extend(ids.into_iter().map(|id| (id, ToWorker::Logs { from })));
         for group in owned.chunk_by(|a, b| a.0 == b.0) {
             let owner = group[0].0;
             let Some(node) = self.conns.get(&owner).map(|c| c.node) else {
@@ -904,6 +910,10 @@ impl<J: Job> State<J> {
         self.offer_store(Some(id));
         if self.core.is_partitioned() {
             self.remote.welcome_peer(id);
+            if self.remote.buddies.enabled() {
+                let from = self.phase;
+                self.remote.outbox.push((id, ToWorker::Logs { from }));
+            }
         }
         // The slots join together: the ledger reassigns and dispatches once, at the last.
         let slots: Vec<WorkerId> = slots.into_iter().flatten().collect();
@@ -2056,10 +2066,12 @@ impl<J: Job> State<J> {
                 buddy,
                 copied,
                 refused,
+                log_bytes,
             } => {
                 if !J::OWNERSHIP.is_partitioned() {
                     return Err(bad("buddy copies of a job without partitions".into()));
                 }
+                self.remote.buddies.logged(id, log_bytes);
                 let chunks = self.core.plan().len();
                 let ordered = |c: &[u64]| {
                     c.last().is_none_or(|&l| l < chunks) && c.windows(2).all(|w| w[0] < w[1])
@@ -2239,7 +2251,11 @@ impl<J: Job> State<J> {
                         if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
                             return Ok(());
                         }
-                        // Kept by that process, with its halos here for the barrier.
+                        // Kept by that process, with its halos here for the barrier (and in
+                        // its halo log, with buddy copies).
+                        if self.remote.buddies.enabled() {
+                            self.remote.buddies.exported(chunk, id, self.phase);
+                        }
                         let halos = self.remote.count_halos(id, chunk, halos).map_err(bad)?;
                         self.keep_halos(chunk, halos);
                         Some(Held::Elsewhere(id))

@@ -151,6 +151,15 @@ trait Simulated: crate::Job<Reducer: crate::reduce::Reducer<Value = Vec<u64>>> +
     /// Whether `bytes`, a buddy copy of `chunk`'s partition as `phase` left it, is that
     /// partition as a plain loop leaves it.
     fn check_copy(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String>;
+    /// Whether `halos`, the halo log's record of what `chunk` (of `rows`) exported at the
+    /// end of `phase`, is what it exports in a plain loop.
+    fn check_log(
+        &self,
+        chunk: u64,
+        rows: std::ops::Range<u64>,
+        phase: u64,
+        halos: &[(Option<u64>, bytes::Bytes)],
+    ) -> Result<(), String>;
     /// The job in a few words, for the log.
     fn describe(&self) -> String;
 }
@@ -187,6 +196,41 @@ impl Simulated for SimJob {
         } else {
             Err(format!(
                 "the copy of band {chunk} (rows {rows:?}) of phase {phase} is not the grid's"
+            ))
+        }
+    }
+    fn check_log(
+        &self,
+        chunk: u64,
+        rows: std::ops::Range<u64>,
+        phase: u64,
+        halos: &[(Option<u64>, bytes::Bytes)],
+    ) -> Result<(), String> {
+        let grid = grid_after(&self.0, phase + 1);
+        // A halo is a row's cells, postcard bytes: their little-endian form.
+        let row = |i: u64| -> Vec<u8> {
+            grid[i as usize]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect()
+        };
+        let mut want = Vec::new();
+        if chunk > 0 {
+            want.push((Some(chunk - 1), row(rows.start)));
+        }
+        if chunk + 1 < self.0.bands {
+            want.push((Some(chunk + 1), row(rows.end - 1)));
+        }
+        let got: Vec<(Option<u64>, Vec<u8>)> = halos
+            .iter()
+            .map(|(to, b)| Ok((*to, crate::codec::decode::<Vec<u8>>("a halo", b)?)))
+            .collect::<Result<_, crate::codec::Error>>()
+            .map_err(|e| e.to_string())?;
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "the halo log of band {chunk} for phase {phase} is not the grid's rows"
             ))
         }
     }
@@ -394,6 +438,8 @@ pub(crate) struct Tally {
     /// partitions in their buddy's memory.
     pub(crate) copies: u64,
     pub(crate) copies_checked: u64,
+    /// Records of halo logs checked against the plain loop's exports.
+    pub(crate) logs_checked: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -411,6 +457,7 @@ impl std::ops::AddAssign for Tally {
         self.links_broken += t.links_broken;
         self.copies += t.copies;
         self.copies_checked += t.copies_checked;
+        self.logs_checked += t.logs_checked;
         self.crashes += t.crashes;
         self.rollbacks += t.rollbacks;
         self.snapshots += t.snapshots;
@@ -1262,7 +1309,8 @@ impl<J: Simulated> History<J> {
     }
 
     /// Every buddy copy the coordinator records is in its buddy's memory, of that phase or
-    /// a newer one, and is the partition a plain loop has there. Checked when the
+    /// a newer one, and is the partition a plain loop has there; every process's halo log
+    /// is what a plain loop's partitions export, of the phases asked. Checked when the
     /// coordinator recorded new copies, and at the end.
     fn check_copies(&mut self) -> Result<(), String> {
         let kept = self.state.remote.buddies.report().kept;
@@ -1271,6 +1319,24 @@ impl<J: Simulated> History<J> {
         }
         self.tally.copies = kept;
         let chunks = self.state.core.plan().len();
+        for p in self.procs.iter().filter(|p| p.sim.ended().is_none()) {
+            let (log, bytes, from) = p.sim.log();
+            let sum: u64 = log
+                .iter()
+                .flat_map(|(_, _, h)| h.iter().map(|(_, b)| b.len() as u64))
+                .sum();
+            if sum != bytes || log.iter().any(|&(phase, ..)| Some(phase) < from) {
+                return Err(format!(
+                    "{}'s halo log counts {bytes} bytes (it has {sum}), or keeps phases before {from:?}",
+                    p.id
+                ));
+            }
+            for (phase, chunk, halos) in log {
+                let rows = self.state.core.plan().range(*chunk);
+                self.job.check_log(*chunk, rows, *phase, halos)?;
+                self.tally.logs_checked += 1;
+            }
+        }
         for chunk in 0..chunks {
             let Some((phase, buddy)) = self.state.remote.buddies.copy_of(chunk) else {
                 continue;

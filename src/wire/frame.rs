@@ -69,7 +69,8 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// halos it carries. Version 21: buddy copies (local recovery's first step): `Copy` asks a
 /// process to copy the partitions it holds to another process's memory
 /// ([`ToPeer::Copy`](super::peer::ToPeer::Copy)), `Copied` says which the buddy kept, and
-/// `DropCopies` tells a buddy which copies it no longer needs.
+/// `DropCopies` tells a buddy which copies it no longer needs; `Logs` asks a process to keep
+/// the halos its partitions export (a halo log), and `Copied` says how much it keeps.
 pub const PROTOCOL_VERSION: u32 = 21;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
@@ -369,6 +370,14 @@ pub enum ToWorker {
         /// The partitions to copy, each held here, in chunk order.
         chunks: Vec<u64>,
     },
+    /// Owned partitions, buddy copies: keep the halos (the pieces) each partition here
+    /// exports at the end of phase `from` and later (a *halo log*: what replays a lost
+    /// neighbour from its buddy copy), and drop those of earlier phases. Sent at the join and
+    /// at each copy barrier, when the job takes buddy copies.
+    Logs {
+        /// The first phase whose exports are kept.
+        from: u64,
+    },
     /// Owned partitions, buddy copies: the copies of `chunks` this process keeps for others
     /// that are of a phase before `before` are no longer needed (a newer one is elsewhere):
     /// drop them. (A newer copy that reached this process meanwhile, over another link, is
@@ -597,6 +606,8 @@ pub enum ToCoordinator {
         copied: Vec<(u64, u64)>,
         /// The chunks with no copy, in chunk order.
         refused: Vec<u64>,
+        /// The bytes of this process's halo log (see `Logs`) now.
+        log_bytes: u64,
     },
     /// Several messages in one frame, taken in this order as if each came alone: the
     /// `Done`s of the partitions a process ran in a phase, sent together when the last of

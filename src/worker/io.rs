@@ -54,6 +54,8 @@ pub(super) struct Io {
     pub(super) copy_memory: u64,
     /// The buddy copies kept for peers when the loop ended, and their bytes.
     pub(super) copies_held: std::cell::Cell<(usize, u64)>,
+    /// The halo log's bytes when the loop ended.
+    pub(super) log_bytes: std::cell::Cell<u64>,
 }
 
 /// The pump's side of the peer data plane: the links, once the coordinator said who this
@@ -477,6 +479,7 @@ impl Io {
         }
         self.peer_counts.set(counts);
         self.copies_held.set(machine.copies());
+        self.log_bytes.set(machine.log().1);
         match ended {
             // The coordinator ends a job by sending `End` and closing its socket. What this
             // process wrote in between (a heartbeat, a slot's report) may reach a closed
@@ -924,6 +927,7 @@ mod tests {
             bytes_sent: std::cell::Cell::new(0),
             copy_memory: u64::MAX,
             copies_held: std::cell::Cell::new((0, 0)),
+            log_bytes: std::cell::Cell::new(0),
         }
     }
 

@@ -418,7 +418,17 @@ pub(super) struct Machine {
     next_round: u64,
     /// The partitions of the round being encoded that the job's code has not encoded yet.
     copying: VecDeque<u64>,
+    /// The halo log (`Logs`): from which phase on the exports of the partitions here are
+    /// kept, if asked; each `Done`'s halos as it was sent, `(phase, chunk, halos)`, oldest
+    /// first; and their bytes.
+    logging: Option<u64>,
+    log: VecDeque<Logged>,
+    log_bytes: u64,
 }
+
+/// A record of the halo log: the phase, the partition (chunk) that exported, and its halos
+/// as it sent them, each with the chunk it is for.
+pub(super) type Logged = (u64, u64, Vec<(Option<u64>, Bytes)>);
 
 /// A buddy copy round (`ToWorker::Copy`): the partitions encoded are pushed to the buddy;
 /// when every push is answered (and every partition encoded), `Copied` goes.
@@ -545,6 +555,24 @@ impl Machine {
             rounds: IdMap::default(),
             next_round: 0,
             copying: VecDeque::new(),
+            logging: None,
+            log: VecDeque::new(),
+            log_bytes: 0,
+        }
+    }
+
+    /// The halo log: the exports kept, `(phase, chunk, halos)`, oldest first, their bytes,
+    /// and the first phase it keeps.
+    pub(super) fn log(&self) -> (&VecDeque<Logged>, u64, Option<u64>) {
+        (&self.log, self.log_bytes, self.logging)
+    }
+
+    /// The halo log keeps the exports of phase `from` and later.
+    fn trim_log(&mut self, from: u64) {
+        self.logging = Some(from);
+        while self.log.front().is_some_and(|(p, ..)| *p < from) {
+            let (_, _, halos) = self.log.pop_front().expect("checked");
+            self.log_bytes -= halos.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         }
     }
 
@@ -928,6 +956,7 @@ impl Machine {
             buddy: r.buddy,
             copied: r.copied,
             refused: r.refused,
+            log_bytes: self.log_bytes,
         });
     }
 
@@ -1571,9 +1600,12 @@ impl Machine {
                     // Pushes of the generation rolled back from are refused from now on.
                     p.generation = None;
                 }
-                // Copies of the run rolled back from are of phases it will compute again.
+                // Copies and logs of the run rolled back from are of phases it will compute
+                // again.
                 let kept: Vec<u64> = self.copies.keys().copied().collect();
                 self.drop_copies(kept, u64::MAX);
+                self.log.clear();
+                self.log_bytes = 0;
                 self.out.push_back(Out::Forget);
             }
             ToWorker::Peers {
@@ -1607,6 +1639,12 @@ impl Machine {
                 self.copy_round(phase, generation, buddy, addr, chunks);
             }
             ToWorker::DropCopies { chunks, before } => self.drop_copies(chunks, before),
+            ToWorker::Logs { from } => {
+                if !self.config.partitioned {
+                    return self.fail(self.bad("a halo log for a job without partitions".into()));
+                }
+                self.trim_log(from);
+            }
             ToWorker::Heartbeat | ToWorker::End | ToWorker::Store { .. } => {}
         }
     }
@@ -1744,6 +1782,30 @@ impl Machine {
     /// A message for the coordinator, now: halos for partitions here are kept on the way
     /// ([`Keeper::outgoing`]); snapshot parts are counted.
     fn send(&mut self, msg: ToCoordinator) {
+        if let (
+            Some(from),
+            Some(phase),
+            ToCoordinator::Done {
+                chunk,
+                halos: Some(halos),
+                ..
+            },
+        ) = (self.logging, self.phase, &msg)
+        {
+            // The halo log: the exports as they leave the partition (all bytes here, before
+            // the keeper keeps some and pushes send others), sharing their memory.
+            if phase >= from {
+                let logged: Vec<(Option<u64>, Bytes)> = halos
+                    .iter()
+                    .filter_map(|(to, h)| match h {
+                        Halo::Sent(b) => Some((*to, b.clone())),
+                        Halo::Kept | Halo::KeptAt(_) => None,
+                    })
+                    .collect();
+                self.log_bytes += logged.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+                self.log.push_back((phase, *chunk, logged));
+            }
+        }
         let mut now = Vec::new();
         self.keeper.outgoing(msg, self.phase.unwrap_or(0), &mut now);
         for mut msg in now {
@@ -3070,6 +3132,7 @@ mod tests {
             buddy: 2,
             copied: vec![(3, 5)],
             refused: vec![5],
+            log_bytes: 0,
         };
         assert_eq!(sent(polled(&mut m)), vec![copied]);
         let c = m.peer_counts();
@@ -3101,6 +3164,47 @@ mod tests {
         );
         // A round out of chunk order ends the process.
         refused(copy(vec![5, 3]), "out of chunk order");
+    }
+
+    /// The halo log keeps each `Done`'s halos as they leave the partition (those kept here
+    /// and those pushed to peers too), from the phase `Logs` names; a later `Logs` drops the
+    /// older phases, and `Forget` all. Without `Logs`, nothing is kept.
+    #[test]
+    fn the_halo_log_keeps_the_exports_of_the_phases_asked() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(run(0, 2, true)));
+        m.reported(done(0, 2, true));
+        let _ = polled(&mut m);
+        assert_eq!(m.log().0.len(), 0, "not asked");
+        m.received(t0, Some(ToWorker::Logs { from: 2 }));
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 3, true)));
+        m.received(t0, Some(run(1, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 3, true));
+        // Chunk 2's halo for chunk 3 is kept here, the other goes up: both are logged.
+        m.reported(done(1, 2, true));
+        let _ = polled(&mut m);
+        let (log, bytes, from) = m.log();
+        let logged: Vec<(u64, u64, usize)> =
+            log.iter().map(|(p, c, h)| (*p, *c, h.len())).collect();
+        assert_eq!(logged, vec![(2, 3, 2), (2, 2, 2)]);
+        assert_eq!(log[1].2[1], (Some(3), halo(2, "down")));
+        assert_eq!(from, Some(2));
+        let one = bytes;
+        to_phase(&mut m, t0, 3);
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let _ = polled(&mut m);
+        assert_eq!(m.log().0.len(), 3);
+        m.received(t0, Some(ToWorker::Logs { from: 3 }));
+        let (log, bytes, _) = m.log();
+        assert_eq!((log.len(), log[0].0, bytes), (1, 3, one / 2));
+        m.received(t0, Some(ToWorker::Forget));
+        let _ = polled(&mut m);
+        assert_eq!((m.log().0.len(), m.log().1), (0, 0));
     }
 
     /// A buddy keeps a copy of this generation, of a chunk the job has and that is not held

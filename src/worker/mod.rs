@@ -431,6 +431,9 @@ pub struct PeerTraffic {
     pub copies_held: u64,
     /// Their bytes.
     pub copy_bytes_held: u64,
+    /// The bytes of the halo log when the process ended (the halos its partitions exported
+    /// since the oldest buddy copy, kept to replay a lost neighbour).
+    pub log_bytes: u64,
 }
 
 /// A number of seconds in an environment variable.
@@ -654,6 +657,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         bytes_sent: std::cell::Cell::new(0),
         copy_memory: options.copy_memory,
         copies_held: std::cell::Cell::new((0, 0)),
+        log_bytes: std::cell::Cell::new(0),
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, &inputs, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -696,6 +700,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
                 copies_kept_here: c.copies_accepted,
                 copies_held: io.copies_held.get().0 as u64,
                 copy_bytes_held: io.copies_held.get().1,
+                log_bytes: io.log_bytes.get(),
             }
         },
     })

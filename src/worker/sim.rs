@@ -141,6 +141,12 @@ impl<J: Job> SimProcess<J> {
         self.outbox.pop_front()
     }
 
+    /// The halo log: `(phase, chunk, halos)` oldest first, its bytes, and the first phase
+    /// it keeps.
+    pub(crate) fn log(&self) -> (&VecDeque<super::machine::Logged>, u64, Option<u64>) {
+        self.machine.log()
+    }
+
     /// The buddy copy of `chunk` this process keeps for a peer: its phase and bytes.
     pub(crate) fn copy_of(&self, chunk: u64) -> Option<(u64, bytes::Bytes)> {
         self.machine.copy_of(chunk)

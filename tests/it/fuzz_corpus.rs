@@ -315,6 +315,7 @@ fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
                 chunks: vec![0, 1, 7],
             },
         ),
+        ("logs", ToWorker::Logs { from: 18 }),
         (
             "drop-copies",
             ToWorker::DropCopies {
@@ -547,6 +548,7 @@ fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
                 buddy: 4,
                 copied: vec![(0, 4096), (7, 1 << 33)],
                 refused: vec![1],
+                log_bytes: 1 << 20,
             },
         ),
         (

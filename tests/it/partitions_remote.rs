@@ -44,7 +44,7 @@ fn worker_process() {
                 "SERVED parts={} sent={} done={} pushed={} kept_by_peers={} received={} \
                  kept_here={} unreachable={} copies_pushed={} copy_bytes_pushed={} \
                  copies_kept_by_peers={} copies_received={} copies_kept_here={} \
-                 copies_held={} copy_bytes_held={} to_coordinator={}",
+                 copies_held={} copy_bytes_held={} to_coordinator={} log_bytes={}",
                 served.parts_written,
                 served.parts_sent,
                 served.chunks_done,
@@ -61,6 +61,7 @@ fn worker_process() {
                 p.copies_held,
                 p.copy_bytes_held,
                 served.bytes_to_coordinator,
+                p.log_bytes,
             );
             std::process::exit(0);
         }
@@ -339,6 +340,14 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
     let pushed = sum("copy_bytes_pushed");
     assert!(pushed >= c.kept * band, "{served:?}");
     assert!(sum("to_coordinator") * 2 < pushed, "{served:?}");
+    // Each process logged the halos its partitions exported since the oldest copy: at most
+    // four phases' (copies every other phase), two rows a band.
+    let row = 64 * 8;
+    assert!(c.log_bytes > 0, "{c:?}");
+    assert!(
+        sum("log_bytes") <= 4 * job.bands * 2 * (row + 16),
+        "{served:?}"
+    );
 }
 
 /// A worker process that takes no halo from its peers (`MALLEABLE_DIRECT_HALOS=0`) gets

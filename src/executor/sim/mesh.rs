@@ -200,6 +200,46 @@ impl Simulated for SimMesh {
         }
     }
 
+    fn check_log(
+        &self,
+        chunk: u64,
+        _: Range<u64>,
+        phase: u64,
+        halos: &[(Option<u64>, bytes::Bytes)],
+    ) -> Result<(), String> {
+        let mut tile = None;
+        self.run(phase + 1, |p, tiles| {
+            if p == phase {
+                tile = tiles.get(chunk as usize).cloned();
+            }
+        });
+        let tile = tile.ok_or_else(|| format!("no tile {chunk}"))?;
+        let n = self.tiles();
+        let mut want: Vec<(Option<u64>, Vec<u64>)> = match SimMesh::pattern_of(phase) {
+            Pattern::Neighbours => self.sides(chunk).into_iter().map(Some).collect(),
+            Pattern::AllToAll => (0..n).map(Some).collect(),
+            Pattern::Allgather => vec![None],
+            _ => Vec::new(),
+        }
+        .into_iter()
+        .map(|to| (to, tile.piece(to)))
+        .collect();
+        let mut got: Vec<(Option<u64>, Vec<u64>)> = halos
+            .iter()
+            .map(|(to, b)| Ok((*to, crate::codec::decode::<Vec<u64>>("a piece", b)?)))
+            .collect::<Result<_, crate::codec::Error>>()
+            .map_err(|e| e.to_string())?;
+        want.sort();
+        got.sort();
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "the halo log of tile {chunk} for phase {phase} is {got:?}, not {want:?}"
+            ))
+        }
+    }
+
     fn describe(&self) -> String {
         format!(
             "mesh of {} x {} tiles of {} cells, {} phases",
