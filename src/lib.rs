@@ -150,8 +150,8 @@ pub use error::{Cause, Error, Result, Site, error_chain};
 pub use exchange::{Exchange, Pattern, Pieces};
 pub use executor::{
     At, AutoscaleStatus, Builder, Copies, Executor, Finished, JobFuture, JobHandle, Outcome,
-    Progress, ProgressUpdates, RemoteProcess, Resubmit, Resume, Resumed, Rollback, SnapshotRequest,
-    Traffic,
+    Progress, ProgressUpdates, Recovered, RemoteProcess, Resubmit, Resume, Resumed, Rollback,
+    SnapshotRequest, Traffic,
 };
 pub use fold::{DEFAULT_STEP, Fold, FoldChunk, FoldInput, Folded};
 pub use job::{BoxError, Chunk, Input, Job, Next, Ownership, Partition, Step, Value};

@@ -131,6 +131,9 @@ pub const PEER_LINKS: &str = "malleable_peer_links_total";
 pub const BUDDY_COPIES: &str = "malleable_buddy_copies_total";
 /// The bytes of the buddy copies worker processes keep now.
 pub const BUDDY_COPY_BYTES: &str = "malleable_buddy_copy_bytes";
+/// Local recoveries: partitions lost with a worker process replayed from their buddy copies
+/// while the others went on (no rollback).
+pub const RECOVERIES: &str = "malleable_recoveries_total";
 /// Timeline records lost, by kind (`dropped`, `write`).
 pub const TIMELINE_ERRORS: &str = "malleable_timeline_errors_total";
 

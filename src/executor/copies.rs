@@ -75,6 +75,9 @@ pub(crate) struct Buddies {
     /// exports from then on it keeps), and each process's log bytes as it last said.
     logs: IdMap<ChunkId, (ProcessId, u64)>,
     log_bytes: IdMap<ProcessId, u64>,
+    /// The job value of each phase since the oldest copy's, as sent to worker processes
+    /// (a replay runs those phases again).
+    jobs: std::collections::VecDeque<(u64, bytes::Bytes)>,
     report: Copies,
 }
 
@@ -112,6 +115,32 @@ impl Buddies {
                 self.logs.insert(chunk, (by, phase));
             }
         }
+    }
+
+    /// The job value of `phase` (as sent to worker processes) is kept for replays; those of
+    /// phases no copy needs go.
+    pub(crate) fn job_value(&mut self, phase: u64, job: bytes::Bytes) {
+        let keep = self.copies.values().map(|c| c.phase).min().unwrap_or(phase);
+        // A replay from a copy of phase `c` exports the copy's pieces with `c`'s value too.
+        while self.jobs.front().is_some_and(|(p, _)| *p < keep) {
+            self.jobs.pop_front();
+        }
+        if self.jobs.back().is_some_and(|(p, _)| *p >= phase) {
+            // Again after a rollback: the run goes on from an earlier phase.
+            self.jobs.clear();
+        }
+        self.jobs.push_back((phase, job));
+    }
+
+    /// The job values of phases `from..=to`, if all are kept.
+    pub(crate) fn job_values(&self, from: u64, to: u64) -> Option<Vec<(u64, bytes::Bytes)>> {
+        let v: Vec<(u64, bytes::Bytes)> = self
+            .jobs
+            .iter()
+            .filter(|(p, _)| (from..=to).contains(p))
+            .cloned()
+            .collect();
+        (v.len() as u64 == to + 1 - from.min(to + 1)).then_some(v)
     }
 
     /// Where the halo log of `chunk` is, and since which phase.
@@ -257,6 +286,12 @@ impl Buddies {
         self.held.clear();
         self.logs.clear();
         self.log_bytes.clear();
+        self.jobs.clear();
+    }
+
+    /// The copies of `chunks` were used up by a replay (their buddy dropped them).
+    pub(crate) fn used(&mut self, chunks: &[ChunkId]) {
+        let _ = self.forget(chunks);
     }
 
     /// The copy of `chunk`, if any: the phase it ended and the process that keeps it.

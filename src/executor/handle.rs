@@ -343,6 +343,14 @@ impl<J: Job> JobHandle<J> {
         self.shared.lock().remote.traffic
     }
 
+    /// The local recoveries the job went through so far: partitions lost with a worker
+    /// process and replayed from their buddy copies while the others went on
+    /// ([`Builder::buddy_copies`](crate::Builder::buddy_copies)). A loss that could not be
+    /// recovered so rolled the job back instead ([`JobHandle::rollbacks`]).
+    pub fn recoveries(&self) -> Vec<super::Recovered> {
+        self.shared.lock().recoveries.clone()
+    }
+
     /// The buddy copies of the job's owned partitions
     /// ([`Builder::buddy_copies`](crate::Builder::buddy_copies)): how many partitions have
     /// one now, their bytes, the most one process keeps, and the rounds so far.

@@ -256,6 +256,11 @@ pub(crate) struct State<J: Job> {
     pub(crate) stale_events: u64,
     /// Since when the run recovers from its last rollback (until a phase is done again).
     pub(crate) recovering: Option<Duration>,
+    /// A local recovery under way (`recovery.rs`): the barrier waits for it.
+    pub(crate) recovery: Option<super::recovery::Recovery>,
+    /// Local recoveries so far, for the handle, and the next one's number.
+    pub(crate) recoveries: Vec<super::recovery::Recovered>,
+    pub(crate) next_recovery: u64,
     /// Rollbacks' resets so far: the restored partitions placed on processes after the last
     /// one are the current placement (`Remotes::exports_asked`).
     pub(crate) placements: u64,
@@ -318,6 +323,9 @@ impl<J: Job> State<J> {
             autoscale: None,
             stale_events: 0,
             recovering: None,
+            recovery: None,
+            recoveries: Vec::new(),
+            next_recovery: 0,
             finishing: None,
             published,
             watch: super::watch::Watch::new(J::NAME),
@@ -609,6 +617,7 @@ impl<J: Job> State<J> {
         // waits for them.
         while !self.ended
             && self.finishing.is_none()
+            && self.recovery.is_none()
             && self.core.phase_complete()
             && self.exporting.is_empty()
         {
@@ -703,6 +712,11 @@ impl<J: Job> State<J> {
         if self.exports.len() <= c {
             self.exports
                 .resize_with(self.core.plan().len().max(c as u64 + 1) as usize, || None);
+        }
+        if let Some(r) = self.recovery.as_mut() {
+            // Pushed to a process lost since (its answer came before the loss, this report
+            // after): refilled from the sender's log too.
+            r.kept_at_lost(chunk, &halos);
         }
         self.exports[c] = Some(halos);
     }
@@ -838,10 +852,17 @@ impl<J: Job> State<J> {
         if !live_here.is_empty() {
             self.remote.drop_copies_of(&live_here);
         }
-        if !remote_begins.is_empty() {
+        let copies = self.remote.buddies.enabled();
+        if !remote_begins.is_empty() || copies {
             let job_bytes = bytes::Bytes::from(crate::codec::encode_for_workers("the job", job)?);
-            self.remote
-                .begin_remote((next, plan.len()), job_bytes, remote_begins);
+            if copies {
+                // A replay from a copy runs this phase again with this value.
+                self.remote.buddies.job_value(next, job_bytes.clone());
+            }
+            if !remote_begins.is_empty() {
+                self.remote
+                    .begin_remote((next, plan.len()), job_bytes, remote_begins);
+            }
         }
         // Every partition changed: nothing of the last snapshot can be reused.
         self.snap.cache.clear();

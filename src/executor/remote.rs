@@ -306,7 +306,7 @@ pub(crate) struct Remotes {
     /// Owned partitions asked of the worker process that holds them (`Surrender`), by chunk:
     /// the connection asked, where the bytes go, and when they were asked for (to time the
     /// move).
-    fetches: IdMap<ChunkId, (ProcessId, Fetch, Duration)>,
+    pub(crate) fetches: IdMap<ChunkId, (ProcessId, Fetch, Duration)>,
     /// Halos of partitions on their way whose phase began meanwhile and that were then
     /// handed to a worker (their fetch's destination changed): applied when they arrive.
     begins: IdMap<ChunkId, Inbox<HeldHalo>>,
@@ -745,6 +745,11 @@ impl Remotes {
             c.phase_sent = None;
             c.progress.iter_mut().for_each(|p| *p = 0);
         }
+    }
+
+    /// Whether a fetch under way asked worker process `from`.
+    pub(crate) fn fetching_from_any(&self, from: ProcessId) -> bool {
+        self.fetches.values().any(|(p, ..)| *p == from)
     }
 
     /// The worker process a fetch of `chunk` under way asked, if any.
@@ -1262,7 +1267,7 @@ impl<J: Job> State<J> {
     }
 
     /// A surrendered partition arrived: it goes where its fetch said.
-    fn surrendered(&mut self, id: ProcessId, chunk: ChunkId, state: Bytes) {
+    pub(crate) fn surrendered(&mut self, id: ProcessId, chunk: ChunkId, state: Bytes) {
         let Some((_, to, asked)) = self.remote.fetches.remove(&chunk) else {
             return;
         };
@@ -1653,7 +1658,32 @@ impl<J: Job> State<J> {
             self.held_capture_lost(chunk);
         }
         self.watch_lost(&c.peer);
-        if self.core.is_partitioned() {
+        let recovered = self.core.is_partitioned() && {
+            // A recovery under way waits for every process: it gives way to a rollback.
+            self.recovery_lost(id);
+            // The partitions only it held: between runs, granted to its slots, or running
+            // there from the state it held (a run from bytes the ledger keeps is not lost).
+            let slots: Vec<WorkerId> = c.slots.iter().flatten().copied().collect();
+            let mut held: Vec<ChunkId> = self
+                .core
+                .suspended()
+                .chain(self.core.kept())
+                .filter(|(_, h)| h.elsewhere() == Some(id))
+                .map(|(c, _)| c)
+                .collect();
+            for &w in &slots {
+                held.extend(self.core.granted(w));
+                held.extend(
+                    self.core
+                        .running_on(w)
+                        .filter(|&r| self.core.fallback(r).is_none()),
+                );
+            }
+            held.sort_unstable();
+            held.dedup();
+            self.recover_locally(id, &held, &slots)
+        };
+        if self.core.is_partitioned() && !recovered {
             // Halos it kept for a neighbour it ran are gone with it. Each is an export of a
             // partition that is elsewhere now (one lost with it rolls the job back below):
             // it is exported again from that partition at the barrier (`begin_partitions`).
@@ -1898,6 +1928,9 @@ impl<J: Job> State<J> {
                 ToCoordinator::Listening { .. } => ("listening", None),
                 ToCoordinator::Unreachable { .. } => ("unreachable", None),
                 ToCoordinator::Copied { .. } => ("copied", None),
+                ToCoordinator::Log { .. } => ("log", None),
+                ToCoordinator::Replayed { chunk, .. } => ("replayed", Some(*chunk)),
+                ToCoordinator::ReplayFailed { .. } => ("replay failed", None),
             };
             tracing::debug!(conn = %id, what, chunk, "from a worker process");
         }
@@ -2111,6 +2144,38 @@ impl<J: Job> State<J> {
                 }
                 metrics::gauge!(crate::metrics::BUDDY_COPY_BYTES, "job" => J::NAME)
                     .set(self.remote.buddies.report().bytes as f64);
+                return Ok(());
+            }
+            ToCoordinator::Log { attempt, records } => {
+                if !J::OWNERSHIP.is_partitioned() {
+                    return Err(bad("a halo log of a job without partitions".into()));
+                }
+                self.recovery_log(id, attempt, records);
+                self.settle();
+                return Ok(());
+            }
+            ToCoordinator::Replayed {
+                attempt,
+                chunk,
+                state,
+                halos,
+            } => {
+                if !J::OWNERSHIP.is_partitioned() {
+                    return Err(bad("a replay of a job without partitions".into()));
+                }
+                return self
+                    .recovery_replayed(id, attempt, chunk, state, halos)
+                    .map_err(bad);
+            }
+            ToCoordinator::ReplayFailed { attempt, reason } => {
+                if self
+                    .recovery
+                    .as_ref()
+                    .is_some_and(|r| r.attempt() == attempt)
+                {
+                    self.abandon_recovery(format!("the replay failed in {peer}: {reason}"));
+                    self.settle();
+                }
                 return Ok(());
             }
             ToCoordinator::Heartbeat { progress } => {

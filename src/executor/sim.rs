@@ -151,6 +151,9 @@ trait Simulated: crate::Job<Reducer: crate::reduce::Reducer<Value = Vec<u64>>> +
     /// Whether `bytes`, a buddy copy of `chunk`'s partition as `phase` left it, is that
     /// partition as a plain loop leaves it.
     fn check_copy(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String>;
+    /// Whether `bytes` is `chunk`'s partition as it begins `phase` (after `begin_phase`)
+    /// in a plain loop, as far as the check can tell.
+    fn check_begun(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String>;
     /// Whether `halos`, the halo log's record of what `chunk` (of `rows`) exported at the
     /// end of `phase`, is what it exports in a plain loop.
     fn check_log(
@@ -198,6 +201,10 @@ impl Simulated for SimJob {
                 "the copy of band {chunk} (rows {rows:?}) of phase {phase} is not the grid's"
             ))
         }
+    }
+    fn check_begun(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String> {
+        // Its rows are the phase before's (its halos are not checked).
+        self.check_copy(chunk, phase - 1, bytes)
     }
     fn check_log(
         &self,
@@ -440,6 +447,8 @@ pub(crate) struct Tally {
     pub(crate) copies_checked: u64,
     /// Records of halo logs checked against the plain loop's exports.
     pub(crate) logs_checked: u64,
+    /// Local recoveries: lost partitions replayed from their copies, no rollback.
+    pub(crate) recoveries: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -458,6 +467,7 @@ impl std::ops::AddAssign for Tally {
         self.copies += t.copies;
         self.copies_checked += t.copies_checked;
         self.logs_checked += t.logs_checked;
+        self.recoveries += t.recoveries;
         self.crashes += t.crashes;
         self.rollbacks += t.rollbacks;
         self.snapshots += t.snapshots;
@@ -939,6 +949,22 @@ impl<J: Simulated> History<J> {
                     m => u64::from(returned(m)),
                 };
                 let id = self.procs[i].id;
+                if let (ToCoordinator::Replayed { chunk, state, .. }, Some(r)) =
+                    (&msg, self.state.recovery.as_ref())
+                {
+                    // A replayed partition is the plain loop's.
+                    let (phase, done) = r.of(*chunk);
+                    let checked = if done {
+                        self.job.check_copy(*chunk, phase, state)
+                    } else {
+                        self.job.check_begun(*chunk, phase, state)
+                    };
+                    if let Err(e) = checked {
+                        self.note(format!("a replay is wrong: {e}"));
+                        self.refused
+                            .get_or_insert_with(|| format!("a replay is wrong: {e}"));
+                    }
+                }
                 if self.trace && !matches!(msg, ToCoordinator::Heartbeat { .. }) {
                     self.note(format!("from {id}: {}", brief(&msg)));
                 }
@@ -1255,6 +1281,7 @@ impl<J: Simulated> History<J> {
         loop {
             if std::mem::take(&mut self.crashed) {
                 self.tally.rollbacks += self.state.rollbacks.len() as u64;
+                self.tally.recoveries += self.state.recoveries.len() as u64;
                 // Its callers died with it: their requests go unanswered.
                 self.replies.1.extend(0..self.replies.0);
                 // A write it had started may still reach the store.
@@ -1273,6 +1300,7 @@ impl<J: Simulated> History<J> {
             if self.state.outcome_ready() {
                 let result = self.state.result.take().expect("an ended run's result");
                 self.tally.rollbacks += self.state.rollbacks.len() as u64;
+                self.tally.recoveries += self.state.recoveries.len() as u64;
                 match result {
                     Ok(Outcome::Finished(f)) => return Ok(f.into_value()),
                     Ok(Outcome::Suspended(id)) => {

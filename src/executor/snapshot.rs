@@ -350,6 +350,8 @@ impl<J: Job> State<J> {
             || self.snap.cut.is_open()
             || self.snap.cut.is_writing()
             || self.rolling_back()
+            // A local recovery first: the partitions it replays are on their way.
+            || self.recovery.is_some()
             // The last phase ended: the job is being output and gathered (`finish.rs`).
             || self.finishing.is_some()
         {

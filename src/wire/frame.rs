@@ -71,7 +71,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// ([`ToPeer::Copy`](super::peer::ToPeer::Copy)), `Copied` says which the buddy kept, and
 /// `DropCopies` tells a buddy which copies it no longer needs; `Logs` asks a process to keep
 /// the halos its partitions export (a halo log), and `Copied` says how much it keeps.
-pub const PROTOCOL_VERSION: u32 = 21;
+/// Version 22: local recovery: `SendLog` and `Log` fetch the halo logs a replay needs,
+/// `Recover` has a buddy replay lost partitions from its copies, answered by `Replayed` (or
+/// `ReplayFailed`).
+pub const PROTOCOL_VERSION: u32 = 22;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -140,6 +143,17 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         }
         ToWorker::Copy { addr, chunks, .. } => addr.len() + 8 * chunks.len(),
         ToWorker::DropCopies { chunks, .. } => 8 * chunks.len(),
+        ToWorker::SendLog { to, .. } => 8 * to.len(),
+        ToWorker::Recover {
+            chunks,
+            jobs,
+            halos,
+            ..
+        } => {
+            32 * chunks.len()
+                + jobs.iter().map(|(_, b)| b.len() + 8).sum::<usize>()
+                + halos.iter().map(|h| h.3.len() + 24).sum::<usize>()
+        }
         _ => 0,
     }
 }
@@ -378,6 +392,44 @@ pub enum ToWorker {
         /// The first phase whose exports are kept.
         from: u64,
     },
+    /// Owned partitions, local recovery: send the records of the halo log (see `Logs`) of
+    /// phases `from..=through`, keeping only the pieces for the chunks of `to` (and those
+    /// for every partition), in a `Log` that quotes `attempt`.
+    SendLog {
+        /// The recovery this is for.
+        attempt: u64,
+        /// The first phase.
+        from: u64,
+        /// The last phase.
+        through: u64,
+        /// The chunks whose pieces are wanted, in chunk order.
+        to: Vec<u64>,
+    },
+    /// Owned partitions, local recovery: replay the partitions of `chunks` from the buddy
+    /// copies this process keeps of them (all of phase `copy_phase`) to phase `phase`, with
+    /// the job values of phases `copy_phase..=phase` (`jobs`; the first exports the copies'
+    /// pieces) and the pieces their other
+    /// neighbours sent them (`halos`: `(phase, sender, receiver, piece)`, a piece exported
+    /// at the end of `phase`). A partition whose `done` is true runs phase `phase` too (it
+    /// had ended it where it was lost); the others only begin it. In the background; each
+    /// partition is answered by `Replayed` (or the whole by `ReplayFailed`), and its copy
+    /// here is used up.
+    Recover {
+        /// The recovery this is for.
+        attempt: u64,
+        /// The phase of the copies.
+        copy_phase: u64,
+        /// The phase the job is in.
+        phase: u64,
+        /// The job's number of chunks (a piece may be addressed to any).
+        total: u64,
+        /// `(chunk, start, end, done)`, in chunk order.
+        chunks: Vec<(u64, u64, u64, bool)>,
+        /// `(phase, job value)` for each phase replayed, in order.
+        jobs: Vec<(u64, Bytes)>,
+        /// `(phase, sender, receiver, piece)`.
+        halos: Vec<(u64, u64, u64, Bytes)>,
+    },
     /// Owned partitions, buddy copies: the copies of `chunks` this process keeps for others
     /// that are of a phase before `before` are no longer needed (a newer one is elsewhere):
     /// drop them. (A newer copy that reached this process meanwhile, over another link, is
@@ -609,11 +661,47 @@ pub enum ToCoordinator {
         /// The bytes of this process's halo log (see `Logs`) now.
         log_bytes: u64,
     },
+    /// Owned partitions, local recovery: the halo log's records a `SendLog` asked for,
+    /// `(phase, sender, pieces)` with the pieces as the sender exported them (only those
+    /// asked).
+    Log {
+        /// The `SendLog`'s attempt.
+        attempt: u64,
+        /// The records, oldest first.
+        records: Vec<LogRecord>,
+    },
+    /// Owned partitions, local recovery: partition `chunk` replayed after a `Recover`: its
+    /// state (ended, or begun, the `Recover`'s phase), and, if it ended that phase, the
+    /// pieces it exported then. This process does not hold it.
+    Replayed {
+        /// The `Recover`'s attempt.
+        attempt: u64,
+        /// The chunk.
+        chunk: u64,
+        /// Its state (postcard).
+        #[serde(deserialize_with = "in_frame")]
+        state: Bytes,
+        /// What it exported at the end of the phase, if it ended it.
+        halos: Vec<(Option<u64>, Bytes)>,
+    },
+    /// Owned partitions, local recovery: a `Recover` could not be carried out (a copy is
+    /// not here, or the job's code failed in the replay): why.
+    ReplayFailed {
+        /// The `Recover`'s attempt.
+        attempt: u64,
+        /// Why.
+        reason: String,
+    },
     /// Several messages in one frame, taken in this order as if each came alone: the
     /// `Done`s of the partitions a process ran in a phase, sent together when the last of
     /// its granted runs ended (see `Run::then`). Never nested.
     Batch(Vec<ToCoordinator>),
 }
+
+/// A record of a halo log (`ToCoordinator::Log`): the phase at whose end a partition
+/// exported its pieces, the partition (chunk), and the pieces as it sent them, each with the
+/// chunk it is for (`None`: every partition).
+pub type LogRecord = (u64, u64, Vec<(Option<u64>, Bytes)>);
 
 /// One halo of an owned partition on the wire.
 ///

@@ -77,6 +77,8 @@ enum Background {
         Put,
         Result<crate::snapshot::PartRef, crate::snapshot::Error>,
     ),
+    /// A replay of lost partitions ended (its attempt).
+    Replayed(u64, Result<super::replay::Replayed, String>),
 }
 
 /// What the pump holds for the machine: the values of the job's own types, and the tasks.
@@ -116,6 +118,26 @@ impl<J: Job> Pump<J> {
         tokio::spawn(async move {
             let _ = tx.send(Background::Checked(check_store(check).await));
         });
+    }
+
+    /// Replays lost partitions on a thread of its own ([`Out::Replay`]): it computes
+    /// phases, and the I/O goes on meanwhile.
+    fn replay(&self, replay: super::replay::Replay) {
+        let tx = self.background.clone();
+        let inputs = Arc::clone(&self.inputs);
+        let attempt = replay.attempt;
+        let spawned = std::thread::Builder::new()
+            .name("malleable-replay".into())
+            .spawn(move || {
+                let outcome = super::replay::replay::<J>(replay, &inputs);
+                let _ = tx.send(Background::Replayed(attempt, outcome));
+            });
+        if let Err(e) = spawned {
+            let _ = self.background.send(Background::Replayed(
+                attempt,
+                Err(format!("no thread for the replay: {e}")),
+            ));
+        }
     }
 
     /// Writes a part in the background ([`Out::Put`]).
@@ -446,6 +468,9 @@ impl Io {
                     Some(done) = bg_rx.recv() => match done {
                         Background::Checked(checked) => machine.checked(checked),
                         Background::Stored(put, written) => machine.stored(put, written),
+                        Background::Replayed(attempt, outcome) => {
+                            machine.replayed(attempt, outcome);
+                        }
                     },
                     Some((chunk, r)) = pump.placing.next(), if !pump.placing.is_empty() => {
                         let r = r.map(|(part, halos)| {
@@ -597,6 +622,7 @@ impl Io {
                 }
                 Out::Check(check) => pump.check(check),
                 Out::Put(put) => pump.put(put),
+                Out::Replay(replay) => pump.replay(replay),
                 Out::End { tell, result } => {
                     // Best effort: the job ended, or this process gives up anyway.
                     frames.extend(tell);

@@ -140,6 +140,9 @@ pub(super) enum Out {
     /// Write a snapshot part in the background; the outcome goes back through
     /// [`Machine::stored`].
     Put(Put),
+    /// Replay lost partitions from their buddy copies in the background (local recovery);
+    /// the outcome goes back through [`Machine::replayed`].
+    Replay(super::replay::Replay),
     /// A frame for peer process `to`, listening at `addr` (dialled if no link is up).
     Peer {
         /// The peer's number.
@@ -424,11 +427,14 @@ pub(super) struct Machine {
     logging: Option<u64>,
     log: VecDeque<Logged>,
     log_bytes: u64,
+    /// Replays under way (`Recover`), by attempt: a `Forget` drops them, and their outcome
+    /// with them.
+    replaying: IdSet<u64>,
 }
 
 /// A record of the halo log: the phase, the partition (chunk) that exported, and its halos
 /// as it sent them, each with the chunk it is for.
-pub(super) type Logged = (u64, u64, Vec<(Option<u64>, Bytes)>);
+pub(super) type Logged = crate::wire::frame::LogRecord;
 
 /// A buddy copy round (`ToWorker::Copy`): the partitions encoded are pushed to the buddy;
 /// when every push is answered (and every partition encoded), `Copied` goes.
@@ -558,6 +564,35 @@ impl Machine {
             logging: None,
             log: VecDeque::new(),
             log_bytes: 0,
+            replaying: IdSet::default(),
+        }
+    }
+
+    /// A replay (`Recover`) ended: each partition goes to the coordinator (`Replayed`), or
+    /// why it could not be replayed (`ReplayFailed`). One a `Forget` dropped is dropped.
+    pub(super) fn replayed(
+        &mut self,
+        attempt: u64,
+        outcome: Result<super::replay::Replayed, String>,
+    ) {
+        if self.ended || !self.replaying.remove(&attempt) {
+            return;
+        }
+        match outcome {
+            Ok(parts) => {
+                for (chunk, state, halos) in parts {
+                    self.send(ToCoordinator::Replayed {
+                        attempt,
+                        chunk,
+                        state,
+                        halos,
+                    });
+                }
+            }
+            Err(reason) => {
+                tracing::warn!(attempt, %reason, "a replay of lost partitions failed");
+                self.send(ToCoordinator::ReplayFailed { attempt, reason });
+            }
         }
     }
 
@@ -1606,6 +1641,7 @@ impl Machine {
                 self.drop_copies(kept, u64::MAX);
                 self.log.clear();
                 self.log_bytes = 0;
+                self.replaying.clear();
                 self.out.push_back(Out::Forget);
             }
             ToWorker::Peers {
@@ -1639,6 +1675,75 @@ impl Machine {
                 self.copy_round(phase, generation, buddy, addr, chunks);
             }
             ToWorker::DropCopies { chunks, before } => self.drop_copies(chunks, before),
+            ToWorker::SendLog {
+                attempt,
+                from,
+                through,
+                to,
+            } => {
+                if !self.config.partitioned {
+                    return self
+                        .fail(self.bad("a halo log asked of a job without partitions".into()));
+                }
+                let wanted: IdSet<u64> = to.iter().copied().collect();
+                let records: Vec<Logged> = self
+                    .log
+                    .iter()
+                    .filter(|(p, ..)| (from..=through).contains(p))
+                    .filter_map(|(p, c, halos)| {
+                        let kept: Vec<(Option<u64>, Bytes)> = halos
+                            .iter()
+                            .filter(|(t, _)| t.is_none_or(|t| wanted.contains(&t)))
+                            .cloned()
+                            .collect();
+                        (!kept.is_empty()).then_some((*p, *c, kept))
+                    })
+                    .collect();
+                self.send(ToCoordinator::Log { attempt, records });
+            }
+            ToWorker::Recover {
+                attempt,
+                copy_phase,
+                phase,
+                total,
+                chunks,
+                jobs,
+                halos,
+            } => {
+                if !self.config.partitioned {
+                    return self.fail(self.bad("a recovery for a job without partitions".into()));
+                }
+                if let Some(&(c, ..)) = chunks.iter().find(|c| c.0 >= total) {
+                    return self.fail(self.bad(format!("a recovery of chunk {c} of {total}")));
+                }
+                let mut parts = Vec::with_capacity(chunks.len());
+                for &(chunk, start, end, done) in &chunks {
+                    match self.copies.get(&chunk) {
+                        Some((p, b)) if *p == copy_phase && start <= end => {
+                            parts.push((chunk, start..end, done, b.clone()));
+                        }
+                        had => {
+                            let reason = format!(
+                                "no copy of chunk {chunk} of phase {copy_phase} here (it has {:?})",
+                                had.map(|h| h.0)
+                            );
+                            return self.send(ToCoordinator::ReplayFailed { attempt, reason });
+                        }
+                    }
+                }
+                // The copies are used up: the replayed partitions go to the coordinator.
+                self.drop_copies(chunks.iter().map(|c| c.0), u64::MAX);
+                self.replaying.insert(attempt);
+                self.out.push_back(Out::Replay(super::replay::Replay {
+                    attempt,
+                    copy_phase,
+                    phase,
+                    chunks: total,
+                    parts,
+                    jobs,
+                    halos,
+                }));
+            }
             ToWorker::Logs { from } => {
                 if !self.config.partitioned {
                     return self.fail(self.bad("a halo log for a job without partitions".into()));
@@ -1913,6 +2018,9 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Listening { .. }
         | ToCoordinator::Unreachable { .. }
         | ToCoordinator::Copied { .. }
+        | ToCoordinator::Log { .. }
+        | ToCoordinator::Replayed { .. }
+        | ToCoordinator::ReplayFailed { .. }
         | ToCoordinator::Undecodable { .. } => None,
     }
 }

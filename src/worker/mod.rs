@@ -91,6 +91,7 @@ mod halos;
 mod io;
 mod machine;
 mod peers;
+pub(crate) mod replay;
 // Built for the crate's tests, and with the hidden `sim` feature for its benches.
 #[cfg(any(test, feature = "sim"))]
 #[cfg_attr(not(test), allow(dead_code))]

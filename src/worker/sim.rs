@@ -50,6 +50,7 @@ enum Background {
     Place(Place),
     Check(Check),
     Put(Put),
+    Replay(super::replay::Replay),
 }
 
 /// A simulated worker process (see the module's docs).
@@ -221,6 +222,11 @@ impl<J: Job> SimProcess<J> {
     pub(crate) fn settle(&mut self, k: usize) {
         match self.background.swap_remove(k) {
             Background::Place(place) => self.place(place),
+            Background::Replay(replay) => {
+                let attempt = replay.attempt;
+                let outcome = super::replay::replay::<J>(replay, &self.inputs);
+                self.machine.replayed(attempt, outcome);
+            }
             Background::Check(check) => {
                 let checked = match &self.store {
                     Some((store, rt)) => rt.block_on(check_witness(store.clone(), check)),
@@ -311,6 +317,7 @@ impl<J: Job> SimProcess<J> {
                 }
                 Out::Check(check) => self.background.push(Background::Check(check)),
                 Out::Put(put) => self.background.push(Background::Put(put)),
+                Out::Replay(replay) => self.background.push(Background::Replay(replay)),
                 Out::End { tell, result } => {
                     self.outbox.extend(tell);
                     for t in &mut self.threads {

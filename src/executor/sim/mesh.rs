@@ -180,7 +180,20 @@ impl Simulated for SimMesh {
     }
 
     fn expected(&self) -> Vec<u64> {
-        self.run(self.phases, |_, _| {})
+        self.run(self.phases, |_, _| {}).0
+    }
+
+    fn check_begun(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String> {
+        let got: SimTile = crate::codec::decode("a state", bytes).map_err(|e| e.to_string())?;
+        let (_, tiles) = self.run(phase, |_, _| {});
+        let want = tiles.get(chunk as usize);
+        if want == Some(&got) {
+            Ok(())
+        } else {
+            Err(format!(
+                "tile {chunk} as it begins phase {phase} is {got:?}, not {want:?}"
+            ))
+        }
     }
 
     fn check_copy(&self, chunk: u64, phase: u64, bytes: &[u8]) -> Result<(), String> {
@@ -251,7 +264,7 @@ impl Simulated for SimMesh {
 impl SimMesh {
     /// The value of the first `phases` phases computed by a plain loop; `ended` sees the
     /// tiles as each phase left them (before the pieces it sends are taken).
-    fn run(&self, phases: u64, mut ended: impl FnMut(u64, &[SimTile])) -> Vec<u64> {
+    fn run(&self, phases: u64, mut ended: impl FnMut(u64, &[SimTile])) -> (Vec<u64>, Vec<SimTile>) {
         let n = self.tiles();
         let mut tiles: Vec<SimTile> = (0..n).map(|t| SimTile::new(t, self.cells)).collect();
         let mut value = Vec::new();
@@ -278,6 +291,89 @@ impl SimMesh {
                 t.absorb(b.iter().map(|(f, p)| (*f, p)));
             }
         }
-        value
+        (value, tiles)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::replay::{Replay, replay};
+
+    /// Tiles replayed from their copies of phase `c` with the others' pieces of phases
+    /// `c..P` are the plain loop's, whatever the patterns in between.
+    #[test]
+    fn a_replay_from_copies_gives_the_plain_loop_s_tiles() {
+        let mesh = SimMesh {
+            rows: 2,
+            cols: 4,
+            cells: 3,
+            phases: 8,
+            done: 0,
+        };
+        let n = mesh.tiles();
+        let (c, p) = (5, 7);
+        let lost = [3u64, 4];
+        let mut copies = Vec::new();
+        let mut halos = Vec::new();
+        mesh.run(p, |phase, tiles| {
+            if phase == c {
+                copies = lost
+                    .iter()
+                    .map(|&x| crate::codec::encode("t", &tiles[x as usize]).unwrap())
+                    .collect();
+            }
+            if phase >= c {
+                for (from, t) in (0..).zip(tiles) {
+                    if lost.contains(&from) {
+                        continue;
+                    }
+                    let to: Vec<Option<u64>> = match SimMesh::pattern_of(phase) {
+                        Pattern::Neighbours => mesh.sides(from).into_iter().map(Some).collect(),
+                        Pattern::AllToAll => (0..n).map(Some).collect(),
+                        Pattern::Allgather => vec![None],
+                        _ => Vec::new(),
+                    };
+                    for to in to {
+                        let b: bytes::Bytes =
+                            crate::codec::encode("p", &t.piece(to)).unwrap().into();
+                        for &x in &lost {
+                            if to.is_none_or(|t| t == x) {
+                                halos.push((phase, from, x, b.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let jobs = (c..=p)
+            .map(|k| {
+                let j = SimMesh {
+                    done: k,
+                    ..mesh.clone()
+                };
+                (
+                    k,
+                    bytes::Bytes::from(crate::codec::encode("j", &j).unwrap()),
+                )
+            })
+            .collect();
+        let r = Replay {
+            attempt: 0,
+            copy_phase: c,
+            phase: p,
+            chunks: n,
+            parts: lost
+                .iter()
+                .zip(copies)
+                .map(|(&x, b)| (x, x * 3..x * 3 + 3, false, b.into()))
+                .collect(),
+            jobs,
+            halos,
+        };
+        let out = replay::<SimMesh>(r, &Default::default()).unwrap();
+        for (x, state, _) in out {
+            mesh.check_begun(x, p, &state).unwrap();
+        }
     }
 }

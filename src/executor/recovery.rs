@@ -1,0 +1,508 @@
+//! Local recovery (issue 22, third step): partitions lost with a worker process are replayed
+//! from their buddy copies (`copies.rs`) while every other partition stays where it is, and
+//! the job goes on from the phase it was in. Nothing rolls back; nothing is read from the
+//! store.
+//!
+//! # When
+//!
+//! A worker process `A` is lost with partitions only it held (`drop_conn`). The job recovers
+//! them locally if all of these hold, and otherwise rolls back to its latest snapshot as
+//! before (`rollback.rs`):
+//!
+//! - every lost partition has a copy, all of the same phase `c` and in the same process
+//!   `B` (one buddy per process makes that the rule), and `B` is connected;
+//! - every other partition's halo log covers phases `c..=P` (`P`, the phase the job is in):
+//!   it ran in one live process since `c` at least (a partition in the coordinator's own
+//!   hands has no log, nor one that moved since);
+//! - the job values of phases `c + 1..=P` are kept;
+//! - nothing else is under way that this would have to wait for or undo: no rollback, no
+//!   other recovery, no snapshot cut open, no partition on its way from `A`, the job not
+//!   finishing.
+//!
+//! # How
+//!
+//! 1. *At the loss.* Each lost partition is recorded as held by `B` and on its way from it
+//!    (`Fetch::Ledger`, as a partition a retiring process hands back): the ledger keeps it
+//!    pending, done, or hands it to any worker, whose run waits for its bytes as for any
+//!    partition on its way. Halos other partitions had pushed to `A` for this phase are marked
+//!    to be filled again. Every live process is asked for its halo log's records of phases
+//!    `c..=P` for the lost partitions (`SendLog`).
+//! 2. *The logs.* When every process answered (`Log`), the halos pushed to `A` are filled in
+//!    from their senders' logs, and `B` is asked to replay (`Recover`): from the copies, the
+//!    job values, and the logged pieces of phases `c..P`. A partition whose `Done` of `P` had
+//!    come runs `P` too; the others only begin it.
+//! 3. *The replay.* `B` answers each partition with its state (`Replayed`), and with the
+//!    pieces it exported at the end of `P` if it ran it (what it had exported for a partition
+//!    also lost is filled in with them). The state goes where its fetch says, as a
+//!    surrendered partition's does.
+//! 4. *The end.* When every partition is in, the recovery is recorded
+//!    ([`JobHandle::recoveries`](crate::JobHandle::recoveries)), and the barrier, which
+//!    waited, may come.
+//!
+//! A loss of any process while it is under way, a log that does not have what was recorded,
+//! or a replay that fails, abandons it for the rollback (the states on their way are
+//! dropped; the rollback resets everything anyway).
+//!
+//! # Why the value stays exact
+//!
+//! A replayed partition runs each phase from `c + 1` on exactly as it ran in `A`: the same
+//! state (the copy is the partition as phase `c` left it, checked bit for bit in the
+//! simulation), the same job value, the same pieces in the same sender order (those of the
+//! partitions replayed with it come from the replay itself; the others' from their senders'
+//! logs, which hold them as they were sent), and the thread runner's own path for each
+//! phase. Its output of a phase already merged is not merged again (only a partition whose
+//! `Done` of `P` never came runs `P` for the ledger). The partitions that went on are never
+//! touched.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::job_run::{HeldHalo, State};
+use super::remote::Fetch;
+use crate::job::Job;
+use crate::run::Held;
+use crate::schedule::idhash::{IdMap, IdSet};
+use crate::schedule::{ChunkId, Event, ProcessId, WorkerId};
+use crate::wire::frame::ToWorker;
+
+/// A local recovery the job went through, from
+/// [`JobHandle::recoveries`](crate::JobHandle::recoveries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Recovered {
+    /// The chunks whose partitions were lost and replayed.
+    pub lost: Vec<ChunkId>,
+    /// The phase the job was in.
+    pub phase: u64,
+    /// The phase of the copies they were replayed from.
+    pub copy_phase: u64,
+    /// The worker process that kept the copies and replayed them (its number).
+    pub buddy: u64,
+    /// From the loss until every replayed partition was back.
+    pub took: Duration,
+}
+
+/// A local recovery under way (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Recovery {
+    attempt: u64,
+    from: ProcessId,
+    buddy: ProcessId,
+    lost: Vec<ChunkId>,
+    /// Those whose `Done` of `phase` had come.
+    done: IdSet<ChunkId>,
+    copy_phase: u64,
+    phase: u64,
+    /// Processes whose log has not come yet.
+    waiting: IdSet<ProcessId>,
+    /// Logged pieces for the lost partitions: `(phase, sender, receiver, piece)`.
+    halos: Vec<(u64, u64, u64, Bytes)>,
+    /// Halos of `phase` pushed to the lost process, to fill in: `(sender, receiver)`.
+    refill: Vec<(ChunkId, ChunkId)>,
+    replayed: IdSet<ChunkId>,
+    since: Duration,
+}
+
+impl Recovery {
+    /// Its number, which the processes' answers quote.
+    pub(crate) fn attempt(&self) -> u64 {
+        self.attempt
+    }
+
+    /// The phase being recovered, and whether `chunk` had ended it.
+    #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
+    pub(crate) fn of(&self, chunk: ChunkId) -> (u64, bool) {
+        (self.phase, self.done.contains(&chunk))
+    }
+
+    /// Partition `sender` exported `halos`: those kept in the lost process are refilled.
+    pub(crate) fn kept_at_lost(
+        &mut self,
+        sender: ChunkId,
+        halos: &crate::exchange::Outbox<HeldHalo>,
+    ) {
+        for (to, h) in halos {
+            if matches!(h, HeldHalo::Kept(p) if *p == self.from) {
+                match to {
+                    Some(to) => self.refill.push((sender, *to)),
+                    None => self.refill.extend(self.lost.iter().map(|&x| (sender, x))),
+                }
+            }
+        }
+    }
+}
+
+impl<J: Job> State<J> {
+    /// Worker process `from` is lost (its connection is gone) with partitions only it held,
+    /// `lost`; `slots` were its workers, still in the ledger. Starts a local recovery if it
+    /// can (module docs, "When") and says whether it did.
+    pub(crate) fn recover_locally(
+        &mut self,
+        from: ProcessId,
+        lost: &[ChunkId],
+        slots: &[WorkerId],
+    ) -> bool {
+        let phase = self.phase;
+        if lost.is_empty()
+            || !self.remote.buddies.enabled()
+            || self.ended
+            || self.rolling_back()
+            || self.recovery.is_some()
+            || self.finishing.is_some()
+            || self.snap.cut.is_open()
+            || phase == 0
+        {
+            return false;
+        }
+        let mut buddy = None;
+        let mut copy_phase = None;
+        for &x in lost {
+            if self.remote.fetching_from(x).is_some() {
+                return false;
+            }
+            match self.remote.buddies.copy_of(x) {
+                Some((c, b))
+                    if buddy.is_none_or(|v| v == b) && copy_phase.is_none_or(|v| v == c) =>
+                {
+                    buddy = Some(b);
+                    copy_phase = Some(c);
+                }
+                _ => return false,
+            }
+        }
+        let (Some(buddy), Some(copy_phase)) = (buddy, copy_phase) else {
+            return false;
+        };
+        if buddy == from || !self.remote.conns.contains_key(&buddy) || copy_phase >= phase {
+            return false;
+        }
+        if self.remote.fetching_from_any(from) {
+            return false;
+        }
+        let Some(_) = self.remote.buddies.job_values(copy_phase, phase) else {
+            return false;
+        };
+        let lost_set: IdSet<ChunkId> = lost.iter().copied().collect();
+        let chunks = self.core.plan().len();
+        let logged = (0..chunks).filter(|c| !lost_set.contains(c)).all(|y| {
+            self.remote.buddies.log_of(y).is_some_and(|(q, since)| {
+                since <= copy_phase && q != from && self.remote.conns.contains_key(&q)
+            })
+        });
+        if !logged {
+            return false;
+        }
+        // Decided: the lost partitions are held by the buddy, on their way from it.
+        let attempt = self.next_recovery;
+        self.next_recovery += 1;
+        let mut done = IdSet::default();
+        for (c, h) in self.core.kept_mut() {
+            if lost_set.contains(&c) {
+                *h = Held::Elsewhere(buddy);
+                done.insert(c);
+            }
+        }
+        for (c, h) in self.core.suspended_mut() {
+            if lost_set.contains(&c) {
+                *h = Held::Elsewhere(buddy);
+            }
+        }
+        // Running or granted on the lost slots: they go back pending with this state when
+        // the slots leave.
+        for &w in slots {
+            let running: Vec<ChunkId> = self
+                .core
+                .running_on(w)
+                .into_iter()
+                .chain(self.core.granted(w))
+                .collect();
+            for c in running.into_iter().filter(|c| lost_set.contains(c)) {
+                let report = Event::StateReport {
+                    worker: w,
+                    chunk: c,
+                    state: Held::Elsewhere(buddy),
+                };
+                let _ = self.core.handle(report, &mut Vec::new());
+            }
+        }
+        for &x in lost {
+            self.remote
+                .fetches
+                .insert(x, (buddy, Fetch::Ledger, self.now));
+        }
+        // Halos of this phase pushed to (or kept in) the lost process for the lost
+        // partitions: refilled from their senders' logs, or from the replay.
+        let mut refill = Vec::new();
+        for (y, out) in self.exports.iter().enumerate() {
+            for (to, h) in out.iter().flatten() {
+                if matches!(h, HeldHalo::Kept(p) if *p == from) {
+                    match to {
+                        Some(to) => refill.push((y as ChunkId, *to)),
+                        None => refill.extend(lost.iter().map(|&x| (y as ChunkId, x))),
+                    }
+                }
+            }
+        }
+        let waiting: IdSet<ProcessId> = self
+            .remote
+            .conns
+            .keys()
+            .copied()
+            .filter(|&q| q != from)
+            .collect();
+        let mut to_ask: Vec<ProcessId> = waiting.iter().copied().collect();
+        to_ask.sort_unstable();
+        for q in to_ask {
+            let ask = ToWorker::SendLog {
+                attempt,
+                from: copy_phase,
+                through: phase,
+                to: lost.to_vec(),
+            };
+            let _ = self.remote.send_to(q, ask);
+        }
+        tracing::warn!(
+            job = J::NAME,
+            %from,
+            %buddy,
+            ?lost,
+            phase,
+            copy_phase,
+            "a worker process was lost with owned partitions: they are replayed from their buddy copies"
+        );
+        self.recovery = Some(Recovery {
+            attempt,
+            from,
+            buddy,
+            lost: lost.to_vec(),
+            done,
+            copy_phase,
+            phase,
+            waiting,
+            halos: Vec::new(),
+            refill,
+            replayed: IdSet::default(),
+            since: self.now,
+        });
+        true
+    }
+
+    /// Process `id` sent the log records a recovery asked for.
+    pub(crate) fn recovery_log(
+        &mut self,
+        id: ProcessId,
+        attempt: u64,
+        records: Vec<crate::wire::frame::LogRecord>,
+    ) {
+        let Some(r) = self.recovery.as_mut().filter(|r| r.attempt == attempt) else {
+            // For a recovery abandoned since: nobody waits for it.
+            return;
+        };
+        if !r.waiting.remove(&id) {
+            return;
+        }
+        for (phase, sender, pieces) in records {
+            if phase < r.copy_phase || phase > r.phase || r.lost.contains(&sender) {
+                continue;
+            }
+            for (to, b) in pieces {
+                match to {
+                    Some(to) if r.lost.contains(&to) => r.halos.push((phase, sender, to, b)),
+                    Some(_) => {}
+                    None => r
+                        .halos
+                        .extend(r.lost.iter().map(|&x| (phase, sender, x, b.clone()))),
+                }
+            }
+        }
+        if r.waiting.is_empty() {
+            self.replay_lost();
+        }
+    }
+
+    /// Every log came: the halos pushed to the lost process are filled in, and the buddy
+    /// replays.
+    fn replay_lost(&mut self) {
+        let Some(r) = self.recovery.as_mut() else {
+            return;
+        };
+        let mut by: IdMap<(ChunkId, ChunkId), Bytes> = IdMap::default();
+        for (phase, sender, to, b) in &r.halos {
+            if *phase == r.phase {
+                by.insert((*sender, *to), b.clone());
+            }
+        }
+        let lost = r.lost.clone();
+        let from = r.from;
+        let mut missing = None;
+        for &(y, x) in &r.refill {
+            if lost.contains(&y) {
+                continue;
+            }
+            match by.get(&(y, x)) {
+                Some(b) => fill(&mut self.exports, y, x, from, b),
+                None => missing = Some((y, x)),
+            }
+        }
+        if let Some((y, x)) = missing {
+            return self.abandon_recovery(format!(
+                "the halo of chunk {y} for chunk {x} in phase {} is in no log",
+                self.phase
+            ));
+        }
+        let Some(r) = self.recovery.as_ref() else {
+            return;
+        };
+        let Some(jobs) = self.remote.buddies.job_values(r.copy_phase, r.phase) else {
+            return self.abandon_recovery("the job values to replay are gone".into());
+        };
+        let plan = self.core.plan();
+        let chunks = r
+            .lost
+            .iter()
+            .map(|&x| {
+                let range = plan.range(x);
+                (x, range.start, range.end, r.done.contains(&x))
+            })
+            .collect();
+        let halos = r.halos.iter().filter(|h| h.0 < r.phase).cloned().collect();
+        let msg = ToWorker::Recover {
+            attempt: r.attempt,
+            copy_phase: r.copy_phase,
+            phase: r.phase,
+            total: plan.len(),
+            chunks,
+            jobs,
+            halos,
+        };
+        let (buddy, lost) = (r.buddy, r.lost.clone());
+        let _ = self.remote.send_to(buddy, msg);
+        // The buddy uses its copies up.
+        self.remote.buddies.used(&lost);
+    }
+
+    /// The buddy replayed `chunk`: its state goes where its fetch says; what it exported
+    /// at the end of the phase fills in what the lost process kept for the others lost.
+    pub(crate) fn recovery_replayed(
+        &mut self,
+        id: ProcessId,
+        attempt: u64,
+        chunk: ChunkId,
+        state: Bytes,
+        halos: Vec<(Option<u64>, Bytes)>,
+    ) -> Result<(), String> {
+        let Some(r) = self.recovery.as_mut().filter(|r| r.attempt == attempt) else {
+            return Ok(());
+        };
+        if id != r.buddy || !r.lost.contains(&chunk) || !r.replayed.insert(chunk) {
+            return Err(format!("a replay of chunk {chunk} nobody asked of it"));
+        }
+        let from = r.from;
+        let refill: Vec<ChunkId> = r
+            .refill
+            .iter()
+            .filter(|(y, _)| *y == chunk)
+            .map(|(_, x)| *x)
+            .collect();
+        for x in refill {
+            let piece = halos
+                .iter()
+                .find(|(to, _)| *to == Some(x))
+                .or_else(|| halos.iter().find(|(to, _)| to.is_none()));
+            match piece {
+                Some((_, b)) => fill(&mut self.exports, chunk, x, from, b),
+                None => {
+                    self.abandon_recovery(format!(
+                        "the replay of chunk {chunk} exported nothing for chunk {x}"
+                    ));
+                    return Ok(());
+                }
+            }
+        }
+        self.surrendered(id, chunk, state);
+        let Some(r) = self.recovery.as_ref() else {
+            return Ok(());
+        };
+        if r.replayed.len() == r.lost.len() {
+            let r = self.recovery.take().expect("checked");
+            let took = self.now.saturating_sub(r.since);
+            tracing::info!(
+                job = J::NAME,
+                lost = ?r.lost,
+                phase = r.phase,
+                copy_phase = r.copy_phase,
+                ?took,
+                "lost partitions replayed from their buddy copies"
+            );
+            metrics::counter!(crate::metrics::RECOVERIES, "job" => J::NAME).increment(1);
+            self.recoveries.push(Recovered {
+                lost: r.lost,
+                phase: r.phase,
+                copy_phase: r.copy_phase,
+                buddy: r.buddy.0,
+                took,
+            });
+        }
+        self.settle();
+        Ok(())
+    }
+
+    /// The recovery under way cannot be carried out: the job rolls back instead.
+    pub(crate) fn abandon_recovery(&mut self, why: String) {
+        let Some(r) = self.recovery.take() else {
+            return;
+        };
+        tracing::warn!(job = J::NAME, lost = ?r.lost, %why, "a local recovery is abandoned: the job rolls back");
+        let mut stranded = Vec::new();
+        for x in &r.lost {
+            match self.remote.fetches.remove(x) {
+                Some((_, Fetch::Forward { worker, .. }, _)) => stranded.push(worker),
+                Some((_, Fetch::Local, _)) => {
+                    let gone = crate::error::Error::PartitionGone {
+                        job: J::NAME,
+                        chunk: *x,
+                    };
+                    self.orders
+                        .push(super::links::Order::Fetched(*x, Err(gone)));
+                }
+                _ => {}
+            }
+        }
+        self.core.lose(&r.lost);
+        self.partitions_lost(&[]);
+        for worker in stranded {
+            let _ = self.feed(Event::Lost { worker }, None);
+        }
+    }
+
+    /// A recovery is under way and waits for process `id`: it is abandoned.
+    pub(crate) fn recovery_lost(&mut self, id: ProcessId) {
+        if self.recovery.is_some() {
+            self.abandon_recovery(format!("worker process {id} was lost meanwhile"));
+        }
+    }
+}
+
+/// The halo `sender` exported for `receiver`, recorded as kept by lost process `from`, is
+/// these bytes.
+fn fill(
+    exports: &mut [Option<crate::exchange::Outbox<HeldHalo>>],
+    sender: ChunkId,
+    receiver: ChunkId,
+    from: ProcessId,
+    bytes: &Bytes,
+) {
+    let Some(Some(out)) = exports.get_mut(sender as usize) else {
+        return;
+    };
+    for (to, h) in out.iter_mut() {
+        let for_it = to.is_none_or(|t| t == receiver);
+        if for_it && matches!(h, HeldHalo::Kept(p) if *p == from) {
+            *h = HeldHalo::Bytes(bytes.clone());
+            if to.is_some() {
+                return;
+            }
+        }
+    }
+}

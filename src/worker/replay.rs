@@ -1,0 +1,232 @@
+//! Local recovery's replay (`ToWorker::Recover`): partitions lost with another process are
+//! made again here from the buddy copies this process keeps of them, phase by phase, with the
+//! job values of those phases and the pieces their other neighbours exported then (from the
+//! senders' halo logs), exactly as they ran where they were lost.
+//!
+//! The partitions replayed together are all of one lost process's (those with a copy here):
+//! a piece one of them exports for another in a phase is handed over here, as the barrier
+//! would have. Each phase of each partition is what the thread runner does (`run::run`:
+//! `running_in`, the steps, the export, an output phase's `Partition::output`) after the
+//! barrier's `begin_phase` with its pieces in sender order; so the states are the ones the
+//! lost process had, bit for bit, whatever the order here. It runs on a thread of its own:
+//! a replay is phases of computing, and the process's I/O goes on meanwhile.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::codec;
+use crate::exchange::Outbox;
+use crate::job::Job;
+use crate::metrics::StepStats;
+use crate::run::{Assignment, Attend, Cell, Held, Host, Inputs, Ran, catch, run};
+
+/// A replay to carry out, as the machine hands it to the pump.
+#[derive(Debug, Clone)]
+pub(crate) struct Replay {
+    /// The `Recover`'s attempt.
+    pub(crate) attempt: u64,
+    /// The phase of the copies.
+    pub(crate) copy_phase: u64,
+    /// The phase the job is in.
+    pub(crate) phase: u64,
+    /// The job's number of chunks.
+    pub(crate) chunks: u64,
+    /// `(chunk, range, done, copy)`: each partition, whether it runs `phase` too (else it
+    /// only begins it), and its copy's bytes.
+    pub(crate) parts: Vec<(u64, Range<u64>, bool, Bytes)>,
+    /// `(phase, job value)` for `copy_phase..=phase` (the copies export their pieces of
+    /// `copy_phase` with the first).
+    pub(crate) jobs: Vec<(u64, Bytes)>,
+    /// `(phase, sender, receiver, piece)`: pieces exported at the end of `phase` by
+    /// partitions not replayed here.
+    pub(crate) halos: Vec<(u64, u64, u64, Bytes)>,
+}
+
+/// Each partition replayed: its chunk, its state, and what it exported at the end of the
+/// phase if it ran it.
+pub(crate) type Replayed = Vec<(u64, Bytes, Vec<(Option<u64>, Bytes)>)>;
+
+/// A runner's host that never stops nor captures: a replay has nobody to answer.
+struct Alone;
+
+impl Host for Alone {
+    fn attend(&mut self, cell: &Cell) -> Attend {
+        cell.take();
+        Attend::Continue
+    }
+    fn captured(&mut self, _: Result<Vec<u8>, codec::Error>) {}
+}
+
+/// Carries out `r` (see the module docs): the partitions' states, or why not.
+pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed, String> {
+    let Some(hooks) = J::OWNERSHIP.hooks else {
+        return Err("a replay of a job without partitions".into());
+    };
+    let jobs: BTreeMap<u64, J> = r
+        .jobs
+        .iter()
+        .map(|(p, b)| {
+            codec::decode::<J>("the job", b)
+                .map(|j| (*p, j))
+                .map_err(|e| format!("the job value of phase {p} does not decode: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    // `(chunk, range, done, partition)`; a partition is out while its phase runs.
+    type Part<C> = (u64, Range<u64>, bool, Option<C>);
+    let mut parts: Vec<Part<J::Chunk>> = r
+        .parts
+        .iter()
+        .map(|(c, range, done, b)| {
+            codec::decode::<J::Chunk>("a chunk state", b)
+                .map(|s| (*c, range.clone(), *done, Some(s)))
+                .map_err(|e| format!("the copy of chunk {c} does not decode: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    // The pieces of the phase before, by receiver: `(sender, bytes)`.
+    let mut inbound: BTreeMap<u64, Vec<(u64, Bytes)>> = BTreeMap::new();
+    let logged = |phase: u64, to: u64| {
+        r.halos
+            .iter()
+            .filter(move |h| h.0 == phase && h.2 == to)
+            .map(|h| (h.1, h.3.clone()))
+    };
+    for (c, ..) in &parts {
+        inbound.insert(*c, logged(r.copy_phase, *c).collect());
+    }
+    // The copies' own pieces of their phase, for each other's next one.
+    let first = jobs
+        .get(&r.copy_phase)
+        .ok_or_else(|| format!("no job value of phase {}", r.copy_phase))?;
+    for (chunk, _, _, part) in &parts {
+        let Some(part) = part else { continue };
+        let at = crate::exchange::At {
+            chunk: *chunk,
+            chunks: r.chunks,
+            phase: r.copy_phase,
+        };
+        let out = catch(
+            crate::Site::Chunk {
+                phase: r.copy_phase,
+                chunk: *chunk,
+            },
+            J::NAME,
+            || (hooks.export)(part, first, at),
+        )
+        .map_err(|e| format!("{e}"))?;
+        for (to, p) in &out {
+            let b = Bytes::from(
+                (hooks.encode_halo)(p)
+                    .map_err(|e| format!("a piece of chunk {chunk} does not encode: {e}"))?,
+            );
+            route(&mut inbound, *chunk, *to, b);
+        }
+    }
+    let cell = Cell::default();
+    let mut stats = StepStats::new(J::NAME);
+    let mut last: BTreeMap<u64, Vec<(Option<u64>, Bytes)>> = BTreeMap::new();
+    for phase in r.copy_phase + 1..=r.phase {
+        let job = jobs
+            .get(&phase)
+            .ok_or_else(|| format!("no job value of phase {phase}"))?;
+        let mut exported: Vec<(u64, Outbox<Bytes>)> = Vec::new();
+        for (chunk, range, done, slot) in &mut parts {
+            let chunk = *chunk;
+            let Some(part) = slot.as_mut() else {
+                return Err(format!("chunk {chunk} was lost in phase {phase}"));
+            };
+            let mut pieces = inbound.remove(&chunk).unwrap_or_default();
+            pieces.sort_by_key(|(from, _)| *from);
+            if pieces.windows(2).any(|w| w[0].0 == w[1].0) {
+                return Err(format!(
+                    "two pieces from one sender for chunk {chunk} in phase {phase}"
+                ));
+            }
+            let mut inbox = pieces
+                .into_iter()
+                .map(|(from, b)| {
+                    (hooks.decode_halo)(&b)
+                        .map(|p| (from, p))
+                        .map_err(|e| format!("a piece for chunk {chunk} does not decode: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            catch(crate::Site::Chunk { phase, chunk }, J::NAME, || {
+                (hooks.begin)(part, job, chunk, &mut inbox, None)
+            })
+            .map_err(|e| format!("{e}"))?;
+            if phase == r.phase && !*done {
+                continue;
+            }
+            let a = Assignment {
+                chunk,
+                phase,
+                chunks: r.chunks,
+                range: range.clone(),
+                state: slot.take().map(|s| Held::Live(Box::new(s))),
+            };
+            match run(job, inputs, a, &cell, &mut stats, &mut Alone) {
+                Ran::Done {
+                    kept: Some(kept), ..
+                } => {
+                    *slot = Some(kept.state);
+                    let out = kept
+                        .halos
+                        .iter()
+                        .map(|(to, p)| {
+                            (hooks.encode_halo)(p)
+                                .map(|b| (*to, Bytes::from(b)))
+                                .map_err(|e| {
+                                    format!("a piece of chunk {chunk} does not encode: {e}")
+                                })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    exported.push((chunk, out));
+                }
+                Ran::Failed(e) => return Err(format!("chunk {chunk}, phase {phase}: {e}")),
+                Ran::Done { kept: None, .. } | Ran::Yielded { .. } => {
+                    return Err(format!("chunk {chunk} kept no partition in phase {phase}"));
+                }
+            }
+        }
+        // What the partitions replayed here exported feeds each other's next phase; the
+        // others' pieces come from their logs.
+        if phase < r.phase {
+            for (c, ..) in &parts {
+                inbound.insert(*c, logged(phase, *c).collect());
+            }
+            for (from, out) in &exported {
+                for (to, b) in out {
+                    route(&mut inbound, *from, *to, b.clone());
+                }
+            }
+        } else {
+            last = exported.into_iter().collect();
+        }
+    }
+    parts
+        .into_iter()
+        .map(|(chunk, _, _, part)| {
+            let part = part.ok_or_else(|| format!("chunk {chunk} was lost"))?;
+            let state = codec::encode("a chunk state", &part)
+                .map_err(|e| format!("chunk {chunk} does not encode: {e}"))?;
+            Ok((
+                chunk,
+                Bytes::from(state),
+                last.remove(&chunk).unwrap_or_default(),
+            ))
+        })
+        .collect()
+}
+
+/// A piece one replayed partition exported, for the others replayed (`to`, or all of them).
+fn route(inbound: &mut BTreeMap<u64, Vec<(u64, Bytes)>>, from: u64, to: Option<u64>, b: Bytes) {
+    match to {
+        Some(to) => {
+            if let Some(v) = inbound.get_mut(&to) {
+                v.push((from, b));
+            }
+        }
+        None => inbound.values_mut().for_each(|v| v.push((from, b.clone()))),
+    }
+}
