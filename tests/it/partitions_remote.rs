@@ -350,6 +350,48 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
     );
 }
 
+/// A process killed with SIGKILL while the job takes buddy copies is recovered locally:
+/// its partitions are replayed from their copies in another process while the others go
+/// on, and the grid is exact. The job has no snapshot store: without the copies it would
+/// end with `PartitionsLost`.
+#[test]
+fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .buddy_copies(3)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(120);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut victim = start(&addr);
+    let others = [start(&addr), start(&addr)];
+    until("three processes", || h.remote_workers() == 3);
+    // Nobody waits on the job (a waiting thread would compute partitions that have no
+    // copy): it runs on the processes alone.
+    until("phase 20", || phase_of(&h) >= 20);
+    let before = phase_of(&h);
+    victim.kill().unwrap();
+    let _ = victim.wait();
+    until("the recovery", || !h.recoveries().is_empty() || h.is_finished());
+    until("the end", || h.is_finished());
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let recoveries = h.recoveries();
+    assert_eq!(recoveries.len(), 1, "{recoveries:?} {:?}", h.rollbacks());
+    assert!(h.rollbacks().is_empty(), "{:?}", h.rollbacks());
+    let r = &recoveries[0];
+    assert!(!r.lost.is_empty(), "{r:?}");
+    assert!(r.phase >= before && r.copy_phase < r.phase, "{r:?}");
+    // Copies every 3 phases; the last round's answers may not have come yet.
+    assert!(r.phase - r.copy_phase <= 6, "{r:?}");
+    for mut p in others {
+        assert!(p.wait().unwrap().success());
+    }
+}
+
 /// A worker process that takes no halo from its peers (`MALLEABLE_DIRECT_HALOS=0`) gets
 /// them through the coordinator, and sends its own there too: nothing is pushed, and the
 /// grid is exact.
