@@ -62,11 +62,21 @@
 //!    median phase of the run without copies, ÷ postcard serializing one process's half of
 //!    the grid alone (target ≤ 1.1×); and the copies' bytes per process. Values are checked
 //!    equal.
+//! 6. **Local recovery**: 4 worker processes (one thread each, no local worker), one
+//!    killed with SIGKILL `PARTITIONS_LOCAL_AFTER` phases (default 10) after a buddy-copy
+//!    barrier (copies every `PARTITIONS_COPY_EVERY`, default 20; no snapshot store): its
+//!    partitions are replayed from their copies while the others go on. Against the same
+//!    run with snapshots (to a local folder, every `PARTITIONS_SNAPSHOT_MS`) and no copies,
+//!    whose kill, right after a commit, rolls everyone back. Printed: the time from the
+//!    kill to the next phase done, both ways, and their ratio (target ≥ 3×); the recovery's
+//!    own time (loss to every partition back), the phases replayed and the median phase.
+//!    Values are checked against the sequential loop.
 //!
 //! ```text
-//! cargo bench --bench partitions                         # all five, 4000 × 4000
+//! cargo bench --bench partitions                         # all six, 4000 × 4000
 //! PARTITIONS_ONLY=doubling cargo bench --bench partitions # one part: doubling, remote,
-//!                                                         # pause, recovery or copies
+//!                                                         # pause, recovery, copies
+//!                                                         # or local
 //! PARTITIONS_N=1000 PARTITIONS_PHASES=80 cargo bench --bench partitions  # smaller, quicker
 //! cargo test --bench partitions                          # a quick checked pass (N = 200)
 //! ```
@@ -217,6 +227,11 @@ fn main() {
     }
     if part("copies") {
         summary.extend(copies(s));
+    }
+    if part("local") {
+        let phases = if s.quick { 60 } else { 120 };
+        let r = reference_for(phases);
+        summary.extend(local_recovery(s, phases, &r));
     }
     println!();
     for line in summary {
@@ -1176,4 +1191,138 @@ fn copies(s: Sizes) -> Vec<String> {
             c.max_bytes_per_process as f64 / 1e6,
         ),
     ]
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Local recovery.
+
+fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
+    let every = env_or("PARTITIONS_COPY_EVERY", if s.quick { 5 } else { 20 });
+    let after = env_or("PARTITIONS_LOCAL_AFTER", if s.quick { 3 } else { 10 });
+    println!(
+        "\n== local recovery: 4 worker processes, a copy every {every} phases, one killed \
+         {after} phases after a copy barrier, against a rollback to a snapshot; {phases} phases"
+    );
+    // One run: the time from the kill to the next phase done, the phase times before it, and
+    // the handle's record of the recovery or the rollback.
+    let run = |local: bool| {
+        let (url, dir) = folder(if local { "local" } else { "global" });
+        let mut builder = coordinator();
+        builder = if local {
+            builder.buddy_copies(every)
+        } else {
+            builder
+                .snapshots(&url)
+                .job_id("local-vs-global")
+                .snapshot_every(s.period)
+        };
+        let exec = builder.build().expect("a coordinator");
+        let addr = exec.local_addr().expect("listening").to_string();
+        let mut workers: Vec<Child> = (0..4).map(|_| spawn_worker_env(&addr, &[])).collect();
+        std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
+        let started = Instant::now();
+        let mut log = Phases::watch(started);
+        let h = exec.submit(Banded(Heat::new(s.n, phases))).expect("submit");
+        let commits = || std::fs::read_dir(dir.join("local-vs-global")).map_or(0, |d| d.count());
+        let mut committed = 0;
+        let mut killed: Option<(Instant, u64)> = None;
+        let mut back: Option<Instant> = None;
+        // The first phase end past the phase of the kill (a rollback does phases again).
+        let mut caught: Option<Instant> = None;
+        while let Some(e) = log.next(&h) {
+            if let Some((k, at)) = killed {
+                if e.at > k && e.phase > at {
+                    caught.get_or_insert(e.at);
+                }
+            }
+            match killed {
+                None => {
+                    let due = if local {
+                        e.phase >= every && (e.phase + 1) % every == after % every
+                    } else {
+                        let now = commits();
+                        let fresh = now > committed;
+                        committed = now;
+                        e.phase >= every + after && fresh
+                    };
+                    if due && h.remote_workers() == 4 {
+                        workers[0].kill().expect("SIGKILL");
+                        let _ = workers[0].wait();
+                        killed = Some((Instant::now(), e.phase));
+                    }
+                }
+                Some((k, _)) if e.at > k => {
+                    back.get_or_insert(e.at);
+                }
+                _ => {}
+            }
+        }
+        let done = finish(h.clone());
+        for mut w in workers.into_iter().skip(1) {
+            let _ = w.wait();
+        }
+        check("local recovery", &Heat::solution(&done), reference);
+        let _ = std::fs::remove_dir_all(&dir);
+        let (k, at) = killed.expect("a kill: more phases?");
+        let gap = back.expect("a phase after the kill") - k;
+        let caught = caught.expect("a phase past the kill's") - k;
+        let normal = median(
+            log.seen
+                .iter()
+                .filter(|&&(p, _, _)| p >= 3 && p < at)
+                .map(|&(_, d, _)| d)
+                .collect(),
+        );
+        (gap, caught, normal, h.recoveries(), h.rollbacks(), at)
+    };
+    let (mut local_gaps, mut global_gaps, mut global_caught) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..s.pairs {
+        let (lg, _, ln, rec, rb, at) = run(true);
+        assert!(rb.is_empty(), "a local recovery, not a rollback: {rb:?}");
+        let r = rec.first().expect("a recovery");
+        println!(
+            "round {}: local: killed after phase {at}, {} partitions replayed from phase {} to \
+             {} ({} phases) in {:.1} ms; the next phase done {:.1} ms after the kill (median \
+             phase before {:.1} ms); nothing read from a store",
+            round + 1,
+            r.lost.len(),
+            r.copy_phase,
+            r.phase,
+            r.phase - r.copy_phase,
+            ms(r.took),
+            ms(lg),
+            ms(ln),
+        );
+        let (gg, gc, gn, _, rb, at) = run(false);
+        let r = rb.first().expect("a rollback");
+        println!(
+            "round {}: global: killed after phase {at}, back to phase {}: a phase done {:.1} ms \
+             after the kill, past the kill's phase {:.1} ms after it (median phase before \
+             {:.1} ms); {:.2}x and {:.2}x the local recovery",
+            round + 1,
+            r.to_phase,
+            ms(gg),
+            ms(gc),
+            ms(gn),
+            gg.as_secs_f64() / lg.as_secs_f64().max(1e-9),
+            gc.as_secs_f64() / lg.as_secs_f64().max(1e-9),
+        );
+        local_gaps.push(lg);
+        global_gaps.push(gg);
+        global_caught.push(gc);
+    }
+    let (l, g, c) = (
+        median(local_gaps),
+        median(global_gaps),
+        median(global_caught),
+    );
+    vec![format!(
+        "local recovery: kill to the next phase {:.1} ms; rolling back: a phase done {:.1} ms ({:.2}x), past the kill's phase {:.1} ms ({:.2}x) (medians of {}; target >= 3x)",
+        ms(l),
+        ms(g),
+        g.as_secs_f64() / l.as_secs_f64().max(1e-9),
+        ms(c),
+        c.as_secs_f64() / l.as_secs_f64().max(1e-9),
+        s.pairs
+    )]
 }

@@ -1792,6 +1792,85 @@ mod tests {
         assert_eq!(t.peers_unreachable, 0);
     }
 
+    /// Tiles replayed from their copies of phase `c` with the others' pieces of phases
+    /// `c..P` are the plain loop's, whatever the patterns in between.
+    #[test]
+    fn a_replay_from_copies_gives_the_plain_loop_s_tiles() {
+        let mesh = mesh::SimMesh {
+            rows: 2,
+            cols: 4,
+            cells: 3,
+            phases: 8,
+            done: 0,
+        };
+        let n = mesh.tiles();
+        let (c, p) = (5, 7);
+        let lost = [3u64, 4];
+        let mut copies = Vec::new();
+        let mut halos = Vec::new();
+        mesh.run(p, |phase, tiles| {
+            if phase == c {
+                copies = lost
+                    .iter()
+                    .map(|&x| crate::codec::encode("t", &tiles[x as usize]).unwrap())
+                    .collect();
+            }
+            if phase >= c {
+                for (from, t) in (0..).zip(tiles) {
+                    if lost.contains(&from) {
+                        continue;
+                    }
+                    let to: Vec<Option<u64>> = match mesh::SimMesh::pattern_of(phase) {
+                        crate::Pattern::Neighbours => {
+                            mesh.sides(from).into_iter().map(Some).collect()
+                        }
+                        crate::Pattern::AllToAll => (0..n).map(Some).collect(),
+                        crate::Pattern::Allgather => vec![None],
+                        _ => Vec::new(),
+                    };
+                    for to in to {
+                        let b: bytes::Bytes =
+                            crate::codec::encode("p", &t.piece(to)).unwrap().into();
+                        for &x in &lost {
+                            if to.is_none_or(|t| t == x) {
+                                halos.push((phase, from, x, b.clone()));
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        let jobs = (c..=p)
+            .map(|k| {
+                let j = mesh::SimMesh {
+                    done: k,
+                    ..mesh.clone()
+                };
+                (
+                    k,
+                    bytes::Bytes::from(crate::codec::encode("j", &j).unwrap()),
+                )
+            })
+            .collect();
+        let r = crate::worker::replay::Replay {
+            attempt: 0,
+            copy_phase: c,
+            phase: p,
+            chunks: n,
+            parts: lost
+                .iter()
+                .zip(copies)
+                .map(|(&x, b)| (x, x * 3..x * 3 + 3, false, b.into()))
+                .collect(),
+            jobs,
+            halos,
+        };
+        let out = crate::worker::replay::replay::<mesh::SimMesh>(r, &Default::default()).unwrap();
+        for (x, state, _) in out {
+            mesh.check_begun(x, p, &state).unwrap();
+        }
+    }
+
     /// With copies every other phase and no fault, every partition has a copy after each
     /// copy barrier, of that barrier's phase, in another process than its holder's, and the
     /// copies are the plain loop's partitions.

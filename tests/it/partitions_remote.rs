@@ -375,7 +375,9 @@ fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
     let before = phase_of(&h);
     victim.kill().unwrap();
     let _ = victim.wait();
-    until("the recovery", || !h.recoveries().is_empty() || h.is_finished());
+    until("the recovery", || {
+        !h.recoveries().is_empty() || h.is_finished()
+    });
     until("the end", || h.is_finished());
     let got = finished(h.clone());
     assert_same(&got, &sequential(&job));

@@ -15,11 +15,11 @@ use crate::{Chunk, Chunking, Exchange, Job, Next, Ownership, Pattern, Pieces, St
 /// `rows` x `cols` tiles of `cells` cells, `phases` phases.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct SimMesh {
-    rows: u64,
-    cols: u64,
-    cells: u64,
-    phases: u64,
-    done: u64,
+    pub(super) rows: u64,
+    pub(super) cols: u64,
+    pub(super) cells: u64,
+    pub(super) phases: u64,
+    pub(super) done: u64,
 }
 
 /// FNV-1a, word by word.
@@ -28,12 +28,12 @@ fn fnv(h: u64, x: u64) -> u64 {
 }
 
 impl SimMesh {
-    fn tiles(&self) -> u64 {
+    pub(super) fn tiles(&self) -> u64 {
         self.rows * self.cols
     }
 
     /// What crosses the barrier after `phase`.
-    fn pattern_of(phase: u64) -> Pattern {
+    pub(super) fn pattern_of(phase: u64) -> Pattern {
         match phase % 4 {
             0 => Pattern::Neighbours,
             1 => Pattern::Allgather,
@@ -43,7 +43,7 @@ impl SimMesh {
     }
 
     /// The tiles that share a side with `t`.
-    fn sides(&self, t: u64) -> Vec<u64> {
+    pub(super) fn sides(&self, t: u64) -> Vec<u64> {
         let (r, c) = (t / self.cols, t % self.cols);
         let mut n = Vec::new();
         if r > 0 {
@@ -85,7 +85,7 @@ impl SimTile {
         self.cells.iter().fold(self.me, |h, &c| fnv(h, c))
     }
 
-    fn piece(&self, to: Option<u64>) -> Vec<u64> {
+    pub(super) fn piece(&self, to: Option<u64>) -> Vec<u64> {
         match to {
             Some(to) => vec![fnv(self.cells[0], to), self.me],
             None => vec![self.cells.iter().fold(7, |h, &c| fnv(h, c))],
@@ -264,7 +264,11 @@ impl Simulated for SimMesh {
 impl SimMesh {
     /// The value of the first `phases` phases computed by a plain loop; `ended` sees the
     /// tiles as each phase left them (before the pieces it sends are taken).
-    fn run(&self, phases: u64, mut ended: impl FnMut(u64, &[SimTile])) -> (Vec<u64>, Vec<SimTile>) {
+    pub(super) fn run(
+        &self,
+        phases: u64,
+        mut ended: impl FnMut(u64, &[SimTile]),
+    ) -> (Vec<u64>, Vec<SimTile>) {
         let n = self.tiles();
         let mut tiles: Vec<SimTile> = (0..n).map(|t| SimTile::new(t, self.cells)).collect();
         let mut value = Vec::new();
@@ -292,88 +296,5 @@ impl SimMesh {
             }
         }
         (value, tiles)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::worker::replay::{Replay, replay};
-
-    /// Tiles replayed from their copies of phase `c` with the others' pieces of phases
-    /// `c..P` are the plain loop's, whatever the patterns in between.
-    #[test]
-    fn a_replay_from_copies_gives_the_plain_loop_s_tiles() {
-        let mesh = SimMesh {
-            rows: 2,
-            cols: 4,
-            cells: 3,
-            phases: 8,
-            done: 0,
-        };
-        let n = mesh.tiles();
-        let (c, p) = (5, 7);
-        let lost = [3u64, 4];
-        let mut copies = Vec::new();
-        let mut halos = Vec::new();
-        mesh.run(p, |phase, tiles| {
-            if phase == c {
-                copies = lost
-                    .iter()
-                    .map(|&x| crate::codec::encode("t", &tiles[x as usize]).unwrap())
-                    .collect();
-            }
-            if phase >= c {
-                for (from, t) in (0..).zip(tiles) {
-                    if lost.contains(&from) {
-                        continue;
-                    }
-                    let to: Vec<Option<u64>> = match SimMesh::pattern_of(phase) {
-                        Pattern::Neighbours => mesh.sides(from).into_iter().map(Some).collect(),
-                        Pattern::AllToAll => (0..n).map(Some).collect(),
-                        Pattern::Allgather => vec![None],
-                        _ => Vec::new(),
-                    };
-                    for to in to {
-                        let b: bytes::Bytes =
-                            crate::codec::encode("p", &t.piece(to)).unwrap().into();
-                        for &x in &lost {
-                            if to.is_none_or(|t| t == x) {
-                                halos.push((phase, from, x, b.clone()));
-                            }
-                        }
-                    }
-                }
-            }
-        });
-        let jobs = (c..=p)
-            .map(|k| {
-                let j = SimMesh {
-                    done: k,
-                    ..mesh.clone()
-                };
-                (
-                    k,
-                    bytes::Bytes::from(crate::codec::encode("j", &j).unwrap()),
-                )
-            })
-            .collect();
-        let r = Replay {
-            attempt: 0,
-            copy_phase: c,
-            phase: p,
-            chunks: n,
-            parts: lost
-                .iter()
-                .zip(copies)
-                .map(|(&x, b)| (x, x * 3..x * 3 + 3, false, b.into()))
-                .collect(),
-            jobs,
-            halos,
-        };
-        let out = replay::<SimMesh>(r, &Default::default()).unwrap();
-        for (x, state, _) in out {
-            mesh.check_begun(x, p, &state).unwrap();
-        }
     }
 }
