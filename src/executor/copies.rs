@@ -71,9 +71,10 @@ pub(crate) struct Buddies {
     copies: IdMap<ChunkId, Kept>,
     /// Bytes of copies each process keeps.
     held: IdMap<ProcessId, u64>,
-    /// Where each partition's halo log is (the process that ran it since a phase, whose
-    /// exports from then on it keeps), and each process's log bytes as it last said.
-    logs: IdMap<ChunkId, (ProcessId, u64)>,
+    /// Where each partition's halo log is: the processes that ran it, each since a phase
+    /// (its exports from then on until the next are there), oldest first; and each
+    /// process's log bytes as it last said.
+    logs: IdMap<ChunkId, Vec<(ProcessId, u64)>>,
     log_bytes: IdMap<ProcessId, u64>,
     /// The job value of each phase since the oldest copy's, as sent to worker processes
     /// (a replay runs those phases again).
@@ -97,22 +98,50 @@ impl Buddies {
 
     /// The first phase whose exports the processes' halo logs must keep: the oldest copy's
     /// (a replay from it takes that phase's exports first), or `ended` if there is none.
-    pub(crate) fn log_from(&self, ended: u64) -> u64 {
-        self.copies
+    pub(crate) fn log_from(&mut self, ended: u64) -> u64 {
+        let from = self
+            .copies
             .values()
             .map(|c| c.phase)
             .min()
             .unwrap_or(ended)
-            .min(ended)
+            .min(ended);
+        self.trim_logs(from);
+        from
     }
 
     /// Partition `chunk` exported its halos for `phase` in process `by`, which logs them: if
     /// it ran elsewhere before, its log there starts at `phase`.
     pub(crate) fn exported(&mut self, chunk: ChunkId, by: ProcessId, phase: u64) {
-        match self.logs.get(&chunk) {
-            Some(&(p, _)) if p == by => {}
-            _ => {
-                self.logs.insert(chunk, (by, phase));
+        let segments = self.logs.entry(chunk).or_default();
+        if segments.last().is_none_or(|&(p, _)| p != by) {
+            segments.push((by, phase));
+        }
+    }
+
+    /// Whether the halo log of `chunk` holds its exports of phase `from` and later in
+    /// processes that are `alive`: its log began at `from` or before, and every process
+    /// that ran it since is alive.
+    pub(crate) fn log_covers(
+        &self,
+        chunk: ChunkId,
+        from: u64,
+        alive: impl Fn(ProcessId) -> bool,
+    ) -> bool {
+        let Some(segments) = self.logs.get(&chunk) else {
+            return false;
+        };
+        let Some(start) = segments.iter().rposition(|&(_, since)| since <= from) else {
+            return false;
+        };
+        segments[start..].iter().all(|&(p, _)| alive(p))
+    }
+
+    /// The logs' segments that end before `from` are no longer needed.
+    fn trim_logs(&mut self, from: u64) {
+        for segments in self.logs.values_mut() {
+            if let Some(start) = segments.iter().rposition(|&(_, since)| since <= from) {
+                segments.drain(..start);
             }
         }
     }
@@ -143,10 +172,10 @@ impl Buddies {
         (v.len() as u64 == to + 1 - from.min(to + 1)).then_some(v)
     }
 
-    /// Where the halo log of `chunk` is, and since which phase.
+    /// Where the halo log of `chunk` is now, and since which phase.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn log_of(&self, chunk: ChunkId) -> Option<(ProcessId, u64)> {
-        self.logs.get(&chunk).copied()
+        self.logs.get(&chunk).and_then(|s| s.last().copied())
     }
 
     /// Whether copies are taken at the barrier after phase `ended`.
@@ -269,8 +298,8 @@ impl Buddies {
 
     /// Process `process` is gone, with the copies and the logs it kept.
     pub(crate) fn lost(&mut self, process: ProcessId) {
+        // Its log segments stay: a log that needs them is not whole any more.
         self.log_bytes.remove(&process);
-        self.logs.retain(|_, (p, _)| *p != process);
         if self.held.remove(&process).is_none() {
             return;
         }
@@ -367,10 +396,15 @@ mod tests {
         assert_eq!(b.log_of(0), Some((p(2), 4)));
         b.exported(0, p(4), 6);
         assert_eq!(b.log_of(0), Some((p(4), 6)));
+        assert!(b.log_covers(0, 4, |_| true) && b.log_covers(0, 7, |_| true));
+        assert!(!b.log_covers(0, 3, |_| true), "it began at 4");
+        assert!(b.log_covers(0, 6, |q| q == p(4)), "6 on is in process 4");
+        assert!(!b.log_covers(0, 5, |q| q == p(4)), "5 is in process 2");
         b.logged(p(4), 100);
         assert_eq!(b.report().log_bytes, 100);
         b.lost(p(4));
-        assert_eq!((b.log_of(0), b.report().log_bytes), (None, 0));
+        assert_eq!(b.report().log_bytes, 0);
+        assert!(!b.log_covers(0, 6, |q| q != p(4)));
         b.reset();
         assert_eq!(b.report().partitions, 0);
     }

@@ -12,8 +12,9 @@
 //! - every lost partition has a copy, all of the same phase `c` and in the same process
 //!   `B` (one buddy per process makes that the rule), and `B` is connected;
 //! - every other partition's halo log covers phases `c..=P` (`P`, the phase the job is in):
-//!   it ran in one live process since `c` at least (a partition in the coordinator's own
-//!   hands has no log, nor one that moved since);
+//!   every process that ran it since `c` is alive (a partition in the coordinator's own hands
+//!   has no log); a partition that moved has its log in pieces, one in each process it ran
+//!   in, and every process sends its own;
 //! - the job values of phases `c + 1..=P` are kept;
 //! - nothing else is under way that this would have to wait for or undo: no rollback, no
 //!   other recovery, no snapshot cut open, no partition on its way from `A`, the job not
@@ -186,8 +187,8 @@ impl<J: Job> State<J> {
         let lost_set: IdSet<ChunkId> = lost.iter().copied().collect();
         let chunks = self.core.plan().len();
         let logged = (0..chunks).filter(|c| !lost_set.contains(c)).all(|y| {
-            self.remote.buddies.log_of(y).is_some_and(|(q, since)| {
-                since <= copy_phase && q != from && self.remote.conns.contains_key(&q)
+            self.remote.buddies.log_covers(y, copy_phase, |q| {
+                q != from && self.remote.conns.contains_key(&q)
             })
         });
         if !logged {

@@ -1865,6 +1865,16 @@ mod tests {
             jobs,
             halos,
         };
+        // A piece missing from the logs is an error, not a wrong tile.
+        let mut short = r.clone();
+        short.halos.remove(3);
+        let refused = crate::worker::replay::replay::<mesh::SimMesh>(short, &Default::default());
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.contains("would begin phase")),
+            "{refused:?}"
+        );
         let out = crate::worker::replay::replay::<mesh::SimMesh>(r, &Default::default()).unwrap();
         for (x, state, _) in out {
             mesh.check_begun(x, p, &state).unwrap();

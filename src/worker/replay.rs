@@ -138,9 +138,17 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed, 
             };
             let mut pieces = inbound.remove(&chunk).unwrap_or_default();
             pieces.sort_by_key(|(from, _)| *from);
-            if pieces.windows(2).any(|w| w[0].0 == w[1].0) {
+            // Exactly the senders the phase before's pattern has for it: a piece missing
+            // from the logs would give a wrong partition, not an error.
+            let before = jobs
+                .get(&(phase - 1))
+                .ok_or_else(|| format!("no job value of phase {}", phase - 1))?;
+            let senders: Vec<u64> = pieces.iter().map(|(from, _)| *from).collect();
+            let expected = senders_of::<J>(&hooks, before, phase - 1, chunk, r.chunks);
+            if senders != expected {
                 return Err(format!(
-                    "two pieces from one sender for chunk {chunk} in phase {phase}"
+                    "chunk {chunk} would begin phase {phase} with the pieces of {senders:?}, \
+                     not of {expected:?}"
                 ));
             }
             let mut inbox = pieces
@@ -228,5 +236,33 @@ fn route(inbound: &mut BTreeMap<u64, Vec<(u64, Bytes)>>, from: u64, to: Option<u
             }
         }
         None => inbound.values_mut().for_each(|v| v.push((from, b.clone()))),
+    }
+}
+
+/// The chunks whose pieces partition `chunk` (of `chunks`) takes at the barrier after
+/// `phase`, in order: its neighbours (the graph is symmetric), every chunk (an allgather, an
+/// all-to-all), or none.
+fn senders_of<J: Job>(
+    hooks: &crate::job::Hooks<J>,
+    job: &J,
+    phase: u64,
+    chunk: u64,
+    chunks: u64,
+) -> Vec<u64> {
+    match (hooks.pattern)(job, phase) {
+        crate::Pattern::Nothing => Vec::new(),
+        crate::Pattern::Allgather | crate::Pattern::AllToAll => (0..chunks).collect(),
+        crate::Pattern::Neighbours => {
+            let mut n = match hooks.neighbours {
+                Some(f) => f(job, chunk, chunks),
+                None => chunk
+                    .checked_sub(1)
+                    .into_iter()
+                    .chain((chunk + 1 < chunks).then_some(chunk + 1))
+                    .collect(),
+            };
+            n.sort_unstable();
+            n
+        }
     }
 }
