@@ -1214,7 +1214,13 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
             builder
                 .snapshots(&url)
                 .job_id("local-vs-global")
-                .snapshot_every(s.period)
+                .snapshot_every(if s.quick {
+                    Duration::from_millis(20)
+                } else {
+                    s.period
+                })
+                // Every commit stays, so that each one is seen (a new epoch folder).
+                .keep_snapshots(1000)
         };
         let exec = builder.build().expect("a coordinator");
         let addr = exec.local_addr().expect("listening").to_string();

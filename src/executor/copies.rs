@@ -149,7 +149,15 @@ impl Buddies {
     /// The job value of `phase` (as sent to worker processes) is kept for replays; those of
     /// phases no copy needs go.
     pub(crate) fn job_value(&mut self, phase: u64, job: bytes::Bytes) {
-        let keep = self.copies.values().map(|c| c.phase).min().unwrap_or(phase);
+        // The oldest copy's phase, or the last round's whose answers may not have come.
+        let round = self.every.and_then(|k| (phase / k * k).checked_sub(1));
+        let keep = self
+            .copies
+            .values()
+            .map(|c| c.phase)
+            .chain(round)
+            .min()
+            .unwrap_or(phase);
         // A replay from a copy of phase `c` exports the copy's pieces with `c`'s value too.
         while self.jobs.front().is_some_and(|(p, _)| *p < keep) {
             self.jobs.pop_front();

@@ -135,6 +135,69 @@ impl Recovery {
 }
 
 impl<J: Job> State<J> {
+    /// Whether the partitions of `lost`, lost with process `from`, can be replayed from their
+    /// buddy copies (module docs, "When"): the buddy and the copies' phase, or why not.
+    fn recoverable(
+        &self,
+        from: ProcessId,
+        lost: &[ChunkId],
+    ) -> Result<(ProcessId, u64), &'static str> {
+        let phase = self.phase;
+        if self.rolling_back() {
+            return Err("a rollback is under way");
+        }
+        if self.recovery.is_some() {
+            return Err("another recovery is under way");
+        }
+        if self.finishing.is_some() {
+            return Err("the job is finishing");
+        }
+        if self.snap.cut.is_open() {
+            return Err("a snapshot is being taken");
+        }
+        if phase == 0 {
+            return Err("the first phase runs again from the job value");
+        }
+        let mut found: Option<(u64, ProcessId)> = None;
+        for &x in lost {
+            if self.remote.fetching_from(x).is_some() {
+                return Err("a lost partition was on its way");
+            }
+            match (self.remote.buddies.copy_of(x), found) {
+                (None, _) => return Err("a lost partition has no copy"),
+                (Some(c), Some(f)) if c != f => {
+                    return Err("the lost partitions' copies are of two phases or in two processes");
+                }
+                (Some(c), _) => found = Some(c),
+            }
+        }
+        let Some((copy_phase, buddy)) = found else {
+            return Err("nothing was lost");
+        };
+        if buddy == from || !self.remote.conns.contains_key(&buddy) {
+            return Err("the copies were lost too");
+        }
+        if copy_phase >= phase {
+            return Err("the copies are of the phase under way");
+        }
+        if self.remote.fetching_from_any(from) {
+            return Err("a partition was on its way from the lost process");
+        }
+        if self.remote.buddies.job_values(copy_phase, phase).is_none() {
+            return Err("the job values since the copies are not kept");
+        }
+        let chunks = self.core.plan().len();
+        let logged = (0..chunks).filter(|c| !lost.contains(c)).all(|y| {
+            self.remote
+                .buddies
+                .log_covers(y, copy_phase, |q| q != from && self.remote.conns.contains_key(&q))
+        });
+        if !logged {
+            return Err("a partition's halo log since the copies is not whole");
+        }
+        Ok((buddy, copy_phase))
+    }
+
     /// Worker process `from` is lost (its connection is gone) with partitions only it held,
     /// `lost`; `slots` were its workers, still in the ledger. Starts a local recovery if it
     /// can (module docs, "When") and says whether it did.
@@ -144,56 +207,25 @@ impl<J: Job> State<J> {
         lost: &[ChunkId],
         slots: &[WorkerId],
     ) -> bool {
-        let phase = self.phase;
-        if lost.is_empty()
-            || !self.remote.buddies.enabled()
-            || self.ended
-            || self.rolling_back()
-            || self.recovery.is_some()
-            || self.finishing.is_some()
-            || self.snap.cut.is_open()
-            || phase == 0
-        {
+        if lost.is_empty() || !self.remote.buddies.enabled() || self.ended {
             return false;
         }
-        let mut buddy = None;
-        let mut copy_phase = None;
-        for &x in lost {
-            if self.remote.fetching_from(x).is_some() {
+        let (buddy, copy_phase) = match self.recoverable(from, lost) {
+            Ok(found) => found,
+            Err(why) => {
+                tracing::warn!(
+                    job = J::NAME,
+                    %from,
+                    ?lost,
+                    phase = self.phase,
+                    why,
+                    "lost partitions cannot be replayed from buddy copies"
+                );
                 return false;
             }
-            match self.remote.buddies.copy_of(x) {
-                Some((c, b))
-                    if buddy.is_none_or(|v| v == b) && copy_phase.is_none_or(|v| v == c) =>
-                {
-                    buddy = Some(b);
-                    copy_phase = Some(c);
-                }
-                _ => return false,
-            }
-        }
-        let (Some(buddy), Some(copy_phase)) = (buddy, copy_phase) else {
-            return false;
         };
-        if buddy == from || !self.remote.conns.contains_key(&buddy) || copy_phase >= phase {
-            return false;
-        }
-        if self.remote.fetching_from_any(from) {
-            return false;
-        }
-        let Some(_) = self.remote.buddies.job_values(copy_phase, phase) else {
-            return false;
-        };
+        let phase = self.phase;
         let lost_set: IdSet<ChunkId> = lost.iter().copied().collect();
-        let chunks = self.core.plan().len();
-        let logged = (0..chunks).filter(|c| !lost_set.contains(c)).all(|y| {
-            self.remote.buddies.log_covers(y, copy_phase, |q| {
-                q != from && self.remote.conns.contains_key(&q)
-            })
-        });
-        if !logged {
-            return false;
-        }
         // Decided: the lost partitions are held by the buddy, on their way from it.
         let attempt = self.next_recovery;
         self.next_recovery += 1;
