@@ -79,6 +79,9 @@ pub(crate) struct Buddies {
     /// The job value of each phase since the oldest copy's, as sent to worker processes
     /// (a replay runs those phases again).
     jobs: std::collections::VecDeque<(u64, bytes::Bytes)>,
+    /// Per chunk, the phase below which an answer is stale: its copy of a phase as new was
+    /// used up by a replay (a late answer of an older round must not bring one back).
+    floor: IdMap<ChunkId, u64>,
     report: Copies,
 }
 
@@ -236,6 +239,11 @@ impl Buddies {
         let mut stale: Vec<(ProcessId, u64, ChunkId)> = Vec::new();
         for &(chunk, bytes) in copied {
             self.report.kept += 1;
+            if self.floor.get(&chunk).is_some_and(|&f| phase < f) {
+                // Older than a copy a replay used up: its buddy does not need it.
+                stale.push((buddy, self.floor[&chunk], chunk));
+                continue;
+            }
             let new = Kept {
                 phase,
                 buddy,
@@ -324,10 +332,17 @@ impl Buddies {
         self.logs.clear();
         self.log_bytes.clear();
         self.jobs.clear();
+        self.floor.clear();
     }
 
-    /// The copies of `chunks` were used up by a replay (their buddy dropped them).
+    /// The copies of `chunks` were used up by a replay (their buddy dropped them): an answer
+    /// of a round as old as theirs is stale from now on.
     pub(crate) fn used(&mut self, chunks: &[ChunkId]) {
+        for c in chunks {
+            if let Some(k) = self.copies.get(c) {
+                self.floor.insert(*c, k.phase + 1);
+            }
+        }
         let _ = self.forget(chunks);
     }
 
@@ -413,6 +428,11 @@ mod tests {
         b.lost(p(4));
         assert_eq!(b.report().log_bytes, 0);
         assert!(!b.log_covers(0, 6, |q| q != p(4)));
+        // A copy used up by a replay: a late answer of an older round does not bring it back.
+        b.copied(8, p(5), &[(7, 9)], 0);
+        b.used(&[7]);
+        assert_eq!(b.copied(7, p(6), &[(7, 9)], 0), vec![(p(6), 9, vec![7])]);
+        assert_eq!(b.copy_of(7), None);
         b.reset();
         assert_eq!(b.report().partitions, 0);
     }

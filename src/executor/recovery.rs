@@ -97,6 +97,10 @@ pub(crate) struct Recovery {
     phase: u64,
     /// Processes whose log has not come yet.
     waiting: IdSet<ProcessId>,
+    /// Processes other than the buddy that keep copies of lost partitions (they moved
+    /// between two copy rounds), by process, until they sent them; and those copies.
+    strays: IdMap<ProcessId, Vec<ChunkId>>,
+    copies: Vec<(ChunkId, Bytes)>,
     /// Logged pieces for the lost partitions: `(phase, sender, receiver, piece)`.
     halos: Vec<(u64, u64, u64, Bytes)>,
     /// Halos of `phase` pushed to the lost process, to fill in: `(sender, receiver)`.
@@ -137,11 +141,12 @@ impl Recovery {
 impl<J: Job> State<J> {
     /// Whether the partitions of `lost`, lost with process `from`, can be replayed from their
     /// buddy copies (module docs, "When"): the buddy and the copies' phase, or why not.
+    #[allow(clippy::type_complexity)]
     fn recoverable(
         &self,
         from: ProcessId,
         lost: &[ChunkId],
-    ) -> Result<(ProcessId, u64), &'static str> {
+    ) -> Result<(ProcessId, u64, IdMap<ProcessId, Vec<ChunkId>>), &'static str> {
         let phase = self.phase;
         if self.rolling_back() {
             return Err("a rollback is under way");
@@ -158,25 +163,36 @@ impl<J: Job> State<J> {
         if phase == 0 {
             return Err("the first phase runs again from the job value");
         }
-        let mut found: Option<(u64, ProcessId)> = None;
+        let mut copy_phase = None;
+        let mut held: IdMap<ProcessId, Vec<ChunkId>> = IdMap::default();
         for &x in lost {
             if self.remote.fetching_from(x).is_some() {
                 return Err("a lost partition was on its way");
             }
-            match (self.remote.buddies.copy_of(x), found) {
-                (None, _) => return Err("a lost partition has no copy"),
-                (Some(c), Some(f)) if c != f => {
-                    return Err("the lost partitions' copies are of two phases or in two processes");
+            match self.remote.buddies.copy_of(x) {
+                None => return Err("a lost partition has no copy"),
+                Some((c, _)) if copy_phase.is_some_and(|p| p != c) => {
+                    return Err("the lost partitions' copies are of two phases");
                 }
-                (Some(c), _) => found = Some(c),
+                Some((c, b)) => {
+                    if b == from || !self.remote.conns.contains_key(&b) {
+                        return Err("a copy was lost too");
+                    }
+                    copy_phase = Some(c);
+                    held.entry(b).or_default().push(x);
+                }
             }
         }
-        let Some((copy_phase, buddy)) = found else {
+        let Some(copy_phase) = copy_phase else {
             return Err("nothing was lost");
         };
-        if buddy == from || !self.remote.conns.contains_key(&buddy) {
-            return Err("the copies were lost too");
-        }
+        // The replay runs where most copies are; the others send theirs.
+        let buddy = held
+            .iter()
+            .max_by_key(|(p, c)| (c.len(), std::cmp::Reverse(**p)))
+            .map(|(p, _)| *p)
+            .expect("a copy");
+        held.remove(&buddy);
         if copy_phase >= phase {
             return Err("the copies are of the phase under way");
         }
@@ -188,14 +204,14 @@ impl<J: Job> State<J> {
         }
         let chunks = self.core.plan().len();
         let logged = (0..chunks).filter(|c| !lost.contains(c)).all(|y| {
-            self.remote
-                .buddies
-                .log_covers(y, copy_phase, |q| q != from && self.remote.conns.contains_key(&q))
+            self.remote.buddies.log_covers(y, copy_phase, |q| {
+                q != from && self.remote.conns.contains_key(&q)
+            })
         });
         if !logged {
             return Err("a partition's halo log since the copies is not whole");
         }
-        Ok((buddy, copy_phase))
+        Ok((buddy, copy_phase, held))
     }
 
     /// Worker process `from` is lost (its connection is gone) with partitions only it held,
@@ -210,7 +226,7 @@ impl<J: Job> State<J> {
         if lost.is_empty() || !self.remote.buddies.enabled() || self.ended {
             return false;
         }
-        let (buddy, copy_phase) = match self.recoverable(from, lost) {
+        let (buddy, copy_phase, strays) = match self.recoverable(from, lost) {
             Ok(found) => found,
             Err(why) => {
                 tracing::warn!(
@@ -295,6 +311,19 @@ impl<J: Job> State<J> {
             };
             let _ = self.remote.send_to(q, ask);
         }
+        // The copies are used up (their processes drop them when asked).
+        self.remote.buddies.used(lost);
+        let mut stray_ids: Vec<ProcessId> = strays.keys().copied().collect();
+        stray_ids.sort_unstable();
+        for q in stray_ids {
+            let chunks = strays[&q].clone();
+            let ask = ToWorker::SendCopies {
+                attempt,
+                phase: copy_phase,
+                chunks,
+            };
+            let _ = self.remote.send_to(q, ask);
+        }
         tracing::warn!(
             job = J::NAME,
             %from,
@@ -313,6 +342,8 @@ impl<J: Job> State<J> {
             copy_phase,
             phase,
             waiting,
+            strays,
+            copies: Vec::new(),
             halos: Vec::new(),
             refill,
             replayed: IdSet::default(),
@@ -349,7 +380,38 @@ impl<J: Job> State<J> {
                 }
             }
         }
-        if r.waiting.is_empty() {
+        if r.waiting.is_empty() && r.strays.is_empty() {
+            self.replay_lost();
+        }
+    }
+
+    /// Process `id` sent the copies a recovery asked of it.
+    pub(crate) fn recovery_copies(
+        &mut self,
+        id: ProcessId,
+        attempt: u64,
+        copies: Vec<(u64, u64, Bytes)>,
+    ) {
+        let Some(r) = self.recovery.as_mut().filter(|r| r.attempt == attempt) else {
+            return;
+        };
+        let Some(asked) = r.strays.remove(&id) else {
+            return;
+        };
+        let phase = r.copy_phase;
+        let mut missing = None;
+        for x in asked {
+            match copies.iter().find(|c| c.0 == x) {
+                Some((_, p, b)) if *p == phase => r.copies.push((x, b.clone())),
+                _ => missing = Some(x),
+            }
+        }
+        if let Some(x) = missing {
+            return self.abandon_recovery(format!(
+                "process {id} did not have the copy of chunk {x} of phase {phase}"
+            ));
+        }
+        if r.waiting.is_empty() && r.strays.is_empty() {
             self.replay_lost();
         }
     }
@@ -405,14 +467,13 @@ impl<J: Job> State<J> {
             copy_phase: r.copy_phase,
             phase: r.phase,
             total: plan.len(),
+            copies: r.copies.clone(),
             chunks,
             jobs,
             halos,
         };
-        let (buddy, lost) = (r.buddy, r.lost.clone());
+        let buddy = r.buddy;
         let _ = self.remote.send_to(buddy, msg);
-        // The buddy uses its copies up.
-        self.remote.buddies.used(&lost);
     }
 
     /// The buddy replayed `chunk`: its state goes where its fetch says; what it exported

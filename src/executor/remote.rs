@@ -1929,6 +1929,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Unreachable { .. } => ("unreachable", None),
                 ToCoordinator::Copied { .. } => ("copied", None),
                 ToCoordinator::Log { .. } => ("log", None),
+                ToCoordinator::CopiesOf { .. } => ("copies of", None),
                 ToCoordinator::Replayed { chunk, .. } => ("replayed", Some(*chunk)),
                 ToCoordinator::ReplayFailed { .. } => ("replay failed", None),
             };
@@ -2151,6 +2152,14 @@ impl<J: Job> State<J> {
                     return Err(bad("a halo log of a job without partitions".into()));
                 }
                 self.recovery_log(id, attempt, records);
+                self.settle();
+                return Ok(());
+            }
+            ToCoordinator::CopiesOf { attempt, copies } => {
+                if !J::OWNERSHIP.is_partitioned() {
+                    return Err(bad("copies of a job without partitions".into()));
+                }
+                self.recovery_copies(id, attempt, copies);
                 self.settle();
                 return Ok(());
             }

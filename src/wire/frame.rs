@@ -144,15 +144,18 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         ToWorker::Copy { addr, chunks, .. } => addr.len() + 8 * chunks.len(),
         ToWorker::DropCopies { chunks, .. } => 8 * chunks.len(),
         ToWorker::SendLog { to, .. } => 8 * to.len(),
+        ToWorker::SendCopies { chunks, .. } => 8 * chunks.len(),
         ToWorker::Recover {
             chunks,
             jobs,
             halos,
+            copies,
             ..
         } => {
             32 * chunks.len()
                 + jobs.iter().map(|(_, b)| b.len() + 8).sum::<usize>()
                 + halos.iter().map(|h| h.3.len() + 24).sum::<usize>()
+                + copies.iter().map(|(_, b)| b.len() + 8).sum::<usize>()
         }
         _ => 0,
     }
@@ -405,6 +408,17 @@ pub enum ToWorker {
         /// The chunks whose pieces are wanted, in chunk order.
         to: Vec<u64>,
     },
+    /// Owned partitions, local recovery: send the buddy copies of phase `phase` this
+    /// process keeps of `chunks` (the replay is in another process, which has the others),
+    /// in a `CopiesOf` that quotes `attempt`; they are used up (a newer copy stays).
+    SendCopies {
+        /// The recovery this is for.
+        attempt: u64,
+        /// The phase of the copies.
+        phase: u64,
+        /// The chunks.
+        chunks: Vec<u64>,
+    },
     /// Owned partitions, local recovery: replay the partitions of `chunks` from the buddy
     /// copies this process keeps of them (all of phase `copy_phase`) to phase `phase`, with
     /// the job values of phases `copy_phase..=phase` (`jobs`; the first exports the copies'
@@ -429,6 +443,8 @@ pub enum ToWorker {
         jobs: Vec<(u64, Bytes)>,
         /// `(phase, sender, receiver, piece)`.
         halos: Vec<(u64, u64, u64, Bytes)>,
+        /// `(chunk, copy)`: copies of phase `copy_phase` that other processes kept.
+        copies: Vec<(u64, Bytes)>,
     },
     /// Owned partitions, buddy copies: the copies of `chunks` this process keeps for others
     /// that are of a phase before `before` are no longer needed (a newer one is elsewhere):
@@ -669,6 +685,14 @@ pub enum ToCoordinator {
         attempt: u64,
         /// The records, oldest first.
         records: Vec<LogRecord>,
+    },
+    /// Owned partitions, local recovery: the copies a `SendCopies` asked for, `(chunk,
+    /// phase, copy)`, those this process had.
+    CopiesOf {
+        /// The `SendCopies`'s attempt.
+        attempt: u64,
+        /// The copies.
+        copies: Vec<(u64, u64, Bytes)>,
     },
     /// Owned partitions, local recovery: partition `chunk` replayed after a `Recover`: its
     /// state (ended, or begun, the `Recover`'s phase), and, if it ended that phase, the

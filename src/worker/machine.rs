@@ -1709,15 +1709,21 @@ impl Machine {
                 chunks,
                 jobs,
                 halos,
+                copies: sent,
             } => {
                 if !self.config.partitioned {
                     return self.fail(self.bad("a recovery for a job without partitions".into()));
                 }
+                let sent: IdMap<u64, Bytes> = sent.into_iter().collect();
                 if let Some(&(c, ..)) = chunks.iter().find(|c| c.0 >= total) {
                     return self.fail(self.bad(format!("a recovery of chunk {c} of {total}")));
                 }
                 let mut parts = Vec::with_capacity(chunks.len());
                 for &(chunk, start, end, done) in &chunks {
+                    if let Some(b) = sent.get(&chunk).filter(|_| start <= end) {
+                        parts.push((chunk, start..end, done, b.clone()));
+                        continue;
+                    }
                     match self.copies.get(&chunk) {
                         Some((p, b)) if *p == copy_phase && start <= end => {
                             parts.push((chunk, start..end, done, b.clone()));
@@ -1731,8 +1737,9 @@ impl Machine {
                         }
                     }
                 }
-                // The copies are used up: the replayed partitions go to the coordinator.
-                self.drop_copies(chunks.iter().map(|c| c.0), u64::MAX);
+                // The copies are used up: the replayed partitions go to the coordinator. (A
+                // newer copy, of a round under way at the loss, stays.)
+                self.drop_copies(chunks.iter().map(|c| c.0), copy_phase + 1);
                 self.replaying.insert(attempt);
                 self.out.push_back(Out::Replay(super::replay::Replay {
                     attempt,
@@ -1743,6 +1750,22 @@ impl Machine {
                     jobs,
                     halos,
                 }));
+            }
+            ToWorker::SendCopies {
+                attempt,
+                phase,
+                chunks,
+            } => {
+                if !self.config.partitioned {
+                    return self.fail(self.bad("copies asked of a job without partitions".into()));
+                }
+                let copies: Vec<(u64, u64, Bytes)> = chunks
+                    .iter()
+                    .filter_map(|c| self.copies.get(c).map(|(p, b)| (*c, *p, b.clone())))
+                    .filter(|(_, p, _)| *p == phase)
+                    .collect();
+                self.drop_copies(copies.iter().map(|c| c.0).collect::<Vec<_>>(), phase + 1);
+                self.send(ToCoordinator::CopiesOf { attempt, copies });
             }
             ToWorker::Logs { from } => {
                 if !self.config.partitioned {
@@ -2019,6 +2042,7 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Unreachable { .. }
         | ToCoordinator::Copied { .. }
         | ToCoordinator::Log { .. }
+        | ToCoordinator::CopiesOf { .. }
         | ToCoordinator::Replayed { .. }
         | ToCoordinator::ReplayFailed { .. }
         | ToCoordinator::Undecodable { .. } => None,
