@@ -1229,8 +1229,9 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
         let started = Instant::now();
         let mut log = Phases::watch(started);
         let h = exec.submit(Banded(Heat::new(s.n, phases))).expect("submit");
-        let commits = || std::fs::read_dir(dir.join("local-vs-global")).map_or(0, |d| d.count());
-        let mut committed = 0;
+        // Committed snapshots: epoch folders with their manifest.
+        let commits = || manifests(&dir, "local-vs-global").len();
+        let (mut committed, mut committed_at) = (0, None);
         let mut killed: Option<(Instant, u64)> = None;
         let mut back: Option<Instant> = None;
         // The first phase end past the phase of the kill (a rollback does phases again).
@@ -1243,15 +1244,21 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
             }
             match killed {
                 None => {
+                    // As long after the last copy, or the last commit, both ways.
                     let due = if local {
                         e.phase >= every && (e.phase + 1) % every == after % every
                     } else {
                         let now = commits();
-                        let fresh = now > committed;
-                        committed = now;
-                        e.phase >= every + after && fresh
+                        if now > committed {
+                            committed = now;
+                            committed_at = Some(e.phase);
+                        }
+                        committed_at.is_some_and(|c| e.phase >= c + after)
                     };
                     if due && h.remote_workers() == 4 {
+                        if local {
+                            println!("copies at the kill: {:?}", h.copies());
+                        }
                         workers[0].kill().expect("SIGKILL");
                         let _ = workers[0].wait();
                         killed = Some((Instant::now(), e.phase));

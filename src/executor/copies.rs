@@ -2,7 +2,8 @@
 //! of which partition has a copy in which worker process's memory, and of which phase.
 //!
 //! With [`Builder::buddy_copies`](crate::Builder::buddy_copies)`(k)`, at the barrier after
-//! every `k`-th phase each worker process holding partitions is asked (`ToWorker::Copy`, ahead
+//! every `k`-th phase (and at the next barrier after a partition moved into the process that
+//! keeps its copy) each worker process holding partitions is asked (`ToWorker::Copy`, ahead
 //! of the next phase's messages) to copy them, as the phase left them, into the memory of
 //! another process, its *buddy*: the next process in the roster's order on another node if
 //! there is one, else the next process; only processes that listen for their peers take

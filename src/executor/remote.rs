@@ -470,7 +470,16 @@ impl Remotes {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
         self.tell_peers(phase, &begins);
-        if phase > 0 && self.buddies.due(phase - 1) {
+        // A round every `k` phases, and one at once when a partition moved to the process
+        // that keeps its copy (losing that process would lose both).
+        let misplaced = || {
+            begins.iter().any(|(id, chunk, _)| {
+                self.buddies
+                    .copy_of(*chunk)
+                    .is_some_and(|(_, buddy)| buddy == *id)
+            })
+        };
+        if phase > 0 && (self.buddies.due(phase - 1) || (self.buddies.enabled() && misplaced())) {
             self.ask_copies(phase - 1, &begins);
         }
         for (id, chunk, halos) in begins {
