@@ -336,6 +336,21 @@ impl Buddies {
         self.floor.clear();
     }
 
+    /// The partitions of `chunks` are in the coordinator's own hands after phase `ended`:
+    /// their copies are forgotten, and so is any answer of a round up to `ended` that comes
+    /// later. Returns, per process, the chunks whose copies it keeps.
+    pub(crate) fn in_hand(
+        &mut self,
+        chunks: &[ChunkId],
+        ended: u64,
+    ) -> Vec<(ProcessId, Vec<ChunkId>)> {
+        for c in chunks {
+            let f = self.floor.entry(*c).or_default();
+            *f = (*f).max(ended + 1);
+        }
+        self.forget(chunks)
+    }
+
     /// The copies of `chunks` were used up by a replay (their buddy dropped them): an answer
     /// of a round as old as theirs is stale from now on.
     pub(crate) fn used(&mut self, chunks: &[ChunkId]) {

@@ -850,7 +850,7 @@ impl<J: Job> State<J> {
         // that did not were released for nobody).
         self.remote.early.clear();
         if !live_here.is_empty() {
-            self.remote.drop_copies_of(&live_here);
+            self.remote.drop_copies_of(&live_here, phase);
         }
         let copies = self.remote.buddies.enabled();
         if !remote_begins.is_empty() || copies {

@@ -597,10 +597,11 @@ impl Remotes {
         }
     }
 
-    /// The partitions of `chunks` are in the coordinator's own hands (its threads run
-    /// them): they are lost only with it, so their copies are not needed any more.
-    pub(crate) fn drop_copies_of(&mut self, chunks: &[ChunkId]) {
-        for (p, chunks) in self.buddies.forget(chunks) {
+    /// The partitions of `chunks` are in the coordinator's own hands after phase `ended`
+    /// (its threads run them): they are lost only with it, so their copies are not needed
+    /// any more, nor those of a round up to `ended` whose answers come later.
+    pub(crate) fn drop_copies_of(&mut self, chunks: &[ChunkId], ended: u64) {
+        for (p, chunks) in self.buddies.in_hand(chunks, ended) {
             if self.conns.contains_key(&p) {
                 let msg = ToWorker::DropCopies {
                     chunks,
