@@ -48,6 +48,97 @@ pub(crate) struct Replay {
 /// phase if it ran it.
 pub(crate) type Replayed = Vec<(u64, Bytes, Vec<(Option<u64>, Bytes)>)>;
 
+/// `(chunk, range, done, partition)`; a partition is out while its phase runs.
+type Part<C> = (u64, Range<u64>, bool, Option<C>);
+
+/// One partition's phase: what it exported, if it ran it; or why it could not.
+type Ran1 = Result<Option<(u64, Outbox<Bytes>)>, String>;
+
+/// What every partition's phase of a replay shares.
+struct Step<'a, J: Job> {
+    hooks: &'a crate::job::Hooks<J>,
+    /// The job value of the phase, and of the phase before (its pattern).
+    job: &'a J,
+    before: &'a J,
+    phase: u64,
+    /// The phase replayed last (a partition that did not end it only begins it).
+    last: u64,
+    chunks: u64,
+    inputs: &'a Inputs<J>,
+}
+
+impl<J: Job> Step<'_, J> {
+    /// Partition `part` begins the phase with `pieces` and, unless it only begins it, runs
+    /// it: what it exported then.
+    fn run(
+        &self,
+        part: &mut Part<J::Chunk>,
+        mut pieces: Vec<(u64, Bytes)>,
+        cell: &Cell,
+        stats: &mut StepStats,
+    ) -> Ran1 {
+        let (chunk, range, done, slot) = part;
+        let (chunk, phase, hooks) = (*chunk, self.phase, self.hooks);
+        let Some(state) = slot.as_mut() else {
+            return Err(format!("chunk {chunk} was lost in phase {phase}"));
+        };
+        pieces.sort_by_key(|(from, _)| *from);
+        // Exactly the senders the phase before's pattern has for it: a piece missing from
+        // the logs would give a wrong partition, not an error.
+        let senders: Vec<u64> = pieces.iter().map(|(from, _)| *from).collect();
+        let expected = senders_of::<J>(hooks, self.before, phase - 1, chunk, self.chunks);
+        if senders != expected {
+            return Err(format!(
+                "chunk {chunk} would begin phase {phase} with the pieces of {senders:?}, \
+                 not of {expected:?}"
+            ));
+        }
+        let mut inbox = pieces
+            .into_iter()
+            .map(|(from, b)| {
+                (hooks.decode_halo)(&b)
+                    .map(|p| (from, p))
+                    .map_err(|e| format!("a piece for chunk {chunk} does not decode: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        catch(crate::Site::Chunk { phase, chunk }, J::NAME, || {
+            (hooks.begin)(state, self.job, chunk, &mut inbox, None)
+        })
+        .map_err(|e| format!("{e}"))?;
+        if phase == self.last && !*done {
+            return Ok(None);
+        }
+        let a = Assignment {
+            chunk,
+            phase,
+            chunks: self.chunks,
+            range: range.clone(),
+            state: slot.take().map(|s| Held::Live(Box::new(s))),
+        };
+        match run(self.job, self.inputs, a, cell, stats, &mut Alone) {
+            Ran::Done {
+                kept: Some(kept), ..
+            } => {
+                *slot = Some(kept.state);
+                let out = kept
+                    .halos
+                    .iter()
+                    .map(|(to, p)| {
+                        (hooks.encode_halo)(p)
+                            .map(|b| (*to, Bytes::from(b)))
+                            .map_err(|e| format!("a piece of chunk {chunk} does not encode: {e}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Some((chunk, out)))
+            }
+            Ran::Failed(e) => Err(format!("chunk {chunk}, phase {phase}: {e}")),
+            Ran::Done { kept: None, .. } | Ran::Yielded { .. } => {
+                Err(format!("chunk {chunk} kept no partition in phase {phase}"))
+            }
+        }
+    }
+}
+
 /// A runner's host that never stops nor captures: a replay has nobody to answer.
 struct Alone;
 
@@ -73,8 +164,6 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed, 
                 .map_err(|e| format!("the job value of phase {p} does not decode: {e}"))
         })
         .collect::<Result<_, _>>()?;
-    // `(chunk, range, done, partition)`; a partition is out while its phase runs.
-    type Part<C> = (u64, Range<u64>, bool, Option<C>);
     let mut parts: Vec<Part<J::Chunk>> = r
         .parts
         .iter()
@@ -123,78 +212,67 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed, 
             route(&mut inbound, *chunk, *to, b);
         }
     }
-    let cell = Cell::default();
-    let mut stats = StepStats::new(J::NAME);
+    // The partitions of a phase are independent of each other: they run on as many threads
+    // as the machine has (the other processes wait at the barrier for them).
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(parts.len())
+        .max(1);
     let mut last: BTreeMap<u64, Vec<(Option<u64>, Bytes)>> = BTreeMap::new();
     for phase in r.copy_phase + 1..=r.phase {
         let job = jobs
             .get(&phase)
             .ok_or_else(|| format!("no job value of phase {phase}"))?;
-        let mut exported: Vec<(u64, Outbox<Bytes>)> = Vec::new();
-        for (chunk, range, done, slot) in &mut parts {
-            let chunk = *chunk;
-            let Some(part) = slot.as_mut() else {
-                return Err(format!("chunk {chunk} was lost in phase {phase}"));
-            };
-            let mut pieces = inbound.remove(&chunk).unwrap_or_default();
-            pieces.sort_by_key(|(from, _)| *from);
-            // Exactly the senders the phase before's pattern has for it: a piece missing
-            // from the logs would give a wrong partition, not an error.
-            let before = jobs
-                .get(&(phase - 1))
-                .ok_or_else(|| format!("no job value of phase {}", phase - 1))?;
-            let senders: Vec<u64> = pieces.iter().map(|(from, _)| *from).collect();
-            let expected = senders_of::<J>(&hooks, before, phase - 1, chunk, r.chunks);
-            if senders != expected {
-                return Err(format!(
-                    "chunk {chunk} would begin phase {phase} with the pieces of {senders:?}, \
-                     not of {expected:?}"
-                ));
-            }
-            let mut inbox = pieces
-                .into_iter()
-                .map(|(from, b)| {
-                    (hooks.decode_halo)(&b)
-                        .map(|p| (from, p))
-                        .map_err(|e| format!("a piece for chunk {chunk} does not decode: {e}"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            catch(crate::Site::Chunk { phase, chunk }, J::NAME, || {
-                (hooks.begin)(part, job, chunk, &mut inbox, None)
+        let before = jobs
+            .get(&(phase - 1))
+            .ok_or_else(|| format!("no job value of phase {}", phase - 1))?;
+        // Each partition with the pieces it begins the phase with.
+        let mut work: Vec<_> = parts
+            .iter_mut()
+            .map(|p| {
+                let pieces = inbound.remove(&p.0).unwrap_or_default();
+                (p, pieces)
             })
-            .map_err(|e| format!("{e}"))?;
-            if phase == r.phase && !*done {
-                continue;
-            }
-            let a = Assignment {
-                chunk,
-                phase,
-                chunks: r.chunks,
-                range: range.clone(),
-                state: slot.take().map(|s| Held::Live(Box::new(s))),
-            };
-            match run(job, inputs, a, &cell, &mut stats, &mut Alone) {
-                Ran::Done {
-                    kept: Some(kept), ..
-                } => {
-                    *slot = Some(kept.state);
-                    let out = kept
-                        .halos
-                        .iter()
-                        .map(|(to, p)| {
-                            (hooks.encode_halo)(p)
-                                .map(|b| (*to, Bytes::from(b)))
-                                .map_err(|e| {
-                                    format!("a piece of chunk {chunk} does not encode: {e}")
-                                })
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    exported.push((chunk, out));
-                }
-                Ran::Failed(e) => return Err(format!("chunk {chunk}, phase {phase}: {e}")),
-                Ran::Done { kept: None, .. } | Ran::Yielded { .. } => {
-                    return Err(format!("chunk {chunk} kept no partition in phase {phase}"));
-                }
+            .collect();
+        let per = work.len().div_ceil(threads);
+        let step = Step {
+            hooks: &hooks,
+            job,
+            before,
+            phase,
+            last: r.phase,
+            chunks: r.chunks,
+            inputs,
+        };
+        let ran: Vec<Ran1> = std::thread::scope(|s| {
+            let handles: Vec<_> = work
+                .chunks_mut(per.max(1))
+                .map(|group| {
+                    let step = &step;
+                    s.spawn(move || {
+                        let cell = Cell::default();
+                        let mut stats = StepStats::new(J::NAME);
+                        group
+                            .iter_mut()
+                            .map(|(part, pieces)| {
+                                step.run(part, std::mem::take(pieces), &cell, &mut stats)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| vec![Err("a replay thread panicked".to_owned())])
+                })
+                .collect()
+        });
+        let mut exported: Vec<(u64, Outbox<Bytes>)> = Vec::new();
+        for r in ran {
+            if let Some(out) = r? {
+                exported.push(out);
             }
         }
         // What the partitions replayed here exported feeds each other's next phase; the
