@@ -17,10 +17,11 @@
 //!   rollback (the processes drop theirs at `Forget`);
 //! - an answer of another generation (from before a rollback) is dropped.
 //!
-//! What the copies are for, the replay of a lost process's partitions from them while the
-//! survivors go on (DESIGN §10), is the next step: until then a lost partition still rolls
-//! the job back to its latest snapshot, and the copies only cost their time and memory,
-//! which `benches/partitions.rs` measures.
+//! What the copies are for: the replay of a lost process's partitions from them while the
+//! survivors go on (`recovery.rs`, DESIGN §10). The job values of the phases since the oldest
+//! copy are kept here too, for those replays; a copy a replay used up is not brought back by
+//! a late answer of an older round (`floor`). What they cost is in `BENCHMARKS.md`
+//! (`benches/partitions.rs`, parts `copies` and `local`).
 
 use crate::schedule::idhash::IdMap;
 use crate::schedule::{ChunkId, ProcessId};

@@ -661,8 +661,8 @@ impl Builder {
         self
     }
 
-    /// Buddy copies of owned partitions (local recovery's first step), every `every` phases
-    /// (0: none, the default). At the barrier after every `every`-th phase, each worker
+    /// Buddy copies of owned partitions, for local recovery, every `every` phases (0: none,
+    /// the default). At the barrier after every `every`-th phase, each worker
     /// process copies the partitions it holds, as the phase left them, into the memory of
     /// another worker process (on another node if the roster has one; only processes that
     /// exchange halos directly, [`WorkerOptions::direct_halos`](crate::cluster::WorkerOptions::direct_halos),
@@ -671,11 +671,17 @@ impl Builder {
     /// process (bounded in each process by
     /// [`WorkerOptions::copy_memory`](crate::cluster::WorkerOptions::copy_memory)).
     ///
+    /// Each process also keeps the halos its partitions exported since the oldest copy.
+    /// When a worker process is lost with partitions, they are replayed from their copies,
+    /// in the process that keeps them, to the phase the job is in, while every other
+    /// partition goes on: nothing rolls back and nothing is read from the store
+    /// ([`JobHandle::recoveries`]). A loss that cannot be replayed so (a copy lost too, a
+    /// partition in the coordinator's own hands sending it halos, a snapshot being taken,
+    /// ...) rolls the job back as without copies, and the log says why.
+    ///
     /// Partitions on the coordinator's own threads need no copy: they are lost only with the
-    /// coordinator. What the copies are for, replaying a lost process's partitions from them
-    /// while the other processes go on, is not built yet: a lost partition still rolls the
-    /// job back to its latest snapshot. Until then the copies cost a pause at the barriers
-    /// where they are taken (`BENCHMARKS.md`, buddy copies) and buy nothing.
+    /// coordinator. The copies cost a pause at the barriers where they are taken
+    /// (`BENCHMARKS.md`, buddy copies and local recovery).
     pub fn buddy_copies(mut self, every: u64) -> Self {
         self.config.buddy_copies = Some(every).filter(|&k| k > 0);
         self
