@@ -261,6 +261,8 @@ pub(crate) struct State<J: Job> {
     /// Local recoveries so far, for the handle, and the next one's number.
     pub(crate) recoveries: Vec<super::recovery::Recovered>,
     pub(crate) next_recovery: u64,
+    /// Local recoveries given up for a rollback (another loss meanwhile, a failed replay).
+    pub(crate) recoveries_abandoned: u64,
     /// Rollbacks' resets so far: the restored partitions placed on processes after the last
     /// one are the current placement (`Remotes::exports_asked`).
     pub(crate) placements: u64,
@@ -326,6 +328,7 @@ impl<J: Job> State<J> {
             recovery: None,
             recoveries: Vec::new(),
             next_recovery: 0,
+            recoveries_abandoned: 0,
             finishing: None,
             published,
             watch: super::watch::Watch::new(J::NAME),

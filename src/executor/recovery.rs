@@ -537,6 +537,7 @@ impl<J: Job> State<J> {
                 buddy: r.buddy.0,
                 took,
             });
+            self.watch_recovered();
         }
         self.settle();
         Ok(())
@@ -547,6 +548,7 @@ impl<J: Job> State<J> {
         let Some(r) = self.recovery.take() else {
             return;
         };
+        self.recoveries_abandoned += 1;
         tracing::warn!(job = J::NAME, lost = ?r.lost, %why, "a local recovery is abandoned: the job rolls back");
         let mut stranded = Vec::new();
         for x in &r.lost {

@@ -447,8 +447,10 @@ pub(crate) struct Tally {
     pub(crate) copies_checked: u64,
     /// Records of halo logs checked against the plain loop's exports.
     pub(crate) logs_checked: u64,
-    /// Local recoveries: lost partitions replayed from their copies, no rollback.
+    /// Local recoveries: lost partitions replayed from their copies, no rollback; and
+    /// those given up for a rollback.
     pub(crate) recoveries: u64,
+    pub(crate) abandoned: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -468,6 +470,7 @@ impl std::ops::AddAssign for Tally {
         self.copies_checked += t.copies_checked;
         self.logs_checked += t.logs_checked;
         self.recoveries += t.recoveries;
+        self.abandoned += t.abandoned;
         self.crashes += t.crashes;
         self.rollbacks += t.rollbacks;
         self.snapshots += t.snapshots;
@@ -1282,6 +1285,7 @@ impl<J: Simulated> History<J> {
             if std::mem::take(&mut self.crashed) {
                 self.tally.rollbacks += self.state.rollbacks.len() as u64;
                 self.tally.recoveries += self.state.recoveries.len() as u64;
+                self.tally.abandoned += self.state.recoveries_abandoned;
                 // Its callers died with it: their requests go unanswered.
                 self.replies.1.extend(0..self.replies.0);
                 // A write it had started may still reach the store.
@@ -1301,6 +1305,7 @@ impl<J: Simulated> History<J> {
                 let result = self.state.result.take().expect("an ended run's result");
                 self.tally.rollbacks += self.state.rollbacks.len() as u64;
                 self.tally.recoveries += self.state.recoveries.len() as u64;
+                self.tally.abandoned += self.state.recoveries_abandoned;
                 match result {
                     Ok(Outcome::Finished(f)) => return Ok(f.into_value()),
                     Ok(Outcome::Suspended(id)) => {

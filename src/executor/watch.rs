@@ -211,6 +211,20 @@ impl<J: Job> State<J> {
         });
     }
 
+    /// A local recovery is done (the last of `recoveries`).
+    pub(crate) fn watch_recovered(&mut self) {
+        if let Some(r) = self.recoveries.last() {
+            let event = Event::Recovered {
+                lost: r.lost.clone(),
+                phase: r.phase,
+                copy_phase: r.copy_phase,
+                buddy: r.buddy,
+                seconds: r.took.as_secs_f64(),
+            };
+            self.record(event);
+        }
+    }
+
     /// A rollback is done (the last of `rollbacks`): the phase restarts now.
     pub(crate) fn watch_rolled_back(&mut self) {
         self.watch.phase_started = self.now;

@@ -166,6 +166,20 @@ pub enum Event {
         /// The epoch it goes back to.
         epoch: u64,
     },
+    /// Owned partitions lost with a worker process were replayed from their buddy copies
+    /// while the others went on (no rollback).
+    Recovered {
+        /// The chunks whose partitions were lost and replayed.
+        lost: Vec<u64>,
+        /// The phase the job was in.
+        phase: u64,
+        /// The phase of the copies.
+        copy_phase: u64,
+        /// The worker process that kept the copies and replayed them.
+        buddy: u64,
+        /// From the loss until every partition was back.
+        seconds: f64,
+    },
     /// A rollback is done: the run restarts from the snapshot.
     RolledBack {
         /// The epoch it went back to.

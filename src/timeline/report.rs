@@ -361,6 +361,9 @@ fn chart(out: &mut String, recs: &[&Record], t0: f64, t1: f64, s: &Summary) {
             ),
             Event::Lost { .. } => ("#d11a1a", "lost".to_owned(), "2 2"),
             Event::Rollback { epoch, .. } => ("#d11a1a", format!("rollback to {epoch}"), ""),
+            Event::Recovered { copy_phase, .. } => {
+                ("#1a7f37", format!("replayed from {copy_phase}"), "")
+            }
             Event::SnapshotFailed { .. } => ("#d11a1a", "snapshot failed".to_owned(), "2 2"),
             Event::End { outcome, .. } => (
                 "#222",
@@ -469,6 +472,21 @@ fn events_table(out: &mut String, recs: &[&Record], t0: f64) {
                 format!(
                     "{} partitions lost in phase {from_phase}; back to epoch {epoch}",
                     lost.len()
+                ),
+            ),
+            Event::Recovered {
+                lost,
+                phase,
+                copy_phase,
+                buddy,
+                seconds,
+            } => (
+                "recovered",
+                format!(
+                    "{} partitions lost in phase {phase}, replayed from their copies of phase \
+                     {copy_phase} in process {buddy} in {}",
+                    lost.len(),
+                    secs(*seconds)
                 ),
             ),
             Event::RolledBack {
