@@ -394,6 +394,46 @@ fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
     }
 }
 
+/// A process and the one that keeps its copies killed together: the lost partitions
+/// cannot be replayed (a recovery that started gives way), and the job rolls back to its
+/// snapshot instead; the grid is exact.
+#[test]
+fn a_holder_killed_with_its_buddy_rolls_the_job_back() {
+    let (dir, url) = folder("holder-and-buddy");
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .snapshots(&url)
+        .buddy_copies(3)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(150);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    // The buddy of a process is the next one in the roster's order (one node here).
+    let mut first = start(&addr);
+    until("one process", || h.remote_workers() == 1);
+    let mut second = start(&addr);
+    let mut third = start(&addr);
+    until("three processes", || h.remote_workers() == 3);
+    until("phase 10", || phase_of(&h) >= 10);
+    h.snapshot().wait().unwrap();
+    until("phase 25", || phase_of(&h) >= 25);
+    first.kill().unwrap();
+    second.kill().unwrap();
+    let _ = (first.wait(), second.wait());
+    until("the rollback", || {
+        !h.rollbacks().is_empty() || h.is_finished()
+    });
+    until("the end", || h.is_finished());
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    assert!(!h.rollbacks().is_empty(), "{:?}", h.recoveries());
+    assert!(third.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A worker process that takes no halo from its peers (`MALLEABLE_DIRECT_HALOS=0`) gets
 /// them through the coordinator, and sends its own there too: nothing is pushed, and the
 /// grid is exact.
