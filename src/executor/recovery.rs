@@ -260,13 +260,12 @@ impl<J: Job> State<J> {
         // Running or granted on the lost slots: they go back pending with this state when
         // the slots leave.
         for &w in slots {
-            let running: Vec<ChunkId> = self
+            for c in self
                 .core
-                .running_on(w)
+                .runs_and_granted(w)
                 .into_iter()
-                .chain(self.core.granted(w))
-                .collect();
-            for c in running.into_iter().filter(|c| lost_set.contains(c)) {
+                .filter(|c| lost_set.contains(c))
+            {
                 let report = Event::StateReport {
                     worker: w,
                     chunk: c,

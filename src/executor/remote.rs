@@ -1782,12 +1782,7 @@ impl<J: Job> State<J> {
         for w in c.slots.into_iter().flatten() {
             self.members.remove(w);
             // The chunk it runs and those it was granted.
-            let running: Vec<ChunkId> = self
-                .core
-                .running_on(w)
-                .into_iter()
-                .chain(self.core.granted(w))
-                .collect();
+            let running = self.core.runs_and_granted(w);
             // Taken before the core handles the loss: it may hand the chunk, with this
             // state, straight to an idle worker. A chunk never started falls back to nothing
             // (from scratch); an owned partition that only this process had (the cut cannot

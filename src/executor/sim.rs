@@ -783,6 +783,25 @@ impl<J: Simulated> History<J> {
         self.procs.len() - 1
     }
 
+    /// One round of a scripted history, in a fixed order: every process takes what came to
+    /// it and sends what it has, every busy thread runs, every peer frame arrives. Whether
+    /// anything happened.
+    fn round(&mut self) -> bool {
+        let mut moved = false;
+        for i in 0..self.procs.len() {
+            if !self.procs[i].inbox.is_empty() || self.procs[i].sim.has_sent() {
+                self.deliver_all(i);
+                self.send_all(i);
+                moved = true;
+            }
+            for t in self.procs[i].sim.busy_threads() {
+                self.procs[i].sim.turn(t);
+                moved = true;
+            }
+        }
+        moved | self.deliver_peers()
+    }
+
     /// Every frame on its way between processes arrives; whether there was one.
     fn deliver_peers(&mut self) -> bool {
         self.route();
@@ -1768,19 +1787,7 @@ mod tests {
         let mut per_phase = Vec::new();
         let mut relayed_at = Vec::new();
         while !h.state.outcome_ready() {
-            let mut moved = false;
-            for i in 0..h.procs.len() {
-                if !h.procs[i].inbox.is_empty() || h.procs[i].sim.has_sent() {
-                    h.deliver_all(i);
-                    h.send_all(i);
-                    moved = true;
-                }
-                for t in h.procs[i].sim.busy_threads() {
-                    h.procs[i].sim.turn(t);
-                    moved = true;
-                }
-            }
-            moved |= h.deliver_peers();
+            let moved = h.round();
             if h.state.phase != phase {
                 let (now, moved_now) = (count(&h), h.state.core.partitions_moved());
                 per_phase.push((now.0 - at.0, now.1 - at.1, moved_now - moved_at));
@@ -1922,19 +1929,7 @@ mod tests {
         let mut phase = h.state.phase;
         let mut covered = Vec::new();
         while !h.state.outcome_ready() {
-            let mut moved = false;
-            for i in 0..h.procs.len() {
-                if !h.procs[i].inbox.is_empty() || h.procs[i].sim.has_sent() {
-                    h.deliver_all(i);
-                    h.send_all(i);
-                    moved = true;
-                }
-                for t in h.procs[i].sim.busy_threads() {
-                    h.procs[i].sim.turn(t);
-                    moved = true;
-                }
-            }
-            moved |= h.deliver_peers();
+            let moved = h.round();
             h.check_copies()
                 .unwrap_or_else(|e| panic!("{e}\n{}", h.log.join("\n")));
             if h.state.phase != phase {

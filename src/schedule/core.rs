@@ -1027,6 +1027,14 @@ impl<R: Reducer, S> Core<R, S> {
             .flat_map(|s| s.granted.iter().copied())
     }
 
+    /// The chunk `worker` runs and those it was granted after it, in order.
+    pub(crate) fn runs_and_granted(&self, worker: WorkerId) -> Vec<ChunkId> {
+        self.running_on(worker)
+            .into_iter()
+            .chain(self.granted(worker))
+            .collect()
+    }
+
     /// The state `chunk` falls back to if the worker running it is lost (its last
     /// `StateReport`), if any.
     pub(crate) fn fallback(&self, chunk: ChunkId) -> Option<&S> {
