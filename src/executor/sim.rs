@@ -783,10 +783,10 @@ impl<J: Simulated> History<J> {
         self.procs.len() - 1
     }
 
-    /// One round of a scripted history, in a fixed order: every process takes what came to
-    /// it and sends what it has, every busy thread runs, every peer frame arrives. Whether
-    /// anything happened.
-    fn round(&mut self) -> bool {
+    /// One round in a fixed order: every process takes what came to it and sends what it
+    /// has, every busy thread runs, (if `settle`) its background work ends, and every peer
+    /// frame arrives. Whether anything happened.
+    fn round(&mut self, settle: bool) -> bool {
         let mut moved = false;
         for i in 0..self.procs.len() {
             if !self.procs[i].inbox.is_empty() || self.procs[i].sim.has_sent() {
@@ -796,6 +796,10 @@ impl<J: Simulated> History<J> {
             }
             for t in self.procs[i].sim.busy_threads() {
                 self.procs[i].sim.turn(t);
+                moved = true;
+            }
+            while settle && self.procs[i].sim.background() > 0 {
+                self.procs[i].sim.settle(0);
                 moved = true;
             }
         }
@@ -861,23 +865,7 @@ impl<J: Simulated> History<J> {
             if self.state.outcome_ready() {
                 return;
             }
-            let mut moved = false;
-            for i in 0..self.procs.len() {
-                if !self.procs[i].inbox.is_empty() || self.procs[i].sim.has_sent() {
-                    self.deliver_all(i);
-                    self.send_all(i);
-                    moved = true;
-                }
-                for t in self.procs[i].sim.busy_threads() {
-                    self.procs[i].sim.turn(t);
-                    moved = true;
-                }
-                while self.procs[i].sim.background() > 0 {
-                    self.procs[i].sim.settle(0);
-                    moved = true;
-                }
-            }
-            moved |= self.deliver_peers();
+            let moved = self.round(true);
             if let Some(op) = self.ops.pop() {
                 self.store_op(op);
                 moved = true;
@@ -1787,7 +1775,7 @@ mod tests {
         let mut per_phase = Vec::new();
         let mut relayed_at = Vec::new();
         while !h.state.outcome_ready() {
-            let moved = h.round();
+            let moved = h.round(false);
             if h.state.phase != phase {
                 let (now, moved_now) = (count(&h), h.state.core.partitions_moved());
                 per_phase.push((now.0 - at.0, now.1 - at.1, moved_now - moved_at));
@@ -1929,7 +1917,7 @@ mod tests {
         let mut phase = h.state.phase;
         let mut covered = Vec::new();
         while !h.state.outcome_ready() {
-            let moved = h.round();
+            let moved = h.round(false);
             h.check_copies()
                 .unwrap_or_else(|e| panic!("{e}\n{}", h.log.join("\n")));
             if h.state.phase != phase {
