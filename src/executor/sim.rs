@@ -865,7 +865,7 @@ impl<J: Simulated> History<J> {
             if self.state.outcome_ready() {
                 return;
             }
-            let moved = self.round(true);
+            let mut moved = self.round(true);
             if let Some(op) = self.ops.pop() {
                 self.store_op(op);
                 moved = true;
