@@ -3339,6 +3339,155 @@ mod tests {
         assert_eq!((m.log().0.len(), m.log().1), (0, 0));
     }
 
+    /// Local recovery, the process's side: a `SendLog` gets the log's records of the phases
+    /// asked with only the pieces for the chunks asked (and those for everyone); a
+    /// `SendCopies` gets the copies of the phase asked, which are used up (a newer one
+    /// stays); a `Recover` goes to the background with the copies it names (its own or
+    /// sent), and its outcome goes up, unless a `Forget` came first; one without its copy
+    /// is answered `ReplayFailed` at once, and one of a chunk past the last ends the process.
+    #[test]
+    fn recovery_messages_are_answered_from_the_log_and_the_copies() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(ToWorker::Logs { from: 2 }));
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let _ = polled(&mut m);
+        // Its halo for chunk 3 was pushed to process 2, which keeps it.
+        m.peer_answered(2, FromPeer::Ack { seq: 0, kept: true });
+        let _ = polled(&mut m);
+        m.received(
+            t0,
+            Some(ToWorker::SendLog {
+                attempt: 7,
+                from: 2,
+                through: 2,
+                to: vec![3],
+            }),
+        );
+        let up = sent(polled(&mut m));
+        let [
+            ToCoordinator::Log {
+                attempt: 7,
+                records,
+            },
+        ] = &up[..]
+        else {
+            panic!("{up:?}");
+        };
+        assert_eq!(records, &vec![(2, 2, vec![(Some(3), halo(2, "down"))])]);
+        m.received(
+            t0,
+            Some(ToWorker::SendLog {
+                attempt: 7,
+                from: 3,
+                through: 5,
+                to: vec![3],
+            }),
+        );
+        assert!(
+            matches!(&sent(polled(&mut m))[..], [ToCoordinator::Log { records, .. }] if records.is_empty())
+        );
+        // Copies kept for a peer: 5 of phase 1, 6 of phase 1 then 2.
+        let copy = |seq, phase, chunk| ToPeer::Copy {
+            seq,
+            generation: 4,
+            phase,
+            chunk,
+            bytes: Bytes::from(vec![chunk as u8; 4]),
+        };
+        for (seq, phase, chunk) in [(0, 1, 5), (1, 1, 6), (2, 1, 7)] {
+            m.peer_received(9, copy(seq, phase, chunk));
+        }
+        let _ = polled(&mut m);
+        m.received(
+            t0,
+            Some(ToWorker::SendCopies {
+                attempt: 7,
+                phase: 1,
+                chunks: vec![6, 4],
+            }),
+        );
+        let up = sent(polled(&mut m));
+        assert!(
+            matches!(&up[..], [ToCoordinator::CopiesOf { attempt: 7, copies }] if copies.len() == 1 && copies[0].0 == 6),
+            "{up:?}"
+        );
+        assert!(m.copy_of(6).is_none() && m.copy_of(5).is_some());
+        // A replay of 5 (its copy here) and 6 (sent): to the background.
+        let recover = |attempt, chunks: Vec<(u64, u64, u64, bool)>| ToWorker::Recover {
+            attempt,
+            copy_phase: 1,
+            phase: 2,
+            total: 8,
+            chunks,
+            jobs: vec![
+                (1, Bytes::from_static(b"j1")),
+                (2, Bytes::from_static(b"j2")),
+            ],
+            halos: Vec::new(),
+            copies: vec![(6, Bytes::from_static(b"six"))],
+        };
+        m.received(
+            t0,
+            Some(recover(7, vec![(5, 50, 60, false), (6, 60, 70, true)])),
+        );
+        let outs = polled(&mut m);
+        let [Out::Replay(r)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        let parts: Vec<(u64, bool, &[u8])> = r.parts.iter().map(|p| (p.0, p.2, &p.3[..])).collect();
+        assert_eq!(
+            parts,
+            vec![(5, false, &[5u8; 4][..]), (6, true, &b"six"[..])]
+        );
+        assert!(m.copy_of(5).is_none(), "used up");
+        m.replayed(7, Ok(vec![(5, Bytes::from_static(b"five"), Vec::new())]));
+        let up = sent(polled(&mut m));
+        assert!(
+            matches!(
+                &up[..],
+                [ToCoordinator::Replayed {
+                    attempt: 7,
+                    chunk: 5,
+                    ..
+                }]
+            ),
+            "{up:?}"
+        );
+        // No copy of 7 of phase 2 here: refused at once.
+        m.received(
+            t0,
+            Some(ToWorker::Recover {
+                attempt: 8,
+                copy_phase: 2,
+                phase: 3,
+                total: 8,
+                chunks: vec![(7, 70, 80, false)],
+                jobs: Vec::new(),
+                halos: Vec::new(),
+                copies: Vec::new(),
+            }),
+        );
+        assert!(matches!(
+            &sent(polled(&mut m))[..],
+            [ToCoordinator::ReplayFailed { attempt: 8, .. }]
+        ));
+        // A replay under way when the job rolls back: its outcome is dropped.
+        m.received(t0, Some(recover(9, vec![(7, 70, 80, false)])));
+        let _ = polled(&mut m);
+        m.received(t0, Some(ToWorker::Forget));
+        let _ = polled(&mut m);
+        m.replayed(9, Err("late".into()));
+        assert!(polled(&mut m).is_empty());
+        refused(
+            recover(10, vec![(8, 80, 90, false)]),
+            "a recovery of chunk 8 of 8",
+        );
+    }
+
     /// A buddy keeps a copy of this generation, of a chunk the job has and that is not held
     /// here, newer than the one it has, within its memory for copies; `DropCopies` and
     /// `Forget` drop them.
