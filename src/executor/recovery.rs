@@ -32,10 +32,12 @@
 //!    from their senders' logs, and `B` is asked to replay (`Recover`): from the copies, the
 //!    job values, and the logged pieces of phases `c..P`. A partition whose `Done` of `P` had
 //!    come runs `P` too; the others only begin it.
-//! 3. *The replay.* `B` answers each partition with its state (`Replayed`), and with the
-//!    pieces it exported at the end of `P` if it ran it (what it had exported for a partition
-//!    also lost is filled in with them). The state goes where its fetch says, as a
-//!    surrendered partition's does.
+//! 3. *The replay.* `B` holds each partition it replayed from then on and says so
+//!    (`Replayed`), with the pieces it exported at the end of `P` if it ran it (what it had
+//!    exported for a partition also lost is filled in with them). A partition the ledger
+//!    handed to another worker meanwhile is asked of `B` (`Surrender`), as any partition on
+//!    its way; the others run in `B` as partitions held there. (The first version sent
+//!    every replayed state to the coordinator and on: 4 MB a band twice on the bench.)
 //! 4. *The end.* When every partition is in, the recovery is recorded
 //!    ([`JobHandle::recoveries`](crate::JobHandle::recoveries)), and the barrier, which
 //!    waited, may come.
@@ -475,14 +477,15 @@ impl<J: Job> State<J> {
         let _ = self.remote.send_to(buddy, msg);
     }
 
-    /// The buddy replayed `chunk`: its state goes where its fetch says; what it exported
-    /// at the end of the phase fills in what the lost process kept for the others lost.
+    /// The buddy replayed `chunk` and holds it: if the ledger handed it to a worker
+    /// meanwhile, it is asked for it (its fetch goes on, as for a partition handed back);
+    /// what it exported at the end of the phase fills in what the lost process kept for the
+    /// others lost.
     pub(crate) fn recovery_replayed(
         &mut self,
         id: ProcessId,
         attempt: u64,
         chunk: ChunkId,
-        state: Bytes,
         halos: Vec<(Option<u64>, Bytes)>,
     ) -> Result<(), String> {
         let Some(r) = self.recovery.as_mut().filter(|r| r.attempt == attempt) else {
@@ -513,7 +516,17 @@ impl<J: Job> State<J> {
                 }
             }
         }
-        self.surrendered(id, chunk, state);
+        match self.remote.fetches.get(&chunk) {
+            // Still in the ledger's record of the buddy: held there, as if it had run there.
+            Some((_, Fetch::Ledger, _)) => {
+                self.remote.fetches.remove(&chunk);
+            }
+            // Handed to another worker meanwhile: the buddy hands it over.
+            Some(_) => {
+                let _ = self.remote.send_to(id, ToWorker::Surrender { chunk });
+            }
+            None => {}
+        }
         let Some(r) = self.recovery.as_ref() else {
             return Ok(());
         };
@@ -568,6 +581,21 @@ impl<J: Job> State<J> {
         self.partitions_lost(&[]);
         for worker in stranded {
             let _ = self.feed(Event::Lost { worker }, None);
+        }
+        // Those not replayed yet are as lost with the process they were in (the buddy does
+        // not hold them: nothing may ask it for them).
+        let unheld = |c: ChunkId, h: &Held<J::Chunk>| {
+            r.lost.contains(&c) && !r.replayed.contains(&c) && h.elsewhere() == Some(r.buddy)
+        };
+        for (c, h) in self.core.kept_mut() {
+            if unheld(c, h) {
+                *h = Held::Elsewhere(r.from);
+            }
+        }
+        for (c, h) in self.core.suspended_mut() {
+            if unheld(c, h) {
+                *h = Held::Elsewhere(r.from);
+            }
         }
     }
 

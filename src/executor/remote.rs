@@ -2171,14 +2171,13 @@ impl<J: Job> State<J> {
             ToCoordinator::Replayed {
                 attempt,
                 chunk,
-                state,
                 halos,
             } => {
                 if !J::OWNERSHIP.is_partitioned() {
                     return Err(bad("a replay of a job without partitions".into()));
                 }
                 return self
-                    .recovery_replayed(id, attempt, chunk, state, halos)
+                    .recovery_replayed(id, attempt, chunk, halos)
                     .map_err(bad);
             }
             ToCoordinator::ReplayFailed { attempt, reason } => {

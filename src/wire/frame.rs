@@ -694,17 +694,14 @@ pub enum ToCoordinator {
         /// The copies.
         copies: Vec<(u64, u64, Bytes)>,
     },
-    /// Owned partitions, local recovery: partition `chunk` replayed after a `Recover`: its
-    /// state (ended, or begun, the `Recover`'s phase), and, if it ended that phase, the
-    /// pieces it exported then. This process does not hold it.
+    /// Owned partitions, local recovery: partition `chunk` replayed after a `Recover`, and
+    /// held here from now on (it ended, or began, the `Recover`'s phase); if it ended that
+    /// phase, the pieces it exported then.
     Replayed {
         /// The `Recover`'s attempt.
         attempt: u64,
         /// The chunk.
         chunk: u64,
-        /// Its state (postcard).
-        #[serde(deserialize_with = "in_frame")]
-        state: Bytes,
         /// What it exported at the end of the phase, if it ended it.
         halos: Vec<(Option<u64>, Bytes)>,
     },

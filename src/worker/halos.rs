@@ -78,6 +78,12 @@ impl Keeper {
         }
     }
 
+    /// A partition replayed here (local recovery) is held here from now on, its only copy.
+    pub(super) fn replayed(&mut self, chunk: u64) {
+        self.here.insert(chunk);
+        self.only.insert(chunk);
+    }
+
     /// A `Begin` of `phase` with the halos this process kept (those of the phase before) in
     /// place of [`Halo::Kept`]; `None` if one of them is not here (the coordinator named a
     /// halo this process did not keep). A halo the `Begin` brings as bytes replaces a copy

@@ -69,7 +69,7 @@ struct Plane {
 }
 
 /// What background tasks of the I/O loop report.
-enum Background {
+enum Background<C> {
     /// The store offered by the coordinator was checked: usable, or why not.
     Checked(Result<(crate::snapshot::Store, String), Unusable>),
     /// A part was written (its reference), or could not be.
@@ -78,7 +78,7 @@ enum Background {
         Result<crate::snapshot::PartRef, crate::snapshot::Error>,
     ),
     /// A replay of lost partitions ended (its attempt).
-    Replayed(u64, Result<super::replay::Replayed, String>),
+    Replayed(u64, Result<super::replay::Replayed<C>, String>),
 }
 
 /// What the pump holds for the machine: the values of the job's own types, and the tasks.
@@ -91,7 +91,7 @@ struct Pump<J: Job> {
     /// threads waited for them). The machine holds a later message about one of them until
     /// it is placed.
     placing: Placements<J>,
-    background: UnboundedSender<Background>,
+    background: UnboundedSender<Background<J::Chunk>>,
     /// The job's input, shared with the threads (for `Partition::output`).
     inputs: Arc<Inputs<J>>,
 }
@@ -157,6 +157,29 @@ impl<J: Job> Pump<J> {
             let _ = tx.send(Background::Stored(put, written));
         });
     }
+}
+
+/// Partitions replayed here (`Recover`) are held here from now on, unless the machine dropped
+/// their replay (the job rolled back meanwhile); what each exported goes to the machine.
+pub(super) fn hold_replayed<C>(
+    machine: &Machine,
+    attempt: u64,
+    held: &HeldParts<C>,
+    parts: super::replay::Replayed<C>,
+) -> Vec<(u64, Vec<(Option<u64>, bytes::Bytes)>)> {
+    if !machine.is_replaying(attempt) {
+        return Vec::new();
+    }
+    let mut held = lock(held);
+    parts
+        .into_iter()
+        .map(|(chunk, part, halos)| {
+            if held.insert(chunk, part).is_some() {
+                tracing::warn!(chunk, "a replayed partition replaced one held here");
+            }
+            (chunk, halos)
+        })
+        .collect()
 }
 
 /// Runs the job's code for the machine ([`Out::Code`]): `job` is the pump's job value and
@@ -469,6 +492,9 @@ impl Io {
                         Background::Checked(checked) => machine.checked(checked),
                         Background::Stored(put, written) => machine.stored(put, written),
                         Background::Replayed(attempt, outcome) => {
+                            let outcome = outcome.map(|parts| hold_replayed(
+                                &machine, attempt, held, parts,
+                            ));
                             machine.replayed(attempt, outcome);
                         }
                     },

@@ -568,23 +568,29 @@ impl Machine {
         }
     }
 
-    /// A replay (`Recover`) ended: each partition goes to the coordinator (`Replayed`), or
-    /// why it could not be replayed (`ReplayFailed`). One a `Forget` dropped is dropped.
+    /// Whether a replay (`Recover`) of this attempt is under way (not dropped by a `Forget`).
+    pub(super) fn is_replaying(&self, attempt: u64) -> bool {
+        self.replaying.contains(&attempt)
+    }
+
+    /// A replay (`Recover`) ended: its partitions are held here (the pump holds them) and
+    /// each is reported (`Replayed`, with what it exported), or why it could not be replayed
+    /// (`ReplayFailed`). One a `Forget` dropped is dropped.
     pub(super) fn replayed(
         &mut self,
         attempt: u64,
-        outcome: Result<super::replay::Replayed, String>,
+        outcome: Result<Vec<(u64, Vec<(Option<u64>, Bytes)>)>, String>,
     ) {
         if self.ended || !self.replaying.remove(&attempt) {
             return;
         }
         match outcome {
             Ok(parts) => {
-                for (chunk, state, halos) in parts {
+                for (chunk, halos) in parts {
+                    self.keeper.replayed(chunk);
                     self.send(ToCoordinator::Replayed {
                         attempt,
                         chunk,
-                        state,
                         halos,
                     });
                 }
@@ -3444,7 +3450,8 @@ mod tests {
             vec![(5, false, &[5u8; 4][..]), (6, true, &b"six"[..])]
         );
         assert!(m.copy_of(5).is_none(), "used up");
-        m.replayed(7, Ok(vec![(5, Bytes::from_static(b"five"), Vec::new())]));
+        assert!(m.is_replaying(7));
+        m.replayed(7, Ok(vec![(5, Vec::new())]));
         let up = sent(polled(&mut m));
         assert!(
             matches!(
@@ -3480,6 +3487,7 @@ mod tests {
         let _ = polled(&mut m);
         m.received(t0, Some(ToWorker::Forget));
         let _ = polled(&mut m);
+        assert!(!m.is_replaying(9));
         m.replayed(9, Err("late".into()));
         assert!(polled(&mut m).is_empty());
         refused(

@@ -46,7 +46,7 @@ pub(crate) struct Replay {
 
 /// Each partition replayed: its chunk, its state, and what it exported at the end of the
 /// phase if it ran it.
-pub(crate) type Replayed = Vec<(u64, Bytes, Vec<(Option<u64>, Bytes)>)>;
+pub(crate) type Replayed<C> = Vec<(u64, C, Vec<(Option<u64>, Bytes)>)>;
 
 /// `(chunk, range, done, partition)`; a partition is out while its phase runs.
 type Part<C> = (u64, Range<u64>, bool, Option<C>);
@@ -151,7 +151,7 @@ impl Host for Alone {
 }
 
 /// Carries out `r` (see the module docs): the partitions' states, or why not.
-pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed, String> {
+pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J::Chunk>, String> {
     let Some(hooks) = J::OWNERSHIP.hooks else {
         return Err("a replay of a job without partitions".into());
     };
@@ -294,13 +294,7 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed, 
         .into_iter()
         .map(|(chunk, _, _, part)| {
             let part = part.ok_or_else(|| format!("chunk {chunk} was lost"))?;
-            let state = codec::encode("a chunk state", &part)
-                .map_err(|e| format!("chunk {chunk} does not encode: {e}"))?;
-            Ok((
-                chunk,
-                Bytes::from(state),
-                last.remove(&chunk).unwrap_or_default(),
-            ))
+            Ok((chunk, part, last.remove(&chunk).unwrap_or_default()))
         })
         .collect()
 }

@@ -148,6 +148,13 @@ impl<J: Job> SimProcess<J> {
         self.machine.log()
     }
 
+    /// The partition of `chunk` held here, encoded, if it is.
+    pub(crate) fn held_state(&self, chunk: u64) -> Option<Vec<u8>> {
+        let held = lock(&self.held);
+        held.get(&chunk)
+            .and_then(|p| crate::codec::encode("a chunk state", p).ok())
+    }
+
     /// The buddy copy of `chunk` this process keeps for a peer: its phase and bytes.
     pub(crate) fn copy_of(&self, chunk: u64) -> Option<(u64, bytes::Bytes)> {
         self.machine.copy_of(chunk)
@@ -224,7 +231,9 @@ impl<J: Job> SimProcess<J> {
             Background::Place(place) => self.place(place),
             Background::Replay(replay) => {
                 let attempt = replay.attempt;
-                let outcome = super::replay::replay::<J>(replay, &self.inputs);
+                let outcome = super::replay::replay::<J>(replay, &self.inputs).map(|parts| {
+                    super::io::hold_replayed(&self.machine, attempt, &self.held, parts)
+                });
                 self.machine.replayed(attempt, outcome);
             }
             Background::Check(check) => {
