@@ -166,7 +166,7 @@ pub(super) fn hold_replayed<C>(
     attempt: u64,
     held: &HeldParts<C>,
     parts: super::replay::Replayed<C>,
-) -> Vec<(u64, Vec<(Option<u64>, bytes::Bytes)>)> {
+) -> Vec<(u64, super::replay::Pieces)> {
     if !machine.is_replaying(attempt) {
         return Vec::new();
     }

@@ -579,7 +579,7 @@ impl Machine {
     pub(super) fn replayed(
         &mut self,
         attempt: u64,
-        outcome: Result<Vec<(u64, Vec<(Option<u64>, Bytes)>)>, String>,
+        outcome: Result<Vec<(u64, super::replay::Pieces)>, String>,
     ) {
         if self.ended || !self.replaying.remove(&attempt) {
             return;

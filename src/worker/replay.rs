@@ -46,7 +46,10 @@ pub(crate) struct Replay {
 
 /// Each partition replayed: its chunk, its state, and what it exported at the end of the
 /// phase if it ran it.
-pub(crate) type Replayed<C> = Vec<(u64, C, Vec<(Option<u64>, Bytes)>)>;
+pub(crate) type Replayed<C> = Vec<(u64, C, Pieces)>;
+
+/// Pieces a partition exported, each with the chunk it is for (`None`: every one).
+pub(crate) type Pieces = Vec<(Option<u64>, Bytes)>;
 
 /// `(chunk, range, done, partition)`; a partition is out while its phase runs.
 type Part<C> = (u64, Range<u64>, bool, Option<C>);
