@@ -261,7 +261,9 @@ impl Buddies {
                     continue;
                 }
                 self.unhold(old.buddy, old.bytes);
-                if old.buddy != buddy {
+                if old.phase < phase {
+                    // The buddy of the older copy drops it (the same buddy kept it until
+                    // now, in case its owner was lost before this answer came).
                     stale.push((old.buddy, phase, chunk));
                 }
             }

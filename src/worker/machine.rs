@@ -414,6 +414,10 @@ pub(super) struct Machine {
     /// Buddy copies this process keeps for its peers, by chunk: the phase each partition
     /// ended and its bytes; and their bytes in all.
     copies: IdMap<u64, (u64, Bytes)>,
+    /// The copy each newer one replaced, until the coordinator says the newer one is
+    /// recorded (`DropCopies`): a process lost in the middle of a round has the older one
+    /// replayed, whose round the coordinator knows.
+    previous: IdMap<u64, (u64, Bytes)>,
     copy_bytes: u64,
     /// Buddy copy rounds (`Copy`) not answered yet, by number.
     rounds: IdMap<u64, Round>,
@@ -557,6 +561,7 @@ impl Machine {
             next_push: 0,
             peer_counts: PeerCounts::default(),
             copies: IdMap::default(),
+            previous: IdMap::default(),
             copy_bytes: 0,
             rounds: IdMap::default(),
             next_round: 0,
@@ -625,7 +630,16 @@ impl Machine {
 
     /// The buddy copies this process keeps for its peers: how many, and their bytes.
     pub(super) fn copies(&self) -> (usize, u64) {
-        (self.copies.len(), self.copy_bytes)
+        (self.copies.len() + self.previous.len(), self.copy_bytes)
+    }
+
+    /// The copy of `chunk` of `phase` kept here, the newest or the one it replaced.
+    fn copy_at(&self, chunk: u64, phase: u64) -> Option<&Bytes> {
+        [self.copies.get(&chunk), self.previous.get(&chunk)]
+            .into_iter()
+            .flatten()
+            .find(|(p, _)| *p == phase)
+            .map(|(_, b)| b)
     }
 
     /// What the peer data plane did so far.
@@ -722,8 +736,16 @@ impl Machine {
             return self.out.push_back(Out::HangUp { to: from });
         }
         let current = self.peering.as_ref().and_then(|p| p.generation);
-        let older = self.copies.get(&chunk).map_or(0, |(_, b)| b.len() as u64);
-        let fits = self.copy_bytes - older + bytes.len() as u64 <= self.config.copy_memory;
+        let len = |c: Option<&(u64, Bytes)>| c.map_or(0, |(_, b)| b.len() as u64);
+        // A newer copy sends the current one to `previous` (and the one there goes); one of
+        // the same phase replaces it.
+        let same = self.copies.get(&chunk).is_some_and(|(p, _)| *p == phase);
+        let freed = if same {
+            len(self.copies.get(&chunk))
+        } else {
+            len(self.previous.get(&chunk))
+        };
+        let fits = self.copy_bytes - freed + bytes.len() as u64 <= self.config.copy_memory;
         let newer = self.copies.get(&chunk).is_none_or(|(p, _)| *p <= phase);
         let kept = self.config.partitioned
             && current == Some(generation)
@@ -731,8 +753,12 @@ impl Machine {
             && newer
             && fits;
         if kept {
-            self.copy_bytes = self.copy_bytes - older + bytes.len() as u64;
-            self.copies.insert(chunk, (phase, bytes));
+            self.copy_bytes = self.copy_bytes - freed + bytes.len() as u64;
+            if let Some(old) = self.copies.insert(chunk, (phase, bytes)) {
+                if !same {
+                    self.previous.insert(chunk, old);
+                }
+            }
             self.peer_counts.copies_accepted += 1;
         } else {
             tracing::debug!(
@@ -753,9 +779,11 @@ impl Machine {
     /// Drops the buddy copies of `chunks` kept here that are of a phase before `before`.
     fn drop_copies(&mut self, chunks: impl IntoIterator<Item = u64>, before: u64) {
         for c in chunks {
-            if self.copies.get(&c).is_some_and(|(p, _)| *p < before) {
-                let (_, b) = self.copies.remove(&c).expect("checked");
-                self.copy_bytes -= b.len() as u64;
+            for copies in [&mut self.copies, &mut self.previous] {
+                if copies.get(&c).is_some_and(|(p, _)| *p < before) {
+                    let (_, b) = copies.remove(&c).expect("checked");
+                    self.copy_bytes -= b.len() as u64;
+                }
             }
         }
     }
@@ -1643,7 +1671,12 @@ impl Machine {
                 }
                 // Copies and logs of the run rolled back from are of phases it will compute
                 // again.
-                let kept: Vec<u64> = self.copies.keys().copied().collect();
+                let kept: Vec<u64> = self
+                    .copies
+                    .keys()
+                    .chain(self.previous.keys())
+                    .copied()
+                    .collect();
                 self.drop_copies(kept, u64::MAX);
                 self.log.clear();
                 self.log_bytes = 0;
@@ -1730,14 +1763,14 @@ impl Machine {
                         parts.push((chunk, start..end, done, b.clone()));
                         continue;
                     }
-                    match self.copies.get(&chunk) {
-                        Some((p, b)) if *p == copy_phase && start <= end => {
+                    match self.copy_at(chunk, copy_phase) {
+                        Some(b) if start <= end => {
                             parts.push((chunk, start..end, done, b.clone()));
                         }
-                        had => {
+                        _ => {
                             let reason = format!(
                                 "no copy of chunk {chunk} of phase {copy_phase} here (it has {:?})",
-                                had.map(|h| h.0)
+                                self.copies.get(&chunk).map(|h| h.0)
                             );
                             return self.send(ToCoordinator::ReplayFailed { attempt, reason });
                         }
@@ -1767,8 +1800,7 @@ impl Machine {
                 }
                 let copies: Vec<(u64, u64, Bytes)> = chunks
                     .iter()
-                    .filter_map(|c| self.copies.get(c).map(|(p, b)| (*c, *p, b.clone())))
-                    .filter(|(_, p, _)| *p == phase)
+                    .filter_map(|c| self.copy_at(*c, phase).map(|b| (*c, phase, b.clone())))
                     .collect();
                 self.drop_copies(copies.iter().map(|c| c.0).collect::<Vec<_>>(), phase + 1);
                 self.send(ToCoordinator::CopiesOf { attempt, copies });
@@ -3528,12 +3560,15 @@ mod tests {
         m.peer_received(9, push(3, 4, 2, 6, 100));
         assert!(answer(&mut m));
         assert_eq!(m.copies(), (2, 110));
-        // A newer copy replaces the older; an older one is refused.
+        // A newer copy replaces the older, which is kept until the coordinator says the
+        // newer one is recorded (its owner may be lost before); an older one is refused.
         m.peer_received(9, push(4, 4, 4, 1, 20));
         assert!(answer(&mut m));
         m.peer_received(9, push(5, 4, 3, 1, 30));
         assert!(!answer(&mut m), "older than the one kept");
-        assert_eq!(m.copies(), (2, 120));
+        assert_eq!(m.copies(), (3, 130));
+        assert_eq!(m.copy_at(1, 2).map(Bytes::len), Some(10));
+        assert_eq!(m.copy_at(1, 4).map(Bytes::len), Some(20));
         // Past the memory for copies (1 MiB here): refused.
         m.peer_received(9, push(6, 4, 4, 2, 1 << 20));
         assert!(!answer(&mut m), "too large");

@@ -356,6 +356,7 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
 /// end with `PartitionsLost`.
 #[test]
 fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
     let exec = Executor::builder()
         .local_workers(0)
         .listen("127.0.0.1:0")
