@@ -354,7 +354,7 @@ impl WorkerOptions {
 
     /// The most bytes of buddy copies this process keeps in memory for its peers (default:
     /// no limit but the coordinator's, which gives each partition's copy to one process).
-    /// A job with buddy copies ([`JobBuilder::buddy_copies`](crate::JobBuilder::buddy_copies))
+    /// A job with buddy copies ([`Builder::buddy_copies`](crate::Builder::buddy_copies))
     /// has each worker process copy the partitions it holds into another process's memory;
     /// a copy that would pass this limit is refused, and its partition has no copy (counted
     /// on the coordinator's handle, [`JobHandle::copies`](crate::JobHandle::copies)).
