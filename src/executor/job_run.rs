@@ -263,6 +263,9 @@ pub(crate) struct State<J: Job> {
     pub(crate) next_recovery: u64,
     /// Local recoveries given up for a rollback (another loss meanwhile, a failed replay).
     pub(crate) recoveries_abandoned: u64,
+    /// Partitions a recovery given up had asked back of their buddy (`Surrender`): their
+    /// answer is dropped when it comes.
+    pub(crate) late_surrenders: IdSet<(ProcessId, ChunkId)>,
     /// Rollbacks' resets so far: the restored partitions placed on processes after the last
     /// one are the current placement (`Remotes::exports_asked`).
     pub(crate) placements: u64,
@@ -329,6 +332,7 @@ impl<J: Job> State<J> {
             recoveries: Vec::new(),
             next_recovery: 0,
             recoveries_abandoned: 0,
+            late_surrenders: IdSet::default(),
             finishing: None,
             published,
             watch: super::watch::Watch::new(J::NAME),

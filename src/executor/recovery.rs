@@ -108,6 +108,9 @@ pub(crate) struct Recovery {
     /// Halos of `phase` pushed to the lost process, to fill in: `(sender, receiver)`.
     refill: Vec<(ChunkId, ChunkId)>,
     replayed: IdSet<ChunkId>,
+    /// Replayed partitions the ledger had handed to another process meanwhile, asked back
+    /// of the buddy (`Surrender`).
+    surrendering: IdSet<ChunkId>,
     since: Duration,
 }
 
@@ -348,6 +351,7 @@ impl<J: Job> State<J> {
             halos: Vec::new(),
             refill,
             replayed: IdSet::default(),
+            surrendering: IdSet::default(),
             since: self.now,
         });
         true
@@ -521,8 +525,43 @@ impl<J: Job> State<J> {
             Some((_, Fetch::Ledger, _)) => {
                 self.remote.fetches.remove(&chunk);
             }
+            // Handed to a slot of the buddy itself meanwhile: it runs there, held.
+            Some((_, Fetch::Forward { slot, .. }, _)) if slot.conn == id => {
+                let Some((
+                    _,
+                    Fetch::Forward {
+                        worker,
+                        slot,
+                        range,
+                        interrupt,
+                        capture,
+                    },
+                    _,
+                )) = self.remote.fetches.remove(&chunk)
+                else {
+                    unreachable!("matched above");
+                };
+                if self.core.running_on(worker) == Some(chunk) && self.members.get(worker).is_some()
+                {
+                    let mut failed = None;
+                    let held = Some(Held::Elsewhere(id));
+                    self.run_remote(&mut failed, worker, slot, chunk, range, held);
+                    if interrupt {
+                        self.interrupt_remote(worker, slot);
+                    }
+                    if capture {
+                        self.capture_remote(slot, chunk);
+                    }
+                    if let Some(e) = failed {
+                        self.fail(e);
+                    }
+                }
+            }
             // Handed to another worker meanwhile: the buddy hands it over.
             Some(_) => {
+                if let Some(r) = self.recovery.as_mut() {
+                    r.surrendering.insert(chunk);
+                }
                 let _ = self.remote.send_to(id, ToWorker::Surrender { chunk });
             }
             None => {}
@@ -561,6 +600,8 @@ impl<J: Job> State<J> {
             return;
         };
         self.recoveries_abandoned += 1;
+        self.late_surrenders
+            .extend(r.surrendering.iter().map(|&c| (r.buddy, c)));
         tracing::warn!(job = J::NAME, lost = ?r.lost, %why, "a local recovery is abandoned: the job rolls back");
         let mut stranded = Vec::new();
         for x in &r.lost {

@@ -2258,6 +2258,10 @@ impl<J: Job> State<J> {
                     .get(&chunk)
                     .is_none_or(|(from, ..)| *from != id)
                 {
+                    // Asked by a recovery given up since: late, not wrong.
+                    if self.late_surrenders.remove(&(id, chunk)) {
+                        return Ok(());
+                    }
                     return Err(bad(format!("chunk {chunk} was not asked for")));
                 }
                 self.surrendered(id, chunk, state);
