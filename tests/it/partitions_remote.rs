@@ -317,7 +317,9 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
         .collect();
     let sum = |k: &str| served.iter().map(|s| s[k]).sum::<u64>();
     assert!(c.rounds >= 10, "{c:?}");
-    assert!(c.kept >= 12 && c.refused == 0, "{c:?} {served:?}");
+    // A copy is refused when its partition moved into its buddy meanwhile, or away from its
+    // owner (it was encoded there as it left): a few, counted.
+    assert!(c.kept >= 12 && c.refused * 10 <= c.kept, "{c:?} {served:?}");
     assert!(c.partitions > 0 && c.partitions <= job.bands, "{c:?}");
     // Copies are taken at the barriers after phases 1, 3, …, 37 (the partitions the waiting
     // thread took, which are in the coordinator's hands, have none). How old the oldest is
