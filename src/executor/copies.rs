@@ -71,8 +71,10 @@ pub(crate) struct Buddies {
     /// Copies are taken at the barrier after every `every`-th phase; `None`: never.
     every: Option<u64>,
     copies: IdMap<ChunkId, Kept>,
-    /// Bytes of copies each process keeps.
+    /// Bytes of copies each process keeps, and in all (kept as they change: the gauge reads
+    /// it at every answer, and a job may have thousands of processes).
     held: IdMap<ProcessId, u64>,
+    total: u64,
     /// Where each partition's halo log is: the processes that ran it, each since a phase
     /// (its exports from then on until the next are there), oldest first; and each
     /// process's log bytes as it last said.
@@ -268,21 +270,15 @@ impl Buddies {
                 }
             }
             *self.held.entry(buddy).or_default() += bytes;
+            self.total += bytes;
             self.copies.insert(chunk, new);
         }
-        stale.sort_unstable();
-        let mut drops: Vec<(ProcessId, u64, Vec<ChunkId>)> = Vec::new();
-        for (p, before, c) in stale {
-            match drops.last_mut() {
-                Some((last, b, chunks)) if (*last, *b) == (p, before) => chunks.push(c),
-                _ => drops.push((p, before, vec![c])),
-            }
-        }
-        drops
+        by_process(stale)
     }
 
     fn unhold(&mut self, process: ProcessId, bytes: u64) {
         if let Some(h) = self.held.get_mut(&process) {
+            self.total -= bytes.min(*h);
             *h = h.saturating_sub(bytes);
             if *h == 0 {
                 self.held.remove(&process);
@@ -300,15 +296,15 @@ impl Buddies {
                 gone.push((old.buddy, chunk));
             }
         }
-        gone.sort_unstable();
-        let mut by: Vec<(ProcessId, Vec<ChunkId>)> = Vec::new();
-        for (p, c) in gone {
-            match by.last_mut() {
-                Some((last, chunks)) if *last == p => chunks.push(c),
-                _ => by.push((p, vec![c])),
-            }
-        }
-        by
+        by_process(gone.into_iter().map(|(p, c)| (p, 0, c)))
+            .into_iter()
+            .map(|(p, _, c)| (p, c))
+            .collect()
+    }
+
+    /// The bytes of the copies kept now, in all.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.total
     }
 
     /// Process `owner` keeps a halo log of `bytes` now.
@@ -320,9 +316,10 @@ impl Buddies {
     pub(crate) fn lost(&mut self, process: ProcessId) {
         // Its log segments stay: a log that needs them is not whole any more.
         self.log_bytes.remove(&process);
-        if self.held.remove(&process).is_none() {
+        let Some(held) = self.held.remove(&process) else {
             return;
-        }
+        };
+        self.total -= held;
         let before = self.copies.len();
         self.copies.retain(|_, c| c.buddy != process);
         self.report.lost += (before - self.copies.len()) as u64;
@@ -333,6 +330,7 @@ impl Buddies {
     pub(crate) fn reset(&mut self) {
         self.copies.clear();
         self.held.clear();
+        self.total = 0;
         self.logs.clear();
         self.log_bytes.clear();
         self.jobs.clear();
@@ -375,7 +373,7 @@ impl Buddies {
     pub(crate) fn report(&self) -> Copies {
         let mut r = self.report.clone();
         r.partitions = self.copies.len() as u64;
-        r.bytes = self.copies.values().map(|c| c.bytes).sum();
+        r.bytes = self.total;
         r.max_bytes_per_process = self.held.values().copied().max().unwrap_or(0);
         r.newest_phase = self.copies.values().map(|c| c.phase).max();
         r.oldest_phase = self.copies.values().map(|c| c.phase).min();
@@ -383,6 +381,22 @@ impl Buddies {
         r.max_log_bytes_per_process = self.log_bytes.values().copied().max().unwrap_or(0);
         r
     }
+}
+
+/// `(process, phase, chunk)` grouped by process and phase, sorted: `(process, phase, chunks)`.
+fn by_process(
+    items: impl IntoIterator<Item = (ProcessId, u64, ChunkId)>,
+) -> Vec<(ProcessId, u64, Vec<ChunkId>)> {
+    let mut items: Vec<_> = items.into_iter().collect();
+    items.sort_unstable();
+    let mut by: Vec<(ProcessId, u64, Vec<ChunkId>)> = Vec::new();
+    for (p, phase, c) in items {
+        match by.last_mut() {
+            Some((last, b, chunks)) if (*last, *b) == (p, phase) => chunks.push(c),
+            _ => by.push((p, phase, vec![c])),
+        }
+    }
+    by
 }
 
 #[cfg(test)]

@@ -2149,7 +2149,7 @@ impl<J: Job> State<J> {
                     }
                 }
                 metrics::gauge!(crate::metrics::BUDDY_COPY_BYTES, "job" => J::NAME)
-                    .set(self.remote.buddies.report().bytes as f64);
+                    .set(self.remote.buddies.bytes() as f64);
                 return Ok(());
             }
             ToCoordinator::Log { attempt, records } => {
