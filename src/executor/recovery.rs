@@ -527,34 +527,8 @@ impl<J: Job> State<J> {
             }
             // Handed to a slot of the buddy itself meanwhile: it runs there, held.
             Some((_, Fetch::Forward { slot, .. }, _)) if slot.conn == id => {
-                let Some((
-                    _,
-                    Fetch::Forward {
-                        worker,
-                        slot,
-                        range,
-                        interrupt,
-                        capture,
-                    },
-                    _,
-                )) = self.remote.fetches.remove(&chunk)
-                else {
-                    unreachable!("matched above");
-                };
-                if self.core.running_on(worker) == Some(chunk) && self.members.get(worker).is_some()
-                {
-                    let mut failed = None;
-                    let held = Some(Held::Elsewhere(id));
-                    self.run_remote(&mut failed, worker, slot, chunk, range, held);
-                    if interrupt {
-                        self.interrupt_remote(worker, slot);
-                    }
-                    if capture {
-                        self.capture_remote(slot, chunk);
-                    }
-                    if let Some(e) = failed {
-                        self.fail(e);
-                    }
+                if let Some((_, to, _)) = self.remote.fetches.remove(&chunk) {
+                    self.forward(chunk, to, Held::Elsewhere(id));
                 }
             }
             // Handed to another worker meanwhile: the buddy hands it over.

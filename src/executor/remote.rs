@@ -1312,34 +1312,8 @@ impl<J: Job> State<J> {
         self.held_arrived(chunk, &raw, || Ok(begun));
         match to {
             Fetch::Local => self.orders.push(Order::Fetched(chunk, Ok(state))),
-            Fetch::Forward {
-                worker,
-                slot,
-                range,
-                interrupt,
-                capture,
-            } => {
-                if self.core.running_on(worker) == Some(chunk) && self.members.get(worker).is_some()
-                {
-                    let mut failed = None;
-                    self.run_remote(
-                        &mut failed,
-                        worker,
-                        slot,
-                        chunk,
-                        range,
-                        Some(Held::Bytes(state)),
-                    );
-                    if interrupt {
-                        self.interrupt_remote(worker, slot);
-                    }
-                    if capture {
-                        self.capture_remote(slot, chunk);
-                    }
-                    if let Some(e) = failed {
-                        self.fail(e);
-                    }
-                } else {
+            forward @ Fetch::Forward { .. } => {
+                if !self.forward(chunk, forward, Held::Bytes(state.clone())) {
                     // The slot it was for is gone; the core has the chunk pending again.
                     self.restate(chunk, Held::Bytes(state));
                 }
@@ -1349,6 +1323,37 @@ impl<J: Job> State<J> {
             Fetch::Begin(..) => {}
         }
         self.end_if_drained(id);
+    }
+
+    /// A partition on its way (`state`) reached the slot a `Fetch::Forward` says: it runs
+    /// there, with the interrupt or capture asked meanwhile. False if that slot no longer
+    /// runs it.
+    pub(crate) fn forward(&mut self, chunk: ChunkId, to: Fetch, state: Held<J::Chunk>) -> bool {
+        let Fetch::Forward {
+            worker,
+            slot,
+            range,
+            interrupt,
+            capture,
+        } = to
+        else {
+            return false;
+        };
+        if self.core.running_on(worker) != Some(chunk) || self.members.get(worker).is_none() {
+            return false;
+        }
+        let mut failed = None;
+        self.run_remote(&mut failed, worker, slot, chunk, range, Some(state));
+        if interrupt {
+            self.interrupt_remote(worker, slot);
+        }
+        if capture {
+            self.capture_remote(slot, chunk);
+        }
+        if let Some(e) = failed {
+            self.fail(e);
+        }
+        true
     }
 
     /// Halos worker process `id` kept for the partition of `chunk`, which leaves it
