@@ -326,7 +326,6 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
     // depends on the partitions on their way at the barriers (seen as old as 31 under load):
     // the newest is of the last rounds.
     assert!(c.newest_phase >= Some(33), "{c:?}");
-    assert!(c.oldest_phase >= Some(1), "{c:?}");
     // A copy is the band's rows (240 x 64 cells of 8 bytes in 12 bands) and a little more.
     let band = 240 / 12 * 64 * 8;
     assert!(c.bytes >= c.partitions * band, "{c:?}");
