@@ -129,7 +129,12 @@ impl<J: Job> Pump<J> {
         let spawned = std::thread::Builder::new()
             .name("malleable-replay".into())
             .spawn(move || {
-                let outcome = super::replay::replay::<J>(replay, &inputs);
+                // The job's code is caught inside; anything else that panics still answers,
+                // or the coordinator's barrier would wait for this replay for ever.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    super::replay::replay::<J>(replay, &inputs)
+                }))
+                .unwrap_or_else(|_| Err("the replay panicked".to_owned()));
                 let _ = tx.send(Background::Replayed(attempt, outcome));
             });
         if let Err(e) = spawned {
