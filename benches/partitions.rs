@@ -1236,10 +1236,16 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
         let mut back: Option<Instant> = None;
         // The first phase end past the phase of the kill (a rollback does phases again).
         let mut caught: Option<Instant> = None;
+        // The end of the fifth phase past the kill's: what the phases after it cost too (a
+        // copy round for the replayed partitions, partitions moved off the buddy).
+        let mut fifth: Option<Instant> = None;
         while let Some(e) = log.next(&h) {
             if let Some((k, at)) = killed {
                 if e.at > k && e.phase > at {
                     caught.get_or_insert(e.at);
+                }
+                if e.at > k && e.phase >= at + 5 {
+                    fifth.get_or_insert(e.at);
                 }
             }
             match killed {
@@ -1279,6 +1285,7 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
         let (k, at) = killed.expect("a kill: more phases?");
         let gap = back.expect("a phase after the kill") - k;
         let caught = caught.expect("a phase past the kill's") - k;
+        let fifth = fifth.expect("five phases past the kill's") - k;
         let normal = median(
             log.seen
                 .iter()
@@ -1286,17 +1293,26 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
                 .map(|&(_, d, _)| d)
                 .collect(),
         );
-        (gap, caught, normal, h.recoveries(), h.rollbacks(), at)
+        (
+            gap,
+            caught,
+            fifth,
+            normal,
+            h.recoveries(),
+            h.rollbacks(),
+            at,
+        )
     };
     let (mut local_gaps, mut global_gaps, mut global_caught) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut local_fifth, mut global_fifth) = (Vec::new(), Vec::new());
     for round in 0..s.pairs {
-        let (lg, _, ln, rec, rb, at) = run(true);
+        let (lg, _, lf, ln, rec, rb, at) = run(true);
         assert!(rb.is_empty(), "a local recovery, not a rollback: {rb:?}");
         let r = rec.first().expect("a recovery");
         println!(
             "round {}: local: killed after phase {at}, {} partitions replayed from phase {} to \
-             {} ({} phases) in {:.1} ms; the next phase done {:.1} ms after the kill (median \
-             phase before {:.1} ms); nothing read from a store",
+             {} ({} phases) in {:.1} ms; the next phase done {:.1} ms after the kill, the \
+             fifth {:.1} ms after it (median phase before {:.1} ms); nothing read from a store",
             round + 1,
             r.lost.len(),
             r.copy_phase,
@@ -1304,38 +1320,48 @@ fn local_recovery(s: Sizes, phases: u64, reference: &Solution) -> Vec<String> {
             r.phase - r.copy_phase,
             ms(r.took),
             ms(lg),
+            ms(lf),
             ms(ln),
         );
-        let (gg, gc, gn, _, rb, at) = run(false);
+        let (gg, gc, gf, gn, _, rb, at) = run(false);
         let r = rb.first().expect("a rollback");
         println!(
             "round {}: global: killed after phase {at}, back to phase {}: a phase done {:.1} ms \
-             after the kill, past the kill's phase {:.1} ms after it (median phase before \
-             {:.1} ms); {:.2}x and {:.2}x the local recovery",
+             after the kill, past the kill's phase {:.1} ms after it, the fifth phase past it \
+             {:.1} ms (median phase before {:.1} ms); {:.2}x, {:.2}x and {:.2}x the local \
+             recovery",
             round + 1,
             r.to_phase,
             ms(gg),
             ms(gc),
+            ms(gf),
             ms(gn),
             gg.as_secs_f64() / lg.as_secs_f64().max(1e-9),
             gc.as_secs_f64() / lg.as_secs_f64().max(1e-9),
+            gf.as_secs_f64() / lf.as_secs_f64().max(1e-9),
         );
         local_gaps.push(lg);
         global_gaps.push(gg);
         global_caught.push(gc);
+        local_fifth.push(lf);
+        global_fifth.push(gf);
     }
     let (l, g, c) = (
         median(local_gaps),
         median(global_gaps),
         median(global_caught),
     );
+    let (lf, gf) = (median(local_fifth), median(global_fifth));
     vec![format!(
-        "local recovery: kill to the next phase {:.1} ms; rolling back: a phase done {:.1} ms ({:.2}x), past the kill's phase {:.1} ms ({:.2}x) (medians of {}; target >= 3x)",
+        "local recovery: kill to the next phase {:.1} ms; rolling back: a phase done {:.1} ms ({:.2}x), past the kill's phase {:.1} ms ({:.2}x) (medians of {}; target >= 3x); the fifth phase past the kill's: {:.1} ms local, {:.1} ms rolling back ({:.2}x)",
         ms(l),
         ms(g),
         g.as_secs_f64() / l.as_secs_f64().max(1e-9),
         ms(c),
         c.as_secs_f64() / l.as_secs_f64().max(1e-9),
-        s.pairs
+        s.pairs,
+        ms(lf),
+        ms(gf),
+        gf.as_secs_f64() / lf.as_secs_f64().max(1e-9),
     )]
 }

@@ -214,6 +214,11 @@ impl Conn {
         remotes.nodes.get(self.node.0 as usize).map_or("", |n| n)
     }
 
+    /// Its slots in the ledger, those not released.
+    pub(crate) fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.slots.iter().flatten().copied()
+    }
+
     /// A chunk of `slot` ended: its thread's published progress is in the ledger now.
     fn ended_in(&mut self, slot: u32) {
         if let Some(p) = self.progress.get_mut((slot / SLOTS_PER_THREAD) as usize) {

@@ -924,6 +924,15 @@ impl<R: Reducer, S> Core<R, S> {
         self.suspended.iter_mut().map(|(&c, s)| (c, s))
     }
 
+    /// Owned partitions `chunks` are held by `worker` from now on, and none of them moves to
+    /// another worker process before the next phase start (a local recovery replays them in
+    /// `worker`'s process; see `Owners::pin`).
+    pub(crate) fn pin(&mut self, chunks: &[ChunkId], worker: WorkerId) {
+        if let Pending::Owned(o) = &mut self.pending {
+            o.pin(chunks, worker);
+        }
+    }
+
     /// Records owned partitions lost with a worker process that held them between runs (the
     /// ledger has no state for them): see [`Core::lost_partitions`].
     pub(crate) fn lose(&mut self, chunks: &[ChunkId]) {

@@ -58,6 +58,9 @@ pub(super) struct Owners {
     moved: u64,
     /// The worker process of each worker that is a slot of one (`set_process`).
     processes: IdMap<WorkerId, ProcessId>,
+    /// Chunks that stay with their holder's process until the next phase start
+    /// ([`Owners::pin`]): the balance moves none of them.
+    pinned: Vec<ChunkId>,
 }
 
 impl Owners {
@@ -113,6 +116,7 @@ impl Owners {
             present(w)
         });
         self.orphans.clear();
+        self.pinned.clear();
         for c in 0..plan.len() {
             match self.holder(c) {
                 Some(h) => match self.queues.get_mut(&h) {
@@ -139,6 +143,29 @@ impl Owners {
         o.orphans = pending.into_iter().collect();
         o.len = o.orphans.len();
         o
+    }
+
+    /// `chunks` are held by `worker` from now on and stay in its process until the next
+    /// phase start: the balance moves none of them to another group (a local recovery
+    /// replays them there, and a partition moved away would cross processes as soon as it
+    /// is replayed, one at a time, on the phase's critical path). Their pending runs go to
+    /// `worker`'s queue when its holder's slots leave, or at once if queued elsewhere.
+    pub(super) fn pin(&mut self, chunks: &[ChunkId], worker: WorkerId) {
+        for &c in chunks {
+            if let Some(h) = self.holder.get_mut(c as usize) {
+                *h = Some(worker);
+            }
+            if !self.pinned.contains(&c) {
+                self.pinned.push(c);
+            }
+            let queued = self.queues.iter_mut().find_map(|(&w, q)| {
+                let at = q.binary_search(&c).ok()?;
+                (w != worker).then(|| q.remove(at))
+            });
+            if queued.is_some() || self.orphans.remove(&c) {
+                push_sorted(self.queues.entry(worker).or_default(), c);
+            }
+        }
     }
 
     /// The next chunk of `w`'s queue, left there.
@@ -414,6 +441,9 @@ impl Owners {
             let Some((giver, c)) = self.end_for(&member_ids[ghi], &member_ids[glo], plan) else {
                 break;
             };
+            if self.pinned.contains(&c) {
+                break;
+            }
             let hi = index[&giver];
             let lo = groups[glo]
                 .1
@@ -837,6 +867,55 @@ mod tests {
         // Worker 1 leaves before running anything: its chunks go to worker 0.
         o.reassign(&[(0, 3.0, 0)], &plan(16), 0.0);
         assert_eq!(o.queue(0).len(), 16);
+    }
+
+    /// A worker lost with its queue: the chunks pinned to another worker (a local
+    /// recovery's) all go to it, and the balance leaves them there even with an idle worker
+    /// beside it, until the next phase start, which balances again.
+    #[test]
+    fn pinned_partitions_stay_with_their_new_holder_until_the_next_phase() {
+        let mut o = Owners::new(12);
+        let three = [(0, 1.0, 0), (1, 1.0, 0), (2, 1.0, 0)];
+        o.start_phase(&three, &plan(12));
+        for w in [0, 1, 2] {
+            while let Some(c) = o.take(w) {
+                o.ran(c, w);
+            }
+        }
+        o.start_phase(&three, &plan(12));
+        // Worker 2 ran its own; worker 0 is lost with 0..4, which worker 1 replays.
+        while let Some(c) = o.take(2) {
+            o.ran(c, 2);
+        }
+        o.pin(&[0, 1, 2, 3], 1);
+        let two = [(1, 1.0, 0), (2, 1.0, 0)];
+        o.reassign(&two, &plan(12), 0.0);
+        // (Worker 1's own partitions are the balance's to move.)
+        let kept = o.queue(1);
+        assert!((0..4).all(|c| kept.contains(&c)), "{kept:?}");
+        assert!(o.queue(2).iter().all(|&c| c >= 4), "{:?}", o.queue(2));
+        // Without the pin, the idle worker takes some of them.
+        let mut free = Owners::new(12);
+        free.start_phase(&three, &plan(12));
+        for w in [0, 1, 2] {
+            while let Some(c) = free.take(w) {
+                free.ran(c, w);
+            }
+        }
+        free.start_phase(&three, &plan(12));
+        while let Some(c) = free.take(2) {
+            free.ran(c, 2);
+        }
+        free.reassign(&two, &plan(12), 0.0);
+        assert!(free.queue(2).iter().any(|&c| c < 4), "{:?}", free.queue(2));
+        // The next phase balances again.
+        for w in [1, 2] {
+            while let Some(c) = o.take(w) {
+                o.ran(c, w);
+            }
+        }
+        o.start_phase(&two, &plan(12));
+        assert_eq!(o.queue(1).len(), 6, "{:?}", o.queue(1));
     }
 
     /// Noise below the slack moves nothing.
