@@ -99,7 +99,7 @@ async fn connection<J: Job>(
                         return Ok(true);
                     }
                 }
-                _ = beat.tick() => sink.send(frame::encode(&ToWorker::Heartbeat)).await.map_err(io_error)?,
+                _ = beat.tick() => sink.send(frame::encode(&ToWorker::Heartbeat).into()).await.map_err(io_error)?,
             }
         }
     };

@@ -13,9 +13,9 @@
 //! Every decoder here takes untrusted bytes and returns a typed error, never panics; the fuzz
 //! targets `frame` and `handshake` exercise them.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
-use tokio_util::codec::LengthDelimitedCodec;
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 use super::Error;
 
@@ -162,12 +162,125 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
 }
 
 /// The framing codec with a maximum frame length.
-pub(crate) fn codec(max_frame: usize) -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder()
-        .length_field_type::<u32>()
-        .max_frame_length(max_frame)
-        .new_codec()
+pub(crate) fn codec(max_frame: usize) -> Codec {
+    Codec {
+        inner: LengthDelimitedCodec::builder()
+            .length_field_type::<u32>()
+            .max_frame_length(max_frame)
+            .new_codec(),
+    }
 }
+
+/// The framing of every connection: tokio-util's `LengthDelimitedCodec` (a 4-byte
+/// big-endian length, then the body) to read, and to write [`Frame`]s, whose tail goes
+/// into the write buffer straight from where it is.
+#[derive(Debug)]
+pub struct Codec {
+    inner: LengthDelimitedCodec,
+}
+
+impl Codec {
+    /// The longest frame read or written.
+    pub fn max_frame_length(&self) -> usize {
+        self.inner.max_frame_length()
+    }
+
+    /// Sets the longest frame read or written.
+    pub fn set_max_frame_length(&mut self, limit: usize) {
+        self.inner.set_max_frame_length(limit);
+    }
+}
+
+impl Decoder for Codec {
+    type Item = BytesMut;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> std::io::Result<Option<BytesMut>> {
+        self.inner.decode(src)
+    }
+}
+
+impl Encoder<Bytes> for Codec {
+    type Error = std::io::Error;
+
+    fn encode(&mut self, body: Bytes, dst: &mut BytesMut) -> std::io::Result<()> {
+        self.inner.encode(body, dst)
+    }
+}
+
+impl Encoder<Frame> for Codec {
+    type Error = std::io::Error;
+
+    fn encode(&mut self, frame: Frame, dst: &mut BytesMut) -> std::io::Result<()> {
+        if frame.tail.is_empty() {
+            return self.inner.encode(frame.head, dst);
+        }
+        let len = frame.len();
+        let Some(n) = u32::try_from(len)
+            .ok()
+            .filter(|_| len <= self.inner.max_frame_length())
+        else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "a frame of {len} bytes, over the limit of {}",
+                    self.inner.max_frame_length()
+                ),
+            ));
+        };
+        dst.reserve(4 + len);
+        dst.put_u32(n);
+        dst.extend_from_slice(&frame.head);
+        dst.extend_from_slice(&frame.tail);
+        Ok(())
+    }
+}
+
+/// One frame's body, as [`Codec`] writes it: a head, then a tail written after it. A
+/// message whose last field is a long byte string (a partition's state, a buddy copy) has it
+/// as its tail, so that its bytes are copied once, into the connection's write buffer, and
+/// not first into a body of their own (`Message::tail`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Frame {
+    head: Bytes,
+    tail: Bytes,
+}
+
+impl Frame {
+    /// The body's length.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.tail.len()
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The body in one piece (a copy if it has a tail).
+    pub fn to_bytes(&self) -> Bytes {
+        if self.tail.is_empty() {
+            return self.head.clone();
+        }
+        let mut b = BytesMut::with_capacity(self.len());
+        b.extend_from_slice(&self.head);
+        b.extend_from_slice(&self.tail);
+        b.freeze()
+    }
+}
+
+impl From<Bytes> for Frame {
+    fn from(head: Bytes) -> Frame {
+        Frame {
+            head,
+            tail: Bytes::new(),
+        }
+    }
+}
+
+/// The shortest byte field sent as a frame's tail: shorter ones are copied into the body as
+/// the rest of the message is.
+const TAIL_AT_LEAST: usize = 64 << 10;
 
 /// A message from the coordinator to a worker process. `slot` numbers the worker process's
 /// slots (`0..threads × SLOTS_PER_THREAD`), each a worker of its own in the coordinator's
@@ -759,6 +872,12 @@ pub trait Message: Serialize + Sized {
     ///
     /// [`Error::Malformed`] for bytes that are not one.
     fn decode_frame(peer: &str, frame: Bytes) -> Result<Self, Error>;
+    /// If the message's last serialized field is a byte string: the message with that field
+    /// empty, and the field ([`Frames`] then sends the field as the frame's tail, without
+    /// copying it into the body).
+    fn tail(&self) -> Option<(Self, Bytes)> {
+        None
+    }
 }
 
 impl Message for ToWorker {
@@ -791,6 +910,34 @@ impl Message for ToCoordinator {
     fn decode_frame(peer: &str, frame: Bytes) -> Result<Self, Error> {
         decode_frame_to_coordinator(peer, frame)
     }
+    fn tail(&self) -> Option<(Self, Bytes)> {
+        let empty = Bytes::new();
+        match self {
+            ToCoordinator::Surrendered { chunk, state } => Some((
+                ToCoordinator::Surrendered {
+                    chunk: *chunk,
+                    state: empty,
+                },
+                state.clone(),
+            )),
+            ToCoordinator::CapturedHeld { chunk, state } => Some((
+                ToCoordinator::CapturedHeld {
+                    chunk: *chunk,
+                    state: empty,
+                },
+                state.clone(),
+            )),
+            ToCoordinator::Captured { slot, chunk, state } => Some((
+                ToCoordinator::Captured {
+                    slot: *slot,
+                    chunk: *chunk,
+                    state: empty,
+                },
+                state.clone(),
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// The frames of one message: the message itself when it fits in `max_frame`, else its
@@ -798,6 +945,8 @@ impl Message for ToCoordinator {
 #[derive(Debug)]
 pub struct Frames<T> {
     whole: Bytes,
+    /// The tail of a single frame (`whole` is then its head).
+    tail: Bytes,
     at: usize,
     piece: usize,
     single: bool,
@@ -807,10 +956,21 @@ pub struct Frames<T> {
 impl<T: Message> Frames<T> {
     /// The frames of `message` under a frame limit of `max_frame` bytes.
     pub fn new(message: &T, max_frame: usize) -> Frames<T> {
+        if let Some((head, tail)) = Frames::split(message, max_frame) {
+            return Frames {
+                whole: head,
+                tail,
+                at: 0,
+                piece: 1,
+                single: true,
+                kind: std::marker::PhantomData,
+            };
+        }
         let whole = encode(message);
         let single = whole.len() <= max_frame;
         Frames {
             whole,
+            tail: Bytes::new(),
             at: 0,
             piece: PIECE.min(max_frame.saturating_sub(PIECE_OVERHEAD)).max(1),
             single,
@@ -819,13 +979,36 @@ impl<T: Message> Frames<T> {
     }
 }
 
+impl<T: Message> Frames<T> {
+    /// A message of one frame with a long byte field last: the body before that field's
+    /// bytes (its length at the end), and the bytes.
+    fn split(message: &T, max_frame: usize) -> Option<(Bytes, Bytes)> {
+        let (stripped, tail) = message.tail().filter(|(_, t)| t.len() >= TAIL_AT_LEAST)?;
+        let mut head = postcard::to_allocvec(&stripped).ok()?;
+        // The empty field is its length, a varint 0, and comes last: it becomes the tail's.
+        if head.pop() != Some(0) {
+            return None;
+        }
+        let mut len = tail.len();
+        while len >= 0x80 {
+            head.push((len as u8) | 0x80);
+            len >>= 7;
+        }
+        head.push(len as u8);
+        (head.len() + tail.len() <= max_frame).then(|| (Bytes::from(head), tail))
+    }
+}
+
 impl<T: Message> Iterator for Frames<T> {
-    type Item = Bytes;
-    fn next(&mut self) -> Option<Bytes> {
+    type Item = Frame;
+    fn next(&mut self) -> Option<Frame> {
         if self.single {
             return (self.at == 0).then(|| {
                 self.at = self.whole.len().max(1);
-                self.whole.clone()
+                Frame {
+                    head: self.whole.clone(),
+                    tail: self.tail.clone(),
+                }
             });
         }
         if self.at >= self.whole.len() {
@@ -834,7 +1017,7 @@ impl<T: Message> Iterator for Frames<T> {
         let end = (self.at + self.piece).min(self.whole.len());
         let piece = T::piece(end < self.whole.len(), self.whole.slice(self.at..end));
         self.at = end;
-        Some(encode(&piece))
+        Some(encode(&piece).into())
     }
 }
 
@@ -1072,7 +1255,7 @@ mod tests {
     fn long_messages_cross_in_pieces() {
         for (len, max_frame) in [(10, 1024), (5000, 1024), (5000, 17), (1 << 20, 64 << 10)] {
             let msg = big_done(len);
-            let frames: Vec<Bytes> = Frames::new(&msg, max_frame).collect();
+            let frames: Vec<Bytes> = Frames::new(&msg, max_frame).map(|f| f.to_bytes()).collect();
             assert!(
                 frames.iter().all(|f| f.len() <= max_frame),
                 "{len}/{max_frame}"
@@ -1089,10 +1272,75 @@ mod tests {
         }
     }
 
+    /// A long byte field last goes as the frame's tail: the frame is the message's encoding
+    /// byte for byte (the length of the tail is the varint of its length, however long),
+    /// the codec writes it as one frame of that length, and the receiver decodes the
+    /// message. Over the frame limit it goes in pieces, as any message.
+    #[test]
+    fn a_long_byte_field_last_goes_as_the_frame_s_tail() {
+        use tokio_util::codec::{Decoder, Encoder};
+        let state = |len: usize| Bytes::from((0..len).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
+        for len in [
+            TAIL_AT_LEAST - 1,
+            TAIL_AT_LEAST,
+            200_000,
+            1 << 21,
+            (1 << 21) + 3,
+        ] {
+            for msg in [
+                ToCoordinator::Surrendered {
+                    chunk: 1 << 40,
+                    state: state(len),
+                },
+                ToCoordinator::Captured {
+                    slot: 7,
+                    chunk: 3,
+                    state: state(len),
+                },
+                ToCoordinator::CapturedHeld {
+                    chunk: 300,
+                    state: state(len),
+                },
+            ] {
+                let frames: Vec<Frame> = Frames::new(&msg, 4 << 20).collect();
+                assert_eq!(frames.len(), 1);
+                let f = &frames[0];
+                assert_eq!(f.tail.is_empty(), len < TAIL_AT_LEAST, "{len}");
+                assert_eq!(f.to_bytes(), encode(&msg), "{len}");
+                let mut c = codec(4 << 20);
+                let mut buf = BytesMut::new();
+                c.encode(f.clone(), &mut buf).unwrap();
+                assert_eq!(buf.len(), 4 + f.len());
+                let body = c.decode(&mut buf).unwrap().unwrap().freeze();
+                assert!(buf.is_empty());
+                assert_eq!(decode_frame_to_coordinator("peer", body).unwrap(), msg);
+                // Too long for the frame limit: pieces, put together again.
+                let pieces: Vec<Frame> = Frames::new(&msg, 64 << 10).collect();
+                let mut a = Assembler::new(usize::MAX);
+                let mut got = None;
+                for p in pieces {
+                    assert!(p.tail.is_empty() && p.len() <= 64 << 10);
+                    got = a.frame::<ToCoordinator>("peer", p.to_bytes()).unwrap();
+                }
+                assert_eq!(got.unwrap(), msg);
+            }
+        }
+        // A codec under a lower limit refuses a frame with a tail over it.
+        let msg = ToCoordinator::CapturedHeld {
+            chunk: 1,
+            state: state(1 << 20),
+        };
+        let f = Frames::new(&msg, 4 << 20).next().unwrap();
+        let err = codec(1 << 19).encode(f, &mut BytesMut::new()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    }
+
     /// The receiver's buffer never passes its limit, whatever the pieces claim.
     #[test]
     fn pieces_over_the_limit_are_refused_before_they_are_kept() {
-        let frames: Vec<Bytes> = Frames::new(&big_done(10_000), 1024).collect();
+        let frames: Vec<Bytes> = Frames::new(&big_done(10_000), 1024)
+            .map(|f| f.to_bytes())
+            .collect();
         let mut a = Assembler::new(4096);
         let mut refused = None;
         for f in frames {

@@ -77,7 +77,7 @@ use futures::{SinkExt, StreamExt};
 use hmac::{KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 
 use super::Error;
 use super::error::AuthFailure;
@@ -409,7 +409,7 @@ pub(super) fn nonce() -> Result<Nonce, Error> {
 /// The next frame from a peer whose proof checked (its frames may be up to `limit`), or the
 /// error that ended the connection.
 pub(super) async fn next_authenticated<S: AsyncRead + AsyncWrite + Unpin>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
     limit: usize,
 ) -> Result<bytes::BytesMut, Error> {
@@ -425,7 +425,7 @@ pub(super) async fn next_authenticated<S: AsyncRead + AsyncWrite + Unpin>(
 /// The next frame of the handshake, from a peer not yet authenticated, or the error that
 /// ended the connection: a frame over [`HANDSHAKE_MAX_FRAME`] means [`Error::NotAPeer`].
 pub(super) async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
 ) -> Result<bytes::BytesMut, Error> {
     match framed.next().await {
@@ -450,13 +450,13 @@ pub(super) async fn next_frame<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Sets the connection's frame limit (both ways: the codec checks what it writes too).
-pub(super) fn set_limit<S>(framed: &mut Framed<S, LengthDelimitedCodec>, limit: usize) {
+pub(super) fn set_limit<S>(framed: &mut Framed<S, crate::wire::frame::Codec>, limit: usize) {
     framed.codec_mut().set_max_frame_length(limit);
 }
 
 /// Sends one frame of the handshake.
 pub(crate) async fn send<S: AsyncRead + AsyncWrite + Unpin>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
     frame: bytes::Bytes,
 ) -> Result<(), Error> {
@@ -512,7 +512,7 @@ pub(crate) struct Timing {
 /// its version and what it is), or says why there is none. The connection's frame limit is
 /// [`HANDSHAKE_MAX_FRAME`] until the worker's proof checks, then `limit`.
 pub(crate) async fn coordinator<S, T>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
     token: Option<&Token>,
     limit: usize,
@@ -662,7 +662,7 @@ pub(crate) struct Welcomed {
 /// job names in `jobs`) is over [`HANDSHAKE_MAX_FRAME`], which a coordinator would take for
 /// a stranger's.
 pub(crate) async fn worker<S>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
     token: Option<&Token>,
     limit: usize,

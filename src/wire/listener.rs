@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 
 use super::handshake::{self, JobType, NoJob, Timing, Token};
 use super::transport::{Acceptor, Stream};
@@ -43,7 +43,7 @@ impl Default for ClusterConfig {
 /// An accepted worker connection, handed to its job.
 #[derive(Debug)]
 pub(crate) struct Connection {
-    pub(crate) framed: Framed<Stream, LengthDelimitedCodec>,
+    pub(crate) framed: Framed<Stream, crate::wire::frame::Codec>,
     pub(crate) peer: String,
     pub(crate) threads: u32,
     /// The node the process says it runs on.

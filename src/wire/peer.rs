@@ -81,7 +81,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 
 use super::Error;
 use super::error::AuthFailure;
@@ -237,6 +237,27 @@ impl Message for ToPeer {
     fn decode_frame(peer: &str, frame: Bytes) -> Result<Self, Error> {
         with_frame(frame, |body| decode_to_peer(peer, body))
     }
+    fn tail(&self) -> Option<(Self, Bytes)> {
+        match self {
+            ToPeer::Copy {
+                seq,
+                generation,
+                phase,
+                chunk,
+                bytes,
+            } => Some((
+                ToPeer::Copy {
+                    seq: *seq,
+                    generation: *generation,
+                    phase: *phase,
+                    chunk: *chunk,
+                    bytes: Bytes::new(),
+                },
+                bytes.clone(),
+            )),
+            _ => None,
+        }
+    }
 }
 
 impl Message for FromPeer {
@@ -341,7 +362,7 @@ fn rejected(peer: &str, what: &'static str, reason: &str) -> Error {
 /// [`Error::NotAPeer`], [`Error::Version`], [`Error::Auth`], [`Error::PeerSession`],
 /// [`Error::Malformed`], and those of the connection.
 pub(crate) async fn listener<S>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
     token: Option<&Token>,
     session: Session,
@@ -400,7 +421,7 @@ where
 /// [`Error::Malformed`], [`Error::Rejected`] (a reply out of place), and those of the
 /// connection.
 pub(crate) async fn dialer<S>(
-    framed: &mut Framed<S, LengthDelimitedCodec>,
+    framed: &mut Framed<S, crate::wire::frame::Codec>,
     peer: &str,
     token: Option<&Token>,
     session: Session,
@@ -505,7 +526,7 @@ mod tests {
         t.map(|t| Token::new(t).unwrap())
     }
 
-    type Pipe = Framed<tokio::io::DuplexStream, LengthDelimitedCodec>;
+    type Pipe = Framed<tokio::io::DuplexStream, crate::wire::frame::Codec>;
 
     fn pipe() -> (Pipe, Pipe) {
         let (a, b) = tokio::io::duplex(1 << 16);
@@ -920,16 +941,30 @@ mod tests {
             to: 5,
             bytes: (0..5000u32).map(|i| i as u8).collect::<Vec<u8>>().into(),
         };
-        for max_frame in [64, 1024, 1 << 20] {
-            let frames: Vec<Bytes> = Frames::new(&halo, max_frame).collect();
-            assert!(frames.iter().all(|f| f.len() <= max_frame));
-            let mut a = Assembler::new(1 << 20);
-            let mut got = None;
-            for f in frames {
-                got = a.frame::<ToPeer>("d", f).unwrap();
+        // A buddy copy long enough goes with its bytes as the frame's tail.
+        let copy = ToPeer::Copy {
+            seq: 9,
+            generation: 2,
+            phase: 20,
+            chunk: 31,
+            bytes: (0..300_000u32).map(|i| i as u8).collect::<Vec<u8>>().into(),
+        };
+        for msg in [&halo, &copy] {
+            for max_frame in [64, 1024, 1 << 20] {
+                let frames: Vec<Bytes> =
+                    Frames::new(msg, max_frame).map(|f| f.to_bytes()).collect();
+                assert!(frames.iter().all(|f| f.len() <= max_frame));
+                let mut a = Assembler::new(1 << 20);
+                let mut got = None;
+                for f in frames {
+                    got = a.frame::<ToPeer>("d", f).unwrap();
+                }
+                assert_eq!(got.as_ref(), Some(msg));
             }
-            assert_eq!(got.as_ref(), Some(&halo));
         }
+        let whole: Vec<_> = Frames::new(&copy, 1 << 20).collect();
+        assert_eq!(whole.len(), 1);
+        assert_eq!(whole[0].to_bytes(), encode(&copy));
         let frame = encode(&halo);
         let Ok(ToPeer::Halo { bytes, .. }) = ToPeer::decode_frame("d", frame.clone()) else {
             panic!("a halo");

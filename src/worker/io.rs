@@ -368,7 +368,7 @@ impl Io {
         msgs: impl IntoIterator<Item = ToCoordinator>,
     ) -> Result<(), Error>
     where
-        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+        S: futures::Sink<frame::Frame, Error = std::io::Error> + Unpin,
     {
         for msg in msgs {
             for f in frame::Frames::new(&msg, self.max_frame) {
@@ -402,7 +402,7 @@ impl Io {
     /// The I/O loop; returns whether the process left on a stop request.
     pub(super) async fn run<J: Job>(
         &self,
-        framed: Framed<crate::wire::transport::Stream, tokio_util::codec::LengthDelimitedCodec>,
+        framed: Framed<crate::wire::transport::Stream, crate::wire::frame::Codec>,
         threads: &mut [Thread<J>],
         held: &HeldParts<J::Chunk>,
         inputs: &Arc<Inputs<J>>,
@@ -570,7 +570,7 @@ impl Io {
         (plane, local_ip): (&mut Plane, Option<std::net::IpAddr>),
     ) -> Result<Option<Result<bool, Error>>, Error>
     where
-        S: futures::Sink<bytes::Bytes, Error = std::io::Error> + Unpin,
+        S: futures::Sink<frame::Frame, Error = std::io::Error> + Unpin,
     {
         let mut frames = Vec::new();
         while let Some(out) = machine.poll() {

@@ -470,7 +470,7 @@ fn worth_waiting(e: &Error) -> bool {
 
 /// An established connection, before the job type is known.
 pub(crate) struct Session {
-    framed: Framed<transport::Stream, tokio_util::codec::LengthDelimitedCodec>,
+    framed: Framed<transport::Stream, crate::wire::frame::Codec>,
     peer: String,
     job: String,
     heartbeat: Duration,

@@ -60,7 +60,7 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::Framed;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::wire::Error;
@@ -625,7 +625,7 @@ async fn dial_and_run(
 /// link is closed). Reading and writing go on together, so that a long write never delays
 /// the reading of the other side's heartbeats.
 async fn run<In: Message, Out: Message>(
-    framed: Framed<Stream, LengthDelimitedCodec>,
+    framed: Framed<Stream, crate::wire::frame::Codec>,
     peer: &str,
     mut rx: UnboundedReceiver<Out>,
     config: &PeerConfig,
@@ -960,7 +960,7 @@ mod tests {
         token: Option<&Token>,
         session: Session,
         from: u64,
-    ) -> Result<Framed<Stream, LengthDelimitedCodec>, Error> {
+    ) -> Result<Framed<Stream, crate::wire::frame::Codec>, Error> {
         let stream = Stream::connect(addr).await.unwrap();
         let mut framed = Framed::new(stream, frame::codec(1 << 20));
         peer::dialer(&mut framed, "l", token, session, from, 1 << 20).await?;

@@ -996,7 +996,9 @@ fn peer_seeds(seeds: &mut BTreeMap<(&'static str, String), Vec<u8>>) {
     // under the target's frame limit, and a short halo.
     let hello_frame = versioned(&hello);
     let heartbeat = encode(&ToPeer::Heartbeat);
-    let pieces: Vec<Bytes> = frame::Frames::new(&a_halo(2, 3 * LIMIT), LIMIT).collect();
+    let pieces: Vec<Bytes> = frame::Frames::new(&a_halo(2, 3 * LIMIT), LIMIT)
+        .map(|f| f.to_bytes())
+        .collect();
     assert!(pieces.len() > 3);
     let short = encode(&a_halo(3, 5));
     let mut link: Vec<&[u8]> = vec![&hello_frame, &proof, &heartbeat];
