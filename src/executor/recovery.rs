@@ -23,11 +23,14 @@
 //! # How
 //!
 //! 1. *At the loss.* Each lost partition is recorded as held by `B` and on its way from it
-//!    (`Fetch::Ledger`, as a partition a retiring process hands back): the ledger keeps it
-//!    pending, done, or hands it to any worker, whose run waits for its bytes as for any
-//!    partition on its way. Halos other partitions had pushed to `A` for this phase are marked
-//!    to be filled again. Every live process is asked for its halo log's records of phases
-//!    `c..=P` for the lost partitions (`SendLog`).
+//!    (`Fetch::Ledger`, as a partition a retiring process hands back), and pinned to `B`'s
+//!    slots for the rest of the phase (`Core::pin`): the ledger keeps it pending or done, and
+//!    runs it in `B`, whose run waits for the replay. (Left to the balance, the lost
+//!    partitions went to idle processes, and each crossed from `B` alone once replayed: the
+//!    phase after the replay took 50 ms on the bench, for about 10 ms of running; pinned, 5
+//!    ms. The next phase start balances again.) Halos other partitions had pushed to `A` for
+//!    this phase are marked to be filled again. Every live process is asked for its halo
+//!    log's records of phases `c..=P` for the lost partitions (`SendLog`).
 //! 2. *The logs.* When every process answered (`Log`), the halos pushed to `A` are filled in
 //!    from their senders' logs, and `B` is asked to replay (`Recover`): from the copies, the
 //!    job values, and the logged pieces of phases `c..P`. A partition whose `Done` of `P` had
@@ -35,8 +38,9 @@
 //! 3. *The replay.* `B` holds each partition it replayed from then on and says so
 //!    (`Replayed`), with the pieces it exported at the end of `P` if it ran it (what it had
 //!    exported for a partition also lost is filled in with them). A partition the ledger
-//!    handed to another worker meanwhile is asked of `B` (`Surrender`), as any partition on
-//!    its way; the others run in `B` as partitions held there. (The first version sent
+//!    handed to another worker meanwhile (pinned, only if `B` lost its slots) is asked of `B`
+//!    (`Surrender`), as any partition on its way; the others run in `B` as partitions held
+//!    there. (The first version sent
 //!    every replayed state to the coordinator and on: 4 MB a band twice on the bench.)
 //! 4. *The end.* When every partition is in, the recovery is recorded
 //!    ([`JobHandle::recoveries`](crate::JobHandle::recoveries)), and the barrier, which
