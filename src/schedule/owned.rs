@@ -874,19 +874,24 @@ mod tests {
     /// beside it, until the next phase start, which balances again.
     #[test]
     fn pinned_partitions_stay_with_their_new_holder_until_the_next_phase() {
-        let mut o = Owners::new(12);
         let three = [(0, 1.0, 0), (1, 1.0, 0), (2, 1.0, 0)];
-        o.start_phase(&three, &plan(12));
-        for w in [0, 1, 2] {
-            while let Some(c) = o.take(w) {
-                o.ran(c, w);
+        // Three workers each ran their third; in the next phase worker 2 ran its own, and
+        // worker 0 is lost with 0..4, which worker 1 replays.
+        let lost_one = || {
+            let mut o = Owners::new(12);
+            o.start_phase(&three, &plan(12));
+            for w in [0, 1, 2] {
+                while let Some(c) = o.take(w) {
+                    o.ran(c, w);
+                }
             }
-        }
-        o.start_phase(&three, &plan(12));
-        // Worker 2 ran its own; worker 0 is lost with 0..4, which worker 1 replays.
-        while let Some(c) = o.take(2) {
-            o.ran(c, 2);
-        }
+            o.start_phase(&three, &plan(12));
+            while let Some(c) = o.take(2) {
+                o.ran(c, 2);
+            }
+            o
+        };
+        let mut o = lost_one();
         o.pin(&[0, 1, 2, 3], 1);
         let two = [(1, 1.0, 0), (2, 1.0, 0)];
         o.reassign(&two, &plan(12), 0.0);
@@ -895,17 +900,7 @@ mod tests {
         assert!((0..4).all(|c| kept.contains(&c)), "{kept:?}");
         assert!(o.queue(2).iter().all(|&c| c >= 4), "{:?}", o.queue(2));
         // Without the pin, the idle worker takes some of them.
-        let mut free = Owners::new(12);
-        free.start_phase(&three, &plan(12));
-        for w in [0, 1, 2] {
-            while let Some(c) = free.take(w) {
-                free.ran(c, w);
-            }
-        }
-        free.start_phase(&three, &plan(12));
-        while let Some(c) = free.take(2) {
-            free.ran(c, 2);
-        }
+        let mut free = lost_one();
         free.reassign(&two, &plan(12), 0.0);
         assert!(free.queue(2).iter().any(|&c| c < 4), "{:?}", free.queue(2));
         // The next phase balances again.
