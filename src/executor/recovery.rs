@@ -17,8 +17,10 @@
 //!   in, and every process sends its own;
 //! - the job values of phases `c + 1..=P` are kept;
 //! - nothing else is under way that this would have to wait for or undo: no rollback, no
-//!   other recovery, no snapshot cut open, no partition on its way from `A`, the job not
-//!   finishing.
+//!   other recovery, no suspend's snapshot cut open, no partition on its way from `A`, the
+//!   job not finishing. An open cut of snapshot requests gives way (its captures withdrawn,
+//!   its requesters served by the next cut, after the recovery), as it gives way to a
+//!   rollback or a suspend.
 //!
 //! # How
 //!
@@ -166,8 +168,8 @@ impl<J: Job> State<J> {
         if self.finishing.is_some() {
             return Err("the job is finishing");
         }
-        if self.snap.cut.is_open() {
-            return Err("a snapshot is being taken");
+        if self.snap.cut.is_open() && self.snap.cut.suspending() {
+            return Err("a suspend's snapshot is being taken");
         }
         if phase == 0 {
             return Err("the first phase runs again from the job value");
@@ -251,7 +253,19 @@ impl<J: Job> State<J> {
         };
         let phase = self.phase;
         let lost_set: IdSet<ChunkId> = lost.iter().copied().collect();
-        // Decided: the lost partitions are held by the buddy, on their way from it.
+        // Decided. A snapshot cut whose marker is out cannot complete: the lost process's
+        // parts are gone with it, and the replayed partitions' would be of another phase. It
+        // gives way as it does to a rollback (its captures withdrawn), and its requesters
+        // wait for the next cut, which starts once the recovery ends. (A cut being written
+        // completes: every part of it was taken before the loss.)
+        if self.snap.cut.is_open() {
+            tracing::warn!(
+                job = J::NAME,
+                "a snapshot under way gives way to a local recovery"
+            );
+            self.cut_gives_way();
+        }
+        // The lost partitions are held by the buddy, on their way from it.
         let attempt = self.next_recovery;
         self.next_recovery += 1;
         let mut done = IdSet::default();

@@ -143,10 +143,7 @@ impl<J: Job> State<J> {
                 RollbackCommand::Halt => {
                     // A cut whose marker is out cannot complete: the chunks it waits for
                     // are dropped (step 1), and what a dropped chunk leaves is no state.
-                    let mut out = std::mem::take(&mut self.snap.out);
-                    self.snap.cut.give_way(&mut out);
-                    self.cut_commands(&mut out);
-                    self.snap.out = out;
+                    self.cut_gives_way();
                     self.drive_core(crate::schedule::Core::halt);
                 }
                 RollbackCommand::Started { lost, epoch } => {

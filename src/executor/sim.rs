@@ -1961,6 +1961,68 @@ mod tests {
         assert!(h.tally.copies_checked >= 24, "{:?}", h.tally);
     }
 
+    /// A process lost while a snapshot's cut is open (its marker out, the processes' parts
+    /// asked): the cut gives way, the lost partitions are replayed from their copies with
+    /// no rollback, the request is answered by a cut taken after the recovery, and the
+    /// value is exact.
+    #[test]
+    fn a_loss_while_a_cut_is_open_is_recovered_and_the_snapshot_taken_after() {
+        let job = Banded(SimGrid {
+            n: 48,
+            w: 6,
+            bands: 12,
+            phases: 12,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::scripted(job);
+        h.state.remote.buddies = super::super::copies::Buddies::new(Some(1));
+        for _ in 0..3 {
+            h.join(1);
+        }
+        let mut rounds = 0;
+        let mut step = |h: &mut History<SimJob>| {
+            let moved = h.round(true);
+            for op in std::mem::take(&mut h.ops) {
+                h.store_op(op);
+            }
+            rounds += 1;
+            assert!(moved && rounds < 10_000, "stuck:\n{}", h.log.join("\n"));
+        };
+        while h.state.phase < 4 {
+            step(&mut h);
+        }
+        let r = h.reply_to();
+        h.coord().request_snapshot(r);
+        while !h.state.snap.cut.is_open() {
+            step(&mut h);
+        }
+        let victim = h.procs[0].id;
+        h.close(0, "killed");
+        assert!(
+            h.state.recovery.is_some() && !h.state.snap.cut.is_open(),
+            "{}",
+            h.log.join("\n")
+        );
+        while !h.state.outcome_ready() {
+            step(&mut h);
+            h.check_copies()
+                .unwrap_or_else(|e| panic!("{e}\n{}", h.log.join("\n")));
+        }
+        finished_with(&mut h, &expected);
+        assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
+        assert!(h.state.rollbacks.is_empty());
+        assert!(!h.state.recoveries[0].lost.is_empty());
+        assert!(
+            h.replies.1.contains(&r.0),
+            "the snapshot asked was not answered"
+        );
+        assert!(
+            h.state.snap.last_epoch.is_some(),
+            "no snapshot committed after the recovery of {victim}'s partitions"
+        );
+    }
+
     /// A batch inside a batch from a process is refused, and so is a `Returned` of chunks
     /// its slot was not granted; a batch's messages are taken in order.
     #[test]
@@ -2112,17 +2174,19 @@ mod tests {
     /// `MALLEABLE_SIM_SECONDS` (default `seconds`) allow from `MALLEABLE_SIM_FIRST`.
     fn histories<J: Simulated>(seed_var: &str, seconds: u64) {
         let rt = runtime();
+        // `MALLEABLE_SIM_LOG=debug` prints what the coordinator and processes log (`warn`,
+        // over many histories, what went wrong and why: a loss that rolled back rather
+        // than recover, and its reason).
+        if let Some(level) = std::env::var("MALLEABLE_SIM_LOG")
+            .ok()
+            .and_then(|l| l.parse::<tracing::Level>().ok())
+        {
+            let _ = tracing_subscriber::fmt()
+                .with_max_level(level)
+                .with_test_writer()
+                .try_init();
+        }
         if let Some(seed) = var(seed_var) {
-            // `MALLEABLE_SIM_LOG=debug` prints what the coordinator and processes log.
-            if let Some(level) = std::env::var("MALLEABLE_SIM_LOG")
-                .ok()
-                .and_then(|l| l.parse::<tracing::Level>().ok())
-            {
-                let _ = tracing_subscriber::fmt()
-                    .with_max_level(level)
-                    .with_test_writer()
-                    .try_init();
-            }
             match history_of::<J>(seed, &rt) {
                 Ok(t) => println!("history {seed}: {t:?}"),
                 Err(e) => panic!("{e}"),

@@ -641,6 +641,15 @@ impl<J: Job> State<J> {
         }
     }
 
+    /// A cut whose marker is out gives way to a rollback or a local recovery
+    /// (`Cut::give_way`): its captures are withdrawn.
+    pub(crate) fn cut_gives_way(&mut self) {
+        let mut out = std::mem::take(&mut self.snap.out);
+        self.snap.cut.give_way(&mut out);
+        self.cut_commands(&mut out);
+        self.snap.out = out;
+    }
+
     /// Carries out the cut's commands.
     pub(crate) fn cut_commands(&mut self, out: &mut Commands) {
         for cmd in out.drain(..) {

@@ -452,8 +452,9 @@ impl<H, P, O, R> Cut<H, P, O, R> {
         replies
     }
 
-    /// The job rolls back (owned partitions were lost with their worker): a cut whose marker
-    /// is out cannot complete any more, because the rollback drops the chunks it waits for
+    /// The job rolls back, or recovers locally (owned partitions were lost with their
+    /// worker): a cut whose marker is out cannot complete any more, because the rollback
+    /// drops the chunks it waits for (a recovery replays them to a later phase)
     /// (a worker process answers `Abandon` with no state) and a state that is not a chunk's
     /// must never become a part. Its captures are withdrawn and its requesters wait with the
     /// queued ones for the restored run's cut ([`Cut::take_requests`]). A cut already being
