@@ -86,16 +86,32 @@ pub(crate) struct Buddies {
     /// Per chunk, the phase below which an answer is stale: its copy of a phase as new was
     /// used up by a replay (a late answer of an older round must not bring one back).
     floor: IdMap<ChunkId, u64>,
+    /// A round is taken at the next barrier whatever the phase: none was taken yet since
+    /// the job run started or rolled back (no partition in a process has a copy), or a
+    /// recovery used copies up.
+    wanted: bool,
     report: Copies,
 }
 
 impl Buddies {
     /// A record for copies every `every` phases (`None` or 0: none).
     pub(crate) fn new(every: Option<u64>) -> Buddies {
+        let every = every.filter(|&k| k > 0);
         Buddies {
-            every: every.filter(|&k| k > 0),
+            every,
+            wanted: every.is_some(),
             ..Buddies::default()
         }
+    }
+
+    /// A round is taken at the next barrier (a recovery used copies up).
+    pub(crate) fn want_round(&mut self) {
+        self.wanted = self.enabled();
+    }
+
+    /// Whether a round is wanted at this barrier whatever the phase; it is then taken.
+    pub(crate) fn take_wanted(&mut self) -> bool {
+        std::mem::take(&mut self.wanted)
     }
 
     /// Whether the job takes buddy copies (and its processes keep halo logs).
@@ -335,6 +351,7 @@ impl Buddies {
         self.log_bytes.clear();
         self.jobs.clear();
         self.floor.clear();
+        self.wanted = self.enabled();
     }
 
     /// The partitions of `chunks` are in the coordinator's own hands after phase `ended`:

@@ -475,8 +475,11 @@ impl Remotes {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
         self.tell_peers(phase, &begins);
-        // A round every `k` phases, and one at once when a partition moved to the process
-        // that keeps its copy (losing that process would lose both).
+        // A round every `k` phases; one at once when a partition moved to the process that
+        // keeps its copy (losing that process would lose both); and one at the first
+        // barrier of a run, of a rollback's run, and after a recovery (which used copies
+        // up): a loss before the `k`-th phase would roll back otherwise.
+        let wanted = phase > 0 && self.buddies.take_wanted();
         let misplaced = || {
             begins.iter().any(|(id, chunk, _)| {
                 self.buddies
@@ -484,7 +487,9 @@ impl Remotes {
                     .is_some_and(|(_, buddy)| buddy == *id)
             })
         };
-        if phase > 0 && (self.buddies.due(phase - 1) || (self.buddies.enabled() && misplaced())) {
+        if phase > 0
+            && (wanted || self.buddies.due(phase - 1) || (self.buddies.enabled() && misplaced()))
+        {
             self.ask_copies(phase - 1, &begins);
         }
         for (id, chunk, halos) in begins {

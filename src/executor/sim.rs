@@ -1496,6 +1496,10 @@ fn history_of<J: Simulated>(seed: u64, rt: &Arc<tokio::runtime::Runtime>) -> Res
         }
         h.check_end()
     });
+    if outcome.is_ok() && h.trace {
+        // `MALLEABLE_SIM_TRACE`: a history that ended well is shown too.
+        println!("history {seed} of {}:\n{}", J::NAME, h.log.join("\n"));
+    }
     outcome.map(|()| h.tally).map_err(|e| {
         format!(
             "history {seed} of {} failed: {e}\n{}\nreplay: {}={seed} cargo test \
