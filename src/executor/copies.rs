@@ -51,7 +51,9 @@ pub struct Copies {
     /// Copies lost with the process that kept them.
     pub lost: u64,
     /// The bytes of the halo logs worker processes keep (the halos each partition
-    /// exported since the oldest copy, what a replay from it needs), as they last said.
+    /// exported since the oldest copy, what a replay from it needs), as they last said,
+    /// and the coordinator's own (what partitions its threads run exported for partitions
+    /// in worker processes).
     pub log_bytes: u64,
     /// The most of those one worker process keeps.
     pub max_log_bytes_per_process: u64,
@@ -90,8 +92,19 @@ pub(crate) struct Buddies {
     /// the job run started or rolled back (no partition in a process has a copy), or a
     /// recovery used copies up.
     wanted: bool,
+    /// The coordinator's own halo log ([`HERE`]): what partitions it ran exported for
+    /// partitions in worker processes, as sent to them, `(phase, sender, receiver,
+    /// bytes)`, oldest first, and their bytes.
+    here: std::collections::VecDeque<(u64, ChunkId, ChunkId, bytes::Bytes)>,
+    here_bytes: u64,
     report: Copies,
 }
+
+/// The coordinator as the keeper of a halo log (`Buddies::exported`): the partitions its
+/// own threads run log their exports for partitions in worker processes here, so that a
+/// process lost beside them can be replayed. It is never lost (a lost coordinator ends
+/// the run) and is no process.
+pub(crate) const HERE: ProcessId = ProcessId(u64::MAX);
 
 impl Buddies {
     /// A record for copies every `every` phases (`None` or 0: none).
@@ -160,8 +173,48 @@ impl Buddies {
         segments[start..].iter().all(|&(p, _)| alive(p))
     }
 
+    /// Partition `sender`, run here, exported `bytes` at the end of `phase` for `receiver`,
+    /// held by a worker process: kept in the coordinator's own log while a copy may need
+    /// it.
+    pub(crate) fn log_here(
+        &mut self,
+        phase: u64,
+        sender: ChunkId,
+        receiver: ChunkId,
+        bytes: &bytes::Bytes,
+    ) {
+        self.here_bytes += bytes.len() as u64;
+        self.here
+            .push_back((phase, sender, receiver, bytes.clone()));
+    }
+
+    /// Whether the newest segment of `chunk`'s log is here: its exports of this phase are
+    /// logged by the coordinator ([`Buddies::log_here`]).
+    pub(crate) fn logged_here(&self, chunk: ChunkId) -> bool {
+        self.log_of(chunk).is_some_and(|(p, _)| p == HERE)
+    }
+
+    /// The coordinator's log records for `receivers`, of phases `from..=through`:
+    /// `(phase, sender, receiver, bytes)`.
+    pub(crate) fn here_for<'a>(
+        &'a self,
+        receivers: &'a [ChunkId],
+        from: u64,
+        through: u64,
+    ) -> impl Iterator<Item = (u64, ChunkId, ChunkId, bytes::Bytes)> + 'a {
+        self.here
+            .iter()
+            .filter(move |(p, _, r, _)| (from..=through).contains(p) && receivers.contains(r))
+            .cloned()
+    }
+
     /// The logs' segments that end before `from` are no longer needed.
     fn trim_logs(&mut self, from: u64) {
+        while self.here.front().is_some_and(|h| h.0 < from) {
+            let (.., b) = self.here.pop_front().expect("checked");
+            self.here_bytes -= b.len() as u64;
+        }
+
         for segments in self.logs.values_mut() {
             if let Some(start) = segments.iter().rposition(|&(_, since)| since <= from) {
                 segments.drain(..start);
@@ -351,6 +404,8 @@ impl Buddies {
         self.log_bytes.clear();
         self.jobs.clear();
         self.floor.clear();
+        self.here.clear();
+        self.here_bytes = 0;
         self.wanted = self.enabled();
     }
 
@@ -394,7 +449,7 @@ impl Buddies {
         r.max_bytes_per_process = self.held.values().copied().max().unwrap_or(0);
         r.newest_phase = self.copies.values().map(|c| c.phase).max();
         r.oldest_phase = self.copies.values().map(|c| c.phase).min();
-        r.log_bytes = self.log_bytes.values().sum();
+        r.log_bytes = self.log_bytes.values().sum::<u64>() + self.here_bytes;
         r.max_log_bytes_per_process = self.log_bytes.values().copied().max().unwrap_or(0);
         r
     }
@@ -485,5 +540,41 @@ mod tests {
         assert_eq!(b.copy_of(7), None);
         b.reset();
         assert_eq!(b.report().partitions, 0);
+    }
+
+    /// The coordinator's own log: what a partition run here sent to partitions in
+    /// processes, by phase and receiver, trimmed with the processes' logs, counted with
+    /// them, and gone at a rollback.
+    #[test]
+    fn the_coordinator_logs_what_its_own_partitions_sent() {
+        let mut b = Buddies::new(Some(2));
+        let bytes = |n: usize| bytes::Bytes::from(vec![7u8; n]);
+        b.exported(3, HERE, 4);
+        assert!(b.logged_here(3) && !b.logged_here(4));
+        for phase in 4..7 {
+            b.log_here(phase, 3, 2, &bytes(10));
+            b.log_here(phase, 3, 4, &bytes(20));
+        }
+        assert_eq!(b.report().log_bytes, 90);
+        assert_eq!(
+            b.report().max_log_bytes_per_process,
+            0,
+            "no process keeps it"
+        );
+        let to_4: Vec<_> = b
+            .here_for(&[4], 5, 6)
+            .map(|(p, s, r, _)| (p, s, r))
+            .collect();
+        assert_eq!(to_4, vec![(5, 3, 4), (6, 3, 4)]);
+        assert!(b.log_covers(3, 4, |q| q == HERE));
+        // No copy older than 6: the records before it go.
+        assert_eq!(b.log_from(6), 6);
+        assert_eq!(b.here_for(&[2, 4], 0, 9).count(), 2);
+        assert_eq!(b.report().log_bytes, 30);
+        b.reset();
+        assert_eq!(
+            (b.here_for(&[2, 4], 0, 9).count(), b.report().log_bytes),
+            (0, 0)
+        );
     }
 }

@@ -12,9 +12,10 @@
 //! - every lost partition has a copy, all of the same phase `c` and in the same process
 //!   `B` (one buddy per process makes that the rule), and `B` is connected;
 //! - every other partition's halo log covers phases `c..=P` (`P`, the phase the job is in):
-//!   every process that ran it since `c` is alive (a partition in the coordinator's own hands
-//!   has no log); a partition that moved has its log in pieces, one in each process it ran
-//!   in, and every process sends its own;
+//!   every process that ran it since `c` is alive; a partition that moved has its log in
+//!   pieces, one in each process it ran in, and every process sends its own. A partition
+//!   the coordinator's own threads ran logs in the coordinator (`copies::HERE`): what it
+//!   exported for partitions in processes, as the barrier sent it to them;
 //! - the job values of phases `c + 1..=P` are kept;
 //! - nothing else is under way that this would have to wait for or undo: no rollback, no
 //!   other recovery, no suspend's snapshot cut open, no partition on its way from `A`, the
@@ -67,6 +68,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::copies::HERE;
 use super::job_run::{HeldHalo, State};
 use super::remote::Fetch;
 use crate::job::Job;
@@ -216,7 +218,7 @@ impl<J: Job> State<J> {
         let chunks = self.core.plan().len();
         let logged = (0..chunks).filter(|c| !lost.contains(c)).all(|y| {
             self.remote.buddies.log_covers(y, copy_phase, |q| {
-                q != from && self.remote.conns.contains_key(&q)
+                q == HERE || (q != from && self.remote.conns.contains_key(&q))
             })
         });
         if !logged {
@@ -383,7 +385,12 @@ impl<J: Job> State<J> {
             waiting,
             strays,
             copies: Vec::new(),
-            halos: Vec::new(),
+            // The coordinator's own log first; the processes' come with their answers.
+            halos: self
+                .remote
+                .buddies
+                .here_for(lost, copy_phase, phase)
+                .collect(),
             refill,
             replayed: IdSet::default(),
             surrendering: IdSet::default(),

@@ -492,6 +492,19 @@ impl Remotes {
         {
             self.ask_copies(phase - 1, &begins);
         }
+        if phase > 0 && self.buddies.enabled() {
+            // What partitions run here exported for these goes in the coordinator's own
+            // halo log, as sent (a replay of them needs it).
+            for (_, chunk, halos) in &begins {
+                for (from, h) in halos {
+                    if let frame::Halo::Sent(b) = h {
+                        if self.buddies.logged_here(*from) {
+                            self.buddies.log_here(phase - 1, *from, *chunk, b);
+                        }
+                    }
+                }
+            }
+        }
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {

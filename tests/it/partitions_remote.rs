@@ -401,6 +401,46 @@ fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
     }
 }
 
+/// The same beside a local thread of the coordinator, which runs partitions too (they need
+/// no copy): what they exported for the lost partitions is in the coordinator's own halo
+/// log, and the lost partitions are replayed from their copies with it; no rollback, and
+/// the grid is exact.
+#[test]
+fn a_process_lost_beside_local_threads_is_replayed_with_the_coordinator_s_log() {
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
+    let exec = Executor::builder()
+        .local_workers(1)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .buddy_copies(3)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(120);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let mut victim = start(&addr);
+    let others = [start(&addr), start(&addr)];
+    until("three processes", || h.remote_workers() == 3);
+    until("phase 20", || phase_of(&h) >= 20);
+    let held: usize = h.remote_processes().iter().map(|p| p.chunks).sum();
+    assert!(
+        held > 0 && held < 32,
+        "the local thread runs some partitions: {held}"
+    );
+    victim.kill().unwrap();
+    let _ = victim.wait();
+    until("the end", || h.is_finished());
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let recoveries = h.recoveries();
+    assert_eq!(recoveries.len(), 1, "{recoveries:?} {:?}", h.rollbacks());
+    assert!(h.rollbacks().is_empty(), "{:?}", h.rollbacks());
+    assert!(h.copies().log_bytes > 0, "{:?}", h.copies());
+    for mut p in others {
+        assert!(p.wait().unwrap().success());
+    }
+}
+
 /// A process and the one that keeps its copies killed together: the lost partitions
 /// cannot be replayed (a recovery that started gives way), and the job rolls back to its
 /// snapshot instead; the grid is exact.
