@@ -1191,6 +1191,12 @@ impl<J: Job> State<J> {
         if c.slots.iter().any(Option::is_some) || self.holds_partitions(id) {
             return;
         }
+        // A local recovery waits for its answer (its halo log, or copies it keeps): ended
+        // now, the answer would be dropped with it and the recovery wait for ever. It ends
+        // once it has answered (`State::recovery_answered`).
+        if self.recovery.as_ref().is_some_and(|r| r.waits_for(id)) {
+            return;
+        }
         self.remote.outbox.push((id, ToWorker::End));
         self.remote.remove(id);
         self.snap.held_outstanding.retain(|(_, from)| *from != id);

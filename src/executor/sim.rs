@@ -1706,6 +1706,61 @@ mod tests {
         finished_with(&mut h, &expected);
     }
 
+    /// A scripted history (found by randomized trials with real worker processes, where the
+    /// job then waited at its barrier for ever): process `c` is drained as process `a` is
+    /// lost, and the local recovery asks every process left for its halo log, `c` among
+    /// them. `c` hands its last partition back before its log comes: it was ended at once
+    /// (`End`), the log it sent next was dropped as a late message of a connection gone, and
+    /// the recovery waited for it for ever. `c` now stays until it has answered; the value
+    /// is exact.
+    #[test]
+    fn a_drained_process_a_recovery_waits_for_ends_once_it_has_answered() {
+        let job = Banded(SimGrid {
+            n: 24,
+            w: 6,
+            bands: 6,
+            phases: 8,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        let a = h.join(1);
+        h.join(1);
+        let c = h.join(1);
+        let (a_id, c_id) = (h.procs[a].id, h.procs[c].id);
+        // Copies at every barrier; phases 0 to 2 run with nothing else happening.
+        while h.state.phase < 3 {
+            assert!(h.round(true), "stuck in phase {}", h.state.phase);
+        }
+        // `c` is drained: its threads yield the partitions they run, and those answers are
+        // on their way when `a` is lost.
+        h.coord().retire_conn(c_id);
+        h.route();
+        h.deliver_all(c);
+        while let Some(&t) = h.procs[c].sim.busy_threads().first() {
+            h.procs[c].sim.turn(t);
+        }
+        h.close(a, "killed");
+        assert!(
+            h.state.recovery.as_ref().is_some_and(|r| r.waits_for(c_id)),
+            "no recovery of {a_id}'s partitions waiting for {c_id}:\n{}",
+            h.log.join("\n")
+        );
+        // `c` takes the `SendLog` and answers it after its partitions: the coordinator has
+        // them all back before its log.
+        let c = h.procs.iter().position(|p| p.id == c_id).expect("c");
+        h.deliver_all(c);
+        h.send_all(c);
+        h.drain();
+        // `c` ends once it has answered (told `End`): its links break as it exits.
+        let c = h.procs.iter().position(|p| p.id == c_id).expect("c");
+        assert!(h.procs[c].sim.ended().is_some(), "{}", h.log.join("\n"));
+        h.close(c, "ended");
+        h.drain();
+        finished_with(&mut h, &expected);
+        assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
+    }
+
     /// A slot that waits for a partition its process must fetch from another process is
     /// left out of the ledger when that other process is lost (it never got its `Run`); its
     /// own process's loss later is news from a worker the ledger no longer has: dropped and
