@@ -886,7 +886,10 @@ impl<J: Job> State<J> {
         let phase = self.phase;
         if let Some((p, b)) = &self.remote.job_bytes {
             if *p == phase {
-                return Ok(b.clone());
+                // Kept already, unless a rollback to this phase dropped it.
+                let b = b.clone();
+                self.remote.buddies.first_job_value(phase, b.clone());
+                return Ok(b);
             }
         }
         let job = self
@@ -895,6 +898,9 @@ impl<J: Job> State<J> {
             .ok_or_else(|| Error::Internal("no job value to send".into()))?;
         let b = Bytes::from(codec::encode_for_workers("the job", job)?);
         self.remote.job_bytes = Some((phase, b.clone()));
+        // The barriers keep the values of the phases after them for replays; a run's first
+        // phase (the job's first, or a restored one) has none before it.
+        self.remote.buddies.first_job_value(phase, b.clone());
         Ok(b)
     }
 

@@ -1761,6 +1761,65 @@ mod tests {
         assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
     }
 
+    /// A scripted history (found by the randomized trials with real worker processes, as a
+    /// job that ended with `PartitionsLost`): copies at every barrier, and a process lost in
+    /// the second phase, when the only copies are those taken at the end of the first. The
+    /// job value of the first phase was never kept for replays (the barriers keep those of
+    /// the phases after them), so the copies could not be replayed ("the job values since
+    /// the copies are not kept") and, with no snapshot, the job ended. It is kept as the run
+    /// begins: the partitions are replayed from the copies of phase 0, and the value is
+    /// exact.
+    #[test]
+    fn copies_of_the_first_phase_can_be_replayed() {
+        let job = Banded(SimGrid {
+            n: 24,
+            w: 6,
+            bands: 6,
+            phases: 6,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        h.join(1);
+        // Its partitions stay with it (the first phase moves two of process 0's to process
+        // 2: their halo logs of phase 0 are in process 0).
+        let a = h.join(1);
+        h.join(1);
+        let a_id = h.procs[a].id;
+        while h.state.phase < 1 {
+            assert!(h.round(true), "stuck in phase {}", h.state.phase);
+        }
+        // Phase 1 begun: the copies of phase 0 go and are answered; no thread runs.
+        for _ in 0..20 {
+            for i in 0..h.procs.len() {
+                h.deliver_all(i);
+                while h.procs[i].sim.background() > 0 {
+                    h.procs[i].sim.settle(0);
+                }
+                h.send_all(i);
+            }
+            h.deliver_peers();
+        }
+        assert_eq!(h.state.phase, 1, "{}", h.log.join("\n"));
+        assert_eq!(
+            h.state.remote.buddies.report().newest_phase,
+            Some(0),
+            "{}",
+            h.log.join("\n")
+        );
+        h.close(a, "killed");
+        assert!(
+            h.state.recovery.is_some(),
+            "{a_id}'s partitions are not replayed:\n{}",
+            h.log.join("\n")
+        );
+        h.drain();
+        finished_with(&mut h, &expected);
+        let r = &h.state.recoveries;
+        assert_eq!(r.len(), 1, "{}", h.log.join("\n"));
+        assert_eq!((r[0].copy_phase, r[0].phase), (0, 1));
+    }
+
     /// A slot that waits for a partition its process must fetch from another process is
     /// left out of the ledger when that other process is lost (it never got its `Run`); its
     /// own process's loss later is news from a worker the ledger no longer has: dropped and
