@@ -289,6 +289,9 @@ enum Fault {
     AfterRecovery,
     /// The newest process drained (`grace_ms`), and at once another one killed.
     Drain { grace_ms: u64 },
+    /// `rounds` times: a process killed, and once the loss is seen and a few phases went
+    /// by, a new one joins (the roster, and so the buddies, change between losses).
+    Churn { rounds: u64 },
 }
 
 /// A snapshot asked of the job around the kill.
@@ -323,7 +326,7 @@ impl Params {
         let mut r = Rng(seed);
         let procs = r.range(3, 4) as usize;
         let phases = r.range(60, 150);
-        let fault = match r.range(0, 9) {
+        let fault = match r.range(0, 10) {
             0..=2 => Fault::One,
             3..=4 => Fault::WithBuddy,
             5..=6 => Fault::Second {
@@ -331,8 +334,11 @@ impl Params {
                 after_ms: r.pick(&[0, 0, 1, 5, 20, 100]),
             },
             7 => Fault::AfterRecovery,
-            _ => Fault::Drain {
+            8 => Fault::Drain {
                 grace_ms: r.pick(&[300, 2000]),
+            },
+            _ => Fault::Churn {
+                rounds: r.range(2, 3),
             },
         };
         // A family of faults alone, to look at it (`MALLEABLE_TRIAL_FAULT`).
@@ -346,6 +352,9 @@ impl Params {
             Ok("after") => Fault::AfterRecovery,
             Ok("drain") => Fault::Drain {
                 grace_ms: r.pick(&[300, 2000]),
+            },
+            Ok("churn") => Fault::Churn {
+                rounds: r.range(2, 3),
             },
             _ => fault,
         };
@@ -627,7 +636,8 @@ fn legitimate_loss(p: &Params, note: &Note, coordinator: &str) -> Loss {
         return Loss::Wrong("the loss came in the first phase (it runs again)".into());
     }
     let lone = match p.fault {
-        Fault::One | Fault::Drain { .. } => true,
+        // One process at a time.
+        Fault::One | Fault::Drain { .. } | Fault::Churn { .. } => true,
         Fault::Second { .. } | Fault::AfterRecovery => !note.second,
         Fault::WithBuddy => false,
     };
@@ -719,8 +729,9 @@ fn drive(
                 h.progress().phase,
                 h.recoveries().len()
             ));
-            procs[second].kill();
+            // Whether the first loss had ended the job: seen before the kill.
             note.second = !h.is_finished();
+            procs[second].kill();
         }
         Fault::AfterRecovery => {
             procs[p.victim].kill();
@@ -734,13 +745,43 @@ fn drive(
                     ", second kill {second} in phase {}",
                     h.progress().phase
                 ));
-                procs[second].kill();
                 note.second = !h.is_finished();
+                procs[second].kill();
             }
         }
         Fault::Drain { grace_ms } => {
             h.drain_remote(1, Duration::from_millis(grace_ms));
             procs[p.victim].kill();
+        }
+        Fault::Churn { rounds } => {
+            let mut victim = p.victim;
+            for round in 0..rounds {
+                let left = procs.iter().filter(|w| !w.killed).count();
+                procs[victim].kill();
+                if !until("the loss", h, || h.remote_workers() < left)? {
+                    break;
+                }
+                let at = h.progress().phase + 2 + round;
+                if !until("a few phases", h, || h.progress().phase >= at)? {
+                    break;
+                }
+                if round + 1 == rounds {
+                    break;
+                }
+                let n = procs.len();
+                procs.push(Proc::start(None, addr, dir.join(format!("p{n}.out")), &[]));
+                if !until("the new process", h, || h.remote_workers() == left)? {
+                    break;
+                }
+                let at = h.progress().phase + 3 + (p.seed >> (8 * round)) % 10;
+                if !until("the next loss", h, || h.progress().phase >= at)? {
+                    break;
+                }
+                let alive: Vec<usize> = (0..procs.len()).filter(|&i| !procs[i].killed).collect();
+                victim = alive[((p.seed >> (4 * round)) % alive.len() as u64) as usize];
+                note.text
+                    .push_str(&format!(", kill {victim} in phase {}", h.progress().phase));
+            }
         }
     }
     // Nobody waits for the requests' answers: they are dropped with the job's end.
