@@ -1820,6 +1820,46 @@ mod tests {
         assert_eq!((r[0].copy_phase, r[0].phase), (0, 1));
     }
 
+    /// A scripted history (found by the randomized trials with real worker processes, a
+    /// firewall dropping one process's packets to the coordinator): a process is lost by
+    /// its lease while it stays alive and reachable by its peers, and its partitions are
+    /// replayed from their copies. The others still pushed the halos of those partitions
+    /// to it, as to their holder, and it kept them: their `Done`s said the halos were kept
+    /// there, out of the job's reach, and the next barrier ended the job with an error. At
+    /// the loss they are told it holds nothing any more; the value is exact.
+    #[test]
+    fn a_process_lost_alive_takes_no_halo_of_the_partitions_replayed_elsewhere() {
+        let job = Banded(SimGrid {
+            n: 24,
+            w: 6,
+            bands: 6,
+            phases: 8,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        h.join(1);
+        let a = h.join(1);
+        h.join(1);
+        let a_id = h.procs[a].id;
+        while h.state.phase < 3 {
+            assert!(h.round(true), "stuck in phase {}", h.state.phase);
+        }
+        // Lost by its lease: the coordinator drops it (what it sends from now on is a late
+        // message of a connection gone), but it runs on, and its peer links stay up.
+        h.note(format!("{a_id} falls silent in phase {}", h.state.phase));
+        h.coord().drop_conn(a_id);
+        h.route();
+        assert!(
+            h.state.recovery.is_some(),
+            "{a_id}'s partitions are not replayed:\n{}",
+            h.log.join("\n")
+        );
+        h.drain();
+        finished_with(&mut h, &expected);
+        assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
+    }
+
     /// A slot that waits for a partition its process must fetch from another process is
     /// left out of the ledger when that other process is lost (it never got its `Run`); its
     /// own process's loss later is news from a worker the ledger no longer has: dropped and
