@@ -1239,6 +1239,13 @@ impl CutParams {
         let procs = r.range(3, 4) as usize;
         let (inbound, outbound) =
             r.pick(&[(true, true), (true, true), (true, false), (false, true)]);
+        // One direction alone, to look at it (`MALLEABLE_TRIAL_CUT`).
+        let (inbound, outbound) = match std::env::var("MALLEABLE_TRIAL_CUT").as_deref() {
+            Ok("in") => (true, false),
+            Ok("out") => (false, true),
+            Ok("both") => (true, true),
+            _ => (inbound, outbound),
+        };
         CutParams {
             seed,
             procs,
