@@ -1,7 +1,8 @@
 //! Randomized fault trials of local recovery (buddy copies every `k` phases, and the replay of
 //! a lost process's partitions from them), with real worker processes: processes killed
 //! (SIGKILL) alone, with their buddy, or during the replay of another's partitions, a process
-//! drained while another is killed, snapshots asked around the kill; worker processes in
+//! drained while another is killed, one after the other as new ones join, snapshots asked
+//! around the kill; worker processes in
 //! network namespaces that cannot reach each other (buddy copies refused); and a process cut
 //! off from the coordinator by a firewall while it stays alive (`iptables` DROP: lost by its
 //! lease, its late pushes to its peers must change nothing).
@@ -13,7 +14,12 @@
 //!
 //! Each trial prints its parameters and how it ended. The trials of a run follow from a seed:
 //! `MALLEABLE_TRIAL_SEED` (default: the time), `MALLEABLE_TRIALS` (default: a few, so that
-//! the suite stays short); `MALLEABLE_TRIAL_ONLY=i` runs trial `i` of the seed alone. The
+//! the suite stays short); `MALLEABLE_TRIAL_ONLY=i` runs trial `i` of the seed alone;
+//! `MALLEABLE_TRIAL_FAULT` (`one`, `buddy`, `second`, `after`, `drain`, `churn`),
+//! `MALLEABLE_TRIAL_K` and `MALLEABLE_TRIAL_CUT` (`in`, `out`, `both`) hold one parameter. A
+//! loss the copies might have avoided (a limit of the recovery: a snapshot's cut open at the
+//! loss, a partition on its way from the lost process, ...) is printed as questionable, and
+//! fails the trial with `MALLEABLE_TRIAL_STRICT=1`. The
 //! coordinator's warnings are kept for each trial (unless `MALLEABLE_TEST_LOG` asks for
 //! logs on standard error), and the worker processes' output goes to files, both shown when
 //! a trial fails.
