@@ -238,11 +238,24 @@ impl Buddies {
         while self.jobs.front().is_some_and(|(p, _)| *p < keep) {
             self.jobs.pop_front();
         }
-        if self.jobs.back().is_some_and(|(p, _)| *p >= phase) {
+        if self.jobs.back().is_some_and(|(p, _)| *p == phase) {
+            // Recorded already (as the run began it): the same value.
+            self.jobs.pop_back();
+        } else if self.jobs.back().is_some_and(|(p, _)| *p > phase) {
             // Again after a rollback: the run goes on from an earlier phase.
             self.jobs.clear();
         }
         self.jobs.push_back((phase, job));
+    }
+
+    /// The job value of `phase`, the phase a run begins with (the job's first, or the one
+    /// a rollback restored), as sent to its worker processes: kept as `job_value` keeps
+    /// those of the phases after a barrier, unless it is kept already. Without it, copies
+    /// taken at the end of that phase could not be replayed.
+    pub(crate) fn first_job_value(&mut self, phase: u64, job: bytes::Bytes) {
+        if self.enabled() && !self.jobs.iter().any(|(p, _)| *p == phase) {
+            self.job_value(phase, job);
+        }
     }
 
     /// The job values of phases `from..=to`, if all are kept.

@@ -128,6 +128,11 @@ impl Recovery {
         self.attempt
     }
 
+    /// Whether it waits for an answer of process `id`: its halo log, or copies it keeps.
+    pub(crate) fn waits_for(&self, id: ProcessId) -> bool {
+        self.waiting.contains(&id) || self.strays.contains_key(&id)
+    }
+
     /// The phase being recovered, and whether `chunk` had ended it.
     #[cfg_attr(not(any(test, feature = "sim")), allow(dead_code))]
     pub(crate) fn of(&self, chunk: ChunkId) -> (u64, bool) {
@@ -430,6 +435,15 @@ impl<J: Job> State<J> {
         if r.waiting.is_empty() && r.strays.is_empty() {
             self.replay_lost();
         }
+        self.recovery_answered(id);
+    }
+
+    /// Process `id` answered the recovery: a drained process that waited only for that
+    /// ends now (`State::end_if_drained`).
+    fn recovery_answered(&mut self, id: ProcessId) {
+        if self.remote.is_retiring(id) {
+            self.end_if_drained(id);
+        }
     }
 
     /// Process `id` sent the copies a recovery asked of it.
@@ -461,6 +475,7 @@ impl<J: Job> State<J> {
         if r.waiting.is_empty() && r.strays.is_empty() {
             self.replay_lost();
         }
+        self.recovery_answered(id);
     }
 
     /// Every log came: the halos pushed to the lost process are filled in, and the buddy

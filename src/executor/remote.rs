@@ -667,6 +667,51 @@ impl Remotes {
         ));
     }
 
+    /// Process `gone` is lost: every other process told it held a partition is told that
+    /// it holds it no more, so that it relays that partition's halos through the
+    /// coordinator until told where it is again. A lost process may be alive (cut off from
+    /// the coordinator, or frozen past its lease) and take pushes still: a halo kept there
+    /// is out of the job's reach, and a barrier that needs it fails. Queued ahead of what
+    /// the loss sends next (a recovery's `SendLog`): a `Done` whose push went there before
+    /// the process knew reaches the coordinator before its log, while the recovery can
+    /// still fill it in.
+    fn forget_holder(&mut self, gone: ProcessId) {
+        let session = self.session();
+        let mut msgs = Vec::new();
+        for (&id, conn) in &mut self.conns {
+            let told = &mut conn.told;
+            told.addrs.remove(&gone);
+            let Some(generation) = told.generation else {
+                continue;
+            };
+            let mut hints: Vec<(u64, Option<u64>)> = told
+                .holders
+                .iter()
+                .filter(|(_, h)| **h == Some(gone))
+                .map(|(&c, _)| (c, None))
+                .collect();
+            if hints.is_empty() {
+                continue;
+            }
+            hints.sort_unstable();
+            for &(c, _) in &hints {
+                told.holders.insert(c, None);
+            }
+            msgs.push((
+                id,
+                ToWorker::Peers {
+                    me: id.0,
+                    session,
+                    generation,
+                    addrs: Vec::new(),
+                    holders: hints,
+                },
+            ));
+        }
+        msgs.sort_unstable_by_key(|(id, _)| *id);
+        self.outbox.extend(msgs);
+    }
+
     /// The roster of the peer data plane for each worker process that sent halos through
     /// this coordinator in the phase that ended (`Told::relayed`): where their receivers
     /// are now (from the phase's `Begin`s, `begins`), with the addresses it lacks. Only
@@ -909,7 +954,10 @@ impl<J: Job> State<J> {
         let phase = self.phase;
         if let Some((p, b)) = &self.remote.job_bytes {
             if *p == phase {
-                return Ok(b.clone());
+                // Kept already, unless a rollback to this phase dropped it.
+                let b = b.clone();
+                self.remote.buddies.first_job_value(phase, b.clone());
+                return Ok(b);
             }
         }
         let job = self
@@ -918,6 +966,9 @@ impl<J: Job> State<J> {
             .ok_or_else(|| Error::Internal("no job value to send".into()))?;
         let b = Bytes::from(codec::encode_for_workers("the job", job)?);
         self.remote.job_bytes = Some((phase, b.clone()));
+        // The barriers keep the values of the phases after them for replays; a run's first
+        // phase (the job's first, or a restored one) has none before it.
+        self.remote.buddies.first_job_value(phase, b.clone());
         Ok(b)
     }
 
@@ -1212,6 +1263,12 @@ impl<J: Job> State<J> {
             return;
         };
         if c.slots.iter().any(Option::is_some) || self.holds_partitions(id) {
+            return;
+        }
+        // A local recovery waits for its answer (its halo log, or copies it keeps): ended
+        // now, the answer would be dropped with it and the recovery wait for ever. It ends
+        // once it has answered (`State::recovery_answered`).
+        if self.recovery.as_ref().is_some_and(|r| r.waits_for(id)) {
             return;
         }
         self.remote.outbox.push((id, ToWorker::End));
@@ -1667,6 +1724,7 @@ impl<J: Job> State<J> {
         let Some(c) = self.remote.remove(id) else {
             return;
         };
+        self.remote.forget_holder(id);
         self.snap.held_outstanding.retain(|(_, from)| *from != id);
         self.snap
             .captures_outstanding

@@ -1710,6 +1710,160 @@ mod tests {
         finished_with(&mut h, &expected);
     }
 
+    /// A scripted history (found by randomized trials with real worker processes, where the
+    /// job then waited at its barrier for ever): process `c` is drained as process `a` is
+    /// lost, and the local recovery asks every process left for its halo log, `c` among
+    /// them. `c` hands its last partition back before its log comes: it was ended at once
+    /// (`End`), the log it sent next was dropped as a late message of a connection gone, and
+    /// the recovery waited for it for ever. `c` now stays until it has answered; the value
+    /// is exact.
+    #[test]
+    fn a_drained_process_a_recovery_waits_for_ends_once_it_has_answered() {
+        let job = Banded(SimGrid {
+            n: 24,
+            w: 6,
+            bands: 6,
+            phases: 8,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        let a = h.join(1);
+        h.join(1);
+        let c = h.join(1);
+        let (a_id, c_id) = (h.procs[a].id, h.procs[c].id);
+        // Copies at every barrier; phases 0 to 2 run with nothing else happening.
+        while h.state.phase < 3 {
+            assert!(h.round(true), "stuck in phase {}", h.state.phase);
+        }
+        // `c` is drained: its threads yield the partitions they run, and those answers are
+        // on their way when `a` is lost.
+        h.coord().retire_conn(c_id);
+        h.route();
+        h.deliver_all(c);
+        while let Some(&t) = h.procs[c].sim.busy_threads().first() {
+            h.procs[c].sim.turn(t);
+        }
+        h.close(a, "killed");
+        assert!(
+            h.state.recovery.as_ref().is_some_and(|r| r.waits_for(c_id)),
+            "no recovery of {a_id}'s partitions waiting for {c_id}:\n{}",
+            h.log.join("\n")
+        );
+        // `c` takes the `SendLog` and answers it after its partitions: the coordinator has
+        // them all back before its log.
+        let c = h.procs.iter().position(|p| p.id == c_id).expect("c");
+        h.deliver_all(c);
+        h.send_all(c);
+        h.drain();
+        // `c` ends once it has answered (told `End`): its links break as it exits.
+        let c = h.procs.iter().position(|p| p.id == c_id).expect("c");
+        assert!(h.procs[c].sim.ended().is_some(), "{}", h.log.join("\n"));
+        h.close(c, "ended");
+        h.drain();
+        finished_with(&mut h, &expected);
+        assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
+    }
+
+    /// A scripted history (found by the randomized trials with real worker processes, as a
+    /// job that ended with `PartitionsLost`): copies at every barrier, and a process lost in
+    /// the second phase, when the only copies are those taken at the end of the first. The
+    /// job value of the first phase was never kept for replays (the barriers keep those of
+    /// the phases after them), so the copies could not be replayed ("the job values since
+    /// the copies are not kept") and, with no snapshot, the job ended. It is kept as the run
+    /// begins: the partitions are replayed from the copies of phase 0, and the value is
+    /// exact.
+    #[test]
+    fn copies_of_the_first_phase_can_be_replayed() {
+        let job = Banded(SimGrid {
+            n: 24,
+            w: 6,
+            bands: 6,
+            phases: 6,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        h.join(1);
+        // Its partitions stay with it (the first phase moves two of process 0's to process
+        // 2: their halo logs of phase 0 are in process 0).
+        let a = h.join(1);
+        h.join(1);
+        let a_id = h.procs[a].id;
+        while h.state.phase < 1 {
+            assert!(h.round(true), "stuck in phase {}", h.state.phase);
+        }
+        // Phase 1 begun: the copies of phase 0 go and are answered; no thread runs.
+        for _ in 0..20 {
+            for i in 0..h.procs.len() {
+                h.deliver_all(i);
+                while h.procs[i].sim.background() > 0 {
+                    h.procs[i].sim.settle(0);
+                }
+                h.send_all(i);
+            }
+            h.deliver_peers();
+        }
+        assert_eq!(h.state.phase, 1, "{}", h.log.join("\n"));
+        assert_eq!(
+            h.state.remote.buddies.report().newest_phase,
+            Some(0),
+            "{}",
+            h.log.join("\n")
+        );
+        h.close(a, "killed");
+        assert!(
+            h.state.recovery.is_some(),
+            "{a_id}'s partitions are not replayed:\n{}",
+            h.log.join("\n")
+        );
+        h.drain();
+        finished_with(&mut h, &expected);
+        let r = &h.state.recoveries;
+        assert_eq!(r.len(), 1, "{}", h.log.join("\n"));
+        assert_eq!((r[0].copy_phase, r[0].phase), (0, 1));
+    }
+
+    /// A scripted history (found by the randomized trials with real worker processes, a
+    /// firewall dropping one process's packets to the coordinator): a process is lost by
+    /// its lease while it stays alive and reachable by its peers, and its partitions are
+    /// replayed from their copies. The others still pushed the halos of those partitions
+    /// to it, as to their holder, and it kept them: their `Done`s said the halos were kept
+    /// there, out of the job's reach, and the next barrier ended the job with an error. At
+    /// the loss they are told it holds nothing any more; the value is exact.
+    #[test]
+    fn a_process_lost_alive_takes_no_halo_of_the_partitions_replayed_elsewhere() {
+        let job = Banded(SimGrid {
+            n: 24,
+            w: 6,
+            bands: 6,
+            phases: 8,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        h.join(1);
+        let a = h.join(1);
+        h.join(1);
+        let a_id = h.procs[a].id;
+        while h.state.phase < 3 {
+            assert!(h.round(true), "stuck in phase {}", h.state.phase);
+        }
+        // Lost by its lease: the coordinator drops it (what it sends from now on is a late
+        // message of a connection gone), but it runs on, and its peer links stay up.
+        h.note(format!("{a_id} falls silent in phase {}", h.state.phase));
+        h.coord().drop_conn(a_id);
+        h.route();
+        assert!(
+            h.state.recovery.is_some(),
+            "{a_id}'s partitions are not replayed:\n{}",
+            h.log.join("\n")
+        );
+        h.drain();
+        finished_with(&mut h, &expected);
+        assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
+    }
+
     /// A slot that waits for a partition its process must fetch from another process is
     /// left out of the ledger when that other process is lost (it never got its `Run`); its
     /// own process's loss later is news from a worker the ledger no longer has: dropped and

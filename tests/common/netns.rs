@@ -42,6 +42,8 @@ fn ensure_ip() {
 pub struct Hosts {
     names: Vec<String>,
     links: Vec<String>,
+    /// The network of the first host.
+    first: usize,
 }
 
 impl Hosts {
@@ -49,6 +51,12 @@ impl Hosts {
     /// Host `i` has address `10.217.{i + 1}.2`, and reaches the root namespace at
     /// `10.217.{i + 1}.1` ([`Hosts::gateway`]).
     pub fn new(tag: &str, n: usize) -> Hosts {
+        Hosts::numbered(tag, n, 1)
+    }
+
+    /// As [`Hosts::new`], host `i` on network `10.217.{first + i}.0/24`: tests that run at
+    /// the same time take networks apart.
+    pub fn numbered(tag: &str, n: usize, first: usize) -> Hosts {
         ensure_ip();
         let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
         assert_eq!(
@@ -59,6 +67,7 @@ impl Hosts {
         let mut hosts = Hosts {
             names: Vec::new(),
             links: Vec::new(),
+            first,
         };
         for i in 0..n {
             let ns = format!("{tag}{i}");
@@ -73,7 +82,7 @@ impl Hosts {
             ]);
             hosts.links.push(outside.clone());
             ip(&["link", "set", &inside, "netns", &ns]);
-            let net = i + 1;
+            let net = first + i;
             ip(&[
                 "addr",
                 "add",
@@ -113,7 +122,7 @@ impl Hosts {
 
     /// The root namespace's address on host `i`'s link: where it reaches the coordinator.
     pub fn gateway(&self, i: usize) -> String {
-        format!("10.217.{}.1", i + 1)
+        format!("10.217.{}.1", self.first + i)
     }
 }
 

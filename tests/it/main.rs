@@ -43,6 +43,7 @@ mod partitions_histories;
 mod partitions_kill_stress;
 mod partitions_remote;
 mod progress;
+mod recovery_trials;
 mod remote_errors;
 mod resume_shape;
 mod resume_submitted;
