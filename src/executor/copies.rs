@@ -88,10 +88,10 @@ pub(crate) struct Buddies {
     /// Per chunk, the phase below which an answer is stale: its copy of a phase as new was
     /// used up by a replay (a late answer of an older round must not bring one back).
     floor: IdMap<ChunkId, u64>,
-    /// A round is taken at the next barrier whatever the phase: none was taken yet since
-    /// the job run started or rolled back (no partition in a process has a copy), or a
-    /// recovery used copies up.
-    wanted: bool,
+    /// Partitions a round asked to be copied (by the phase it ended) whose answer has not
+    /// come, or whose copy was refused: not asked again before the next round of every
+    /// partition (`Buddies::wants_copy`).
+    asked_for: IdMap<ChunkId, u64>,
     /// The coordinator's own halo log ([`HERE`]): what partitions it ran exported for
     /// partitions in worker processes, as sent to them, `(phase, sender, receiver,
     /// bytes)`, oldest first, and their bytes.
@@ -109,22 +109,31 @@ pub(crate) const HERE: ProcessId = ProcessId(u64::MAX);
 impl Buddies {
     /// A record for copies every `every` phases (`None` or 0: none).
     pub(crate) fn new(every: Option<u64>) -> Buddies {
-        let every = every.filter(|&k| k > 0);
         Buddies {
-            every,
-            wanted: every.is_some(),
+            every: every.filter(|&k| k > 0),
             ..Buddies::default()
         }
     }
 
-    /// A round is taken at the next barrier (a recovery used copies up).
-    pub(crate) fn want_round(&mut self) {
-        self.wanted = self.enabled();
+    /// Whether `chunk`, held by process `holder`, is copied at a barrier that is not a
+    /// round of every partition: it has no copy (none was taken yet in this run, or since
+    /// the rollback; a replay used it up; its buddy was lost), or its copy is in `holder`
+    /// itself (it moved there: losing `holder` would lose both), and no round asked for it
+    /// since. A loss before the next `k`-th phase then finds it copied.
+    pub(crate) fn wants_copy(&self, chunk: ChunkId, holder: ProcessId) -> bool {
+        self.enabled()
+            && !self.asked_for.contains_key(&chunk)
+            && self.copies.get(&chunk).is_none_or(|k| k.buddy == holder)
     }
 
-    /// Whether a round is wanted at this barrier whatever the phase; it is then taken.
-    pub(crate) fn take_wanted(&mut self) -> bool {
-        std::mem::take(&mut self.wanted)
+    /// A round of every partition begins: what earlier rounds asked for is asked again.
+    pub(crate) fn full_round(&mut self) {
+        self.asked_for.clear();
+    }
+
+    /// A round asks for a copy of `chunk` as phase `phase` left it.
+    pub(crate) fn asking(&mut self, chunk: ChunkId, phase: u64) {
+        self.asked_for.insert(chunk, phase);
     }
 
     /// Whether the job takes buddy copies (and its processes keep halo logs).
@@ -325,6 +334,9 @@ impl Buddies {
         let mut stale: Vec<(ProcessId, u64, ChunkId)> = Vec::new();
         for &(chunk, bytes) in copied {
             self.report.kept += 1;
+            if self.asked_for.get(&chunk).is_some_and(|&p| p <= phase) {
+                self.asked_for.remove(&chunk);
+            }
             if self.floor.get(&chunk).is_some_and(|&f| phase < f) {
                 // Older than a copy a replay used up: its buddy does not need it.
                 stale.push((buddy, self.floor[&chunk], chunk));
@@ -398,6 +410,8 @@ impl Buddies {
     pub(crate) fn lost(&mut self, process: ProcessId) {
         // Its log segments stay: a log that needs them is not whole any more.
         self.log_bytes.remove(&process);
+        // What rounds asked for may never be answered now: asked again where needed.
+        self.asked_for.clear();
         let Some(held) = self.held.remove(&process) else {
             return;
         };
@@ -419,7 +433,7 @@ impl Buddies {
         self.floor.clear();
         self.here.clear();
         self.here_bytes = 0;
-        self.wanted = self.enabled();
+        self.asked_for.clear();
     }
 
     /// The partitions of `chunks` are in the coordinator's own hands after phase `ended`:
@@ -553,6 +567,33 @@ mod tests {
         assert_eq!(b.copy_of(7), None);
         b.reset();
         assert_eq!(b.report().partitions, 0);
+    }
+
+    /// Between rounds of every partition, a partition is copied if it has no copy or its
+    /// copy is in its own holder, once until its answer comes (a refused one waits for
+    /// the next full round); a lost buddy's partitions are asked for again.
+    #[test]
+    fn a_partition_without_a_copy_elsewhere_is_asked_for_once() {
+        let p = |n| ProcessId(n);
+        let mut b = Buddies::new(Some(20));
+        assert!(b.wants_copy(0, p(1)) && b.wants_copy(1, p(1)));
+        b.asking(0, 0);
+        b.asking(1, 0);
+        assert!(!b.wants_copy(0, p(1)), "asked, not answered yet");
+        b.copied(0, p(2), &[(0, 8)], 1);
+        assert!(
+            !b.wants_copy(0, p(1)) && !b.wants_copy(1, p(1)),
+            "kept, and refused"
+        );
+        assert!(
+            b.wants_copy(0, p(2)),
+            "moved into the process keeping its copy"
+        );
+        b.full_round();
+        assert!(b.wants_copy(1, p(1)));
+        b.asking(1, 20);
+        b.lost(p(2));
+        assert!(b.wants_copy(0, p(1)) && b.wants_copy(1, p(1)));
     }
 
     /// The coordinator's own log: what a partition run here sent to partitions in

@@ -612,8 +612,6 @@ impl<J: Job> State<J> {
                 "lost partitions replayed from their buddy copies"
             );
             metrics::counter!(crate::metrics::RECOVERIES, "job" => J::NAME).increment(1);
-            // The replayed partitions have no copy any more: a round at the next barrier.
-            self.remote.buddies.want_round();
             self.recoveries.push(Recovered {
                 lost: r.lost,
                 phase: r.phase,

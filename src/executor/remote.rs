@@ -475,22 +475,24 @@ impl Remotes {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
         self.tell_peers(phase, &begins);
-        // A round every `k` phases; one at once when a partition moved to the process that
-        // keeps its copy (losing that process would lose both); and one at the first
-        // barrier of a run, of a rollback's run, and after a recovery (which used copies
-        // up): a loss before the `k`-th phase would roll back otherwise.
-        let wanted = phase > 0 && self.buddies.take_wanted();
-        let misplaced = || {
-            begins.iter().any(|(id, chunk, _)| {
-                self.buddies
-                    .copy_of(*chunk)
-                    .is_some_and(|(_, buddy)| buddy == *id)
-            })
-        };
-        if phase > 0
-            && (wanted || self.buddies.due(phase - 1) || (self.buddies.enabled() && misplaced()))
-        {
-            self.ask_copies(phase - 1, &begins);
+        // A round of every partition every `k` phases; in between, a round of those that
+        // need a copy at once (`Buddies::wants_copy`: none yet, or one in their own
+        // process), so that the first barrier of a run, of a rollback's run, or after a
+        // recovery (which used copies up) protects them, and a partition moved into the
+        // process that keeps its copy is copied alone, not with every other.
+        if phase > 0 && self.buddies.enabled() {
+            let full = self.buddies.due(phase - 1);
+            if full {
+                self.buddies.full_round();
+            }
+            let owned: Vec<(ProcessId, ChunkId)> = begins
+                .iter()
+                .filter(|(id, chunk, _)| full || self.buddies.wants_copy(*chunk, *id))
+                .map(|(id, chunk, _)| (*id, *chunk))
+                .collect();
+            if !owned.is_empty() {
+                self.ask_copies(phase - 1, owned);
+            }
         }
         if phase > 0 && self.buddies.enabled() {
             // What partitions run here exported for these goes in the coordinator's own
@@ -572,11 +574,10 @@ impl Remotes {
         Ok(out)
     }
 
-    /// Buddy copies at the barrier after `ended`: each process holding partitions (those of
-    /// `begins`) is asked to copy them to its buddy, ahead of the next phase's messages.
-    fn ask_copies(&mut self, ended: u64, begins: &[(ProcessId, ChunkId, Inbox<frame::Halo>)]) {
-        let mut owned: Vec<(ProcessId, ChunkId)> =
-            begins.iter().map(|(id, chunk, _)| (*id, *chunk)).collect();
+    /// Buddy copies at the barrier after `ended`: each process holding partitions of
+    /// `owned` (`(holder, chunk)`) is asked to copy those to its buddy, ahead of the next
+    /// phase's messages.
+    fn ask_copies(&mut self, ended: u64, mut owned: Vec<(ProcessId, ChunkId)>) {
         owned.sort_unstable();
         let mut roster: Vec<(ProcessId, NodeId)> = self
             .conns
@@ -599,6 +600,9 @@ impl Remotes {
             };
             let chunks: Vec<u64> = group.iter().map(|&(_, c)| c).collect();
             self.buddies.asked();
+            for &c in &chunks {
+                self.buddies.asking(c, ended);
+            }
             let buddy = Buddies::buddy_of(owner, node, &roster);
             let addr = buddy.and_then(|b| self.conns.get(&b)?.listen.clone());
             let (Some(buddy), Some(addr)) = (buddy, addr) else {
