@@ -90,7 +90,7 @@ pub(crate) struct Buddies {
     floor: IdMap<ChunkId, u64>,
     /// Partitions a round asked to be copied (by the phase it ended) whose answer has not
     /// come, or whose copy was refused: not asked again before the next round of every
-    /// partition (`Buddies::wants_copy`).
+    /// partition (`Buddies::wants_round`).
     asked_for: IdMap<ChunkId, u64>,
     /// The coordinator's own halo log ([`HERE`]): what partitions it ran exported for
     /// partitions in worker processes, as sent to them, `(phase, sender, receiver,
@@ -115,15 +115,31 @@ impl Buddies {
         }
     }
 
-    /// Whether `chunk`, held by process `holder`, is copied at a barrier that is not a
-    /// round of every partition: it has no copy (none was taken yet in this run, or since
-    /// the rollback; a replay used it up; its buddy was lost), or its copy is in `holder`
-    /// itself (it moved there: losing `holder` would lose both), and no round asked for it
-    /// since. A loss before the next `k`-th phase then finds it copied.
-    pub(crate) fn wants_copy(&self, chunk: ChunkId, holder: ProcessId) -> bool {
-        self.enabled()
-            && !self.asked_for.contains_key(&chunk)
-            && self.copies.get(&chunk).is_none_or(|k| k.buddy == holder)
+    /// Whether process `holder`, which holds `chunks`, copies them all at a barrier that is
+    /// not a round of every partition: one of them has no copy (none was taken yet in this
+    /// run, or since the rollback; a replay used it up; its buddy was lost), or has its copy
+    /// in `holder` itself (it moved there: losing `holder` would lose both), or their copies
+    /// are of two phases (one moved in from another process), and no round asked for it
+    /// since. A replay needs the lost process's copies all of one phase: a round of some of
+    /// its partitions alone would leave them of two.
+    pub(crate) fn wants_round(&self, holder: ProcessId, chunks: &[ChunkId]) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let mut phase = None;
+        for c in chunks {
+            if self.asked_for.contains_key(c) {
+                continue;
+            }
+            match self.copies.get(c) {
+                None => return true,
+                Some(k) if k.buddy == holder || phase.is_some_and(|p| p != k.phase) => {
+                    return true;
+                }
+                Some(k) => phase = Some(k.phase),
+            }
+        }
+        false
     }
 
     /// A round of every partition begins: what earlier rounds asked for is asked again.
@@ -569,31 +585,32 @@ mod tests {
         assert_eq!(b.report().partitions, 0);
     }
 
-    /// Between rounds of every partition, a partition is copied if it has no copy or its
-    /// copy is in its own holder, once until its answer comes (a refused one waits for
-    /// the next full round); a lost buddy's partitions are asked for again.
+    /// Between rounds of every partition, a process copies all its partitions if one has
+    /// no copy, or has it in the process itself, or their copies are of two phases; once
+    /// until the answers come (a refused one waits for the next full round); a lost
+    /// buddy's partitions are asked for again.
     #[test]
-    fn a_partition_without_a_copy_elsewhere_is_asked_for_once() {
+    fn a_process_with_a_partition_not_copied_elsewhere_copies_them_all_once() {
         let p = |n| ProcessId(n);
         let mut b = Buddies::new(Some(20));
-        assert!(b.wants_copy(0, p(1)) && b.wants_copy(1, p(1)));
+        assert!(b.wants_round(p(1), &[0, 1]));
         b.asking(0, 0);
         b.asking(1, 0);
-        assert!(!b.wants_copy(0, p(1)), "asked, not answered yet");
+        assert!(!b.wants_round(p(1), &[0, 1]), "asked, not answered yet");
         b.copied(0, p(2), &[(0, 8)], 1);
+        assert!(!b.wants_round(p(1), &[0, 1]), "kept, and refused");
         assert!(
-            !b.wants_copy(0, p(1)) && !b.wants_copy(1, p(1)),
-            "kept, and refused"
-        );
-        assert!(
-            b.wants_copy(0, p(2)),
+            b.wants_round(p(2), &[0]),
             "moved into the process keeping its copy"
         );
+        // Chunk 5 moves in with a copy of another phase.
+        b.copied(4, p(3), &[(5, 8)], 0);
+        assert!(b.wants_round(p(1), &[0, 1, 5]));
         b.full_round();
-        assert!(b.wants_copy(1, p(1)));
+        assert!(b.wants_round(p(1), &[1]));
         b.asking(1, 20);
         b.lost(p(2));
-        assert!(b.wants_copy(0, p(1)) && b.wants_copy(1, p(1)));
+        assert!(b.wants_round(p(1), &[0]) && b.wants_round(p(1), &[1]));
     }
 
     /// The coordinator's own log: what a partition run here sent to partitions in

@@ -475,21 +475,30 @@ impl Remotes {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
         self.tell_peers(phase, &begins);
-        // A round of every partition every `k` phases; in between, a round of those that
-        // need a copy at once (`Buddies::wants_copy`: none yet, or one in their own
-        // process), so that the first barrier of a run, of a rollback's run, or after a
-        // recovery (which used copies up) protects them, and a partition moved into the
-        // process that keeps its copy is copied alone, not with every other.
+        // A round of every process every `k` phases; in between, a round of the processes
+        // that need one at once (`Buddies::wants_round`: a partition without a copy, or
+        // with one in its own process, or copies of two phases), so that the first barrier
+        // of a run, of a rollback's run, or after a recovery (which used copies up)
+        // protects them, and a partition moved into the process that keeps its copy has
+        // its process copied, not every process.
         if phase > 0 && self.buddies.enabled() {
             let full = self.buddies.due(phase - 1);
             if full {
                 self.buddies.full_round();
             }
-            let owned: Vec<(ProcessId, ChunkId)> = begins
-                .iter()
-                .filter(|(id, chunk, _)| full || self.buddies.wants_copy(*chunk, *id))
-                .map(|(id, chunk, _)| (*id, *chunk))
-                .collect();
+            let mut owned: Vec<(ProcessId, ChunkId)> =
+                begins.iter().map(|(id, chunk, _)| (*id, *chunk)).collect();
+            owned.sort_unstable();
+            if !full {
+                let mut wanted = Vec::new();
+                for group in owned.chunk_by(|a, b| a.0 == b.0) {
+                    let chunks: Vec<ChunkId> = group.iter().map(|&(_, c)| c).collect();
+                    if self.buddies.wants_round(group[0].0, &chunks) {
+                        wanted.extend_from_slice(group);
+                    }
+                }
+                owned = wanted;
+            }
             if !owned.is_empty() {
                 self.ask_copies(phase - 1, owned);
             }
@@ -575,10 +584,9 @@ impl Remotes {
     }
 
     /// Buddy copies at the barrier after `ended`: each process holding partitions of
-    /// `owned` (`(holder, chunk)`) is asked to copy those to its buddy, ahead of the next
-    /// phase's messages.
-    fn ask_copies(&mut self, ended: u64, mut owned: Vec<(ProcessId, ChunkId)>) {
-        owned.sort_unstable();
+    /// `owned` (`(holder, chunk)`, sorted) is asked to copy those to its buddy, ahead of the
+    /// next phase's messages.
+    fn ask_copies(&mut self, ended: u64, owned: Vec<(ProcessId, ChunkId)>) {
         let mut roster: Vec<(ProcessId, NodeId)> = self
             .conns
             .iter()
