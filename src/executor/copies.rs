@@ -92,6 +92,10 @@ pub(crate) struct Buddies {
     /// come, or whose copy was refused: not asked again before the next round of every
     /// partition (`Buddies::wants_round`).
     asked_for: IdMap<ChunkId, u64>,
+    /// Processes a partition moved out of since their last round: the log of what it
+    /// exported while there is there, and a replay of that process's partitions from their
+    /// copies would need it (`Buddies::wants_round`).
+    left: crate::schedule::idhash::IdSet<ProcessId>,
     /// The coordinator's own halo log ([`HERE`]): what partitions it ran exported for
     /// partitions in worker processes, as sent to them, `(phase, sender, receiver,
     /// bytes)`, oldest first, and their bytes.
@@ -120,11 +124,16 @@ impl Buddies {
     /// run, or since the rollback; a replay used it up; its buddy was lost), or has its copy
     /// in `holder` itself (it moved there: losing `holder` would lose both), or their copies
     /// are of two phases (one moved in from another process), and no round asked for it
-    /// since. A replay needs the lost process's copies all of one phase: a round of some of
+    /// since; or a partition moved out of `holder` since its last round (what it exported
+    /// there is logged there, and lost with it: a replay from the older copies would miss
+    /// it). A replay needs the lost process's copies all of one phase: a round of some of
     /// its partitions alone would leave them of two.
     pub(crate) fn wants_round(&self, holder: ProcessId, chunks: &[ChunkId]) -> bool {
         if !self.enabled() {
             return false;
+        }
+        if self.left.contains(&holder) {
+            return true;
         }
         let mut phase = None;
         for c in chunks {
@@ -145,11 +154,13 @@ impl Buddies {
     /// A round of every partition begins: what earlier rounds asked for is asked again.
     pub(crate) fn full_round(&mut self) {
         self.asked_for.clear();
+        self.left.clear();
     }
 
-    /// A round asks for a copy of `chunk` as phase `phase` left it.
-    pub(crate) fn asking(&mut self, chunk: ChunkId, phase: u64) {
+    /// A round asks process `holder` for a copy of `chunk` as phase `phase` left it.
+    pub(crate) fn asking(&mut self, holder: ProcessId, chunk: ChunkId, phase: u64) {
         self.asked_for.insert(chunk, phase);
+        self.left.remove(&holder);
     }
 
     /// Whether the job takes buddy copies (and its processes keep halo logs).
@@ -175,8 +186,16 @@ impl Buddies {
     /// it ran elsewhere before, its log there starts at `phase`.
     pub(crate) fn exported(&mut self, chunk: ChunkId, by: ProcessId, phase: u64) {
         let segments = self.logs.entry(chunk).or_default();
-        if segments.last().is_none_or(|&(p, _)| p != by) {
-            segments.push((by, phase));
+        match segments.last() {
+            Some(&(p, _)) if p == by => {}
+            last => {
+                if let Some(&(from, _)) = last {
+                    if from != HERE {
+                        self.left.insert(from);
+                    }
+                }
+                segments.push((by, phase));
+            }
         }
     }
 
@@ -450,6 +469,7 @@ impl Buddies {
         self.here.clear();
         self.here_bytes = 0;
         self.asked_for.clear();
+        self.left.clear();
     }
 
     /// The partitions of `chunks` are in the coordinator's own hands after phase `ended`:
@@ -594,8 +614,8 @@ mod tests {
         let p = |n| ProcessId(n);
         let mut b = Buddies::new(Some(20));
         assert!(b.wants_round(p(1), &[0, 1]));
-        b.asking(0, 0);
-        b.asking(1, 0);
+        b.asking(p(1), 0, 0);
+        b.asking(p(1), 1, 0);
         assert!(!b.wants_round(p(1), &[0, 1]), "asked, not answered yet");
         b.copied(0, p(2), &[(0, 8)], 1);
         assert!(!b.wants_round(p(1), &[0, 1]), "kept, and refused");
@@ -608,9 +628,19 @@ mod tests {
         assert!(b.wants_round(p(1), &[0, 1, 5]));
         b.full_round();
         assert!(b.wants_round(p(1), &[1]));
-        b.asking(1, 20);
+        b.asking(p(1), 1, 20);
         b.lost(p(2));
         assert!(b.wants_round(p(1), &[0]) && b.wants_round(p(1), &[1]));
+        // A partition that leaves process 6 for process 7: process 6 copies its own again.
+        b.full_round();
+        b.copied(20, p(8), &[(8, 1), (9, 1)], 0);
+        b.exported(8, p(6), 21);
+        b.exported(9, p(6), 21);
+        assert!(!b.wants_round(p(6), &[8, 9]));
+        b.exported(9, p(7), 22);
+        assert!(b.wants_round(p(6), &[8]));
+        b.asking(p(6), 8, 22);
+        assert!(!b.wants_round(p(6), &[8]));
     }
 
     /// The coordinator's own log: what a partition run here sent to partitions in

@@ -609,7 +609,7 @@ impl Remotes {
             let chunks: Vec<u64> = group.iter().map(|&(_, c)| c).collect();
             self.buddies.asked();
             for &c in &chunks {
-                self.buddies.asking(c, ended);
+                self.buddies.asking(owner, c, ended);
             }
             let buddy = Buddies::buddy_of(owner, node, &roster);
             let addr = buddy.and_then(|b| self.conns.get(&b)?.listen.clone());
