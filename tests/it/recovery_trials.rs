@@ -396,6 +396,34 @@ impl Params {
     }
 }
 
+/// A finished trial: its grid must be the sequential one, bit for bit; how it went (the
+/// fault `injected` or not, rolled back, recovered).
+fn finished_as(
+    got: Vec<u64>,
+    job: &Grid,
+    injected: bool,
+    h: &JobHandle<Banded<Grid>>,
+) -> Result<Ended, String> {
+    let want = sequential(job);
+    if got != want {
+        let row = (0..got.len().min(want.len())).find(|&i| got[i] != want[i]);
+        return Err(format!(
+            "the grid differs (row {row:?}; {} rows, {} wanted)",
+            got.len(),
+            want.len()
+        ));
+    }
+    Ok(if !injected {
+        Ended::BeforeTheFault
+    } else if !h.rollbacks().is_empty() {
+        Ended::RolledBack
+    } else if !h.recoveries().is_empty() {
+        Ended::Recovered
+    } else {
+        Ended::NothingLost
+    })
+}
+
 /// How a trial ended, when it ended as it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ended {
@@ -527,28 +555,8 @@ fn kill_trial(p: &Params) -> Result<(Ended, String), Failure> {
         refusals(&coordinator),
     );
     let how = match ended {
-        Ok(Outcome::Finished(f)) => {
-            let got = f.into_value();
-            let want = sequential(&job);
-            if got.len() != want.len() {
-                return Err(fail(
-                    format!("{} rows, not {}: {diag}", got.len(), want.len()),
-                    &procs,
-                ));
-            }
-            if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
-                return Err(fail(format!("row {i} differs: {diag}"), &procs));
-            }
-            if !note.injected {
-                Ended::BeforeTheFault
-            } else if !h.rollbacks().is_empty() {
-                Ended::RolledBack
-            } else if !h.recoveries().is_empty() {
-                Ended::Recovered
-            } else {
-                Ended::NothingLost
-            }
-        }
+        Ok(Outcome::Finished(f)) => finished_as(f.into_value(), &job, note.injected, &h)
+            .map_err(|e| fail(format!("{e}: {diag}"), &procs))?,
         Err(Error::PartitionsLost { chunks, .. }) => {
             match legitimate_loss(p, &note, &coordinator) {
                 Loss::Legitimate => Ended::Lost,
@@ -1005,29 +1013,11 @@ fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String
         ));
     }
     let how = match ended {
-        Ok(Outcome::Finished(f)) => {
-            let got = f.into_value();
-            let want = sequential(&job);
-            if got != want {
-                let row = (0..got.len().min(want.len())).find(|&i| got[i] != want[i]);
-                return Err(fail(
-                    format!("the grid differs (row {row:?}): {diag}"),
-                    &procs,
-                ));
-            }
-            // A recovery although the victim's buddy could take no copy is no error: a
-            // partition that moved to the victim keeps the copy its former holder's buddy
-            // took (an older one), and the logs since then are kept for it.
-            if !note.injected {
-                Ended::BeforeTheFault
-            } else if !h.rollbacks().is_empty() {
-                Ended::RolledBack
-            } else if !h.recoveries().is_empty() {
-                Ended::Recovered
-            } else {
-                Ended::NothingLost
-            }
-        }
+        // A recovery although the victim's buddy could take no copy is no error: a
+        // partition that moved to the victim keeps the copy its former holder's buddy took
+        // (an older one), and the logs since then are kept for it.
+        Ok(Outcome::Finished(f)) => finished_as(f.into_value(), &job, note.injected, &h)
+            .map_err(|e| fail(format!("{e}: {diag}"), &procs))?,
         Err(Error::PartitionsLost { chunks, .. }) => {
             if note.committed {
                 return Err(fail(
@@ -1375,26 +1365,8 @@ fn cut_trial(p: &CutParams, lan: &Lan) -> Result<(Ended, String), Failure> {
         refusals(&coordinator)
     );
     let how = match ended {
-        Ok(Outcome::Finished(f)) => {
-            let got = f.into_value();
-            let want = sequential(&job);
-            if got != want {
-                let row = (0..got.len().min(want.len())).find(|&i| got[i] != want[i]);
-                return Err(fail(
-                    format!("the grid differs (row {row:?}): {diag}"),
-                    &procs,
-                ));
-            }
-            if !note.injected {
-                Ended::BeforeTheFault
-            } else if !h.rollbacks().is_empty() {
-                Ended::RolledBack
-            } else if !h.recoveries().is_empty() {
-                Ended::Recovered
-            } else {
-                Ended::NothingLost
-            }
-        }
+        Ok(Outcome::Finished(f)) => finished_as(f.into_value(), &job, note.injected, &h)
+            .map_err(|e| fail(format!("{e}: {diag}"), &procs))?,
         Err(Error::PartitionsLost { chunks, .. }) => {
             let params = Params {
                 seed: p.seed,
