@@ -396,6 +396,43 @@ impl Params {
     }
 }
 
+/// How a trial's job ended, after its drive `result`: the drive's note, the job's result
+/// and what to show with a failure (`took` follows the note's text). A drive that failed
+/// cancels the job and kills the processes.
+#[allow(clippy::type_complexity)]
+fn job_end(
+    h: &JobHandle<Banded<Grid>>,
+    result: Result<Note, String>,
+    procs: &mut [Proc],
+    coordinator: &str,
+    took: &str,
+) -> Result<(Note, malleable::Result<Outcome<Banded<Grid>>>, String), Failure> {
+    let note = match result {
+        Ok(n) => n,
+        Err(what) => {
+            h.cancel();
+            for w in procs.iter_mut() {
+                w.kill();
+            }
+            return Err(Failure {
+                what,
+                logs: logs(procs, coordinator),
+            });
+        }
+    };
+    let ended = h.clone().wait();
+    let diag = format!(
+        "{}{took}; {:?}; recoveries {:?}; rollbacks {:?}; copies {:?}; refusals {:?}",
+        note.text,
+        h.progress(),
+        h.recoveries(),
+        h.rollbacks(),
+        h.copies(),
+        refusals(coordinator)
+    );
+    Ok((note, ended, diag))
+}
+
 /// A finished trial: its grid must be the sequential one, bit for bit; how it went (the
 /// fault `injected` or not, rolled back, recovered).
 fn finished_as(
@@ -534,26 +571,7 @@ fn kill_trial(p: &Params) -> Result<(Ended, String), Failure> {
         what,
         logs: logs(procs, &coordinator),
     };
-    let note = match result {
-        Ok(x) => x,
-        Err(what) => {
-            h.cancel();
-            for w in &mut procs {
-                w.kill();
-            }
-            return Err(fail(what, &procs));
-        }
-    };
-    let ended = h.clone().wait();
-    let diag = format!(
-        "{}; {:?}; recoveries {:?}; rollbacks {:?}; copies {:?}; refusals {:?}",
-        note.text,
-        h.progress(),
-        h.recoveries(),
-        h.rollbacks(),
-        h.copies(),
-        refusals(&coordinator),
-    );
+    let (note, ended, diag) = job_end(&h, result, &mut procs, &coordinator, "")?;
     let how = match ended {
         Ok(Outcome::Finished(f)) => finished_as(f.into_value(), &job, note.injected, &h)
             .map_err(|e| fail(format!("{e}: {diag}"), &procs))?,
@@ -977,27 +995,9 @@ fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String
         what,
         logs: logs(procs, &coordinator),
     };
-    let note = match result {
-        Ok(n) => n,
-        Err(what) => {
-            h.cancel();
-            for w in &mut procs {
-                w.kill();
-            }
-            return Err(fail(what, &procs));
-        }
-    };
-    let took = started.elapsed();
-    let ended = h.clone().wait();
+    let took = format!(" (job {:.1?})", started.elapsed());
+    let (note, ended, diag) = job_end(&h, result, &mut procs, &coordinator, &took)?;
     let c = h.copies();
-    let diag = format!(
-        "{} (job {took:.1?}); {:?}; recoveries {:?}; rollbacks {:?}; copies {c:?}; refusals {:?}",
-        note.text,
-        h.progress(),
-        h.recoveries(),
-        h.rollbacks(),
-        refusals(&coordinator)
-    );
     let n = p.hosts.len();
     // Copies to a buddy on another host are refused; none is kept there.
     if (0..n).all(|i| !p.reaches_buddy(i)) && c.kept > 0 {
@@ -1344,26 +1344,7 @@ fn cut_trial(p: &CutParams, lan: &Lan) -> Result<(Ended, String), Failure> {
         what,
         logs: logs(procs, &coordinator),
     };
-    let note = match result {
-        Ok(n) => n,
-        Err(what) => {
-            h.cancel();
-            for w in &mut procs {
-                w.kill();
-            }
-            return Err(fail(what, &procs));
-        }
-    };
-    let ended = h.clone().wait();
-    let diag = format!(
-        "{}; {:?}; recoveries {:?}; rollbacks {:?}; copies {:?}; refusals {:?}",
-        note.text,
-        h.progress(),
-        h.recoveries(),
-        h.rollbacks(),
-        h.copies(),
-        refusals(&coordinator)
-    );
+    let (note, ended, diag) = job_end(&h, result, &mut procs, &coordinator, "")?;
     let how = match ended {
         Ok(Outcome::Finished(f)) => finished_as(f.into_value(), &job, note.injected, &h)
             .map_err(|e| fail(format!("{e}: {diag}"), &procs))?,
