@@ -1732,6 +1732,19 @@ impl<J: Job> State<J> {
     }
 
     /// Protocol step 5: connection `id` is gone; its remaining slots are lost.
+    /// The chunk slot `w` of process `id` runs, if only that process has its partition: the
+    /// ledger keeps no state for it, or only that the partition was in `id` (a partition
+    /// that was on its way from `id` to its own slot, as a replayed one handed to the
+    /// buddy that replayed it: put back with that record, it would wait for a process that
+    /// is gone, and the phase with it).
+    fn runs_only_there(&self, w: WorkerId, id: ProcessId) -> Option<ChunkId> {
+        self.core.running_on(w).filter(|&r| {
+            self.core
+                .fallback(r)
+                .is_none_or(|h| h.elsewhere() == Some(id))
+        })
+    }
+
     pub(crate) fn drop_conn(&mut self, id: ProcessId) {
         let Some(c) = self.remote.remove(id) else {
             return;
@@ -1781,11 +1794,7 @@ impl<J: Job> State<J> {
                 .collect();
             for &w in &slots {
                 held.extend(self.core.granted(w));
-                held.extend(
-                    self.core
-                        .running_on(w)
-                        .filter(|&r| self.core.fallback(r).is_none()),
-                );
+                held.extend(self.runs_only_there(w, id));
             }
             held.sort_unstable();
             held.dedup();
@@ -1830,9 +1839,14 @@ impl<J: Job> State<J> {
                 .map(|(c, _)| c)
                 .collect();
             // And those granted to its slots and not started (the ledger's copy of their
-            // state says only that they were there).
+            // state says only that they were there), or running there from the state it
+            // held, if the ledger's copy says only that it was there.
             for w in c.slots.iter().flatten() {
                 lost.extend(self.core.granted(*w));
+                lost.extend(
+                    self.runs_only_there(*w, id)
+                        .filter(|&r| self.core.fallback(r).is_some()),
+                );
             }
             lost.extend(unexportable);
             let fetched: Vec<ChunkId> = self
