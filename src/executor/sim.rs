@@ -1671,6 +1671,47 @@ mod tests {
         }
     }
 
+    /// A scripted history of a grid of `bands` bands of 4 rows of 6 cells, `phases`
+    /// phases, buddy copies at every barrier, three processes of one thread joined, and its
+    /// phases before `phase` run with nothing else happening; and the sequential value.
+    fn three_with_copies(bands: u64, phases: u64, phase: u64) -> (History<SimJob>, Vec<u64>) {
+        let job = Banded(SimGrid {
+            n: 4 * bands,
+            w: 6,
+            bands,
+            phases,
+            done: 0,
+        });
+        let expected = job.expected();
+        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
+        for _ in 0..3 {
+            h.join(1);
+        }
+        rounds_until(&mut h, |h| h.state.phase >= phase);
+        (h, expected)
+    }
+
+    /// Rounds, with the store's operations carried out, until `done`; panics with the log
+    /// if a round moves nothing.
+    fn rounds_until(h: &mut History<SimJob>, done: impl Fn(&History<SimJob>) -> bool) {
+        for _ in 0..10_000 {
+            if done(h) {
+                return;
+            }
+            let moved = h.round(true);
+            for op in std::mem::take(&mut h.ops) {
+                h.store_op(op);
+            }
+            assert!(
+                moved,
+                "stuck in phase {}:\n{}",
+                h.state.phase,
+                h.log.join("\n")
+            );
+        }
+        panic!("not done after 10 000 rounds:\n{}", h.log.join("\n"));
+    }
+
     /// The scripted histories' grid: 6 rows of 6 cells in 3 bands, 2 phases.
     fn three_bands() -> SimJob {
         Banded(SimGrid {
@@ -1719,23 +1760,10 @@ mod tests {
     /// is exact.
     #[test]
     fn a_drained_process_a_recovery_waits_for_ends_once_it_has_answered() {
-        let job = Banded(SimGrid {
-            n: 24,
-            w: 6,
-            bands: 6,
-            phases: 8,
-            done: 0,
-        });
-        let expected = job.expected();
-        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
-        let a = h.join(1);
-        h.join(1);
-        let c = h.join(1);
-        let (a_id, c_id) = (h.procs[a].id, h.procs[c].id);
         // Copies at every barrier; phases 0 to 2 run with nothing else happening.
-        while h.state.phase < 3 {
-            assert!(h.round(true), "stuck in phase {}", h.state.phase);
-        }
+        let (mut h, expected) = three_with_copies(6, 8, 3);
+        let (a, c) = (0, 2);
+        let (a_id, c_id) = (h.procs[a].id, h.procs[c].id);
         // `c` is drained: its threads yield the partitions they run, and those answers are
         // on their way when `a` is lost.
         h.coord().retire_conn(c_id);
@@ -1775,24 +1803,11 @@ mod tests {
     /// exact.
     #[test]
     fn copies_of_the_first_phase_can_be_replayed() {
-        let job = Banded(SimGrid {
-            n: 24,
-            w: 6,
-            bands: 6,
-            phases: 6,
-            done: 0,
-        });
-        let expected = job.expected();
-        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
-        h.join(1);
-        // Its partitions stay with it (the first phase moves two of process 0's to process
-        // 2: their halo logs of phase 0 are in process 0).
-        let a = h.join(1);
-        h.join(1);
+        // Process 1's partitions stay with it (the first phase moves two of process 0's to
+        // process 2: their halo logs of phase 0 are in process 0).
+        let (mut h, expected) = three_with_copies(6, 6, 1);
+        let a = 1;
         let a_id = h.procs[a].id;
-        while h.state.phase < 1 {
-            assert!(h.round(true), "stuck in phase {}", h.state.phase);
-        }
         // Phase 1 begun: the copies of phase 0 go and are answered; no thread runs.
         for _ in 0..20 {
             for i in 0..h.procs.len() {
@@ -1833,22 +1848,9 @@ mod tests {
     /// the loss they are told it holds nothing any more; the value is exact.
     #[test]
     fn a_process_lost_alive_takes_no_halo_of_the_partitions_replayed_elsewhere() {
-        let job = Banded(SimGrid {
-            n: 24,
-            w: 6,
-            bands: 6,
-            phases: 8,
-            done: 0,
-        });
-        let expected = job.expected();
-        let mut h = History::build(job, 2, u64::MAX, Some(1), Rng(0), runtime());
-        h.join(1);
-        let a = h.join(1);
-        h.join(1);
+        let (mut h, expected) = three_with_copies(6, 8, 3);
+        let a = 1;
         let a_id = h.procs[a].id;
-        while h.state.phase < 3 {
-            assert!(h.round(true), "stuck in phase {}", h.state.phase);
-        }
         // Lost by its lease: the coordinator drops it (what it sends from now on is a late
         // message of a connection gone), but it runs on, and its peer links stay up.
         h.note(format!("{a_id} falls silent in phase {}", h.state.phase));
@@ -2128,32 +2130,10 @@ mod tests {
     /// the sequence.)
     #[test]
     fn the_buddy_lost_while_it_runs_what_it_replayed_loses_those_partitions() {
-        let job = Banded(SimGrid {
-            n: 48,
-            w: 6,
-            bands: 12,
-            phases: 12,
-            done: 0,
-        });
-        let mut h = History::scripted(job);
-        h.state.remote.buddies = super::super::copies::Buddies::new(Some(1));
-        for _ in 0..3 {
-            h.join(1);
-        }
-        let mut rounds = 0;
-        let mut step = |h: &mut History<SimJob>| {
-            let moved = h.round(true);
-            rounds += 1;
-            assert!(moved && rounds < 10_000, "stuck:\n{}", h.log.join("\n"));
-        };
-        while h.state.phase < 4 {
-            step(&mut h);
-        }
+        let (mut h, _) = three_with_copies(12, 12, 4);
         h.close(0, "killed");
         assert!(h.state.recovery.is_some(), "{}", h.log.join("\n"));
-        while h.state.recovery.is_some() {
-            step(&mut h);
-        }
+        rounds_until(&mut h, |h| h.state.recovery.is_none());
         assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
         let buddy = ProcessId(h.state.recoveries[0].buddy);
         let i = h
@@ -2182,9 +2162,7 @@ mod tests {
             h.log.join("\n")
         );
         h.close(i, "killed");
-        while !h.state.outcome_ready() {
-            step(&mut h);
-        }
+        rounds_until(&mut h, |h| h.state.outcome_ready());
         let log = h.log.join("\n");
         match h.state.result.take() {
             Some(Err(Error::PartitionsLost { .. })) => {}
@@ -2198,36 +2176,10 @@ mod tests {
     /// value is exact.
     #[test]
     fn a_loss_while_a_cut_is_open_is_recovered_and_the_snapshot_taken_after() {
-        let job = Banded(SimGrid {
-            n: 48,
-            w: 6,
-            bands: 12,
-            phases: 12,
-            done: 0,
-        });
-        let expected = job.expected();
-        let mut h = History::scripted(job);
-        h.state.remote.buddies = super::super::copies::Buddies::new(Some(1));
-        for _ in 0..3 {
-            h.join(1);
-        }
-        let mut rounds = 0;
-        let mut step = |h: &mut History<SimJob>| {
-            let moved = h.round(true);
-            for op in std::mem::take(&mut h.ops) {
-                h.store_op(op);
-            }
-            rounds += 1;
-            assert!(moved && rounds < 10_000, "stuck:\n{}", h.log.join("\n"));
-        };
-        while h.state.phase < 4 {
-            step(&mut h);
-        }
+        let (mut h, expected) = three_with_copies(12, 12, 4);
         let r = h.reply_to();
         h.coord().request_snapshot(r);
-        while !h.state.snap.cut.is_open() {
-            step(&mut h);
-        }
+        rounds_until(&mut h, |h| h.state.snap.cut.is_open());
         let victim = h.procs[0].id;
         h.close(0, "killed");
         assert!(
@@ -2235,11 +2187,9 @@ mod tests {
             "{}",
             h.log.join("\n")
         );
-        while !h.state.outcome_ready() {
-            step(&mut h);
-            h.check_copies()
-                .unwrap_or_else(|e| panic!("{e}\n{}", h.log.join("\n")));
-        }
+        rounds_until(&mut h, |h| h.state.outcome_ready());
+        h.check_copies()
+            .unwrap_or_else(|e| panic!("{e}\n{}", h.log.join("\n")));
         finished_with(&mut h, &expected);
         assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
         assert!(h.state.rollbacks.is_empty());
