@@ -128,7 +128,11 @@ impl Buddies {
     /// there is logged there, and lost with it: a replay from the older copies would miss
     /// it). A replay needs the lost process's copies all of one phase: a round of some of
     /// its partitions alone would leave them of two.
-    pub(crate) fn wants_round(&self, holder: ProcessId, chunks: &[ChunkId]) -> bool {
+    pub(crate) fn wants_round(
+        &self,
+        holder: ProcessId,
+        chunks: impl IntoIterator<Item = ChunkId>,
+    ) -> bool {
         if !self.enabled() {
             return false;
         }
@@ -137,10 +141,10 @@ impl Buddies {
         }
         let mut phase = None;
         for c in chunks {
-            if self.asked_for.contains_key(c) {
+            if self.asked_for.contains_key(&c) {
                 continue;
             }
-            match self.copies.get(c) {
+            match self.copies.get(&c) {
                 None => return true,
                 Some(k) if k.buddy == holder || phase.is_some_and(|p| p != k.phase) => {
                     return true;
@@ -613,34 +617,34 @@ mod tests {
     fn a_process_with_a_partition_not_copied_elsewhere_copies_them_all_once() {
         let p = |n| ProcessId(n);
         let mut b = Buddies::new(Some(20));
-        assert!(b.wants_round(p(1), &[0, 1]));
+        assert!(b.wants_round(p(1), [0, 1]));
         b.asking(p(1), 0, 0);
         b.asking(p(1), 1, 0);
-        assert!(!b.wants_round(p(1), &[0, 1]), "asked, not answered yet");
+        assert!(!b.wants_round(p(1), [0, 1]), "asked, not answered yet");
         b.copied(0, p(2), &[(0, 8)], 1);
-        assert!(!b.wants_round(p(1), &[0, 1]), "kept, and refused");
+        assert!(!b.wants_round(p(1), [0, 1]), "kept, and refused");
         assert!(
-            b.wants_round(p(2), &[0]),
+            b.wants_round(p(2), [0]),
             "moved into the process keeping its copy"
         );
         // Chunk 5 moves in with a copy of another phase.
         b.copied(4, p(3), &[(5, 8)], 0);
-        assert!(b.wants_round(p(1), &[0, 1, 5]));
+        assert!(b.wants_round(p(1), [0, 1, 5]));
         b.full_round();
-        assert!(b.wants_round(p(1), &[1]));
+        assert!(b.wants_round(p(1), [1]));
         b.asking(p(1), 1, 20);
         b.lost(p(2));
-        assert!(b.wants_round(p(1), &[0]) && b.wants_round(p(1), &[1]));
+        assert!(b.wants_round(p(1), [0]) && b.wants_round(p(1), [1]));
         // A partition that leaves process 6 for process 7: process 6 copies its own again.
         b.full_round();
         b.copied(20, p(8), &[(8, 1), (9, 1)], 0);
         b.exported(8, p(6), 21);
         b.exported(9, p(6), 21);
-        assert!(!b.wants_round(p(6), &[8, 9]));
+        assert!(!b.wants_round(p(6), [8, 9]));
         b.exported(9, p(7), 22);
-        assert!(b.wants_round(p(6), &[8]));
+        assert!(b.wants_round(p(6), [8]));
         b.asking(p(6), 8, 22);
-        assert!(!b.wants_round(p(6), &[8]));
+        assert!(!b.wants_round(p(6), [8]));
     }
 
     /// The coordinator's own log: what a partition run here sent to partitions in

@@ -477,10 +477,10 @@ impl Remotes {
         self.tell_peers(phase, &begins);
         // A round of every process every `k` phases; in between, a round of the processes
         // that need one at once (`Buddies::wants_round`: a partition without a copy, or
-        // with one in its own process, or copies of two phases), so that the first barrier
-        // of a run, of a rollback's run, or after a recovery (which used copies up)
-        // protects them, and a partition moved into the process that keeps its copy has
-        // its process copied, not every process.
+        // with one in its own process, copies of two phases, or a partition moved out), so
+        // that the first barrier of a run, of a rollback's run, or after a recovery (which
+        // used copies up) protects them, and a partition that moved has its processes
+        // copied, not every process.
         if phase > 0 && self.buddies.enabled() {
             let full = self.buddies.due(phase - 1);
             if full {
@@ -492,8 +492,10 @@ impl Remotes {
             if !full {
                 let mut wanted = Vec::new();
                 for group in owned.chunk_by(|a, b| a.0 == b.0) {
-                    let chunks: Vec<ChunkId> = group.iter().map(|&(_, c)| c).collect();
-                    if self.buddies.wants_round(group[0].0, &chunks) {
+                    if self
+                        .buddies
+                        .wants_round(group[0].0, group.iter().map(|&(_, c)| c))
+                    {
                         wanted.extend_from_slice(group);
                     }
                 }
@@ -502,8 +504,6 @@ impl Remotes {
             if !owned.is_empty() {
                 self.ask_copies(phase - 1, owned);
             }
-        }
-        if phase > 0 && self.buddies.enabled() {
             // What partitions run here exported for these goes in the coordinator's own
             // halo log, as sent (a replay of them needs it).
             for (_, chunk, halos) in &begins {

@@ -158,11 +158,16 @@ impl Owners {
             if !self.pinned.contains(&c) {
                 self.pinned.push(c);
             }
-            let queued = self.queues.iter_mut().find_map(|(&w, q)| {
-                let at = q.binary_search(&c).ok()?;
-                (w != worker).then(|| q.remove(at))
-            });
-            if queued.is_some() || self.orphans.remove(&c) {
+            // Pending elsewhere (queued on another worker, or an orphan): queued on `worker`.
+            let mut moved = self.orphans.remove(&c);
+            for (_, q) in self.queues.iter_mut().filter(|(w, _)| **w != worker) {
+                if let Ok(at) = q.binary_search(&c) {
+                    q.remove(at);
+                    moved = true;
+                    break;
+                }
+            }
+            if moved {
                 push_sorted(self.queues.entry(worker).or_default(), c);
             }
         }

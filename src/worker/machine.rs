@@ -1671,13 +1671,9 @@ impl Machine {
                 }
                 // Copies and logs of the run rolled back from are of phases it will compute
                 // again.
-                let kept: Vec<u64> = self
-                    .copies
-                    .keys()
-                    .chain(self.previous.keys())
-                    .copied()
-                    .collect();
-                self.drop_copies(kept, u64::MAX);
+                self.copies.clear();
+                self.previous.clear();
+                self.copy_bytes = 0;
                 self.log.clear();
                 self.log_bytes = 0;
                 self.replaying.clear();
