@@ -703,6 +703,31 @@ fn serialize_alone<T: serde::Serialize>(states: &[T], runs: usize) -> (Duration,
     (median(times), bytes)
 }
 
+/// A plain copy of `bytes` bytes, median of `runs`: into a buffer whose pages are mapped
+/// already, and into a fresh one (its pages faulted in as the copy touches them).
+fn copy_alone(bytes: usize, runs: usize) -> (Duration, Duration) {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let mapped = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&dst);
+            t.elapsed()
+        })
+        .collect();
+    let fresh = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let out = src.clone();
+            let took = t.elapsed();
+            drop(std::hint::black_box(out));
+            took
+        })
+        .collect();
+    (median(mapped), median(fresh))
+}
+
 fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     let snapshots = s.snapshots;
     println!("\n== snapshot pause: 2 local workers, {snapshots} snapshots asked for mid-phase");
@@ -1167,14 +1192,18 @@ fn copies(s: Sizes) -> Vec<String> {
         .map(|b| barrier_band(&heat, b))
         .collect();
     let (alone, bytes) = serialize_alone(&half, 5);
+    let (mapped, fresh) = copy_alone(bytes, 5);
     let pause = median(pauses.clone());
     println!(
         "pauses after copy barriers: {:?} ms; median {:.1} ms; serializing one process's half \
-         ({:.0} MB) alone {:.1} ms",
+         ({:.0} MB) alone {:.1} ms; copying as many bytes into memory already mapped {:.1} ms, \
+         into fresh memory {:.1} ms",
         pauses.iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
         ms(pause),
         bytes as f64 / 1e6,
         ms(alone),
+        ms(mapped),
+        ms(fresh),
     );
     let c = last.unwrap_or_default();
     vec![
