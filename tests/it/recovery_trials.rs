@@ -930,15 +930,20 @@ impl NsParams {
 /// test; and the token their processes show (the coordinator listens beyond loopback).
 const NS_TOKEN: &str = "a token for the recovery trials";
 
-/// A trial on [`common::netns::Hosts`]: processes that cannot reach their buddy have their
-/// copies refused (counted, the job going on), and one process is killed: the job recovers
-/// from copies where its buddy could take them, else rolls back to a snapshot, or ends
-/// with `PartitionsLost` if none was committed. Always exact, never stuck.
-fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String), Failure> {
+/// The coordinator of a trial on hosts apart: a store in a folder of its own (the folder
+/// and the store's URL are returned),
+/// listening beyond loopback with the trials' token, a lease of `lease_s` seconds, copies
+/// every `k` phases and snapshots every `every_ms` if given; and the port it listens on.
+fn hosts_coordinator(
+    kind: &str,
+    seed: u64,
+    k: u64,
+    every_ms: Option<u64>,
+    lease_s: u64,
+) -> (PathBuf, String, Executor, u16) {
     let _ = Tap::take();
     let dir = std::env::temp_dir().join(format!(
-        "malleable-trials-ns-{}-{}",
-        p.seed,
+        "malleable-trials-{kind}-{seed}-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&dir);
@@ -948,14 +953,23 @@ fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String
         .local_workers(0)
         .listen("0.0.0.0:0")
         .cluster_token(malleable::cluster::Token::new(NS_TOKEN).unwrap())
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .buddy_copies(p.k)
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(lease_s))
+        .buddy_copies(k)
         .snapshots(&url);
-    if let Some(ms) = p.every_ms {
+    if let Some(ms) = every_ms {
         b = b.snapshot_every(Duration::from_millis(ms));
     }
     let exec = b.build().unwrap();
     let port = exec.local_addr().unwrap().port();
+    (dir, url, exec, port)
+}
+
+/// A trial on [`common::netns::Hosts`]: processes that cannot reach their buddy have their
+/// copies refused (counted, the job going on), and one process is killed: the job recovers
+/// from copies where its buddy could take them, else rolls back to a snapshot, or ends
+/// with `PartitionsLost` if none was committed. Always exact, never stuck.
+fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String), Failure> {
+    let (dir, url, exec, port) = hosts_coordinator("ns", p.seed, p.k, p.every_ms, 3);
     let job = Grid::new(240, 64, p.phases);
     let h = exec.submit(Banded(job.clone())).unwrap();
     let mut procs: Vec<Proc> = Vec::new();
@@ -1262,27 +1276,7 @@ impl CutParams {
 /// lets it go, the job recovers its partitions from their copies or rolls back, and the grid
 /// is exact, whatever the process sends once the rules are gone.
 fn cut_trial(p: &CutParams, lan: &Lan) -> Result<(Ended, String), Failure> {
-    let _ = Tap::take();
-    let dir = std::env::temp_dir().join(format!(
-        "malleable-trials-cut-{}-{}",
-        p.seed,
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("file://{}/store", dir.display());
-    let mut b = Executor::builder()
-        .local_workers(0)
-        .listen("0.0.0.0:0")
-        .cluster_token(malleable::cluster::Token::new(NS_TOKEN).unwrap())
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
-        .buddy_copies(p.k)
-        .snapshots(&url);
-    if let Some(ms) = p.every_ms {
-        b = b.snapshot_every(Duration::from_millis(ms));
-    }
-    let exec = b.build().unwrap();
-    let port = exec.local_addr().unwrap().port();
+    let (dir, url, exec, port) = hosts_coordinator("cut", p.seed, p.k, p.every_ms, 2);
     let job = Grid {
         pace_us: 300,
         pace_every: 8,
