@@ -433,6 +433,21 @@ fn job_end(
     Ok((note, ended, diag))
 }
 
+/// A trial that ended with `PartitionsLost` of `chunks`, as `loss` judges it: lost as it
+/// may be, questionable (printed, and an error with `MALLEABLE_TRIAL_STRICT=1`), or wrong.
+fn judged(loss: Loss, chunks: &[u64]) -> Result<Ended, String> {
+    match loss {
+        Loss::Legitimate => Ok(Ended::Lost),
+        Loss::Questionable(why) if !strict() => {
+            println!("    questionable: PartitionsLost {chunks:?} where {why}");
+            Ok(Ended::LostQuestionably)
+        }
+        Loss::Questionable(why) | Loss::Wrong(why) => {
+            Err(format!("PartitionsLost {chunks:?} where {why}"))
+        }
+    }
+}
+
 /// A finished trial: its grid must be the sequential one, bit for bit; how it went (the
 /// fault `injected` or not, rolled back, recovered).
 fn finished_as(
@@ -576,19 +591,8 @@ fn kill_trial(p: &Params) -> Result<(Ended, String), Failure> {
         Ok(Outcome::Finished(f)) => finished_as(f.into_value(), &job, note.injected, &h)
             .map_err(|e| fail(format!("{e}: {diag}"), &procs))?,
         Err(Error::PartitionsLost { chunks, .. }) => {
-            match legitimate_loss(p, &note, &coordinator) {
-                Loss::Legitimate => Ended::Lost,
-                Loss::Questionable(why) if !strict() => {
-                    println!("    questionable: PartitionsLost {chunks:?} where {why}");
-                    Ended::LostQuestionably
-                }
-                Loss::Questionable(why) | Loss::Wrong(why) => {
-                    return Err(fail(
-                        format!("PartitionsLost {chunks:?} where {why}: {diag}"),
-                        &procs,
-                    ));
-                }
-            }
+            judged(legitimate_loss(p, &note, &coordinator), &chunks)
+                .map_err(|e| fail(format!("{e}: {diag}"), &procs))?
         }
         other => return Err(fail(format!("ended with {other:?}: {diag}"), &procs)),
     };
@@ -1358,19 +1362,8 @@ fn cut_trial(p: &CutParams, lan: &Lan) -> Result<(Ended, String), Failure> {
                 delay_us: 0,
                 ask: Ask::No,
             };
-            match legitimate_loss(&params, &note, &coordinator) {
-                Loss::Legitimate => Ended::Lost,
-                Loss::Questionable(why) if !strict() => {
-                    println!("    questionable: PartitionsLost {chunks:?} where {why}");
-                    Ended::LostQuestionably
-                }
-                Loss::Questionable(why) | Loss::Wrong(why) => {
-                    return Err(fail(
-                        format!("PartitionsLost {chunks:?} where {why}: {diag}"),
-                        &procs,
-                    ));
-                }
-            }
+            judged(legitimate_loss(&params, &note, &coordinator), &chunks)
+                .map_err(|e| fail(format!("{e}: {diag}"), &procs))?
         }
         other => return Err(fail(format!("ended with {other:?}: {diag}"), &procs)),
     };
