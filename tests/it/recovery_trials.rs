@@ -448,6 +448,33 @@ fn judged(loss: Loss, chunks: &[u64]) -> Result<Ended, String> {
     }
 }
 
+/// The processes not killed end by themselves: with 0, with 4 (refused as a worker of a
+/// job that ended: it dialled again as it ended), or with 3 (an error) after a job that
+/// ended with one or where `error_ok` allows it; and no process panicked.
+fn ended_cleanly(
+    procs: &mut [Proc],
+    how: Ended,
+    error_ok: impl Fn(usize) -> bool,
+    diag: &str,
+) -> Result<(), String> {
+    let lost = matches!(how, Ended::Lost | Ended::LostQuestionably);
+    for (i, w) in procs.iter_mut().enumerate() {
+        if w.killed {
+            continue;
+        }
+        match w.end(STUCK) {
+            Ok(Some(0 | 4)) => {}
+            Ok(Some(3)) if lost || error_ok(i) => {}
+            Ok(code) => return Err(format!("process {i} ended with {code:?} ({how:?}): {diag}")),
+            Err(e) => return Err(format!("process {i} {e} ({how:?}): {diag}")),
+        }
+    }
+    match procs.iter().position(|w| w.output().contains("panicked")) {
+        Some(i) => Err(format!("process {i} panicked ({how:?}): {diag}")),
+        None => Ok(()),
+    }
+}
+
 /// A finished trial: its grid must be the sequential one, bit for bit; how it went (the
 /// fault `injected` or not, rolled back, recovered).
 fn finished_as(
@@ -597,35 +624,10 @@ fn kill_trial(p: &Params) -> Result<(Ended, String), Failure> {
         other => return Err(fail(format!("ended with {other:?}: {diag}"), &procs)),
     };
     // The processes left end by themselves, cleanly; none panicked.
-    for (i, w) in procs.iter_mut().enumerate() {
-        if w.killed {
-            continue;
-        }
-        match w.end(STUCK) {
-            Ok(Some(0)) => {}
-            // Refused as a worker of a job that ended (it dialed again as it ended).
-            Ok(Some(4)) => {}
-            // An error after a job that ended with one, or for a drained process let go at
-            // the end of its grace period (its connection closed).
-            Ok(Some(3)) if matches!(how, Ended::Lost | Ended::LostQuestionably) => {}
-            Ok(Some(3)) if matches!(p.fault, Fault::Drain { .. }) && i + 1 == p.procs => {}
-            Ok(code) => {
-                return Err(fail(
-                    format!("process {i} ended with {code:?} ({how:?}): {diag}"),
-                    &procs,
-                ));
-            }
-            Err(e) => return Err(fail(format!("process {i} {e} ({how:?}): {diag}"), &procs)),
-        }
-    }
-    for (i, w) in procs.iter().enumerate() {
-        if w.output().contains("panicked") {
-            return Err(fail(
-                format!("process {i} panicked ({how:?}): {diag}"),
-                &procs,
-            ));
-        }
-    }
+    // An error after a job that ended with one, or for a drained process let go at the end
+    // of its grace period (its connection closed).
+    let drained = |i: usize| matches!(p.fault, Fault::Drain { .. }) && i + 1 == p.procs;
+    ended_cleanly(&mut procs, how, drained, &diag).map_err(|e| fail(e, &procs))?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok((how, diag))
 }
@@ -1058,24 +1060,7 @@ fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String
         }
         other => return Err(fail(format!("ended with {other:?}: {diag}"), &procs)),
     };
-    for (i, w) in procs.iter_mut().enumerate() {
-        if w.killed {
-            continue;
-        }
-        match w.end(STUCK) {
-            Ok(Some(0 | 4)) => {}
-            Ok(Some(3)) if matches!(how, Ended::Lost | Ended::LostQuestionably) => {}
-            other => {
-                return Err(fail(
-                    format!("process {i} ended with {other:?} ({how:?}): {diag}"),
-                    &procs,
-                ));
-            }
-        }
-        if w.output().contains("panicked") {
-            return Err(fail(format!("process {i} panicked: {diag}"), &procs));
-        }
-    }
+    ended_cleanly(&mut procs, how, |_| false, &diag).map_err(|e| fail(e, &procs))?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok((how, diag))
 }
@@ -1367,28 +1352,9 @@ fn cut_trial(p: &CutParams, lan: &Lan) -> Result<(Ended, String), Failure> {
         }
         other => return Err(fail(format!("ended with {other:?}: {diag}"), &procs)),
     };
-    for (i, w) in procs.iter_mut().enumerate() {
-        if w.killed {
-            continue;
-        }
-        // The process cut off ends by itself too (its coordinator is silent, or tells it
-        // it is no longer a worker of the job): how, it may choose, but not by a panic.
-        let code = w.end(STUCK);
-        let fine = match code {
-            Ok(Some(0 | 4)) => true,
-            Ok(Some(3)) => i == p.victim || matches!(how, Ended::Lost | Ended::LostQuestionably),
-            _ => false,
-        };
-        if !fine {
-            return Err(fail(
-                format!("process {i} ended with {code:?} ({how:?}): {diag}"),
-                &procs,
-            ));
-        }
-        if w.output().contains("panicked") {
-            return Err(fail(format!("process {i} panicked: {diag}"), &procs));
-        }
-    }
+    // The process cut off ends by itself too (its coordinator is silent, or tells it it is
+    // no longer a worker of the job): how, it may choose, but not by a panic.
+    ended_cleanly(&mut procs, how, |i| i == p.victim, &diag).map_err(|e| fail(e, &procs))?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok((how, diag))
 }
