@@ -970,6 +970,27 @@ fn hosts_coordinator(
     (dir, url, exec, port)
 }
 
+/// One more worker process, in namespace `ns`, dials the coordinator at `addr` with the
+/// trials' token (its output in `dir`); whether it joined before the job ended (`Err` if the
+/// job was stuck meanwhile).
+fn joined_from(
+    ns: &str,
+    addr: &str,
+    dir: &Path,
+    h: &JobHandle<Banded<Grid>>,
+    procs: &mut Vec<Proc>,
+) -> Result<bool, String> {
+    let i = procs.len();
+    let env = [(TOKEN_ENV, NS_TOKEN), (TIMEOUT_ENV, "1")];
+    procs.push(Proc::start(
+        Some(ns),
+        addr,
+        dir.join(format!("p{i}.out")),
+        &env,
+    ));
+    until("the process to join", h, || h.remote_workers() == i + 1)
+}
+
 /// A trial on [`common::netns::Hosts`]: processes that cannot reach their buddy have their
 /// copies refused (counted, the job going on), and one process is killed: the job recovers
 /// from copies where its buddy could take them, else rolls back to a snapshot, or ends
@@ -981,16 +1002,9 @@ fn ns_trial(p: &NsParams, hosts: &common::netns::Hosts) -> Result<(Ended, String
     let mut procs: Vec<Proc> = Vec::new();
     let started = Instant::now();
     let result = (|| -> Result<Note, String> {
-        for (i, &host) in p.hosts.iter().enumerate() {
+        for &host in &p.hosts {
             let addr = format!("{}:{port}", hosts.gateway(host));
-            let env = [(TOKEN_ENV, NS_TOKEN), (TIMEOUT_ENV, "1")];
-            procs.push(Proc::start(
-                Some(hosts.name(host)),
-                &addr,
-                dir.join(format!("p{i}.out")),
-                &env,
-            ));
-            if !until("the process to join", &h, || h.remote_workers() == i + 1)? {
+            if !joined_from(hosts.name(host), &addr, &dir, &h, &mut procs)? {
                 return Ok(Note::default());
             }
         }
@@ -1277,14 +1291,7 @@ fn cut_trial(p: &CutParams, lan: &Lan) -> Result<(Ended, String), Failure> {
     let result = (|| -> Result<Note, String> {
         for i in 0..p.procs {
             let addr = format!("{}:{port}", Lan::COORDINATOR);
-            let env = [(TOKEN_ENV, NS_TOKEN), (TIMEOUT_ENV, "1")];
-            procs.push(Proc::start(
-                Some(lan.name(i)),
-                &addr,
-                dir.join(format!("p{i}.out")),
-                &env,
-            ));
-            if !until("the process to join", &h, || h.remote_workers() == i + 1)? {
+            if !joined_from(lan.name(i), &addr, &dir, &h, &mut procs)? {
                 return Ok(Note::default());
             }
         }
