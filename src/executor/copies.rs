@@ -85,8 +85,9 @@ pub(crate) struct Buddies {
     /// The job value of each phase since the oldest copy's, as sent to worker processes
     /// (a replay runs those phases again).
     jobs: std::collections::VecDeque<(u64, bytes::Bytes)>,
-    /// Per chunk, the phase below which an answer is stale: its copy of a phase as new was
-    /// used up by a replay (a late answer of an older round must not bring one back).
+    /// Per chunk, the phase below which an answer is stale: a copy of a phase as new was
+    /// recorded (an older one's buddy was told to drop it), or used up by a replay (a late
+    /// answer of an older round must not bring one back).
     floor: IdMap<ChunkId, u64>,
     /// Partitions a round asked to be copied (by the phase it ended) whose answer has not
     /// come, or whose copy was refused: not asked again before the next round of every
@@ -405,6 +406,10 @@ impl Buddies {
             *self.held.entry(buddy).or_default() += bytes;
             self.total += bytes;
             self.copies.insert(chunk, new);
+            // An older round's answer that comes after this copy is gone (its buddy lost)
+            // must not bring back a copy its buddy was told to drop: stale from now on.
+            let f = self.floor.entry(chunk).or_default();
+            *f = (*f).max(phase);
         }
         by_process(stale)
     }
@@ -605,6 +610,13 @@ mod tests {
         b.used(&[7]);
         assert_eq!(b.copied(7, p(6), &[(7, 9)], 0), vec![(p(6), 9, vec![7])]);
         assert_eq!(b.copy_of(7), None);
+        // A newer copy elsewhere, lost before an older round's answer came: that answer is
+        // stale (its buddy was told to drop the copy when the newer one was recorded).
+        b.copied(1, p(7), &[(10, 5)], 0);
+        assert_eq!(b.copied(3, p(8), &[(10, 5)], 0), vec![(p(7), 3, vec![10])]);
+        b.lost(p(8));
+        assert_eq!(b.copied(2, p(7), &[(10, 5)], 0), vec![(p(7), 3, vec![10])]);
+        assert_eq!(b.copy_of(10), None);
         b.reset();
         assert_eq!(b.report().partitions, 0);
     }
