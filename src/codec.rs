@@ -66,6 +66,18 @@ pub(crate) fn encode_sized<T: Serialize + ?Sized>(
         .map_err(|source| Error { what, source })
 }
 
+/// Serializes `value` into a buffer taken from `buffers`, of its exact size (a first pass
+/// measures it): a buddy copy round then writes into memory whose pages are mapped already.
+pub(crate) fn encode_reusing<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+    buffers: &crate::wire::buffers::Buffers,
+) -> Result<Vec<u8>, Error> {
+    let len =
+        postcard::experimental::serialized_size(value).map_err(|source| Error { what, source })?;
+    postcard::to_extend(value, buffers.take(len)).map_err(|source| Error { what, source })
+}
+
 /// Deserializes a value of type `T` from `bytes`.
 pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, Error> {
     postcard::from_bytes(bytes).map_err(|source| Error { what, source })

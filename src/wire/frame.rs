@@ -13,11 +13,14 @@
 //! Every decoder here takes untrusted bytes and returns a typed error, never panics; the fuzz
 //! targets `frame` and `handshake` exercise them.
 
+use std::sync::Arc;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 use super::Error;
+use super::buffers::Buffers;
 
 /// The first bytes of a peer's first frame.
 pub const MAGIC: [u8; 8] = *b"MALLEABL";
@@ -168,15 +171,28 @@ pub(crate) fn codec(max_frame: usize) -> Codec {
             .length_field_type::<u32>()
             .max_frame_length(max_frame)
             .new_codec(),
+        buffers: None,
+        at_head: true,
+        pooled: false,
     }
 }
 
 /// The framing of every connection: tokio-util's `LengthDelimitedCodec` (a 4-byte
 /// big-endian length, then the body) to read, and to write [`Frame`]s, whose tail goes
 /// into the write buffer straight from where it is.
+///
+/// On a worker process's peer links, after the handshake, a long frame (one that may carry
+/// a buddy copy) is read into a buffer of its own, taken from the process's buffers kept for
+/// reuse (`wire/buffers.rs`), and only that frame: its memory goes back there once the
+/// message is done with.
 #[derive(Debug)]
 pub struct Codec {
     inner: LengthDelimitedCodec,
+    buffers: Option<Arc<Buffers>>,
+    /// The read buffer starts with a frame's length (the inner codec has not read it yet).
+    at_head: bool,
+    /// The frame being read is in a buffer of its own, from `buffers`.
+    pooled: bool,
 }
 
 impl Codec {
@@ -189,6 +205,12 @@ impl Codec {
     pub fn set_max_frame_length(&mut self, limit: usize) {
         self.inner.set_max_frame_length(limit);
     }
+
+    /// Long frames are read into buffers from `buffers` from now on (after a handshake: the
+    /// frame limit before it is what bounds a stranger's memory).
+    pub(crate) fn reuse(&mut self, buffers: Arc<Buffers>) {
+        self.buffers = Some(buffers);
+    }
 }
 
 impl Decoder for Codec {
@@ -196,7 +218,23 @@ impl Decoder for Codec {
     type Error = std::io::Error;
 
     fn decode(&mut self, src: &mut BytesMut) -> std::io::Result<Option<BytesMut>> {
-        self.inner.decode(src)
+        let before = src.len();
+        if let (Some(buffers), true, Some(head)) = (&self.buffers, self.at_head, src.get(..4)) {
+            let n = u32::from_be_bytes(head.try_into().expect("four bytes")) as usize;
+            let whole = n.saturating_add(4);
+            if n >= TAIL_AT_LEAST && n <= self.inner.max_frame_length() && before < whole {
+                *src = buffers.read_buffer(whole, src);
+                self.pooled = true;
+            }
+        }
+        let frame = self.inner.decode(src)?;
+        self.at_head = frame.is_some() || (self.at_head && before < 4);
+        if frame.is_some() && std::mem::take(&mut self.pooled) {
+            // What follows the frame is copied out: the frame is then its memory's only
+            // owner, and goes back to `buffers` when its message is done with.
+            *src = BytesMut::from(&src[..]);
+        }
+        Ok(frame)
     }
 }
 
@@ -878,6 +916,12 @@ pub trait Message: Serialize + Sized {
     fn tail(&self) -> Option<(Self, Bytes)> {
         None
     }
+
+    /// Whether this message is long: a byte field of at least 64 KiB last (a buddy copy, a
+    /// captured partition), which goes as a frame's tail.
+    fn is_long(&self) -> bool {
+        self.tail().is_some_and(|(_, t)| t.len() >= TAIL_AT_LEAST)
+    }
 }
 
 impl Message for ToWorker {
@@ -1248,6 +1292,66 @@ mod tests {
             iterations: 1,
             busy_ns: 2,
         }
+    }
+
+    /// Both sides of a connection whose codec reuses buffers: long frames written in odd
+    /// pieces (and the short ones between them) are read whole and in order, each long one
+    /// into a buffer of its own, whose memory serves a later long frame once given back.
+    #[test]
+    fn long_frames_are_read_into_buffers_that_serve_again() {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let bodies: Vec<Vec<u8>> = [200_000usize, 3, 150_000, 70_000, 0, 180_000]
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| (i * 7 + k) as u8).collect())
+                .collect();
+            let mut wire = BytesMut::new();
+            for b in &bodies {
+                codec(1 << 20)
+                    .encode(Bytes::from(b.clone()), &mut wire)
+                    .unwrap();
+            }
+            let (mut a, b) = tokio::io::duplex(5_003);
+            let writer = tokio::spawn(async move {
+                for piece in wire.chunks(9_001) {
+                    a.write_all(piece).await.unwrap();
+                }
+            });
+            let buffers = Arc::new(Buffers::new(1 << 30));
+            let mut read = codec(1 << 20);
+            read.reuse(Arc::clone(&buffers));
+            let mut frames = tokio_util::codec::FramedRead::new(b, read);
+            let mut at = Vec::new();
+            for body in &bodies {
+                let f = frames.next().await.unwrap().unwrap().freeze();
+                assert_eq!(&f[..], &body[..]);
+                at.push(f.as_ptr());
+                // The first long frame goes back once read: the third one is read into it.
+                if body.len() == 200_000 {
+                    buffers.give(f);
+                }
+            }
+            writer.await.unwrap();
+            assert!(frames.next().await.is_none());
+            let reuse = buffers.reuse();
+            assert_eq!((reuse.reused, reuse.made), (1, 3), "{reuse:?}");
+            // The header is in the buffer too: the frame starts 4 bytes into it.
+            assert_eq!(at[2], at[0]);
+            // Without `reuse`, nothing is taken from there.
+            let mut plain = codec(1 << 20);
+            let mut src = BytesMut::new();
+            plain
+                .encode(Bytes::from(vec![1u8; 100_000]), &mut src)
+                .unwrap();
+            assert_eq!(plain.decode(&mut src).unwrap().unwrap().len(), 100_000);
+            assert_eq!(buffers.reuse().made, 3);
+        });
     }
 
     /// Both sides: what `Frames` sends, `Assembler` gives back, whatever the frame limit.

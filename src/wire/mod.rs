@@ -11,6 +11,7 @@
 //! - `listener.rs`: the coordinator's listener, which hands accepted workers to their job
 //!   through the `Attach` trait (the job's side of membership is `executor/remote.rs`).
 //! - `launch.rs`: launchers that start worker processes for `JobHandle::scale_remote`.
+//! - `buffers.rs`: large buffers kept for reuse (buddy copies, encoded and read).
 //! - `error.rs`: the one error type of both sides of a connection.
 //!
 //! Inside the crate this module is `wire`; the public [`cluster`](crate::cluster) module
@@ -18,6 +19,7 @@
 //! with the chunk runner. Keeping the worker process out of this folder is what breaks the
 //! cycle there was between the executor and the cluster.
 
+pub(crate) mod buffers;
 mod error;
 pub mod frame;
 pub mod handshake;

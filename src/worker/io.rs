@@ -26,7 +26,8 @@ use crate::codec;
 use crate::job::Job;
 use crate::run::{Inputs, MAIL, SuspendToken};
 use crate::wire::Error;
-use crate::wire::frame::{self, Failure, ToCoordinator, ToWorker};
+use crate::wire::buffers::Buffers;
+use crate::wire::frame::{self, Failure, Message, ToCoordinator, ToWorker};
 
 pub(super) struct Io {
     pub(super) peer: String,
@@ -56,6 +57,9 @@ pub(super) struct Io {
     pub(super) copies_held: std::cell::Cell<(usize, u64)>,
     /// The halo log's bytes when the loop ended.
     pub(super) log_bytes: std::cell::Cell<u64>,
+    /// Large buffers kept for reuse
+    /// ([`WorkerOptions::buffer_memory`](super::WorkerOptions::buffer_memory)).
+    pub(super) buffers: Arc<Buffers>,
 }
 
 /// The pump's side of the peer data plane: the links, once the coordinator said who this
@@ -94,6 +98,8 @@ struct Pump<J: Job> {
     background: UnboundedSender<Background<J::Chunk>>,
     /// The job's input, shared with the threads (for `Partition::output`).
     inputs: Arc<Inputs<J>>,
+    /// Large buffers kept for reuse: a buddy copy is encoded into one.
+    buffers: Arc<Buffers>,
 }
 
 impl<J: Job> Pump<J> {
@@ -109,7 +115,7 @@ impl<J: Job> Pump<J> {
             self.placing.spares.clear();
             *lock_buffers(&self.placing.buffers) = None;
         }
-        run_code(peer, code, &mut self.job, &self.inputs, held)
+        run_code(peer, code, &mut self.job, &self.inputs, held, &self.buffers)
     }
 
     /// Checks an offered store in the background ([`Out::Check`]).
@@ -188,13 +194,15 @@ pub(super) fn hold_replayed<C>(
 }
 
 /// Runs the job's code for the machine ([`Out::Code`]): `job` is the pump's job value and
-/// its phase, `held` the partitions held here.
+/// its phase, `held` the partitions held here; a partition's copy is encoded into one of
+/// `buffers`.
 pub(super) fn run_code<J: Job>(
     peer: &str,
     code: Code,
     job: &mut Option<(u64, u64, Arc<J>)>,
     inputs: &Inputs<J>,
     held: &HeldParts<J::Chunk>,
+    buffers: &Buffers,
 ) -> Result<Option<ToCoordinator>, Error> {
     // Bytes of the job's own types that do not decode although the versions matched.
     let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
@@ -263,7 +271,11 @@ pub(super) fn run_code<J: Job>(
                     .remove(&chunk)
                     .map(|p| codec::encode("a chunk state", &p))
             } else {
-                parts.get(&chunk).map(|p| codec::encode("a chunk state", p))
+                // A copy (or a capture) of a partition that stays here: encoded into memory
+                // kept from an earlier copy, not into fresh pages.
+                parts
+                    .get(&chunk)
+                    .map(|p| codec::encode_reusing("a chunk state", p, buffers))
             };
             Ok(Some(match encoded {
                 None => {
@@ -376,6 +388,12 @@ impl Io {
                     .set(self.bytes_sent.get() + f.len() as u64 + 4);
                 self.write(sink.feed(f)).await?;
             }
+            // A captured partition's bytes are in the write buffer now: their memory serves
+            // the next copy or capture.
+            if let Some((_, tail)) = msg.tail() {
+                drop(msg);
+                self.buffers.give(tail);
+            }
         }
         self.write(sink.flush()).await
     }
@@ -422,6 +440,7 @@ impl Io {
             direct: self.direct.is_some(),
             threads: threads.len(),
             copy_memory: self.copy_memory,
+            buffers: Arc::clone(&self.buffers),
         };
         let mut machine = Machine::new(config, std::time::Instant::now());
         let mut sigterm = self
@@ -446,6 +465,7 @@ impl Io {
             placing: Placements::new(),
             background: bg_tx,
             inputs: Arc::clone(inputs),
+            buffers: Arc::clone(&self.buffers),
         };
         let ended: Result<bool, Error> = async {
             loop {
@@ -636,6 +656,7 @@ impl Io {
                                 heartbeat: self.heartbeat,
                                 lease: self.lease,
                                 handshake_timeout,
+                                buffers: Arc::clone(&self.buffers),
                             };
                             match Peers::bind(ip, config, plane.events.clone()).await {
                                 Ok((peers, addr)) => {
@@ -985,6 +1006,7 @@ mod tests {
             copy_memory: u64::MAX,
             copies_held: std::cell::Cell::new((0, 0)),
             log_bytes: std::cell::Cell::new(0),
+            buffers: Arc::new(Buffers::new(1 << 30)),
         }
     }
 

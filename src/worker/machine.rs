@@ -102,6 +102,7 @@
 //! else is dropped but on the end, when nobody waits for it.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::schedule::idhash::{IdMap, IdSet};
 use std::time::{Duration, Instant};
@@ -111,6 +112,7 @@ use bytes::Bytes;
 use super::halos::Keeper;
 use crate::snapshot::{PartRef, Store};
 use crate::wire::Error;
+use crate::wire::buffers::Buffers;
 use crate::wire::frame::{Failure, Halo, SLOTS_PER_THREAD, ToCoordinator, ToWorker};
 use crate::wire::peer::{FromPeer, ToPeer};
 
@@ -325,6 +327,9 @@ pub(super) struct Config {
     /// The most bytes of buddy copies this process keeps for its peers (`ToPeer::Copy`): a
     /// copy past it is refused.
     pub(super) copy_memory: u64,
+    /// The process's buffers kept for reuse: a buddy copy's memory goes back there when
+    /// the copy is dropped (the next round's copies are read into it).
+    pub(super) buffers: Arc<Buffers>,
 }
 
 /// A message about a chunk waiting behind the write of that chunk's held partition: the
@@ -755,8 +760,13 @@ impl Machine {
         if kept {
             self.copy_bytes = self.copy_bytes - freed + bytes.len() as u64;
             if let Some(old) = self.copies.insert(chunk, (phase, bytes)) {
-                if !same {
-                    self.previous.insert(chunk, old);
+                let gone = if same {
+                    Some(old)
+                } else {
+                    self.previous.insert(chunk, old)
+                };
+                if let Some((_, b)) = gone {
+                    self.config.buffers.give(b);
                 }
             }
             self.peer_counts.copies_accepted += 1;
@@ -783,6 +793,7 @@ impl Machine {
                 if copies.get(&c).is_some_and(|(p, _)| *p < before) {
                     let (_, b) = copies.remove(&c).expect("checked");
                     self.copy_bytes -= b.len() as u64;
+                    self.config.buffers.give(b);
                 }
             }
         }
@@ -2133,6 +2144,7 @@ mod tests {
             threads,
             direct: true,
             copy_memory: 1 << 20,
+            buffers: Arc::new(Buffers::new(1 << 30)),
         };
         let mut m = Machine::new(config, t0);
         m.tick(t0, vec![0; threads]);

@@ -64,6 +64,7 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::wire::Error;
+use crate::wire::buffers::Buffers;
 use crate::wire::frame::{self, Message};
 use crate::wire::handshake::Token;
 use crate::wire::peer::{self, FromPeer, Session, ToPeer};
@@ -96,6 +97,9 @@ pub(super) struct PeerConfig {
     /// The time limit of a handshake: on an accepted connection, the listener's; on a dial,
     /// the connection and the dialer's handshake together.
     pub(super) handshake_timeout: Duration,
+    /// The process's buffers kept for reuse: a long frame is read into one (after the
+    /// handshake), and a buddy copy's bytes go back there once written.
+    pub(super) buffers: Arc<Buffers>,
 }
 
 /// The number of one link (one connection, either way), unique within a [`Peers`].
@@ -621,17 +625,18 @@ async fn dial_and_run(
 }
 
 /// Moves a link's frames until it ends: what `rx` brings goes out (with a heartbeat every
-/// heartbeat period), what comes in goes to `deliver` (false: nobody listens any more, the
-/// link is closed). Reading and writing go on together, so that a long write never delays
+/// heartbeat period; short messages before the long ones queued, which keep their order),
+/// what comes in goes to `deliver` (false: nobody listens any more, the link is closed). Reading and writing go on together, so that a long write never delays
 /// the reading of the other side's heartbeats.
 async fn run<In: Message, Out: Message>(
-    framed: Framed<Stream, crate::wire::frame::Codec>,
+    mut framed: Framed<Stream, crate::wire::frame::Codec>,
     peer: &str,
     mut rx: UnboundedReceiver<Out>,
     config: &PeerConfig,
     heartbeat: fn() -> Out,
     mut deliver: impl FnMut(In) -> bool,
 ) -> Ended {
+    framed.codec_mut().reuse(config.buffers.clone());
     let (mut sink, mut stream) = framed.split();
     let lease = config.lease;
     let reading = async {
@@ -668,23 +673,35 @@ async fn run<In: Message, Out: Message>(
         let period = config.heartbeat.max(Duration::from_millis(1));
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Long messages (buddy copies) wait here while shorter ones (halos, answers) pass
+        // them: a halo queued behind a round of copies would hold its partition's next
+        // phase for the time the whole round takes to cross.
+        let mut long: VecDeque<Out> = VecDeque::new();
         loop {
-            let first = tokio::select! {
-                msg = rx.recv() => match msg {
-                    Some(msg) => msg,
-                    None => return Ended::Closed,
-                },
-                _ = beat.tick() => heartbeat(),
+            let mut next = if long.is_empty() {
+                Some(tokio::select! {
+                    msg = rx.recv() => match msg {
+                        Some(msg) => msg,
+                        None => return Ended::Closed,
+                    },
+                    _ = beat.tick() => heartbeat(),
+                })
+            } else {
+                rx.try_recv().ok()
             };
-            // What is queued goes with one flush.
-            let mut next = Some(first);
+            // The short messages queued go first, then one long one, with one flush.
             while let Some(msg) = next {
-                for f in frame::Frames::new(&msg, config.max_frame) {
-                    if let Err(e) = write(peer, lease, sink.feed(f)).await {
-                        return Ended::Down(e);
-                    }
+                if msg.is_long() {
+                    long.push_back(msg);
+                } else if let Err(e) = write_message(peer, lease, config, &mut sink, msg).await {
+                    return Ended::Down(e);
                 }
                 next = rx.try_recv().ok();
+            }
+            if let Some(msg) = long.pop_front() {
+                if let Err(e) = write_message(peer, lease, config, &mut sink, msg).await {
+                    return Ended::Down(e);
+                }
             }
             if let Err(e) = write(peer, lease, sink.flush()).await {
                 return Ended::Down(e);
@@ -695,6 +712,28 @@ async fn run<In: Message, Out: Message>(
         ended = reading => ended,
         ended = writing => ended,
     }
+}
+
+/// Writes the frames of `msg` (without flushing); a long field's memory then goes back to
+/// the process's buffers, its bytes being in the write buffer.
+async fn write_message<Out: Message, S>(
+    peer: &str,
+    lease: Duration,
+    config: &PeerConfig,
+    sink: &mut S,
+    msg: Out,
+) -> Result<(), Error>
+where
+    S: futures::Sink<frame::Frame, Error = std::io::Error> + Unpin,
+{
+    for f in frame::Frames::new(&msg, config.max_frame) {
+        write(peer, lease, sink.feed(f)).await?;
+    }
+    if let Some((_, tail)) = msg.tail() {
+        drop(msg);
+        config.buffers.give(tail);
+    }
+    Ok(())
 }
 
 /// One write (a frame, or a flush) within a lease, as `worker/io.rs` writes to the
@@ -753,6 +792,7 @@ mod tests {
             heartbeat: Duration::from_millis(50),
             lease: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(2),
+            buffers: Arc::new(Buffers::new(1 << 30)),
         }
     }
 

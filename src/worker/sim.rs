@@ -15,6 +15,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+use crate::wire::buffers::Buffers;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -59,6 +61,8 @@ pub(crate) struct SimProcess<J: Job> {
     job: Option<(u64, u64, Arc<J>)>,
     inputs: Arc<Inputs<J>>,
     held: HeldParts<J::Chunk>,
+    /// Large buffers kept for reuse, shared with the machine (as a real process's are).
+    buffers: Arc<Buffers>,
     threads: Vec<SimThread<J>>,
     reports: UnboundedReceiver<ToCoordinator>,
     /// Background work under way, ended by [`SimProcess::settle`].
@@ -94,7 +98,9 @@ impl<J: Job> SimProcess<J> {
             threads,
             direct: true,
             copy_memory: u64::MAX,
+            buffers: Arc::new(Buffers::new(1 << 30)),
         };
+        let buffers = Arc::clone(&config.buffers);
         let held = HeldParts::default();
         let (out, reports): (UnboundedSender<ToCoordinator>, _) = unbounded_channel();
         let threads = (0..threads)
@@ -113,6 +119,7 @@ impl<J: Job> SimProcess<J> {
             job: None,
             inputs: Arc::default(),
             held,
+            buffers,
             threads,
             reports,
             background: Vec::new(),
@@ -306,6 +313,7 @@ impl<J: Job> SimProcess<J> {
                         &mut self.job,
                         &self.inputs,
                         &self.held,
+                        &self.buffers,
                     );
                     self.machine.answer(answer);
                 }
