@@ -382,20 +382,22 @@ impl Io {
     where
         S: futures::Sink<frame::Frame, Error = std::io::Error> + Unpin,
     {
+        let mut written = Vec::new();
         for msg in msgs {
             for f in frame::Frames::new(&msg, self.max_frame) {
                 self.bytes_sent
                     .set(self.bytes_sent.get() + f.len() as u64 + 4);
                 self.write(sink.feed(f)).await?;
             }
-            // A captured partition's bytes are in the write buffer now: their memory serves
-            // the next copy or capture.
-            if let Some((_, tail)) = msg.tail() {
-                drop(msg);
-                self.buffers.give(tail);
-            }
+            written.extend(msg.tail().map(|(_, tail)| tail));
         }
-        self.write(sink.flush()).await
+        self.write(sink.flush()).await?;
+        // A captured partition's bytes are written, and the sink let go of its last frame
+        // (it holds one until the flush): their memory serves the next copy or capture.
+        for tail in written {
+            self.buffers.give(tail);
+        }
+        Ok(())
     }
 
     /// Writes to the coordinator (one frame, or a flush), within a lease: a coordinator that
