@@ -786,7 +786,16 @@ impl Machine {
         });
     }
 
-    /// Drops the buddy copies of `chunks` kept here that are of a phase before `before`.
+    /// Drops every buddy copy kept here; their memory goes back to the kept buffers.
+    fn drop_copies_all(&mut self) {
+        for (_, (_, b)) in self.copies.drain().chain(self.previous.drain()) {
+            self.config.buffers.give(b);
+        }
+        self.copy_bytes = 0;
+    }
+
+    /// Drops the buddy copies of `chunks` kept here that are of a phase before `before`;
+    /// their memory goes back to the kept buffers.
     fn drop_copies(&mut self, chunks: impl IntoIterator<Item = u64>, before: u64) {
         for c in chunks {
             for copies in [&mut self.copies, &mut self.previous] {
@@ -1682,9 +1691,7 @@ impl Machine {
                 }
                 // Copies and logs of the run rolled back from are of phases it will compute
                 // again.
-                self.copies.clear();
-                self.previous.clear();
-                self.copy_bytes = 0;
+                self.drop_copies_all();
                 self.log.clear();
                 self.log_bytes = 0;
                 self.replaying.clear();
@@ -3536,6 +3543,62 @@ mod tests {
         );
     }
 
+    /// A buddy copy of `len` bytes pushed by a peer.
+    fn copy_push(seq: u64, generation: u64, phase: u64, chunk: u64, len: usize) -> ToPeer {
+        ToPeer::Copy {
+            seq,
+            generation,
+            phase,
+            chunk,
+            bytes: vec![7u8; len].into(),
+        }
+    }
+
+    /// Whether the machine kept the copy peer 9 pushed last (its one answer).
+    fn copy_kept(m: &mut Machine) -> bool {
+        let (_, answers, _) = peer_outs(polled(m));
+        match &answers[..] {
+            [(9, FromPeer::Ack { kept, .. })] => *kept,
+            a => panic!("{a:?}"),
+        }
+    }
+
+    /// The memory of every copy the buddy drops (replaced by a newer round's, dropped when
+    /// told, forgotten by a rollback) goes back to the process's kept buffers, where the
+    /// next round's copies are read into it.
+    #[test]
+    fn a_buddy_gives_back_the_memory_of_the_copies_it_drops() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        let _ = polled(&mut m);
+        let big = 1 << 17;
+        let kept = |m: &Machine| m.config.buffers.reuse().kept;
+        for (seq, phase) in [(0, 5), (1, 6)] {
+            m.peer_received(9, copy_push(seq, 4, phase, 1, big));
+            assert!(copy_kept(&mut m));
+        }
+        assert_eq!(kept(&m), 0, "the copy of phase 5 is kept until told");
+        m.peer_received(9, copy_push(2, 4, 7, 1, big));
+        assert!(copy_kept(&mut m));
+        assert_eq!(kept(&m), big, "phase 5's, replaced");
+        m.received(
+            t0,
+            Some(ToWorker::DropCopies {
+                chunks: vec![1],
+                before: 7,
+            }),
+        );
+        assert_eq!(kept(&m), 2 * big, "phase 6's, dropped when told");
+        m.received(t0, Some(ToWorker::Forget));
+        let _ = polled(&mut m);
+        assert_eq!(
+            (kept(&m), m.copies()),
+            (3 * big, (0, 0)),
+            "phase 7's, forgotten"
+        );
+    }
+
     /// A buddy keeps a copy of this generation, of a chunk the job has and that is not held
     /// here, newer than the one it has, within its memory for copies; `DropCopies` and
     /// `Forget` drop them.
@@ -3543,20 +3606,7 @@ mod tests {
     fn a_buddy_keeps_copies_within_its_memory_and_drops_them_when_told() {
         let (mut m, t0) = machine(true, 1);
         with_job(&mut m, t0);
-        let push = |seq, generation, phase, chunk, len: usize| ToPeer::Copy {
-            seq,
-            generation,
-            phase,
-            chunk,
-            bytes: vec![7u8; len].into(),
-        };
-        let answer = |m: &mut Machine| -> bool {
-            let (_, answers, _) = peer_outs(polled(m));
-            match &answers[..] {
-                [(9, FromPeer::Ack { kept, .. })] => *kept,
-                a => panic!("{a:?}"),
-            }
-        };
+        let (push, answer) = (copy_push, copy_kept);
         m.peer_received(9, push(0, 4, 2, 1, 10));
         assert!(!answer(&mut m), "no roster yet");
         m.received(t0, Some(roster(4)));
