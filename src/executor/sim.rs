@@ -1014,7 +1014,8 @@ impl<J: Simulated> History<J> {
 
     /// The next frame on peer link `k` arrives: the first, or half the time, if the first
     /// are buddy copies, the first frame behind them (a real link's writer lets short
-    /// messages pass the long ones it has not started writing, `worker/peers.rs`).
+    /// messages pass the copies of 64 KiB or more it has not started writing,
+    /// `worker/peers.rs`; here any copy, which covers those).
     fn deliver_peer(&mut self, k: usize) {
         let frames = &self.links[k].frames;
         let long =

@@ -5,7 +5,7 @@
 //! Why: a buddy copy round moves each process's partitions, megabytes each, twice through
 //! memory (encoded by the sender, read by the receiver). Into fresh memory every page is
 //! faulted in and zeroed by the kernel first: measured on the copies bench, a plain copy of a
-//! process's 64 MB took 24-34 ms into fresh memory and 3-7 ms into memory already mapped,
+//! process's 64 MB took 24-35 ms into fresh memory and 3-7 ms into memory already mapped,
 //! and the encoding of a copy round was most of the pause it put on the running phase. The
 //! allocator gives freed megabytes back to the system, so memory freed by one round is not
 //! what the next round gets.

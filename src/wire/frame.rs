@@ -183,8 +183,8 @@ pub(crate) fn codec(max_frame: usize) -> Codec {
 ///
 /// On a worker process's peer links, after the handshake, a long frame (one that may carry
 /// a buddy copy) is read into a buffer of its own, taken from the process's buffers kept for
-/// reuse (`wire/buffers.rs`), and only that frame: its memory goes back there once the
-/// message is done with.
+/// reuse (`wire/buffers.rs`), and only that frame: a buddy copy's memory goes back there
+/// once the copy is done with (another long message's is freed as before).
 #[derive(Debug)]
 pub struct Codec {
     inner: LengthDelimitedCodec,
@@ -231,7 +231,7 @@ impl Decoder for Codec {
         self.at_head = frame.is_some() || (self.at_head && before < 4);
         if frame.is_some() && std::mem::take(&mut self.pooled) {
             // What follows the frame is copied out: the frame is then its memory's only
-            // owner, and goes back to `buffers` when its message is done with.
+            // owner, and can go back to `buffers` when its message is done with.
             *src = BytesMut::from(&src[..]);
         }
         Ok(frame)
@@ -917,10 +917,12 @@ pub trait Message: Serialize + Sized {
         None
     }
 
-    /// Whether this message is long: a byte field of at least 64 KiB last (a buddy copy, a
-    /// captured partition), which goes as a frame's tail.
-    fn is_long(&self) -> bool {
-        self.tail().is_some_and(|(_, t)| t.len() >= TAIL_AT_LEAST)
+    /// The bytes of this message's long field, if it is a long message: a byte field of at
+    /// least 64 KiB last (a buddy copy, a captured partition), which goes as a frame's tail.
+    fn long_tail(&self) -> Option<Bytes> {
+        self.tail()
+            .map(|(_, t)| t)
+            .filter(|t| t.len() >= TAIL_AT_LEAST)
     }
 }
 

@@ -389,7 +389,7 @@ impl Io {
                     .set(self.bytes_sent.get() + f.len() as u64 + 4);
                 self.write(sink.feed(f)).await?;
             }
-            written.extend(msg.tail().map(|(_, tail)| tail));
+            written.extend(msg.long_tail());
         }
         self.write(sink.flush()).await?;
         // A captured partition's bytes are written, and the sink let go of its last frame

@@ -365,14 +365,13 @@ impl WorkerOptions {
         self
     }
 
-    /// The most bytes of large buffers this process keeps for reuse (default
-    /// 1 GiB; 0 keeps none). A buddy copy round encodes each partition
-    /// it copies, and reads each copy it receives, into memory; kept from one round to the
-    /// next (the copies a newer round replaced, the bytes of copies sent), that memory's
-    /// pages are mapped already, and the round does not wait for the kernel to map and
-    /// clear fresh ones (on the copies bench, a plain copy of 64 MB took 3-7 ms into mapped
-    /// memory and 24-34 ms into fresh memory). A buffer not used again within a minute is
-    /// let go.
+    /// The most bytes of large buffers this process keeps for reuse (default 1 GiB; 0 keeps
+    /// none). A buddy copy round encodes each partition it copies, and reads each copy it
+    /// receives, into memory; kept from one round to the next (the copies a newer round
+    /// replaced, the bytes of copies sent), that memory's pages are mapped already, and the
+    /// round does not wait for the kernel to map and clear fresh ones (on the copies bench,
+    /// a plain copy of 64 MB took 3-7 ms into mapped memory and 24-35 ms into fresh
+    /// memory). A buffer not used again within a minute is let go.
     pub fn buffer_memory(mut self, bytes: usize) -> Self {
         self.buffer_memory = bytes;
         self
@@ -453,8 +452,9 @@ pub struct PeerTraffic {
     /// The bytes of the halo log when the process ended (the halos its partitions exported
     /// since the oldest buddy copy, kept to replay a lost neighbour).
     pub log_bytes: u64,
-    /// Buffers of 64 KiB or more (buddy copies encoded here, and read from peers) that
-    /// reused memory kept from earlier ones ([`WorkerOptions::buffer_memory`]).
+    /// Buffers of 64 KiB or more (partitions encoded here for copies and captures, long
+    /// frames read from peers) that reused memory kept from earlier ones
+    /// ([`WorkerOptions::buffer_memory`]).
     pub buffers_reused: u64,
     /// Those that were allocated, none kept fitting.
     pub buffers_made: u64,

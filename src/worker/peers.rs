@@ -626,8 +626,9 @@ async fn dial_and_run(
 
 /// Moves a link's frames until it ends: what `rx` brings goes out (with a heartbeat every
 /// heartbeat period; short messages before the long ones queued, which keep their order),
-/// what comes in goes to `deliver` (false: nobody listens any more, the link is closed). Reading and writing go on together, so that a long write never delays
-/// the reading of the other side's heartbeats.
+/// what comes in goes to `deliver` (false: nobody listens any more, the link is closed).
+/// Reading and writing go on together, so that a long write never delays the reading of
+/// the other side's heartbeats.
 async fn run<In: Message, Out: Message>(
     mut framed: Framed<Stream, crate::wire::frame::Codec>,
     peer: &str,
@@ -691,7 +692,7 @@ async fn run<In: Message, Out: Message>(
             };
             // The short messages queued go first, then one long one, with one flush.
             while let Some(msg) = next {
-                if msg.is_long() {
+                if msg.long_tail().is_some() {
                     long.push_back(msg);
                 } else if let Err(e) = write_frames(peer, lease, config, &mut sink, msg).await {
                     return Ended::Down(e);
@@ -700,7 +701,7 @@ async fn run<In: Message, Out: Message>(
             }
             let mut written = None;
             if let Some(msg) = long.pop_front() {
-                written = msg.tail().map(|(_, tail)| tail);
+                written = msg.long_tail();
                 if let Err(e) = write_frames(peer, lease, config, &mut sink, msg).await {
                     return Ended::Down(e);
                 }
@@ -862,8 +863,6 @@ mod tests {
         }
     }
 
-    /// A halo from one process arrives at the other as `Received` from the sender, its ack
-    /// comes back as `Answered` on the link `send` named; heartbeats are not events.
     /// Both sides of a link carrying long copies: they cross whole, short messages queued
     /// behind them pass them, and the sender's memory of each copy comes back to its
     /// buffers once written (it did not, before the give waited for the flush: the sink
@@ -873,7 +872,7 @@ mod tests {
         block_on(async {
             let (mut a, _, _a_events) = peers(config(1)).await;
             let (_b, b_addr, mut b_events) = peers(config(2)).await;
-            let sent = a_buffers_of(&a);
+            let sent = Arc::clone(&a.shared.config.buffers);
             let copy = |seq: u64, len: usize| ToPeer::Copy {
                 seq,
                 generation: 1,
@@ -913,11 +912,8 @@ mod tests {
         });
     }
 
-    /// The buffers a `Peers` was given.
-    fn a_buffers_of(p: &Peers) -> Arc<Buffers> {
-        Arc::clone(&p.shared.config.buffers)
-    }
-
+    /// A halo from one process arrives at the other as `Received` from the sender, its ack
+    /// comes back as `Answered` on the link `send` named; heartbeats are not events.
     #[test]
     fn a_halo_crosses_and_its_ack_comes_back() {
         block_on(async {

@@ -15,8 +15,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-use crate::wire::buffers::Buffers;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -28,6 +26,7 @@ use super::thread::{Compute, HeldParts, Run, SlotMsg, Turn, failure_of, lock};
 use crate::job::Job;
 use crate::run::{Cell, Inputs, MAIL};
 use crate::wire::Error;
+use crate::wire::buffers::Buffers;
 use crate::wire::frame::{ToCoordinator, ToWorker};
 use crate::wire::peer::{FromPeer, ToPeer};
 
