@@ -869,47 +869,52 @@ mod tests {
     /// held the last frame until then).
     #[test]
     fn long_copies_cross_whole_and_their_memory_serves_again() {
-        block_on(async {
-            let (mut a, _, _a_events) = peers(config(1)).await;
-            let (_b, b_addr, mut b_events) = peers(config(2)).await;
-            let sent = Arc::clone(&a.shared.config.buffers);
-            let copy = |seq: u64, len: usize| ToPeer::Copy {
-                seq,
-                generation: 1,
-                phase: 7,
-                chunk: seq,
-                bytes: (0..len)
-                    .map(|i| (i * 13 + seq as usize) as u8)
-                    .collect::<Vec<u8>>()
-                    .into(),
-            };
-            let copies = || (0..6).map(|k| copy(k, 300_000 + 1_000 * k as usize));
-            // Sent as made (a clone kept here would keep their memory from coming back).
-            for c in copies() {
-                a.send(2, b_addr, c);
-            }
-            a.send(2, b_addr, halo(100, 10));
-            let mut got = Vec::new();
-            while got.len() < 7 {
-                match next(&mut b_events).await {
-                    PeerEvent::Received { from: 1, msg, .. } => got.push(msg),
-                    other => panic!("{other:?}"),
+        // One thread: every message is queued before the link's writer first runs, so the
+        // halo's place does not depend on how fast this test makes copies (on a runtime of
+        // two threads, the writer sent the copies as they were made, under load, and the
+        // halo came last).
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let (mut a, _, _a_events) = peers(config(1)).await;
+                let (_b, b_addr, mut b_events) = peers(config(2)).await;
+                let sent = Arc::clone(&a.shared.config.buffers);
+                let copy = |seq: u64, len: usize| ToPeer::Copy {
+                    seq,
+                    generation: 1,
+                    phase: 7,
+                    chunk: seq,
+                    bytes: (0..len)
+                        .map(|i| (i * 13 + seq as usize) as u8)
+                        .collect::<Vec<u8>>()
+                        .into(),
+                };
+                let copies = || (0..6).map(|k| copy(k, 300_000 + 1_000 * k as usize));
+                // Handed over, not cloned (a clone kept here would keep their memory from coming
+                // back).
+                for c in copies().chain([halo(100, 10)]) {
+                    a.send(2, b_addr, c);
                 }
-            }
-            // The halo passed the copies that were still queued; the copies kept their order.
-            let at = got
-                .iter()
-                .position(|m| matches!(m, ToPeer::Halo { .. }))
-                .unwrap();
-            assert!(at < 6, "the halo came last: {at}");
-            got.remove(at);
-            assert_eq!(got, copies().collect::<Vec<_>>());
-            let deadline = Instant::now() + PATIENCE;
-            while sent.reuse().kept < 6 * 300_000 {
-                assert!(Instant::now() < deadline, "{:?}", sent.reuse());
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        });
+                let mut got = Vec::new();
+                while got.len() < 7 {
+                    match next(&mut b_events).await {
+                        PeerEvent::Received { from: 1, msg, .. } => got.push(msg),
+                        other => panic!("{other:?}"),
+                    }
+                }
+                // The halo passed the copies queued before it; the copies kept their order.
+                let at = got.iter().position(|m| matches!(m, ToPeer::Halo { .. }));
+                assert_eq!(at, Some(0), "where the halo came");
+                got.remove(0);
+                assert_eq!(got, copies().collect::<Vec<_>>());
+                let deadline = Instant::now() + PATIENCE;
+                while sent.reuse().kept < 6 * 300_000 {
+                    assert!(Instant::now() < deadline, "{:?}", sent.reuse());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
     }
 
     /// A halo from one process arrives at the other as `Received` from the sender, its ack
