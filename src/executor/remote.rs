@@ -567,7 +567,8 @@ impl Remotes {
                     let p = ProcessId(p);
                     if p == id || to.is_none() {
                         return Err(format!(
-                            "a halo of chunk {chunk} kept at {p}, which is not another process                              holding its receiver"
+                            "a halo of chunk {chunk} kept at {p}, which is not another process \
+                             holding its receiver"
                         ));
                     }
                     self.halos.2 += 1;

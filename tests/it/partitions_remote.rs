@@ -263,8 +263,20 @@ fn halos_between_worker_processes_go_from_one_to_the_other() {
     let addr = exec.local_addr().unwrap().to_string();
     let job = grid(60);
     let h = exec.submit(Banded(job.clone())).unwrap();
-    let (a, a_out) = start_logged(&addr, "direct-a");
+    // `a` stalls in its first band until `b` is in: the job takes well under a second, and
+    // a loaded machine once started `b` after it had ended (all the bands in `a`, nothing
+    // pushed).
+    let stall = stall_file("direct");
+    std::fs::write(&stall, b"").unwrap();
+    let stalling = stall.to_str().unwrap();
+    let (a, a_out) = start_logged_with(&addr, "direct-a", &[(common::grid::STALL_ENV, stalling)]);
     let (b, b_out) = start_logged(&addr, "direct-b");
+    until("two processes", || h.remote_workers() == 2);
+    std::fs::remove_file(&stall).unwrap();
+    // Nobody waits on the job until it ends: a waiting thread runs partitions too, and when
+    // it held the bands between the two processes' blocks, every halo crossing processes
+    // was for the coordinator's thread (relayed, never pushed).
+    until("the end", || h.is_finished());
     let got = finished(h.clone());
     assert_same(&got, &sequential(&job));
     let t = h.traffic();
