@@ -448,6 +448,13 @@ pub(crate) fn decode_erased<P: DeserializeOwned + Send + 'static>(
     crate::codec::decode::<P>("a halo", b).map(|p| Piece::Own(Box::new(p)))
 }
 
+/// An allgather's piece from its bytes, shared by the receivers it is handed to.
+pub(crate) fn decode_shared_erased<P: DeserializeOwned + Send + Sync + 'static>(
+    b: &[u8],
+) -> Result<Piece, crate::codec::Error> {
+    crate::codec::decode::<P>("a halo", b).map(|p| Piece::Shared(Arc::new(p)))
+}
+
 /// How the neighbours a job declared ([`Exchange::neighbours`]) are not a graph the executor
 /// can route pieces on ([`Error::Neighbours`](crate::Error::Neighbours)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

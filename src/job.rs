@@ -395,7 +395,12 @@ pub(crate) struct Hooks<J: Job> {
     /// A piece's bytes, for a worker process (or from one). A piece decoded is its
     /// receiver's own, even an allgather's (each receiver decodes its copy).
     pub(crate) encode_halo: fn(&Piece) -> Result<Vec<u8>, crate::codec::Error>,
-    pub(crate) decode_halo: fn(&[u8]) -> Result<Piece, crate::codec::Error>,
+    pub(crate) decode_halo: DecodePiece,
+    /// An allgather's piece from its bytes, shared by every receiver in the process that
+    /// decoded it (protocol 23: a worker process decodes each once a phase). `None`: the
+    /// job's partitions exchange with their neighbours only (a [`Partition`]'s halos need
+    /// not be `Sync`).
+    pub(crate) decode_shared: Option<DecodePiece>,
     /// [`Exchange::neighbours`](crate::Exchange::neighbours); a chain's are `c - 1`, `c + 1`.
     pub(crate) neighbours: Option<Neighbours<J>>,
     /// [`Exchange::pattern`](crate::Exchange::pattern); a chain's is always its neighbours.
@@ -415,6 +420,9 @@ pub(crate) struct Hooks<J: Job> {
     /// job before anything runs, without decoding all of it; `None`: not checked.
     pub(crate) fits: Option<Fits<J>>,
 }
+
+/// A piece from its bytes.
+pub(crate) type DecodePiece = fn(&[u8]) -> Result<Piece, crate::codec::Error>;
 
 /// [`Exchange::neighbours`](crate::Exchange::neighbours): the job, a chunk, the chunks.
 pub(crate) type Neighbours<J> = fn(&J, u64, u64) -> Vec<u64>;
@@ -468,6 +476,7 @@ where
             begin: begin_chain::<J>,
             encode_halo: crate::exchange::encode_erased::<<J::Chunk as Partition>::Halo>,
             decode_halo: crate::exchange::decode_erased::<<J::Chunk as Partition>::Halo>,
+            decode_shared: None,
             neighbours: None,
             pattern: |_, _| Pattern::Neighbours,
             trace_halo: crate::layout::trace::<<J::Chunk as Partition>::Halo>,
@@ -494,6 +503,9 @@ where
             },
             encode_halo: crate::exchange::encode_erased::<<J::Chunk as Exchange>::Piece>,
             decode_halo: crate::exchange::decode_erased::<<J::Chunk as Exchange>::Piece>,
+            decode_shared: Some(
+                crate::exchange::decode_shared_erased::<<J::Chunk as Exchange>::Piece>,
+            ),
             neighbours: Some(<J::Chunk as Exchange>::neighbours),
             pattern: <J::Chunk as Exchange>::pattern,
             trace_halo: crate::layout::trace::<<J::Chunk as Exchange>::Piece>,

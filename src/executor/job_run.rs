@@ -89,16 +89,23 @@ impl HeldHalo {
     }
 
     /// The halos of an inbox on the wire, for partition `chunk` held by worker process
-    /// `holder`: `inbox` is drained (the barrier reuses it).
+    /// `holder`: `inbox` is drained (the barrier reuses it). The pieces of the senders of
+    /// `gathered` (an allgather's, by sender) are named, not carried: the process gets them
+    /// once, in the phase's `Gathered`.
     pub(crate) fn wire<J: Job>(
         inbox: &mut Inbox<HeldHalo>,
         hooks: &crate::job::Hooks<J>,
         chunk: ChunkId,
         holder: ProcessId,
+        gathered: &[(ChunkId, HeldHalo)],
     ) -> Result<Inbox<crate::wire::frame::Halo>> {
         use crate::wire::frame::Halo as Wire;
         let mut wire = Vec::with_capacity(inbox.len());
         for (from, h) in inbox.drain(..) {
+            if gathered.binary_search_by_key(&from, |(c, _)| *c).is_ok() {
+                wire.push((from, Wire::Gathered));
+                continue;
+            }
             wire.push((
                 from,
                 match h {
@@ -119,13 +126,17 @@ impl HeldHalo {
 /// one receiver addressed to everyone cannot be: it is an internal error.
 ///
 /// The emptied outboxes go to `spare` (up to `len` of them), for the next phase's exports
-/// (`Remotes::count_halos`): a phase then allocates no outbox.
+/// (`Remotes::count_halos`): a phase then allocates no outbox. A handle on each piece
+/// addressed to everyone goes to `gathered` (emptied first), by sender: worker processes
+/// get those once each (`ToWorker::Gathered`).
 pub(crate) fn route(
     exports: impl IntoIterator<Item = Option<Outbox<HeldHalo>>>,
     len: usize,
     inboxes: &mut Vec<Inbox<HeldHalo>>,
     spare: &mut Vec<Outbox<HeldHalo>>,
+    gathered: &mut Vec<(ChunkId, HeldHalo)>,
 ) -> Result<()> {
+    gathered.clear();
     inboxes.iter_mut().for_each(Vec::clear);
     inboxes.resize_with(len, Vec::new);
     for (from, out) in exports.into_iter().enumerate() {
@@ -146,6 +157,12 @@ pub(crate) fn route(
                         };
                         inbox.push((from as ChunkId, h));
                     }
+                    if gathered.last().is_some_and(|(c, _)| *c == from as ChunkId) {
+                        return Err(Error::Internal(format!(
+                            "partition {from} exported two pieces for everyone"
+                        )));
+                    }
+                    gathered.push((from as ChunkId, h));
                 }
             }
         }
@@ -802,11 +819,14 @@ impl<J: Job> State<J> {
         }
         // Every chunk's pieces, sorted into their receivers' inboxes.
         let (mut inboxes, mut live) = std::mem::take(&mut self.inboxes);
+        // An allgather's pieces, by sender (nothing allocated in other phases).
+        let mut everyone = Vec::new();
         route(
             self.exports.drain(..),
             len,
             &mut inboxes,
             &mut self.remote.spare,
+            &mut everyone,
         )?;
         // What partitions gather at this barrier, built once for all (`Pieces::concat`).
         let gathered = crate::exchange::Gathered::default();
@@ -840,7 +860,7 @@ impl<J: Job> State<J> {
                     None => remote_begins.push((
                         *conn,
                         chunk,
-                        HeldHalo::wire(inbox, &hooks, chunk, *conn)?,
+                        HeldHalo::wire(inbox, &hooks, chunk, *conn, &everyone)?,
                     )),
                 },
                 Held::Bytes(_) | Held::Fetch(_) | Held::Asked(_) => {
@@ -867,8 +887,22 @@ impl<J: Job> State<J> {
                 self.remote.buddies.job_value(next, job_bytes.clone());
             }
             if !remote_begins.is_empty() {
+                // Each process gets an allgather's pieces once; each is encoded once.
+                let pieces = everyone
+                    .into_iter()
+                    .map(|(from, h)| {
+                        Ok((
+                            from,
+                            match h {
+                                HeldHalo::Bytes(b) => b,
+                                HeldHalo::Live(p) => (hooks.encode_halo)(&p)?.into(),
+                                HeldHalo::Kept(conn) => return Err(kept_astray(conn, from)),
+                            },
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 self.remote
-                    .begin_remote((next, plan.len()), job_bytes, remote_begins);
+                    .begin_remote((next, plan.len()), job_bytes, remote_begins, pieces);
             }
         }
         // Every partition changed: nothing of the last snapshot can be reused.
@@ -1146,7 +1180,7 @@ mod tests {
         use crate::wire::frame::Halo as Wire;
         const P3: ProcessId = ProcessId(3);
         let hooks = crate::job::Ownership::<Strips>::PARTITIONS.hooks.unwrap();
-        let wire = |h, holder| HeldHalo::wire(&mut vec![(4, h)], &hooks, 5, holder);
+        let wire = |h, holder| HeldHalo::wire(&mut vec![(4, h)], &hooks, 5, holder, &[]);
         assert_eq!(wire(HeldHalo::Kept(P3), P3).unwrap(), vec![(4, Wire::Kept)]);
         let sent = wire(HeldHalo::Live(Piece::Own(Box::new(7u64))), P3).unwrap();
         assert_eq!(

@@ -465,12 +465,14 @@ impl Remotes {
     }
 
     /// Owned partitions at the barrier before `phase`: each worker process that holds some
-    /// gets the phase's job value, then the halos of each of its partitions (`Begin`).
+    /// gets the phase's job value, then the pieces of an allgather that ended (`gathered`,
+    /// by sender: once per process), then the halos of each of its partitions (`Begin`).
     pub(crate) fn begin_remote(
         &mut self,
         (phase, chunks): (u64, u64),
         job: Bytes,
         begins: Vec<(ProcessId, ChunkId, Inbox<frame::Halo>)>,
+        gathered: Vec<(u64, Bytes)>,
     ) {
         self.job_bytes = Some((phase, job.clone()));
         self.outbox.reserve(begins.len() + self.conns.len());
@@ -516,6 +518,8 @@ impl Remotes {
                 }
             }
         }
+        let gathered_bytes = gathered.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        let mut gathered_to = IdSet::default();
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -524,12 +528,17 @@ impl Remotes {
                     self.outbox
                         .push((id, ToWorker::Phase { phase, chunks, job }));
                 }
+                if !gathered.is_empty() && gathered_to.insert(id) {
+                    self.traffic.halo_bytes_out += gathered_bytes;
+                    let pieces = gathered.clone();
+                    self.outbox.push((id, ToWorker::Gathered { pieces }));
+                }
                 tracing::debug!(conn = %id, chunk, phase, "begin");
                 self.traffic.halo_bytes_out += halos
                     .iter()
                     .map(|(_, h)| match h {
                         frame::Halo::Sent(b) => b.len() as u64,
-                        frame::Halo::Kept | frame::Halo::KeptAt(_) => 0,
+                        frame::Halo::Kept | frame::Halo::KeptAt(_) | frame::Halo::Gathered => 0,
                     })
                     .sum::<u64>();
                 self.outbox.push((id, ToWorker::Begin { chunk, halos }));
@@ -562,6 +571,11 @@ impl Remotes {
                         c.told.relayed.insert(to);
                     }
                     HeldHalo::Bytes(b)
+                }
+                frame::Halo::Gathered => {
+                    return Err(format!(
+                        "a halo of chunk {chunk} named as gathered, which only a `Begin` may"
+                    ));
                 }
                 frame::Halo::KeptAt(p) => {
                     let p = ProcessId(p);
@@ -884,7 +898,6 @@ impl Remotes {
         }
     }
 
-    /// Whether connection `id` reads the job's store (see `Conn::reads_store`).
     /// Whether connection `id` is retiring (its slots leave at their next adjustment point).
     pub(crate) fn is_retiring(&self, id: ProcessId) -> bool {
         self.conns.get(&id).is_some_and(|c| c.retiring)
@@ -2109,7 +2122,7 @@ impl<J: Job> State<J> {
                             self.remote.traffic.halo_bytes_in += b.len() as u64;
                             sent.push((from, b));
                         }
-                        frame::Halo::Kept | frame::Halo::KeptAt(_) => {
+                        frame::Halo::Kept | frame::Halo::KeptAt(_) | frame::Halo::Gathered => {
                             return Err(bad(format!(
                                 "a released halo for chunk {chunk} from chunk {from} without its bytes"
                             )));

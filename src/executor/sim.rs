@@ -827,6 +827,7 @@ impl<J: Simulated> History<J> {
                 crate::wire::frame::Halo::Kept => "kept",
                 crate::wire::frame::Halo::KeptAt(_) => "kept at a peer",
                 crate::wire::frame::Halo::Sent(_) => "sent",
+                crate::wire::frame::Halo::Gathered => "gathered",
             };
             let what = match &msg {
                 ToWorker::Begin { chunk, halos } => {

@@ -76,8 +76,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// the halos its partitions export (a halo log), and `Copied` says how much it keeps.
 /// Version 22: local recovery: `SendLog` and `Log` fetch the halo logs a replay needs,
 /// `Recover` has a buddy replay lost partitions from its copies, answered by `Replayed` (or
-/// `ReplayFailed`).
-pub const PROTOCOL_VERSION: u32 = 22;
+/// `ReplayFailed`). Version 23: an allgather's pieces reach a process once per phase
+/// (`Gathered`), and each `Begin` names them ([`Halo::Gathered`]) instead of carrying them
+/// again for every partition the process holds.
+pub const PROTOCOL_VERSION: u32 = 23;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -123,7 +125,7 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         h.iter()
             .map(|(_, h)| match h {
                 Halo::Sent(b) => b.len() + 8,
-                Halo::Kept | Halo::KeptAt(_) => 8,
+                Halo::Kept | Halo::KeptAt(_) | Halo::Gathered => 8,
             })
             .sum::<usize>()
     };
@@ -131,6 +133,7 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         ToWorker::Phase { job, .. } => job.len(),
         ToWorker::Run { state, then, .. } => state.as_ref().map_or(0, Bytes::len) + 24 * then.len(),
         ToWorker::Begin { halos: h, .. } => halos(h),
+        ToWorker::Gathered { pieces } => pieces.iter().map(|(_, b)| b.len() + 8).sum(),
         ToWorker::Piece { bytes, .. } => bytes.len(),
         ToWorker::Place { state, .. } => state.len(),
         ToWorker::Store { url, options, .. } => {
@@ -607,6 +610,15 @@ pub enum ToWorker {
         /// Copies of this phase or later are kept.
         before: u64,
     },
+    /// Owned partitions, at a phase barrier that ends an allgather (after the new phase's
+    /// `Phase`, before its `Begin`s): the pieces every partition exported for every other,
+    /// each with its sender's chunk, in chunk order. Each `Begin` of the phase names them
+    /// ([`Halo::Gathered`]): they cross once per process, not once per partition, and the
+    /// process decodes each once. Until the next `Phase`.
+    Gathered {
+        /// `(sender, piece)`, by sender.
+        pieces: Vec<(u64, Bytes)>,
+    },
 }
 
 /// A message from a worker process to the coordinator.
@@ -894,6 +906,9 @@ pub enum Halo {
     /// keeps it for its partition's next `Begin` (protocol 20, [`peer`](super::peer)). From
     /// then on it is as a halo process `n` kept itself.
     KeptAt(u64),
+    /// In `Begin` only: the piece its sender exported for every partition (an allgather's),
+    /// as the phase's `Gathered` carried it (protocol 23).
+    Gathered,
 }
 
 /// A message of the protocol, which may travel in pieces.

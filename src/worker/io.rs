@@ -85,10 +85,33 @@ enum Background<C> {
     Replayed(u64, Result<super::replay::Replayed<C>, String>),
 }
 
+/// The job value with its phase and number of chunks, once one came.
+pub(super) type PhaseValue<J> = Option<(u64, u64, Arc<J>)>;
+
+/// The pieces of the phase's allgather as this process decoded them (`Code::Gathered`),
+/// each once, shared by every partition here that begins the phase with them, and the
+/// vectors [`Pieces::concat`](crate::Pieces::concat) built from them (one per process).
+#[derive(Default)]
+pub(super) struct GatheredHere {
+    /// `(sender, piece)`, in chunk order; each piece shared.
+    pieces: Vec<(u64, crate::exchange::Piece)>,
+    built: crate::exchange::Gathered,
+}
+
+impl GatheredHere {
+    /// Another handle on the piece from `from`.
+    fn share(&self, from: u64) -> Option<crate::exchange::Piece> {
+        let at = self.pieces.binary_search_by_key(&from, |(c, _)| *c).ok()?;
+        self.pieces[at].1.share()
+    }
+}
+
 /// What the pump holds for the machine: the values of the job's own types, and the tasks.
 struct Pump<J: Job> {
     /// The job value with its phase and number of chunks, once one came.
     job: Option<(u64, u64, Arc<J>)>,
+    /// The phase's allgather pieces, decoded once.
+    gathered: GatheredHere,
     /// Partitions placed here, being read and decoded on the blocking pool while the loop
     /// goes on, two at a time in the order they came (the coordinator sends first those
     /// that run first; all at once, they all ended late; one at a time, the process's
@@ -115,7 +138,8 @@ impl<J: Job> Pump<J> {
             self.placing.spares.clear();
             *lock_buffers(&self.placing.buffers) = None;
         }
-        run_code(peer, code, &mut self.job, &self.inputs, held, &self.buffers)
+        let state = (&mut self.job, &mut self.gathered);
+        run_code(peer, code, state, &self.inputs, held, &self.buffers)
     }
 
     /// Checks an offered store in the background ([`Out::Check`]).
@@ -199,7 +223,7 @@ pub(super) fn hold_replayed<C>(
 pub(super) fn run_code<J: Job>(
     peer: &str,
     code: Code,
-    job: &mut Option<(u64, u64, Arc<J>)>,
+    (job, gathered): (&mut PhaseValue<J>, &mut GatheredHere),
     inputs: &Inputs<J>,
     held: &HeldParts<J::Chunk>,
     buffers: &Buffers,
@@ -222,6 +246,31 @@ pub(super) fn run_code<J: Job>(
             let value: J =
                 codec::decode("the job", &bytes).map_err(|e| undecodable("the job value", e))?;
             *job = Some((phase, chunks, Arc::new(value)));
+            *gathered = GatheredHere::default();
+            Ok(None)
+        }
+        Code::Gathered { pieces } => {
+            let Some(decode) = J::OWNERSHIP.hooks.and_then(|h| h.decode_shared) else {
+                // The machine asks only for a job with partitions; one whose partitions
+                // exchange with neighbours only has no allgather.
+                return Err(Error::Rejected {
+                    peer: peer.to_owned(),
+                    what: "a message to a worker",
+                    reason: "an allgather's pieces for a job whose partitions exchange with \
+                             their neighbours only"
+                        .into(),
+                    source: None,
+                });
+            };
+            gathered.pieces = pieces
+                .into_iter()
+                .map(|(from, b)| {
+                    decode(&b)
+                        .map(|p| (from, p))
+                        .map_err(|e| undecodable("a halo", e))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            gathered.built = crate::exchange::Gathered::default();
             Ok(None)
         }
         Code::Begin { chunk, halos } => {
@@ -236,10 +285,22 @@ pub(super) fn run_code<J: Job>(
             };
             let inbox = halos
                 .into_iter()
-                .map(|(from, b)| {
-                    (hooks.decode_halo)(&b)
+                .map(|(from, b)| match b {
+                    Some(b) => (hooks.decode_halo)(&b)
                         .map(|p| (from, p))
-                        .map_err(|e| undecodable("a halo", e))
+                        .map_err(|e| undecodable("a halo", e)),
+                    // The machine checked that the phase's `Gathered` brought it.
+                    None => {
+                        gathered
+                            .share(from)
+                            .map(|p| (from, p))
+                            .ok_or_else(|| Error::Rejected {
+                                peer: peer.to_owned(),
+                                what: "a message to a worker",
+                                reason: format!("no gathered piece from chunk {from}"),
+                                source: None,
+                            })
+                    }
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let mut parts = lock(held);
@@ -255,7 +316,7 @@ pub(super) fn run_code<J: Job>(
                 chunk,
             };
             if let Err(e) = crate::run::catch(site, J::NAME, || {
-                (hooks.begin)(part, j, chunk, &mut { inbox }, None)
+                (hooks.begin)(part, j, chunk, &mut { inbox }, Some(&gathered.built))
             }) {
                 return Ok(Some(ToCoordinator::FailedHeld {
                     chunk,
@@ -464,6 +525,7 @@ impl Io {
         let (bg_tx, mut bg_rx) = unbounded_channel();
         let mut pump = Pump::<J> {
             job: None,
+            gathered: GatheredHere::default(),
             placing: Placements::new(),
             background: bg_tx,
             inputs: Arc::clone(inputs),
@@ -1050,6 +1112,32 @@ mod tests {
             (self.0[0], self.0[self.0.len() - 1])
         }
         fn begin_phase(&mut self, _: &Strips, _: Option<u64>, _: Option<u64>) {}
+    }
+
+    /// An allgather's pieces for a job whose partitions exchange with their neighbours only
+    /// (a `Partition`'s halos need not be shared) are refused with a typed error, not
+    /// decoded; nothing is kept for a `Begin` to name.
+    #[test]
+    fn gathered_pieces_for_a_job_of_neighbours_only_are_refused() {
+        let held = HeldParts::<Strip>::default();
+        let buffers = Buffers::new(1 << 20);
+        let (mut job, mut gathered) = (None, GatheredHere::default());
+        let code = Code::Gathered {
+            pieces: vec![(0, bytes::Bytes::from_static(&[1]))],
+        };
+        let got = run_code::<Strips>(
+            "the coordinator",
+            code,
+            (&mut job, &mut gathered),
+            &Inputs::default(),
+            &held,
+            &buffers,
+        );
+        assert!(
+            matches!(&got, Err(Error::Rejected { reason, .. }) if reason.contains("neighbours only")),
+            "{got:?}"
+        );
+        assert!(gathered.pieces.is_empty());
     }
 
     /// Partitions placed on a process, as a coordinator after a rollback places them: one as

@@ -220,12 +220,17 @@ pub(super) enum Code {
     /// Decode the job value of `phase` (of `chunks` chunks); it is the job value from now
     /// on.
     Phase { phase: u64, chunks: u64, job: Bytes },
-    /// Decode these halos (each with its sender, in chunk order) and begin the phase of the
-    /// partition held for `chunk`; answered by nothing, `Missing` or `FailedHeld`. The
-    /// restored phase ended: the spares go.
+    /// Decode the pieces of an allgather (each with its sender, in chunk order), once for
+    /// every partition here that begins the phase with them; answered by nothing. Until the
+    /// next `Phase`.
+    Gathered { pieces: Vec<(u64, Bytes)> },
+    /// Decode these halos (each with its sender, in chunk order; `None`: the sender's piece
+    /// of the phase's `Gathered`) and begin the phase of the partition held for `chunk`;
+    /// answered by nothing, `Missing` or `FailedHeld`. The restored phase ended: the spares
+    /// go.
     Begin {
         chunk: u64,
-        halos: Vec<(u64, Bytes)>,
+        halos: Vec<(u64, Option<Bytes>)>,
     },
     /// Encode the partition held for `chunk` (and drop it if `surrender`); answered by
     /// `Surrendered`, `CapturedHeld`, `Missing` or `FailedHeld`.
@@ -364,6 +369,9 @@ pub(super) struct Machine {
     /// chunks then.
     phase: Option<u64>,
     chunks: Option<u64>,
+    /// The senders of the pieces the phase's `Gathered` brought (an allgather's), in chunk
+    /// order: a `Begin` may name only these ([`Halo::Gathered`]). Emptied by each `Phase`.
+    gathered: Vec<u64>,
     /// This process asked to leave.
     left: bool,
     /// The end was decided: nothing more is taken.
@@ -543,6 +551,7 @@ impl Machine {
             config,
             phase: None,
             chunks: None,
+            gathered: Vec::new(),
             left: false,
             ended: false,
             keeper: Keeper::default(),
@@ -1509,7 +1518,31 @@ impl Machine {
             ToWorker::Phase { phase, chunks, job } => {
                 self.phase = Some(phase);
                 self.chunks = Some(chunks);
+                self.gathered.clear();
                 self.code(Code::Phase { phase, chunks, job }, None);
+            }
+            ToWorker::Gathered { pieces } => {
+                let (Some(chunks), true) = (self.chunks, self.config.partitioned) else {
+                    return self.fail(
+                        self.bad(
+                            "an allgather's pieces for a job without partitions, or before its \
+                         value"
+                                .into(),
+                        ),
+                    );
+                };
+                let mut senders = Vec::with_capacity(pieces.len());
+                for (from, _) in &pieces {
+                    if senders.last().is_some_and(|&last| last >= *from) || *from >= chunks {
+                        return self.fail(self.bad(format!(
+                            "an allgather's pieces out of sender order, twice or past the \
+                             last of {chunks} chunks (from {from})"
+                        )));
+                    }
+                    senders.push(*from);
+                }
+                self.gathered = senders;
+                self.code(Code::Gathered { pieces }, None);
             }
             ToWorker::Run {
                 slot,
@@ -1632,7 +1665,16 @@ impl Machine {
                         )));
                     }
                     match h {
-                        Halo::Sent(b) => sent.push((from, b)),
+                        Halo::Sent(b) => sent.push((from, Some(b))),
+                        Halo::Gathered if self.gathered.binary_search(&from).is_ok() => {
+                            sent.push((from, None));
+                        }
+                        Halo::Gathered => {
+                            return self.fail(self.bad(format!(
+                                "the halos for chunk {chunk} name a gathered piece from \
+                                 {from} that the phase's `Gathered` did not bring"
+                            )));
+                        }
                         // `start` gave the kept ones back (`Keeper::begin`).
                         Halo::Kept => {
                             return self
@@ -1979,7 +2021,7 @@ impl Machine {
                     .iter()
                     .filter_map(|(to, h)| match h {
                         Halo::Sent(b) => Some((*to, b.clone())),
-                        Halo::Kept | Halo::KeptAt(_) => None,
+                        Halo::Kept | Halo::KeptAt(_) | Halo::Gathered => None,
                     })
                     .collect();
                 self.log_bytes += logged.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
@@ -2371,7 +2413,7 @@ mod tests {
             begin,
             &Code::Begin {
                 chunk: 2,
-                halos: vec![(1, halo(1, "down")), (3, halo(3, "up"))],
+                halos: vec![(1, Some(halo(1, "down"))), (3, Some(halo(3, "up")))],
             }
         );
         m.answer(Ok(None));
@@ -2414,6 +2456,109 @@ mod tests {
             ),
             "{outs:?}"
         );
+    }
+
+    /// An allgather's pieces come once a phase (`Gathered`) and go to the job's code once;
+    /// each `Begin` that names them is handed on with them by sender, beside the halos it
+    /// carries. A new `Phase` forgets them: a `Begin` that names them then is refused.
+    #[test]
+    fn gathered_pieces_come_once_and_each_begin_names_them() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let pieces = vec![(0, halo(0, "all")), (3, halo(3, "all"))];
+        m.received(
+            t0,
+            Some(ToWorker::Gathered {
+                pieces: pieces.clone(),
+            }),
+        );
+        let outs = polled(&mut m);
+        assert!(
+            matches!(&outs[..], [Out::Code(Code::Gathered { pieces: p })] if *p == pieces),
+            "{outs:?}"
+        );
+        m.answer(Ok(None));
+        for chunk in [1, 2] {
+            m.received(
+                t0,
+                Some(ToWorker::Begin {
+                    chunk,
+                    halos: vec![
+                        (0, Halo::Gathered),
+                        (1, Halo::Sent(halo(1, "own"))),
+                        (3, Halo::Gathered),
+                    ],
+                }),
+            );
+            let outs = polled(&mut m);
+            let [Out::Code(Code::Begin { chunk: c, halos })] = &outs[..] else {
+                panic!("{outs:?}");
+            };
+            assert_eq!(*c, chunk);
+            assert_eq!(
+                halos,
+                &vec![(0, None), (1, Some(halo(1, "own"))), (3, None)]
+            );
+            m.answer(Ok(None));
+        }
+        to_phase(&mut m, t0, 3);
+        m.received(
+            t0,
+            Some(ToWorker::Begin {
+                chunk: 1,
+                halos: vec![(0, Halo::Gathered)],
+            }),
+        );
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::End {
+                    tell: None,
+                    result: Err(Error::Rejected { reason, .. })
+                }] if reason.contains("did not bring")
+            ),
+            "{outs:?}"
+        );
+    }
+
+    /// Gathered pieces out of sender order, twice, past the last chunk, or naming a sender
+    /// the `Gathered` did not bring, are refused before the job's code sees them; so are
+    /// gathered pieces before any job value.
+    #[test]
+    fn bad_gathered_pieces_are_refused() {
+        let piece = |from| (from, halo(from, "all"));
+        for pieces in [
+            vec![piece(2), piece(1)],
+            vec![piece(1), piece(1)],
+            vec![piece(8)],
+        ] {
+            refused(
+                ToWorker::Gathered { pieces },
+                "out of sender order, twice or past",
+            );
+        }
+        refused(
+            ToWorker::Begin {
+                chunk: 1,
+                halos: vec![(0, Halo::Gathered)],
+            },
+            "did not bring",
+        );
+        let (mut m, t0) = machine(true, 1);
+        m.received(
+            t0,
+            Some(ToWorker::Gathered {
+                pieces: vec![piece(0)],
+            }),
+        );
+        assert!(matches!(
+            &polled(&mut m)[..],
+            [Out::End {
+                result: Err(Error::Rejected { reason, .. }),
+                ..
+            }] if reason.contains("before its value")
+        ),);
     }
 
     /// A `Begin` whose halos are not in sender order, or name a sender twice, is refused
@@ -3733,7 +3878,10 @@ mod tests {
         let [Out::Code(Code::Begin { chunk: 3, halos })] = &outs[..] else {
             panic!("{outs:?}");
         };
-        assert_eq!(halos, &vec![(2, halo(2, "down")), (4, halo(4, "up"))]);
+        assert_eq!(
+            halos,
+            &vec![(2, Some(halo(2, "down"))), (4, Some(halo(4, "up")))]
+        );
         m.answer(Ok(None));
         // The partition leaves with the next phase's, which go up named by their phase.
         m.received(t0, Some(ToWorker::Surrender { chunk: 3 }));

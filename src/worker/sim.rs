@@ -58,6 +58,7 @@ enum Background {
 pub(crate) struct SimProcess<J: Job> {
     machine: Machine,
     job: Option<(u64, u64, Arc<J>)>,
+    gathered: super::io::GatheredHere,
     inputs: Arc<Inputs<J>>,
     held: HeldParts<J::Chunk>,
     /// Large buffers kept for reuse, shared with the machine (as a real process's are).
@@ -116,6 +117,7 @@ impl<J: Job> SimProcess<J> {
         let mut p = SimProcess {
             machine: Machine::new(config, now),
             job: None,
+            gathered: Default::default(),
             inputs: Arc::default(),
             held,
             buffers,
@@ -309,7 +311,7 @@ impl<J: Job> SimProcess<J> {
                     let answer = run_code(
                         "the simulated coordinator",
                         code,
-                        &mut self.job,
+                        (&mut self.job, &mut self.gathered),
                         &self.inputs,
                         &self.held,
                         &self.buffers,

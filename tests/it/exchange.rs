@@ -333,7 +333,7 @@ fn worker_process() {
     let options = WorkerOptions::from_env().unwrap().threads(1);
     common::procs::serve_and_exit(
         &addr,
-        &Registry::new().register::<Mesh>(),
+        &Registry::new().register::<Mesh>().register::<Wide>(),
         options,
         Duration::from_secs(20),
     );
@@ -493,6 +493,175 @@ fn an_allgather_builds_one_vector_for_every_partition() {
             .collect();
         assert_eq!(at.len(), 6);
         assert!(at.iter().all(|a| *a == at[0]), "phase {phase}: {at:?}");
+    }
+}
+
+/// The vector `Pieces::concat` gave the first partition of this process that began each
+/// phase of [`Wide`] (by phase): the others compare theirs with it.
+static FIRST_CONCAT: std::sync::Mutex<Vec<(u64, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// Partitions that allgather `width` numbers each every phase, made from what they gathered
+/// the phase before, and fold the whole vector in chunk order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Wide {
+    parts: u64,
+    width: u64,
+    phases: u64,
+    done: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WidePart {
+    me: u64,
+    sum: u64,
+    /// Whether the last vector this partition read was the one of the first partition of
+    /// its process to begin that phase (one vector per process).
+    shared: bool,
+    #[serde(skip)]
+    all: Option<std::sync::Arc<Vec<u64>>>,
+}
+
+impl Wide {
+    /// The piece a partition with `me` and `sum` exports.
+    fn piece(&self, me: u64, sum: u64) -> Vec<u64> {
+        (0..self.width).map(|i| mix(fnv(sum, me), i)).collect()
+    }
+
+    /// The partitions' `sum`s after `self.phases` phases, by a plain loop.
+    fn sequential(&self) -> Vec<u64> {
+        let mut sums = vec![0; self.parts as usize];
+        for _ in 1..self.phases {
+            let all: Vec<u64> = (0..self.parts)
+                .flat_map(|me| self.piece(me, sums[me as usize]))
+                .collect();
+            let folded = all.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| fnv(h, *x));
+            for (me, s) in sums.iter_mut().enumerate() {
+                *s = fnv(folded, me as u64);
+            }
+        }
+        sums
+    }
+}
+
+impl Job for Wide {
+    const NAME: &'static str = "exchange-wide";
+    const OWNERSHIP: Ownership<Self> = Ownership::EXCHANGES;
+    type Chunk = WidePart;
+    type Reducer = CollectInOrder<(u64, bool)>;
+    type Input = ();
+    fn iterations(&self) -> u64 {
+        self.parts
+    }
+    fn chunking(&self) -> Option<Chunking> {
+        Some(Chunking::Size(1))
+    }
+    fn chunk(&self, range: Range<u64>) -> WidePart {
+        WidePart {
+            me: range.start,
+            sum: 0,
+            shared: true,
+            all: None,
+        }
+    }
+    fn reducer(&self) -> CollectInOrder<(u64, bool)> {
+        CollectInOrder::new()
+    }
+    fn end_phase(&mut self, _: &Vec<(u64, bool)>) -> Next {
+        self.done += 1;
+        if self.done < self.phases {
+            Next::Continue
+        } else {
+            Next::Finish
+        }
+    }
+}
+
+impl Chunk for WidePart {
+    type Job = Wide;
+    type Output = Vec<(u64, bool)>;
+    fn step(&mut self, _: &Wide, _: &()) -> Step<Vec<(u64, bool)>> {
+        Step::Done(vec![(self.sum, self.shared)])
+    }
+}
+
+impl Exchange for WidePart {
+    type Piece = Vec<u64>;
+    fn neighbours(_: &Wide, _: u64, _: u64) -> Vec<u64> {
+        Vec::new()
+    }
+    fn pattern(_: &Wide, _: u64) -> Pattern {
+        Pattern::Allgather
+    }
+    fn export(&self, job: &Wide, _: Option<u64>) -> Vec<u64> {
+        job.piece(self.me, self.sum)
+    }
+    fn begin_phase(&mut self, job: &Wide, pieces: Pieces<'_, Vec<u64>>) {
+        let all = pieces.concat::<u64>();
+        let at = std::sync::Arc::as_ptr(&all) as usize;
+        let mut first = FIRST_CONCAT.lock().unwrap();
+        let first = match first.iter().find(|(p, _)| *p == job.done) {
+            Some((_, a)) => *a,
+            None => {
+                first.push((job.done, at));
+                at
+            }
+        };
+        self.shared = first == at;
+        let folded = all.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| fnv(h, *x));
+        self.sum = fnv(folded, self.me);
+        self.all = Some(all);
+    }
+}
+
+/// An allgather between worker processes: each process gets every piece once a phase, not
+/// once for each of its partitions (the coordinator's halo bytes out per phase are the
+/// pieces times the processes), decodes each once, and its partitions read one vector
+/// (`Pieces::concat`); the value is the plain loop's.
+#[test]
+fn an_allgather_reaches_each_process_once() {
+    let job = Wide {
+        parts: 8,
+        width: 1000,
+        phases: 30,
+        done: 0,
+    };
+    let want = job.sequential();
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let mut procs: Vec<Child> = (0..2)
+        .map(|_| common::procs::start_worker(module_path!(), ADDR_ENV, &addr))
+        .collect();
+    let h = exec.submit(job.clone()).unwrap();
+    // Nobody waits on the job until it ends: a waiting thread would run partitions too.
+    until("the end", || h.is_finished());
+    let t = h.traffic();
+    let got = match h.wait().unwrap() {
+        Outcome::Finished(f) => f.into_value(),
+        other => panic!("not finished: {other:?}"),
+    };
+    assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), want);
+    // Most partitions read their process's one vector (one that moved between processes
+    // at a barrier got its pieces with it and built its own).
+    let shared = got.iter().filter(|(_, s)| *s).count();
+    assert!(shared >= 6, "{got:?}");
+    // A phase's pieces: 8 of 1 000 numbers, 8 to 10 bytes each. Sent once per process and
+    // phase: at most 2 × 80 KB a phase (and a moved partition's own, rarely). Once per
+    // partition (as before): 8 × 64 KB at least.
+    let pieces = job.parts * job.width * 10;
+    assert!(
+        t.halo_bytes_out <= 3 * pieces * job.phases,
+        "{} bytes out, {} a phase: {t:?}",
+        t.halo_bytes_out,
+        t.halo_bytes_out / job.phases
+    );
+    assert!(t.halo_bytes_out > 0, "{t:?}");
+    for p in &mut procs {
+        let _ = p.wait();
     }
 }
 
