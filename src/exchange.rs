@@ -250,10 +250,12 @@ impl<'a, P> Pieces<'a, P> {
     ///
     /// The partitions of one process that gather the same pieces at one barrier share one
     /// vector, built by the first that asks: an allgather costs a copy of the vector per
-    /// process, as `MPI_Allgatherv` into one buffer does, not one per partition. Keep the
-    /// `Arc` in the partition for the phase that reads it (a snapshot taken meanwhile stores
-    /// its items). Pieces that are not every partition's (halos, an all-to-all's, or those
-    /// a worker process received) are copied for this partition alone.
+    /// process, as `MPI_Allgatherv` into one buffer does, not one per partition. (A worker
+    /// process receives each piece once a phase, decodes it once, and shares it the same
+    /// way.) Keep the `Arc` in the partition for the phase that reads it (a snapshot taken
+    /// meanwhile stores its items). Pieces that are not every partition's (halos, an
+    /// all-to-all's, or an allgather's that came with a partition moved at the barrier) are
+    /// copied for this partition alone.
     pub fn concat<T>(&self) -> Arc<Vec<T>>
     where
         P: AsRef<[T]>,

@@ -393,7 +393,7 @@ pub(crate) struct Hooks<J: Job> {
     /// senders' chunk order (and the barrier's shared concatenations, if it keeps them).
     pub(crate) begin: fn(&mut J::Chunk, &J, u64, &mut Inbox<Piece>, Option<&Gathered>),
     /// A piece's bytes, for a worker process (or from one). A piece decoded is its
-    /// receiver's own, even an allgather's (each receiver decodes its copy).
+    /// receiver's own (an allgather's too, where it came with a partition that moved).
     pub(crate) encode_halo: fn(&Piece) -> Result<Vec<u8>, crate::codec::Error>,
     pub(crate) decode_halo: DecodePiece,
     /// An allgather's piece from its bytes, shared by every receiver in the process that
