@@ -323,6 +323,26 @@ fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
                 before: 40,
             },
         ),
+        (
+            "gathered",
+            ToWorker::Gathered {
+                pieces: vec![
+                    (0, Bytes::from_static(b"\x02\x01\x02")),
+                    (5, Bytes::from_static(b"\x01\x07")),
+                ],
+            },
+        ),
+        (
+            "begin-gathered",
+            ToWorker::Begin {
+                chunk: 5,
+                halos: vec![
+                    (0, frame::Halo::Gathered),
+                    (4, frame::Halo::Sent(Bytes::from_static(b"\x01h"))),
+                    (5, frame::Halo::Gathered),
+                ],
+            },
+        ),
     ]
 }
 
