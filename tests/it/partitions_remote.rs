@@ -516,13 +516,26 @@ fn peers_that_cannot_reach_each_other_get_their_halos_through_the_coordinator() 
     let port = exec.local_addr().unwrap().port();
     let job = grid(24);
     let h = exec.submit(Banded(job.clone())).unwrap();
-    let start_on = |i: usize| {
+    // `a` stalls in its first band until `b` is in, and nobody waits on the job until it
+    // ends, as in `halos_between_worker_processes_go_from_one_to_the_other`: each process
+    // then holds a block next to the other's (under load, `b` once came late, or the
+    // waiting thread held the bands between the two, and `b` never pushed).
+    let stall = stall_file("apart");
+    std::fs::write(&stall, b"").unwrap();
+    let stalling = stall.to_str().unwrap();
+    let start_on = |i: usize, stalled: bool| {
         let addr = format!("{}:{port}", hosts.gateway(i));
-        let env = [(TOKEN_ENV, token), (TIMEOUT_ENV, "1")];
+        let mut env = vec![(TOKEN_ENV, token), (TIMEOUT_ENV, "1")];
+        if stalled {
+            env.push((common::grid::STALL_ENV, stalling));
+        }
         start_logged_in(Some(hosts.name(i)), &addr, &format!("apart-{i}"), &env)
     };
-    let (a, a_out) = start_on(0);
-    let (b, b_out) = start_on(1);
+    let (a, a_out) = start_on(0, true);
+    let (b, b_out) = start_on(1, false);
+    until("two processes", || h.remote_workers() == 2);
+    std::fs::remove_file(&stall).unwrap();
+    until("the end", || h.is_finished());
     let got = finished(h.clone());
     assert_same(&got, &sequential(&job));
     let (a, b) = (served(a, &a_out), served(b, &b_out));
