@@ -690,7 +690,7 @@ impl<R: Reducer, S> Core<R, S> {
             Pending::Pile(p) => p.take(),
             Pending::Deal(d) => d.take(worker),
             Pending::Owned(o) => {
-                let c = o.take(worker);
+                let c = o.take(worker).or_else(|| o.steal(worker));
                 if let Some(c) = c {
                     o.ran(c, worker);
                 }

@@ -20,8 +20,13 @@
 //!    whose neighbour the receiver holds, if any, else the giver's chunk nearest to the
 //!    receiver's: blocks stay contiguous.
 //!
-//! Within a phase a worker runs only its own queue: a partition never moves to be stolen. The
-//! slack keeps measurement noise from moving a partition back and forth every phase.
+//! Within a phase a worker process's slots run only their own queues: a partition in a
+//! process never moves to be stolen (its bytes would cross on the phase's critical path).
+//! The coordinator's own workers are the exception: their partitions are all in its memory,
+//! so one whose queue ran dry takes the last queued chunk of the one with the most
+//! ([`Owners::steal`]), as a work-stealing pool would; on short phases a thread the machine
+//! held back otherwise held the phase's end while the other waited. The slack keeps
+//! measurement noise from moving a partition back and forth every phase.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -185,6 +190,33 @@ impl Owners {
         if self.holder(c).is_some_and(|h| h != w) {
             self.moved += 1;
         }
+        Some(c)
+    }
+
+    /// A chunk for `w`, a worker of the coordinator's own (not a slot of a worker process),
+    /// whose queue is empty: the last queued of the other such worker with the most queued
+    /// (ties: the lower id), not pinned. The partitions of the coordinator's workers are all
+    /// in its memory, so one taking another's costs no bytes, and a thread the machine held
+    /// back (or that was given more rows) does not hold the phase's end while the other
+    /// waits. Never from or for a worker process: its partitions are in its memory.
+    pub(super) fn steal(&mut self, w: WorkerId) -> Option<ChunkId> {
+        if self.processes.contains_key(&w) {
+            return None;
+        }
+        let (victim, _) = self
+            .queues
+            .iter()
+            .filter(|(v, q)| **v != w && !q.is_empty() && !self.processes.contains_key(v))
+            .max_by_key(|(v, q)| (q.len(), std::cmp::Reverse(**v)))?;
+        let victim = *victim;
+        let q = self.queues.get_mut(&victim)?;
+        let c = *q.back()?;
+        if self.pinned.contains(&c) {
+            return None;
+        }
+        q.pop_back();
+        self.len -= 1;
+        self.moved += 1;
         Some(c)
     }
 
@@ -837,6 +869,37 @@ mod tests {
         assert_eq!(o.queue(0), vec![0, 1, 2, 3]);
         assert_eq!(o.queue(1), vec![4, 5, 6, 7]);
         assert_eq!(o.moved(), 0);
+    }
+
+    /// A worker of the coordinator's own whose queue ran dry takes the last queued chunk of
+    /// the other such worker with the most (a move, counted); never one of a worker
+    /// process's slots, nor for one, nor a pinned chunk.
+    #[test]
+    fn a_local_worker_with_nothing_left_takes_from_another_local_one() {
+        let mut o = Owners::new(12);
+        let three = [(0, 1.0, 0), (1, 1.0, 0), (2, 1.0, 0)];
+        o.start_phase(&three, &plan(12));
+        o.set_process(2, ProcessId(7));
+        assert_eq!(
+            (o.queue(0), o.queue(1), o.queue(2)),
+            (vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 10, 11])
+        );
+        // Worker 1 runs its queue and takes worker 0's tail, one chunk at a time.
+        while let Some(c) = o.take(1) {
+            o.ran(c, 1);
+        }
+        assert_eq!(o.steal(1), Some(3));
+        assert_eq!(o.steal(1), Some(2));
+        assert_eq!(o.queue(0), vec![0, 1]);
+        assert_eq!(o.moved(), 2);
+        // A slot of a worker process neither takes nor is taken from.
+        while o.take(2).is_some() {}
+        assert_eq!(o.steal(2), None);
+        o.pin(&[1], 0);
+        assert_eq!(o.steal(1), None, "a pinned chunk stays");
+        while o.take(0).is_some() {}
+        assert_eq!(o.steal(0), None);
+        assert!(o.is_empty());
     }
 
     /// From one worker to two: half the partitions move, the back half of the block.
