@@ -66,6 +66,11 @@ pub(super) struct Owners {
     /// Chunks that stay with their holder's process until the next phase start
     /// ([`Owners::pin`]): the balance moves none of them.
     pinned: Vec<ChunkId>,
+    /// The workers of the last reassignment that are not slots of a worker process: the
+    /// only ones [`Owners::steal`] looks at (a scan of every queue, at every event of a
+    /// phase, would cost a coordinator with thousands of processes beside one local thread
+    /// a look at each of their slots).
+    locals: Vec<WorkerId>,
 }
 
 impl Owners {
@@ -203,12 +208,13 @@ impl Owners {
         if self.processes.contains_key(&w) {
             return None;
         }
-        let (victim, _) = self
-            .queues
+        let (_, victim) = self
+            .locals
             .iter()
-            .filter(|(v, q)| **v != w && !q.is_empty() && !self.processes.contains_key(v))
-            .max_by_key(|(v, q)| (q.len(), std::cmp::Reverse(**v)))?;
-        let victim = *victim;
+            .filter(|v| **v != w && !self.processes.contains_key(v))
+            .filter_map(|v| Some((self.queues.get(v)?.len(), *v)))
+            .filter(|(len, _)| *len > 0)
+            .max_by_key(|&(len, v)| (len, std::cmp::Reverse(v)))?;
         let q = self.queues.get_mut(&victim)?;
         let c = *q.back()?;
         if self.pinned.contains(&c) {
@@ -330,6 +336,9 @@ impl Owners {
                 self.orphans.extend(q);
             }
         }
+        self.locals.clear();
+        let locals = ids.iter().filter(|w| !self.processes.contains_key(w));
+        self.locals.extend(locals);
         if k == 0 {
             return;
         }
