@@ -340,7 +340,11 @@ impl<J: Job> JobHandle<J> {
     /// What crossed between the coordinator and the job's worker processes so far: messages
     /// each way, and the bytes of the halos relayed among them.
     pub fn traffic(&self) -> super::Traffic {
-        self.shared.lock().remote.traffic
+        let st = self.shared.lock();
+        super::Traffic {
+            partitions_moved: st.core.partitions_moved(),
+            ..st.remote.traffic
+        }
     }
 
     /// The local recoveries the job went through so far: partitions lost with a worker

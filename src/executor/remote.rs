@@ -256,6 +256,11 @@ pub struct Traffic {
     /// for that peer went through the coordinator for a while (2 phases, doubling with each
     /// failure up to 64), then the peer was offered again.
     pub peers_unreachable: u64,
+    /// Owned partitions that moved from one worker to another: by the balance at a phase
+    /// start, from a worker that left, or taken by a local thread whose queue ran dry. A
+    /// move between worker processes crosses the network, and in the phases after it a
+    /// lost process may not be recoverable from buddy copies (it rolls back instead).
+    pub partitions_moved: u64,
 }
 
 /// A worker process as [`JobHandle::remote_processes`](crate::JobHandle::remote_processes)
