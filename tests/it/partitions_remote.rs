@@ -94,6 +94,16 @@ fn start_stalling(addr: &str, stall: &std::path::Path) -> Child {
         .unwrap()
 }
 
+/// Removes a stall file when dropped: the processes it stalls go on (and end with the
+/// coordinator) when a test fails while it is there.
+struct Unstall(std::path::PathBuf);
+
+impl Drop for Unstall {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// A file for [`start_stalling`], not there yet.
 fn stall_file(name: &str) -> std::path::PathBuf {
     let stall = std::env::temp_dir().join(format!(
@@ -405,6 +415,8 @@ fn replayed_after_a_kill(local: usize) {
     let job = grid(400);
     let h = exec.submit(Banded(job.clone())).unwrap();
     let stall = stall_file(&format!("replayed-{local}"));
+    // A failure while the file is there would leave the processes stalled for good.
+    let _unstall = Unstall(stall.clone());
     let mut victim = start_stalling(&addr, &stall);
     let others = [start_stalling(&addr, &stall), start_stalling(&addr, &stall)];
     until("three processes", || h.remote_workers() == 3);
