@@ -2328,6 +2328,13 @@ mod tests {
             matches!(&refused, Err(e) if e.to_string().contains("not another process")),
             "{refused:?}"
         );
+        // A halo named as one of a phase's gathered pieces is for a `Begin` only.
+        let halos = vec![(Some(1), crate::wire::frame::Halo::Gathered)];
+        let refused = h.coord().on_remote(id, forged(halos));
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("only a `Begin` may")),
+            "{refused:?}"
+        );
         // A peer listener that is not an address is refused.
         let refused = h.coord().on_remote(
             id,
@@ -2341,16 +2348,21 @@ mod tests {
         );
         assert_eq!(h.coord().exports.iter().flatten().count(), 0);
         // A halo handed up before its partition leaves must carry its bytes.
-        let released = ToCoordinator::Released {
-            chunk: 1,
-            phase: 0,
-            halos: vec![(0, crate::wire::frame::Halo::Kept)],
-        };
-        let refused = h.coord().on_remote(id, released);
-        assert!(
-            matches!(&refused, Err(e) if e.to_string().contains("without its bytes")),
-            "{refused:?}"
-        );
+        for kept in [
+            crate::wire::frame::Halo::Kept,
+            crate::wire::frame::Halo::Gathered,
+        ] {
+            let released = ToCoordinator::Released {
+                chunk: 1,
+                phase: 0,
+                halos: vec![(0, kept)],
+            };
+            let refused = h.coord().on_remote(id, released);
+            assert!(
+                matches!(&refused, Err(e) if e.to_string().contains("without its bytes")),
+                "{refused:?}"
+            );
+        }
         assert!(h.coord().on_remote(id, done).is_ok());
         assert_eq!(h.coord().exports.iter().flatten().count(), 1);
     }
