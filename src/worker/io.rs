@@ -109,7 +109,7 @@ impl GatheredHere {
 /// What the pump holds for the machine: the values of the job's own types, and the tasks.
 struct Pump<J: Job> {
     /// The job value with its phase and number of chunks, once one came.
-    job: Option<(u64, u64, Arc<J>)>,
+    job: PhaseValue<J>,
     /// The phase's allgather pieces, decoded once.
     gathered: GatheredHere,
     /// Partitions placed here, being read and decoded on the blocking pool while the loop
@@ -880,7 +880,7 @@ impl<J: Job> Placements<J> {
 
     /// Starts placing a partition ([`Out::Place`]); `job` is the phase's job value, to
     /// export its halos with.
-    fn start(&mut self, place: Place, job: Option<(u64, u64, Arc<J>)>) {
+    fn start(&mut self, place: Place, job: PhaseValue<J>) {
         let Place {
             chunk,
             from,
@@ -977,7 +977,7 @@ pub(super) fn decode_placed<J: Job>(
     chunk: u64,
     state: &[u8],
     export: Option<u64>,
-    job: Option<(u64, u64, Arc<J>)>,
+    job: PhaseValue<J>,
     spare: Option<J::Chunk>,
 ) -> Result<Placed<J::Chunk>, crate::Error> {
     let phase = job.as_ref().map_or(0, |(p, ..)| *p);

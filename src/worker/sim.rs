@@ -57,7 +57,7 @@ enum Background {
 /// A simulated worker process (see the module's docs).
 pub(crate) struct SimProcess<J: Job> {
     machine: Machine,
-    job: Option<(u64, u64, Arc<J>)>,
+    job: super::io::PhaseValue<J>,
     gathered: super::io::GatheredHere,
     inputs: Arc<Inputs<J>>,
     held: HeldParts<J::Chunk>,
