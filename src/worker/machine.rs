@@ -1523,13 +1523,8 @@ impl Machine {
             }
             ToWorker::Gathered { pieces } => {
                 let (Some(chunks), true) = (self.chunks, self.config.partitioned) else {
-                    return self.fail(
-                        self.bad(
-                            "an allgather's pieces for a job without partitions, or before its \
-                         value"
-                                .into(),
-                        ),
-                    );
+                    let why = "an allgather's pieces before the job value, or without partitions";
+                    return self.fail(self.bad(why.into()));
                 };
                 let mut senders = Vec::with_capacity(pieces.len());
                 for (from, _) in &pieces {
@@ -2547,7 +2542,7 @@ mod tests {
                 pieces: vec![piece(0)],
             }),
         );
-        ends_refused(&mut m, "before its value");
+        ends_refused(&mut m, "before the job value");
     }
 
     /// A `Begin` whose halos are not in sender order, or name a sender twice, is refused
