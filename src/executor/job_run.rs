@@ -312,8 +312,6 @@ impl<J: Job> State<J> {
         target: usize,
     ) -> State<J> {
         let phases = catch(Site::Job { phase }, J::NAME, || job.phases()).unwrap_or(None);
-        let mut core = core;
-        core.set_shape(&shape);
         let published = Publisher::new(
             Duration::ZERO,
             iterations_before + core.progress().0,

@@ -250,7 +250,6 @@ impl<J: Job> State<J> {
         self.snap.markers = old.markers;
         self.snap.captures_outstanding = old.captures_outstanding;
         self.core = core;
-        self.core.set_shape(&self.shape);
         if let Some(job) = job {
             self.job = Some(Arc::new(job));
         }

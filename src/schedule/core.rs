@@ -959,14 +959,6 @@ impl<R: Reducer, S> Core<R, S> {
         matches!(self.pending, Pending::Owned(_))
     }
 
-    /// Owned partitions: whose halos each partition reads, so that a worker process runs
-    /// first those whose halos leave it (`owned.rs`, "Boundaries first"). A chain until set.
-    pub(crate) fn set_shape(&mut self, shape: &super::Shape) {
-        if let Pending::Owned(o) = &mut self.pending {
-            o.set_shape(shape.clone());
-        }
-    }
-
     /// Owned partitions handed to a worker other than the one that held them, since the job
     /// run started (0 without owned partitions).
     pub fn partitions_moved(&self) -> u64 {

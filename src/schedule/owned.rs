@@ -27,15 +27,6 @@
 //! ([`Owners::steal`]), as a work-stealing pool would; on short phases a thread the machine
 //! held back otherwise held the phase's end while the other waited. The slack keeps
 //! measurement noise from moving a partition back and forth every phase.
-//!
-//! *Boundaries first.* A slot of a worker process runs first the partitions of its queue
-//! that have a neighbour in another group (another process, or a worker of the
-//! coordinator's), then the others, each part in chunk order (the `lead` of a queue, found
-//! at each phase start). Their halos leave the process: pushed to a peer, whose answer
-//! the process waits for before it reports the end of its phase, or sent up. Run last, that
-//! wait came after the process's last partition, on the phase's critical path; run first,
-//! it passes while the process computes the rest. The queue itself stays sorted (the
-//! balance takes its ends).
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -80,12 +71,6 @@ pub(super) struct Owners {
     /// phase, would cost a coordinator with thousands of processes beside one local thread
     /// a look at each of their slots).
     locals: Vec<WorkerId>,
-    /// For a slot of a worker process, the chunks of its queue with a neighbour in another
-    /// group, in chunk order: taken before the rest of the queue ([`Owners::take`]). An
-    /// entry no longer in the queue (moved by a balance since) is skipped.
-    lead: IdMap<WorkerId, VecDeque<ChunkId>>,
-    /// Whose halos each partition reads; a chain until [`Owners::set_shape`].
-    shape: Option<Shape>,
 }
 
 impl Owners {
@@ -160,7 +145,6 @@ impl Owners {
         }
         self.len = plan.len() as usize;
         self.reassign(workers, plan, PHASE_SLACK);
-        self.find_leads(plan);
     }
 
     /// `pending` (a restore's) pending, queued on nobody yet.
@@ -199,32 +183,14 @@ impl Owners {
         }
     }
 
-    /// The next chunk of `w`'s queue, left there: the first of its lead still queued, else
-    /// its first.
+    /// The next chunk of `w`'s queue, left there.
     pub(super) fn peek(&self, w: WorkerId) -> Option<ChunkId> {
-        let q = self.queues.get(&w)?;
-        self.lead
-            .get(&w)
-            .and_then(|lead| lead.iter().copied().find(|c| q.binary_search(c).is_ok()))
-            .or_else(|| q.front().copied())
+        self.queues.get(&w)?.front().copied()
     }
 
-    /// The next chunk of `w`'s queue ([`Owners::peek`]'s).
+    /// The next chunk of `w`'s queue.
     pub(super) fn take(&mut self, w: WorkerId) -> Option<ChunkId> {
-        let q = self.queues.get_mut(&w)?;
-        let mut led = None;
-        if let Some(lead) = self.lead.get_mut(&w) {
-            while let Some(c) = lead.pop_front() {
-                if let Ok(at) = q.binary_search(&c) {
-                    led = q.remove(at);
-                    break;
-                }
-            }
-        }
-        let c = match led {
-            Some(c) => c,
-            None => q.pop_front()?,
-        };
+        let c = self.queues.get_mut(&w)?.pop_front()?;
         self.len -= 1;
         if self.holder(c).is_some_and(|h| h != w) {
             self.moved += 1;
@@ -653,47 +619,6 @@ impl Owners {
         }
     }
 
-    /// Whose halos each partition reads (a chain until set).
-    pub(super) fn set_shape(&mut self, shape: Shape) {
-        self.shape = Some(shape);
-    }
-
-    /// At a phase start, finds the lead of each slot of a worker process (see the module's
-    /// "Boundaries first"): its queued chunks with a neighbour whose partition is held in
-    /// another group, by the holders of the last phase (a chunk moved by this phase start's
-    /// balance counts where it was). None for a chunk whose neighbours were never held (a
-    /// first phase, a restore), and none for a queue whose chunks all lead. A reassignment
-    /// within the phase (a join, a leave) keeps them; those it moved are skipped.
-    fn find_leads(&mut self, plan: &Plan) {
-        self.lead.clear();
-        let chain;
-        let shape = match &self.shape {
-            Some(s) => s,
-            None => {
-                chain = Shape::chain(plan.len());
-                &chain
-            }
-        };
-        for (&w, q) in &self.queues {
-            let Some(&p) = self.processes.get(&w) else {
-                continue;
-            };
-            let elsewhere = |n: ChunkId| match self.holder(n) {
-                Some(h) if h == w => false,
-                Some(h) => self.processes.get(&h) != Some(&p),
-                None => false,
-            };
-            let lead: VecDeque<ChunkId> = q
-                .iter()
-                .copied()
-                .filter(|&c| shape.neighbours(c).any(elsewhere))
-                .collect();
-            if !lead.is_empty() && lead.len() < q.len() {
-                self.lead.insert(w, lead);
-            }
-        }
-    }
-
     /// Worker `w` is one of the slots of worker process `process`: partitions move between
     /// them for free, and the balance evens groups' loads, not slots'.
     pub(super) fn set_process(&mut self, w: WorkerId, process: ProcessId) {
@@ -987,72 +912,6 @@ mod tests {
     }
 
     /// From one worker to two: half the partitions move, the back half of the block.
-    /// The order `w` takes its queue in, each `take` the chunk `peek` showed.
-    fn taken(o: &mut Owners, w: WorkerId) -> Vec<ChunkId> {
-        std::iter::from_fn(|| {
-            let next = o.peek(w);
-            let c = o.take(w);
-            assert_eq!(next, c, "peek shows what take takes");
-            c
-        })
-        .collect()
-    }
-
-    #[test]
-    fn a_slot_of_a_process_runs_first_the_partitions_whose_halos_leave_it() {
-        // A chain of 8: chunks 0-3 held by a slot of process 100, 4-7 by a worker of the
-        // coordinator's own.
-        let mut o = Owners::new(8);
-        o.set_process(0, ProcessId(100));
-        for c in 0..8 {
-            o.ran(c, u64::from(c >= 4));
-        }
-        let workers = [(0, 1.0, 0), (1, 1.0, 0)];
-        o.start_phase(&workers, &plan(8));
-        assert_eq!(
-            taken(&mut o, 0),
-            [3, 0, 1, 2],
-            "chunk 3's halo leaves the process"
-        );
-        assert_eq!(
-            taken(&mut o, 1),
-            [4, 5, 6, 7],
-            "a local worker keeps chunk order"
-        );
-        // Two processes, and a lead moved away by a balance within the phase is skipped.
-        let mut o = Owners::new(8);
-        o.set_process(0, ProcessId(100));
-        o.set_process(1, ProcessId(101));
-        for c in 0..8 {
-            o.ran(c, u64::from(c >= 4));
-        }
-        o.start_phase(&workers, &plan(8));
-        o.shift(0, 1, 3);
-        assert_eq!(taken(&mut o, 0), [0, 1, 2]);
-        assert_eq!(taken(&mut o, 1), [4, 3, 5, 6, 7], "led by 4, then in order");
-        // A declared graph, not the chain: chunk 3 reads chunk 0's halos and 0 reads 3's.
-        let mut o = Owners::new(4);
-        o.set_process(0, ProcessId(100));
-        o.set_process(1, ProcessId(101));
-        let graph = Shape::graph(4, |c| match c {
-            0 => vec![3],
-            3 => vec![0],
-            1 => vec![2],
-            _ => vec![1],
-        })
-        .expect("a graph");
-        o.set_shape(graph);
-        o.ran(0, 1);
-        for c in 1..4 {
-            o.ran(c, 0);
-        }
-        // (Worker 0 three times as fast: the balance moves nothing.)
-        o.start_phase(&[(0, 3.0, 0), (1, 1.0, 0)], &plan(4));
-        assert_eq!(taken(&mut o, 0), [3, 1, 2], "a chain would have led with 1");
-        // Every chunk leads, or none: the queue's order.
-        assert_eq!(taken(&mut o, 1), [0]);
-    }
-
     #[test]
     fn a_joining_worker_takes_a_contiguous_half() {
         let mut o = Owners::new(8);
