@@ -4,7 +4,19 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use malleable::Executor;
 use malleable::cluster::{self, Registry, TOKEN_ENV, WorkerOptions};
+
+/// A coordinator with `local` local workers, listening on loopback for worker processes,
+/// heartbeats every 100 ms and a lease of 3 s.
+pub fn coordinator(local: usize) -> Executor {
+    Executor::builder()
+        .local_workers(local)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .build()
+        .unwrap()
+}
 
 /// Starts this test binary again as a worker process running `worker_process` of the
 /// module whose `module_path!()` is `module` (see [`super::exact`]), with `addr` in the

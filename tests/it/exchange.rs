@@ -353,12 +353,7 @@ fn worker_processes_exchange_exactly_as_they_join_and_leave() {
         ..mesh(150)
     };
     let want = sequential(&job);
-    let exec = Executor::builder()
-        .local_workers(1)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let exec = common::procs::coordinator(1);
     let addr = exec.local_addr().unwrap().to_string();
     let h = exec.submit(job).unwrap();
     until("phase 3", || h.progress().phase >= 3);
@@ -626,12 +621,7 @@ fn an_allgather_reaches_each_process_once() {
         done: 0,
     };
     let want = job.sequential();
-    let exec = Executor::builder()
-        .local_workers(0)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let exec = common::procs::coordinator(0);
     let addr = exec.local_addr().unwrap().to_string();
     let mut procs: Vec<Child> = (0..2)
         .map(|_| common::procs::start_worker(module_path!(), ADDR_ENV, &addr))

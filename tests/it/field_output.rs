@@ -21,7 +21,7 @@ use malleable::{Banded, BoxError, Error, Executor, Finished, JobHandle, Next, Ou
 use serde::{Deserialize, Serialize};
 
 use crate::common;
-use common::procs::{serve_and_exit, start_worker};
+use common::procs::{coordinator, serve_and_exit, start_worker};
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_FIELD_OUTPUT_ADDR";
 
@@ -290,15 +290,6 @@ fn worker_process() {
     let options = WorkerOptions::from_env().unwrap().threads(1);
     let registry = Registry::new().register::<Banded<Field>>();
     serve_and_exit(&addr, &registry, options, Duration::from_secs(20));
-}
-
-fn coordinator(local: usize) -> Executor {
-    Executor::builder()
-        .local_workers(local)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .build()
-        .unwrap()
 }
 
 /// Runs `f` with `local` local workers and `processes` worker processes that all join

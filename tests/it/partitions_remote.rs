@@ -15,7 +15,7 @@ use malleable::{At, Banded, Error, Executor, JobHandle, Outcome};
 
 use crate::common;
 use common::grid::{Grid, sequential};
-use common::procs::start_worker;
+use common::procs::{coordinator, start_worker};
 
 const ADDR_ENV: &str = "MALLEABLE_TEST_PARTITIONS_ADDR";
 
@@ -183,15 +183,6 @@ fn served(mut child: Child, out: &std::path::Path) -> std::collections::HashMap<
 
 fn until(what: &str, cond: impl FnMut() -> bool) {
     common::until(what, Duration::from_secs(60), cond);
-}
-
-fn coordinator(local: usize) -> Executor {
-    Executor::builder()
-        .local_workers(local)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .build()
-        .unwrap()
 }
 
 fn phase_of(h: &JobHandle<Banded<Grid>>) -> u64 {
@@ -1408,12 +1399,7 @@ fn a_cut_open_at_a_loss_commits_nothing_the_rollback_dropped() {
 fn a_loss_in_the_first_phase_without_a_snapshot_starts_it_again() {
     let stall = stall_file("first-phase");
     std::fs::write(&stall, b"").unwrap();
-    let exec = Executor::builder()
-        .local_workers(0)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let exec = coordinator(0);
     let addr = exec.local_addr().unwrap().to_string();
     let job = grid(20);
     let h = exec.submit(Banded(job.clone())).unwrap();
