@@ -1114,6 +1114,97 @@ mod tests {
         fn begin_phase(&mut self, _: &Strips, _: Option<u64>, _: Option<u64>) {}
     }
 
+    /// A job whose partitions exchange pieces (an allgather's are decoded to be shared);
+    /// no chunk of it runs.
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Gathers;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Gatherer;
+
+    impl Job for Gathers {
+        const NAME: &'static str = "gathers";
+        const OWNERSHIP: crate::Ownership<Self> = crate::Ownership::EXCHANGES;
+        type Chunk = Gatherer;
+        type Reducer = crate::reduce::Sum<u64>;
+        type Input = ();
+        fn iterations(&self) -> u64 {
+            4
+        }
+        fn chunk(&self, _: std::ops::Range<u64>) -> Gatherer {
+            Gatherer
+        }
+        fn reducer(&self) -> Self::Reducer {
+            crate::reduce::Sum::new()
+        }
+    }
+
+    impl crate::Chunk for Gatherer {
+        type Job = Gathers;
+        type Output = u64;
+        fn step(&mut self, _: &Gathers, _: &()) -> crate::Step<u64> {
+            crate::Step::Done(0)
+        }
+    }
+
+    impl crate::Exchange for Gatherer {
+        type Piece = Vec<u64>;
+        fn neighbours(_: &Gathers, _: u64, _: u64) -> Vec<u64> {
+            Vec::new()
+        }
+        fn export(&self, _: &Gathers, _: Option<u64>) -> Vec<u64> {
+            Vec::new()
+        }
+        fn begin_phase(&mut self, _: &Gathers, _: crate::Pieces<'_, Vec<u64>>) {}
+    }
+
+    /// The pieces of a phase's `Gathered` are decoded once into pieces every `Begin` of the
+    /// process shares (the same allocation handed to each); bytes that do not decode end
+    /// the process with a typed error naming a halo, and keep nothing of them.
+    #[test]
+    fn gathered_pieces_are_decoded_once_and_shared_or_refused_typed() {
+        let held = HeldParts::<Gatherer>::default();
+        let buffers = Buffers::new(1 << 20);
+        let (mut job, mut gathered) = (None, GatheredHere::default());
+        let bytes = |v: &Vec<u64>| bytes::Bytes::from(codec::encode("a piece", v).unwrap());
+        let code = Code::Gathered {
+            pieces: vec![(0, bytes(&vec![7, 8])), (2, bytes(&vec![9]))],
+        };
+        let state = (&mut job, &mut gathered);
+        let got = run_code::<Gathers>(
+            "the coordinator",
+            code,
+            state,
+            &Inputs::default(),
+            &held,
+            &buffers,
+        );
+        assert!(matches!(got, Ok(None)), "{got:?}");
+        let (a, b) = (gathered.share(2).unwrap(), gathered.share(2).unwrap());
+        let (a, b) = (a.get::<Vec<u64>>().unwrap(), b.get::<Vec<u64>>().unwrap());
+        assert_eq!(a, &vec![9]);
+        assert!(std::ptr::eq(a, b), "one decoded piece, shared");
+        assert!(gathered.share(1).is_none(), "no piece from chunk 1");
+        let code = Code::Gathered {
+            pieces: vec![(0, bytes::Bytes::from_static(&[0xff]))],
+        };
+        let mut gathered = GatheredHere::default();
+        let state = (&mut job, &mut gathered);
+        let got = run_code::<Gathers>(
+            "the coordinator",
+            code,
+            state,
+            &Inputs::default(),
+            &held,
+            &buffers,
+        );
+        assert!(
+            matches!(&got, Err(Error::Undecodable { what, .. }) if what.contains("halo")),
+            "{got:?}"
+        );
+        assert!(gathered.pieces.is_empty());
+    }
+
     /// An allgather's pieces for a job whose partitions exchange with their neighbours only
     /// (a `Partition`'s halos need not be shared) are refused with a typed error, not
     /// decoded; nothing is kept for a `Begin` to name.
