@@ -269,6 +269,7 @@ fn halos_between_worker_processes_go_from_one_to_the_other() {
     // pushed).
     let stall = stall_file("direct");
     std::fs::write(&stall, b"").unwrap();
+    let _unstall = Unstall(stall.clone());
     let stalling = stall.to_str().unwrap();
     let (a, a_out) = start_logged_with(&addr, "direct-a", &[(common::grid::STALL_ENV, stalling)]);
     let (b, b_out) = start_logged(&addr, "direct-b");
@@ -571,6 +572,7 @@ fn peers_that_cannot_reach_each_other_get_their_halos_through_the_coordinator() 
     // waiting thread held the bands between the two, and `b` never pushed).
     let stall = stall_file("apart");
     std::fs::write(&stall, b"").unwrap();
+    let _unstall = Unstall(stall.clone());
     let stalling = stall.to_str().unwrap();
     let start_on = |i: usize, stalled: bool| {
         let addr = format!("{}:{port}", hosts.gateway(i));
