@@ -20,7 +20,9 @@
 //! 2. *Quiesce.* The run waits until no chunk runs, no partition is on its way between
 //!    workers (`Surrender`) and no snapshot is being written (a write in flight that commits
 //!    is a newer restore point, and it is the one taken). Local workers whose partition was on
-//!    its way from the lost process leave and are replaced.
+//!    its way from the lost process leave and are replaced at once (`threads.rs`,
+//!    `abandon`), so that the replacement joins the restored ledger in step 4 and is dealt
+//!    partitions with the others.
 //! 3. *Read.* The manifest of the snapshot the run last committed (or resumed from) is read
 //!    on the I/O runtime, outside the lock; the parts stay in the store for now.
 //! 4. *Reset.* Under the lock the ledger, the job value, the phase and the snapshot

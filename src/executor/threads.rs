@@ -179,5 +179,12 @@ fn abandon<J: Job>(
     }
     st.report(Event::Lost { worker }, Some(worker));
     st.release(worker);
+    if replaced {
+        // Its replacement joins now, while the run is halted: the restored ledger, which
+        // every member joins when the snapshot's manifest is read, then deals it partitions
+        // too. (Spawned at the next event instead, it came after that deal once in a few
+        // rollbacks, and the coordinator's own thread sat out the restored phase.)
+        st.reconcile();
+    }
     Some(Mail::Release)
 }

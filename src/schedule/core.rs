@@ -869,6 +869,10 @@ impl<R: Reducer, S> Core<R, S> {
     /// next phase runs each there ([`Core::holder`]).
     pub(crate) fn deal_unheld_kept(&mut self) {
         let workers = self.owner_view();
+        tracing::debug!(
+            ?workers,
+            "restored partitions dealt over these workers (id, speed, iterations running)"
+        );
         let mut chunks: Vec<ChunkId> = self.kept.keys().copied().collect();
         chunks.sort_unstable();
         if let Pending::Owned(o) = &mut self.pending {
