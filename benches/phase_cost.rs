@@ -29,6 +29,7 @@
 //! ```text
 //! cargo bench --bench phase_cost
 //! PHASE_COST_PHASES=4000 PHASE_COST_P=8,32 cargo bench --bench phase_cost
+//! PHASE_COST_WAYS="local 2,procs 2" cargo bench --bench phase_cost  # those ways only
 //! cargo test --bench phase_cost        # a quick checked pass
 //! ```
 //!
@@ -345,6 +346,11 @@ fn main() {
     ];
     if procs {
         ways.push(("procs 2", processes));
+    }
+    // `PHASE_COST_WAYS=local 1,procs 2`: only those (and the plain loop, the reference).
+    if let Ok(only) = std::env::var("PHASE_COST_WAYS") {
+        let only: Vec<&str> = only.split(',').map(str::trim).collect();
+        ways.retain(|(name, _)| *name == "seq" || only.contains(name));
     }
     println!(
         "the fixed cost of a phase: bands of one row of {WIDTH} f64, {phases} phases a run; \

@@ -869,18 +869,21 @@ impl<R: Rows> Band<R> {
     /// length, or an empty neighbour.
     fn fits(&self, grid: &R) -> Result<(), String> {
         let (w, height) = (grid.width(), grid.height());
-        let rows = format!("the band of rows {}..{}", self.start, self.end);
+        // Named only in an error: this runs at every step, which allocates nothing.
+        let rows = || format!("the band of rows {}..{}", self.start, self.end);
         if self.w() != w {
             return Err(format!(
-                "{rows} holds rows of {} cells, the grid's width() is {w}: it was written \
+                "{} holds rows of {} cells, the grid's width() is {w}: it was written \
                  with another grid shape",
+                rows(),
                 self.width
             ));
         }
         if self.end > height {
             return Err(format!(
-                "{rows} lies outside the grid of height() {height}: it was written with \
-                 another grid shape"
+                "{} lies outside the grid of height() {height}: it was written with \
+                 another grid shape",
+                rows()
             ));
         }
         let reads_before = self.start > 0 && self.next == self.start;
@@ -891,8 +894,9 @@ impl<R: Rows> Band<R> {
         ] {
             if reads && halo.0.len() != w {
                 return Err(format!(
-                    "{rows} of a grid of height() {height} has a row {which} it of {} cells \
+                    "{} of a grid of height() {height} has a row {which} it of {} cells \
                      where the width() is {w}: it was written with another grid shape",
+                    rows(),
                     halo.0.len()
                 ));
             }

@@ -33,6 +33,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The count is the process's: the tests take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[derive(Serialize, Deserialize)]
 struct Steps {
     per_step: u64,
@@ -98,6 +101,7 @@ fn allocations(per_step: u64) -> (u64, u64) {
 
 #[test]
 fn steps_do_not_allocate() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     allocations(1000); // warm up lazily initialized statics
     let (few, a) = allocations(1000); // 400 steps
     let (many, b) = allocations(10); // 40 000 steps
@@ -109,4 +113,61 @@ fn steps_do_not_allocate() {
         many <= few + 64,
         "400 steps: {few} allocations; 40 000 steps: {many}"
     );
+}
+
+/// A grid of `Rows` whose steps are one row each (`target_step` of a nanosecond).
+#[derive(Serialize, Deserialize)]
+struct Grid;
+
+impl malleable::Rows for Grid {
+    const NAME: &'static str = "grid";
+    type Element = u64;
+    type Acc = u64;
+    type Reducer = Sum<u64>;
+    type Input = ();
+    fn height(&self) -> u64 {
+        2000
+    }
+    fn width(&self) -> usize {
+        8
+    }
+    fn bands(&self) -> u64 {
+        1
+    }
+    fn reducer(&self) -> Sum<u64> {
+        Sum::new()
+    }
+    fn init(&self, _: &(), i: u64, row: &mut [u64]) {
+        row.fill(i);
+    }
+    fn update(&self, _: &(), _: u64, win: malleable::rows::Window<'_, u64>, acc: &mut u64) {
+        for (x, o) in win.row.iter_mut().zip(win.old) {
+            *x = o + win.above.map_or(0, |a| a[0]) + win.below.map_or(0, |b| b[0]);
+            *acc = acc.wrapping_add(*x);
+        }
+    }
+    fn target_step(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(1)
+    }
+}
+
+/// A band's step (a row here) allocates nothing once the band is made: a band used to name
+/// itself in a new `String` at every step, for an error it reports only when it does not fit
+/// its grid.
+#[test]
+fn a_band_s_steps_do_not_allocate() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let job = malleable::Banded(Grid);
+    let input = malleable::rows::BandedInput(());
+    let mut band = job.chunk(0..2000);
+    // The first step makes the band's rows.
+    assert!(matches!(band.step(&job, &input), Step::Yield));
+    let before = ALLOCS.load(Ordering::SeqCst);
+    let mut steps = 1;
+    while let Step::Yield = band.step(&job, &input) {
+        steps += 1;
+    }
+    let allocated = ALLOCS.load(Ordering::SeqCst) - before;
+    assert!(steps >= 1000, "{steps} steps: the batch did not stay small");
+    assert_eq!(allocated, 0, "{steps} steps allocated {allocated} times");
 }
