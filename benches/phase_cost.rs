@@ -235,7 +235,19 @@ fn processes(bands: u64, phases: u64) -> (f64, Vec<Instant>) {
         std::thread::sleep(Duration::from_micros(200));
     }
     let from = ENDS.lock().expect("the phase ends").len();
-    let f = finish(h);
+    let f = finish(h.clone());
+    let t = h.traffic();
+    let n = phases as f64;
+    eprintln!(
+        "  procs 2, {bands} partitions: per phase {:.1} messages in and {:.1} out through the \
+         coordinator, {:.0} halo bytes relayed in, {:.1} halos pushed between the processes; \
+         {} partitions moved in the run",
+        t.messages_in as f64 / n,
+        t.messages_out as f64 / n,
+        t.halo_bytes_in as f64 / n,
+        t.halos_direct as f64 / n,
+        t.partitions_moved,
+    );
     for mut w in workers {
         let _ = w.wait();
     }

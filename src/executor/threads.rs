@@ -25,7 +25,7 @@ pub(super) fn thread_main<J: Job>(shared: Arc<Shared<J>>, rx: Receiver<Mail<J>>)
     loop {
         let msg = match next.take() {
             Some(m) => m,
-            None => match receive(&rx) {
+            None => match run::receive(&rx) {
                 Ok(m) => m,
                 Err(_) => return,
             },
@@ -34,35 +34,6 @@ pub(super) fn thread_main<J: Job>(shared: Arc<Shared<J>>, rx: Receiver<Mail<J>>)
             Mail::Run { .. } => next = run_one(&shared, msg, &mut stats),
             Mail::Release => return,
             Mail::Wake => {}
-        }
-    }
-}
-
-/// How long a local thread with nothing to run polls its mailbox before it sleeps.
-///
-/// A thread that ends its share of a phase first waits for the barrier, which the last one
-/// runs and which sends it its next chunk. Asleep, it is woken through the kernel, and on
-/// this machine (2 virtual CPUs) the wake-up was most of the fixed cost of a phase: 10-35 µs
-/// a phase with 2 threads against 4 µs with 1 (`benches/phase_cost.rs`, 4 partitions);
-/// polling first, 5 µs. Rayon's idle threads also poll before they sleep. A thread that
-/// gets nothing within this time sleeps: an idle pool costs at most this per wait.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// The next message: polled for [`SPIN`], then waited for asleep.
-fn receive<T>(rx: &Receiver<T>) -> Result<T, crossbeam_channel::RecvError> {
-    let start = std::time::Instant::now();
-    loop {
-        for _ in 0..64 {
-            match rx.try_recv() {
-                Ok(m) => return Ok(m),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    return Err(crossbeam_channel::RecvError);
-                }
-                Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
-            }
-        }
-        if start.elapsed() >= SPIN {
-            return rx.recv();
         }
     }
 }

@@ -14,10 +14,12 @@
 mod cell;
 mod runner;
 mod stop;
+mod wait;
 
 pub(crate) use cell::{CAPTURE, Cell, INTERRUPT, MAIL};
 pub(crate) use runner::{Assignment, Attend, Host, Ran, run};
 pub use stop::SuspendToken;
+pub(crate) use wait::receive;
 
 use std::sync::{Arc, OnceLock};
 
