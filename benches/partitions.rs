@@ -621,7 +621,7 @@ fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
             println!(
                 "round {}: {name}: through the coordinator per phase: {:.1} messages in, {:.1} \
                  out ({:.1} per process; target <= 2), {:.0} halo bytes in, {:.0} out; {:.1} \
-                 halos a phase between the processes directly",
+                 halos a phase between the processes directly; {} partitions moved in the run",
                 round + 1,
                 per_phase(traffic.messages_in),
                 per_phase(traffic.messages_out),
@@ -629,6 +629,7 @@ fn remote_vs_local(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
                 per_phase(traffic.halo_bytes_in),
                 per_phase(traffic.halo_bytes_out),
                 per_phase(traffic.halos_direct),
+                traffic.partitions_moved,
             );
             r
         };
