@@ -240,12 +240,13 @@ fn processes(bands: u64, phases: u64) -> (f64, Vec<Instant>) {
     let n = phases as f64;
     eprintln!(
         "  procs 2, {bands} partitions: per phase {:.1} messages in and {:.1} out through the \
-         coordinator, {:.0} halo bytes relayed in, {:.1} halos pushed between the processes; \
-         {} partitions moved in the run",
+         coordinator, {:.0} halo bytes relayed in, {:.1} halos pushed between the processes \
+         ({} peers found unreachable); {} partitions moved in the run",
         t.messages_in as f64 / n,
         t.messages_out as f64 / n,
         t.halo_bytes_in as f64 / n,
         t.halos_direct as f64 / n,
+        t.peers_unreachable,
         t.partitions_moved,
     );
     for mut w in workers {
