@@ -141,9 +141,7 @@ impl<J: Job> State<J> {
         let done = (done_chunks + running).min(total);
         let done_all_phases = self.iterations_before + done;
         let rate = self.published.meter.sample(self.now, done_all_phases);
-        let left = |iterations: u64| {
-            (rate > 0.0).then(|| Duration::from_secs_f64(iterations as f64 / rate))
-        };
+        let left = |iterations: u64| eta(iterations, rate);
         let phases = self.published.phases;
         let later = phases.map(|n| n.saturating_sub(self.phase + 1).saturating_mul(total));
         Progress {
@@ -178,9 +176,48 @@ impl<J: Job> State<J> {
     }
 }
 
+/// The time `iterations` take at `rate` a second; `None` when that is unknown: no rate, or
+/// one so small that the time is past what a `Duration` holds. (A job stalled for a
+/// minute or two decays its moving average towards zero, and `JobHandle::progress`
+/// panicked converting the quotient.)
+fn eta(iterations: u64, rate: f64) -> Option<Duration> {
+    if rate > 0.0 {
+        Duration::try_from_secs_f64(iterations as f64 / rate).ok()
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_eta_past_what_a_duration_holds_is_unknown() {
+        assert_eq!(eta(100, 10.0), Some(Duration::from_secs(10)));
+        assert_eq!(eta(0, 10.0), Some(Duration::ZERO));
+        assert_eq!(eta(100, 0.0), None);
+        assert_eq!(eta(100, f64::NAN), None);
+        assert_eq!(eta(100, 1e-300), None);
+        assert_eq!(eta(u64::MAX, f64::MIN_POSITIVE), None);
+    }
+
+    /// A run that stops making progress (every worker stalled): its rate decays towards
+    /// zero, and the time left is unknown once it is too long to say, never a panic.
+    #[test]
+    fn a_stalled_run_s_rate_decays_and_its_eta_becomes_unknown() {
+        let t0 = Duration::from_secs(7);
+        let mut m = Meter::new(t0, 0);
+        let mut t = t0 + Duration::from_secs(1);
+        assert!(m.sample(t, 1_000) > 0.0);
+        for _ in 0..100_000 {
+            t += Duration::from_millis(100);
+            let rate = m.sample(t, 1_000);
+            assert!(rate >= 0.0 && rate.is_finite(), "{rate}");
+            let _ = eta(1_000_000, rate);
+        }
+        assert_eq!(eta(1_000_000, m.sample(t, 1_000)), None);
+    }
 
     #[test]
     fn the_rate_counts_this_run_only() {
