@@ -1262,15 +1262,61 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
     let addr = exec.local_addr().unwrap().to_string();
     let job = grid(1000);
     let h = exec.submit(Banded(job.clone())).unwrap();
-    let mut a = start(&addr);
-    let mut b = start(&addr);
+    // Each process stalls in its rows while its own file is there.
+    let stalls = [
+        stall_file("rollback-again-a"),
+        stall_file("rollback-again-b"),
+    ];
+    // A failure while a file is there would leave its process stalled for good.
+    let _unstall = stalls.clone().map(Unstall);
+    let mut procs = [
+        start_stalling(&addr, &stalls[0]),
+        start_stalling(&addr, &stalls[1]),
+    ];
     until("two processes", || h.remote_workers() == 2);
     until("phase 10", || phase_of(&h) >= 10);
-    // A snapshot taken now has the processes' parts as references, so the rollback places
-    // restored partitions on them by reference (`PlacePart`).
+    // A snapshot taken while both processes run partitions has parts of both as
+    // references, so the rollback places restored partitions on the survivor by reference
+    // (`PlacePart`), and the survivor has them when it is lost in its turn. (A process
+    // that wrote no part by reference is not known to read the store: its restored
+    // partitions go as bytes once the coordinator has read them, after the survivor's loss
+    // here, which then lost nothing.)
     let at = show_the_store(&h);
+    until("both processes running partitions", || {
+        h.remote_processes().iter().filter(|p| p.chunks > 0).count() == 2
+    });
     let id = h.snapshot().wait().unwrap();
     until("ten more phases", || phase_of(&h) >= at + 15);
+    // The first loss is of a process stalled in its rows: it holds a partition then, and no
+    // phase can end, so none moves away before the loss is noticed. (Killed at any moment,
+    // a process once held none, the balance having moved them all to the others on a
+    // loaded machine: its loss lost nothing, and nothing rolled back.) One process stalls
+    // at a time, the other in turn, so a run that makes no progress at all for 200 ms is the
+    // stalled one stuck in a band.
+    let progress = |h: &JobHandle<Banded<Grid>>| {
+        let p = h.progress();
+        (p.phase, p.done, h.traffic().partitions_moved)
+    };
+    let first = (0..).map(|turn| turn % 2).find(|&i| {
+        assert!(
+            !h.is_finished(),
+            "the job ended before a process stalled in a band"
+        );
+        std::fs::write(&stalls[i], b"").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let at = progress(&h);
+        std::thread::sleep(Duration::from_millis(200));
+        if progress(&h) == at {
+            return true;
+        }
+        std::fs::remove_file(&stalls[i]).unwrap();
+        // Long enough for the process, which looks every 20 ms, to see the file gone.
+        std::thread::sleep(Duration::from_millis(100));
+        false
+    });
+    let first = first.expect("an endless search");
+    let [a, b] = &mut procs;
+    let (a, b) = if first == 0 { (a, b) } else { (b, a) };
     gated.open.send_replace(false);
     a.kill().unwrap();
     let _ = a.wait();
