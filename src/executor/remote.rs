@@ -180,8 +180,9 @@ pub(crate) struct Conn {
     /// Iterations done in each thread's running chunk, from heartbeats.
     pub(crate) progress: Vec<u64>,
     retiring: bool,
-    /// Whether its last snapshot part came as a reference (it writes to, so reads from, the
-    /// job's store): a restored partition placed on it goes as its part (`PlacePart`).
+    /// Whether it said the job's store is usable from it (`StoreChecked`), or its last
+    /// snapshot part came as a reference (it writes to, so reads from, the job's store): a
+    /// restored partition placed on it goes as its part (`PlacePart`).
     pub(crate) reads_store: bool,
     /// The peer data plane (protocol 20): where it accepts halos from its peers, if it does.
     listen: Option<Arc<str>>,
@@ -2068,6 +2069,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::CopiesOf { .. } => ("copies of", None),
                 ToCoordinator::Replayed { chunk, .. } => ("replayed", Some(*chunk)),
                 ToCoordinator::ReplayFailed { .. } => ("replay failed", None),
+                ToCoordinator::StoreChecked { .. } => ("store checked", None),
             };
             tracing::debug!(conn = %id, what, chunk, "from a worker process");
         }
@@ -2199,6 +2201,14 @@ impl<J: Job> State<J> {
                     here: false,
                     source: error,
                 });
+            }
+            ToCoordinator::StoreChecked { usable } => {
+                // Known before it writes a part: a process that joined after the latest
+                // snapshot, or held nothing at its cut, reads its restored partitions from
+                // the store too (`rollback.rs`, step 5). A part it sends later says again.
+                tracing::debug!(conn = %id, usable, "a worker process checked the job's store");
+                conn.reads_store = usable;
+                return Ok(());
             }
             ToCoordinator::Listening { addr } => {
                 if addr.parse::<std::net::SocketAddr>().is_err() {

@@ -78,8 +78,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// `Recover` has a buddy replay lost partitions from its copies, answered by `Replayed` (or
 /// `ReplayFailed`). Version 23: an allgather's pieces reach a process once per phase
 /// (`Gathered`), and each `Begin` names them ([`Halo::Gathered`]) instead of carrying them
-/// again for every partition the process holds.
-pub const PROTOCOL_VERSION: u32 = 23;
+/// again for every partition the process holds. Version 24: a process says whether the
+/// store a `Store` offered is usable from it (`StoreChecked`), so that a rollback places
+/// restored partitions on it by reference even if it wrote no part of the snapshot.
+pub const PROTOCOL_VERSION: u32 = 24;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -880,6 +882,14 @@ pub enum ToCoordinator {
     /// `Done`s of the partitions a process ran in a phase, sent together when the last of
     /// its granted runs ended (see `Run::then`). Never nested.
     Batch(Vec<ToCoordinator>),
+    /// Snapshots: the check of the store a `Store` offered ended. With `usable`, this
+    /// process writes its snapshot parts there itself and reads the parts placed on it
+    /// from there (`PlacePart`); without, its parts go to the coordinator as bytes. Sent
+    /// once per offer checked.
+    StoreChecked {
+        /// Whether the store is usable from here.
+        usable: bool,
+    },
 }
 
 /// A record of a halo log (`ToCoordinator::Log`): the phase at whose end a partition

@@ -1381,6 +1381,10 @@ impl Machine {
                 );
             }
         }
+        if !self.ended {
+            let usable = self.store.is_some();
+            self.send(ToCoordinator::StoreChecked { usable });
+        }
     }
 
     /// A part's write ended: its reference goes to the coordinator, or its bytes if it
@@ -2134,6 +2138,7 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::CopiesOf { .. }
         | ToCoordinator::Replayed { .. }
         | ToCoordinator::ReplayFailed { .. }
+        | ToCoordinator::StoreChecked { .. }
         | ToCoordinator::Undecodable { .. } => None,
     }
 }
@@ -2347,8 +2352,47 @@ mod tests {
         assert!(polled(m).is_empty());
         let store = Store::open("memory://").unwrap();
         m.checked(Ok((store.clone(), "job".to_owned())));
-        assert!(polled(m).is_empty());
+        // The coordinator is told: a rollback places partitions here as parts.
+        assert_eq!(
+            sent(polled(m)),
+            vec![ToCoordinator::StoreChecked { usable: true }]
+        );
         store
+    }
+
+    /// A store that does not serve this process: the coordinator is told, and the parts go
+    /// as bytes; offered again, it is checked again.
+    #[test]
+    fn a_store_unusable_here_is_said_so_and_checked_again_when_offered_again() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let offer = ToWorker::Store {
+            url: "memory://".to_owned(),
+            options: Vec::new(),
+            job_id: "job".to_owned(),
+            epoch: 1,
+            created_unix_ms: 42,
+        };
+        m.received(t0, Some(offer.clone()));
+        assert!(matches!(&polled(&mut m)[..], [Out::Check(_)]));
+        let why = crate::snapshot::Store::open("nowhere://at-all").unwrap_err();
+        m.checked(Err(Unusable::Open(why)));
+        assert_eq!(
+            sent(polled(&mut m)),
+            vec![ToCoordinator::StoreChecked { usable: false }]
+        );
+        m.received(
+            t0,
+            Some(ToWorker::CaptureHeld {
+                chunk: 3,
+                folder: 7,
+            }),
+        );
+        let _ = polled(&mut m);
+        m.answer(Ok(Some(captured_held(3, b"state"))));
+        assert_eq!(sent(polled(&mut m)), vec![captured_held(3, b"state")]);
+        m.received(t0, Some(offer));
+        assert!(matches!(&polled(&mut m)[..], [Out::Check(_)]));
     }
 
     /// A `Run` goes to its slot's thread; its `Done` keeps the partition here: the halos

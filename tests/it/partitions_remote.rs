@@ -1122,6 +1122,8 @@ struct GatedReads {
     committing: std::sync::atomic::AtomicUsize,
     manifests: tokio::sync::watch::Sender<bool>,
     reading_manifests: std::sync::atomic::AtomicUsize,
+    /// Parts read through this store (the coordinator's reads: processes read the folder).
+    parts_read: std::sync::atomic::AtomicUsize,
 }
 
 /// A coordinator with `local` workers whose snapshot store is a gated folder (`name`), and
@@ -1157,6 +1159,7 @@ impl GatedReads {
             committing: 0.into(),
             manifests: tokio::sync::watch::Sender::new(true),
             reading_manifests: 0.into(),
+            parts_read: 0.into(),
         }
     }
 }
@@ -1200,6 +1203,7 @@ impl object_store::ObjectStore for GatedReads {
     ) -> object_store::Result<object_store::GetResult> {
         use std::sync::atomic::Ordering::SeqCst;
         let gate = if location.as_ref().contains("/parts/") {
+            self.parts_read.fetch_add(1, SeqCst);
             Some((&self.open, &self.waiting))
         } else if location.as_ref().ends_with("/manifest") {
             Some((&self.manifests, &self.reading_manifests))
@@ -1339,6 +1343,73 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
     assert_eq!(r.epoch, id.epoch);
     assert_eq!(r.started_over, 1, "{r:?}");
     assert!(r.recovered.is_some(), "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process that joined after the latest snapshot, and so wrote no part of it, reads the
+/// restored partitions placed on it from the store itself when another process is lost: it
+/// said it can (`StoreChecked`), and the coordinator reads no part. (Before, only a part
+/// written by reference told the coordinator so: it read every part and sent them down the
+/// control stream.) The grid is exact.
+#[test]
+fn a_process_that_wrote_no_part_reads_its_restored_partitions_from_the_store() {
+    use std::sync::atomic::Ordering::SeqCst;
+    common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
+    let (dir, gated, exec) = gated_coordinator("late-reader", 0, Duration::from_secs(3));
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = grid(1000);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let stall = stall_file("late-reader");
+    // A failure while the file is there would leave `a` stalled for good.
+    let _unstall = Unstall(stall.clone());
+    let mut a = start_stalling(&addr, &stall);
+    until("a process", || h.remote_workers() == 1);
+    until("phase 5", || phase_of(&h) >= 5);
+    // The snapshot the job rolls back to, all of it `a`'s.
+    let id = h.snapshot().wait().unwrap();
+    let mut b = start(&addr);
+    until("two processes", || h.remote_workers() == 2);
+    until("both processes running partitions", || {
+        h.remote_processes().iter().filter(|p| p.chunks > 0).count() == 2
+    });
+    // `a` is lost while it is stalled in its rows (so that it holds a partition, and no
+    // phase ends in between): a run that makes no progress for 200 ms.
+    let progress = |h: &JobHandle<Banded<Grid>>| {
+        let p = h.progress();
+        (p.phase, p.done, h.traffic().partitions_moved)
+    };
+    loop {
+        assert!(
+            !h.is_finished(),
+            "the job ended before `a` stalled in a band"
+        );
+        std::fs::write(&stall, b"").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let at = progress(&h);
+        std::thread::sleep(Duration::from_millis(200));
+        if progress(&h) == at {
+            break;
+        }
+        std::fs::remove_file(&stall).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let read_before = gated.parts_read.load(SeqCst);
+    a.kill().unwrap();
+    let _ = a.wait();
+    until("the rollback", || {
+        !h.rollbacks().is_empty() || h.is_finished()
+    });
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let rollbacks = h.rollbacks();
+    assert_eq!(rollbacks.len(), 1, "{rollbacks:?}");
+    assert_eq!(rollbacks[0].epoch, id.epoch);
+    assert_eq!(
+        gated.parts_read.load(SeqCst) - read_before,
+        0,
+        "the coordinator read parts that `b` reads itself"
+    );
+    assert!(b.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
