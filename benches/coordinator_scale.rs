@@ -39,19 +39,9 @@ use std::time::Duration;
 
 use malleable::__bench::{Spent, coordinator_phases};
 
-fn list(var: &str, default: &[usize]) -> Vec<usize> {
-    match std::env::var(var) {
-        Ok(s) => s
-            .split(',')
-            .map(|x| {
-                x.trim()
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{var}: {x:?}: {e}"))
-            })
-            .collect(),
-        Err(_) => default.to_vec(),
-    }
-}
+mod support;
+
+use support::{fit, list};
 
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
@@ -60,19 +50,6 @@ fn median(mut xs: Vec<Duration>) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// Least squares slope and intercept of `y` against `x`.
-fn fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-    (slope, my - slope * mx)
 }
 
 struct Row {

@@ -104,7 +104,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use malleable::cluster::{self, Registry, WorkerOptions};
+use malleable::cluster::{Registry, WorkerOptions};
 use malleable::rows::{Band, BandedInput};
 use malleable::{Banded, Chunk, Executor, Job, JobHandle, Outcome, Partition, Step};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -406,20 +406,7 @@ fn worker(addr: &str) {
     let registry = Registry::new().register::<Banded<Heat>>();
     let direct = std::env::var("MALLEABLE_DIRECT_HALOS").map_or(true, |v| v != "0");
     let options = WorkerOptions::default().threads(1).direct_halos(direct);
-    // Started before its job is submitted: until the job runs, the coordinator refuses it
-    // as a worker of no running job; try again.
-    loop {
-        match cluster::serve(addr, &registry, options.clone()) {
-            Err(cluster::Error::UnknownJob { .. }) => {
-                std::thread::sleep(Duration::from_micros(500));
-            }
-            Ok(_) => return,
-            Err(e) => {
-                eprintln!("worker: {e}");
-                std::process::exit(3);
-            }
-        }
-    }
+    support::serve_until_the_end(addr, &registry, &options);
 }
 
 /// This binary re-executed as a worker process serving the coordinator at `addr`, with

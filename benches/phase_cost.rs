@@ -40,12 +40,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use malleable::cluster::{self, Registry, WorkerOptions};
+use malleable::cluster::{Registry, WorkerOptions};
 use malleable::reduce::Sum;
 use malleable::rows::Window;
 use malleable::{Banded, Executor, Job, JobHandle, Next, Outcome, Rows};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+mod support;
+
+use support::{fit, list};
 
 /// Cells in a row: 128 bytes, a halo.
 const WIDTH: usize = 16;
@@ -267,20 +271,7 @@ fn processes(bands: u64, phases: u64) -> (f64, Vec<Instant>) {
 fn worker(addr: &str) {
     let registry = Registry::new().register::<Banded<Tiny>>();
     let options = WorkerOptions::default().threads(1);
-    // Started before its job is submitted: until the job runs, the coordinator refuses it
-    // as a worker of no running job; try again.
-    loop {
-        match cluster::serve(addr, &registry, options.clone()) {
-            Err(cluster::Error::UnknownJob { .. }) => {
-                std::thread::sleep(Duration::from_micros(500));
-            }
-            Ok(_) => return,
-            Err(e) => {
-                eprintln!("worker: {e}");
-                std::process::exit(3);
-            }
-        }
-    }
+    support::serve_until_the_end(addr, &registry, &options);
 }
 
 fn spawn_worker(addr: &str) -> Child {
@@ -302,33 +293,6 @@ fn median_phase(ends: &[Instant]) -> Duration {
     gaps.get(gaps.len() / 2).copied().unwrap_or_default()
 }
 
-/// Least squares slope and intercept of `y` against `x`.
-fn fit(points: &[(f64, f64)]) -> (f64, f64) {
-    let n = points.len() as f64;
-    let (sx, sy) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
-    let (mx, my) = (sx / n, sy / n);
-    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
-    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
-    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-    (slope, my - slope * mx)
-}
-
-fn env_list(var: &str, default: &[u64]) -> Vec<u64> {
-    match std::env::var(var) {
-        Ok(s) => s
-            .split(',')
-            .map(|x| {
-                x.trim()
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{var}: {x:?}: {e}"))
-            })
-            .collect(),
-        Err(_) => default.to_vec(),
-    }
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--worker") {
@@ -344,10 +308,8 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(if quick { 300 } else { 2000 })
         .max(20);
-    let ps = env_list(
-        "PHASE_COST_P",
-        if quick { &[4, 16] } else { &[4, 16, 64, 256] },
-    );
+    let sizes: &[u64] = if quick { &[4, 16] } else { &[4, 16, 64, 256] };
+    let ps = list("PHASE_COST_P", sizes);
     let procs = std::env::var("PHASE_COST_PROCS").map_or(true, |v| v != "0");
     type Way = (&'static str, fn(u64, u64) -> (f64, Vec<Instant>));
     let mut ways: Vec<Way> = vec![
