@@ -59,7 +59,7 @@ pub fn serve_and_exit(
             }
             Ok(_) => std::process::exit(0),
             Err(e) => {
-                println!("WORKER ERROR {e}");
+                eprintln!("WORKER ERROR {e}");
                 std::process::exit(3);
             }
         }
