@@ -284,17 +284,15 @@ fn run(args: &Args) -> Result<bool, Error> {
             handle.set_local_workers(2);
             println!("  -> 2 local workers");
         }
-        // Phase ends are printed as they are read, so while this thread waits for a snapshot
-        // the job runs ahead of the printout: the phase it is really in is the progress's.
+        // Phase ends are printed as they are read; the phase the job is really in is the
+        // progress's. The snapshot is waited for on a thread of its own: while this one
+        // waited, the job ran on without the printout, and on short phases it ended before
+        // the suspend below was asked for.
         if done >= snapshot_at && snapshot.is_none() {
             let (t, during) = (Instant::now(), handle.progress().phase);
-            let id = handle.snapshot().wait()?;
-            println!(
-                "  -> snapshot {id}, requested in phase {during}, committed {:.1} ms later \
-                 (the job went on meanwhile)",
-                ms(t.elapsed())
-            );
-            snapshot = Some(id);
+            let request = handle.snapshot();
+            println!("  -> snapshot requested in phase {during}");
+            snapshot = Some(std::thread::spawn(move || (request.wait(), t.elapsed())));
         }
         if done >= suspend_at && !suspended {
             let (t, during) = (Instant::now(), handle.progress().phase);
@@ -320,7 +318,16 @@ fn run(args: &Args) -> Result<bool, Error> {
         }
         _ => return Err("an unknown outcome".into()),
     };
-    let snapshot = snapshot.ok_or("no snapshot was taken")?;
+    let (snapshot, took) = snapshot
+        .ok_or("no snapshot was taken")?
+        .join()
+        .map_err(|_| "the thread waiting for the snapshot panicked")?;
+    let snapshot = snapshot?;
+    println!(
+        "  -> snapshot {snapshot} committed {:.1} ms after it was requested (the job went on \
+         meanwhile)",
+        ms(took)
+    );
 
     // Resume the suspend's snapshot with another worker count.
     println!(
