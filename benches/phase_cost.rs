@@ -65,6 +65,16 @@ struct Tiny {
     phase: u64,
 }
 
+impl Tiny {
+    fn new(bands: u64, phases: u64) -> Tiny {
+        Tiny {
+            bands,
+            phases,
+            phase: 0,
+        }
+    }
+}
+
 impl Rows for Tiny {
     const NAME: &'static str = "phase-cost";
     type Element = f64;
@@ -203,11 +213,7 @@ fn local(bands: u64, phases: u64, threads: usize) -> (f64, Vec<Instant>) {
         .expect("an executor");
     ENDS.lock().expect("the phase ends").clear();
     let h = exec
-        .submit(Banded(Tiny {
-            bands,
-            phases,
-            phase: 0,
-        }))
+        .submit(Banded(Tiny::new(bands, phases)))
         .expect("submit");
     let f = finish(h);
     (
@@ -228,11 +234,7 @@ fn processes(bands: u64, phases: u64) -> (f64, Vec<Instant>) {
     let workers: Vec<Child> = (0..2).map(|_| spawn_worker(&addr)).collect();
     ENDS.lock().expect("the phase ends").clear();
     let h = exec
-        .submit(Banded(Tiny {
-            bands,
-            phases,
-            phase: 0,
-        }))
+        .submit(Banded(Tiny::new(bands, phases)))
         .expect("submit");
     // Only the phases both processes ran: the first may start the job alone.
     while h.remote_workers() < 2 && !h.is_finished() {

@@ -2332,15 +2332,20 @@ mod tests {
         }
     }
 
-    /// `m` with a store this process writes its parts to.
-    fn with_store(m: &mut Machine, t0: Instant) -> Store {
-        let offer = ToWorker::Store {
+    /// The coordinator's offer of an in-memory store, whose witness is epoch 1.
+    fn store_offer() -> ToWorker {
+        ToWorker::Store {
             url: "memory://".to_owned(),
             options: Vec::new(),
             job_id: "job".to_owned(),
             epoch: 1,
             created_unix_ms: 42,
-        };
+        }
+    }
+
+    /// `m` with a store this process writes its parts to.
+    fn with_store(m: &mut Machine, t0: Instant) -> Store {
+        let offer = store_offer();
         m.received(t0, Some(offer.clone()));
         let outs = polled(m);
         let [Out::Check(check)] = &outs[..] else {
@@ -2366,14 +2371,7 @@ mod tests {
     fn a_store_unusable_here_is_said_so_and_checked_again_when_offered_again() {
         let (mut m, t0) = machine(true, 1);
         with_job(&mut m, t0);
-        let offer = ToWorker::Store {
-            url: "memory://".to_owned(),
-            options: Vec::new(),
-            job_id: "job".to_owned(),
-            epoch: 1,
-            created_unix_ms: 42,
-        };
-        m.received(t0, Some(offer.clone()));
+        m.received(t0, Some(store_offer()));
         assert!(matches!(&polled(&mut m)[..], [Out::Check(_)]));
         let why = crate::snapshot::Store::open("nowhere://at-all").unwrap_err();
         m.checked(Err(Unusable::Open(why)));
@@ -2391,7 +2389,7 @@ mod tests {
         let _ = polled(&mut m);
         m.answer(Ok(Some(captured_held(3, b"state"))));
         assert_eq!(sent(polled(&mut m)), vec![captured_held(3, b"state")]);
-        m.received(t0, Some(offer));
+        m.received(t0, Some(store_offer()));
         assert!(matches!(&polled(&mut m)[..], [Out::Check(_)]));
     }
 

@@ -1253,6 +1253,31 @@ impl object_store::ObjectStore for GatedReads {
     }
 }
 
+/// Creates `stall` and tells whether the process that watches it stalled in a band: the
+/// run made no progress at all for 200 ms (only that process stalls). If not (it held no
+/// partition), the file is removed again, long enough for the process, which looks every
+/// 20 ms, to see it gone. Panics if the job ended.
+fn stalls_in_a_band(h: &JobHandle<Banded<Grid>>, stall: &std::path::Path) -> bool {
+    let progress = || {
+        let p = h.progress();
+        (p.phase, p.done, h.traffic().partitions_moved)
+    };
+    assert!(
+        !h.is_finished(),
+        "the job ended before a process stalled in a band"
+    );
+    std::fs::write(stall, b"").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let at = progress();
+    std::thread::sleep(Duration::from_millis(200));
+    if progress() == at {
+        return true;
+    }
+    std::fs::remove_file(stall).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    false
+}
+
 /// A second process is lost while the coordinator reads back the parts of the snapshot it
 /// rolls back to (step 6 of the rollback: the restored run is placed, the process has read
 /// the parts placed on it, and the run waits for the local worker's parts, which the store
@@ -1294,27 +1319,9 @@ fn a_process_lost_while_the_rollback_reads_its_parts_rolls_back_again() {
     // loaded machine: its loss lost nothing, and nothing rolled back.) One process stalls
     // at a time, the other in turn, so a run that makes no progress at all for 200 ms is the
     // stalled one stuck in a band.
-    let progress = |h: &JobHandle<Banded<Grid>>| {
-        let p = h.progress();
-        (p.phase, p.done, h.traffic().partitions_moved)
-    };
-    let first = (0..).map(|turn| turn % 2).find(|&i| {
-        assert!(
-            !h.is_finished(),
-            "the job ended before a process stalled in a band"
-        );
-        std::fs::write(&stalls[i], b"").unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let at = progress(&h);
-        std::thread::sleep(Duration::from_millis(200));
-        if progress(&h) == at {
-            return true;
-        }
-        std::fs::remove_file(&stalls[i]).unwrap();
-        // Long enough for the process, which looks every 20 ms, to see the file gone.
-        std::thread::sleep(Duration::from_millis(100));
-        false
-    });
+    let first = (0..)
+        .map(|turn| turn % 2)
+        .find(|&i| stalls_in_a_band(&h, &stalls[i]));
     let first = first.expect("an endless search");
     let [a, b] = &mut procs;
     let (a, b) = if first == 0 { (a, b) } else { (b, a) };
@@ -1371,25 +1378,7 @@ fn a_process_that_wrote_no_part_reads_its_restored_partitions_from_the_store() {
     });
     // `a` is lost while it is stalled in its rows (so that it holds a partition, and no
     // phase ends in between): a run that makes no progress for 200 ms.
-    let progress = |h: &JobHandle<Banded<Grid>>| {
-        let p = h.progress();
-        (p.phase, p.done, h.traffic().partitions_moved)
-    };
-    loop {
-        assert!(
-            !h.is_finished(),
-            "the job ended before `a` stalled in a band"
-        );
-        std::fs::write(&stall, b"").unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let at = progress(&h);
-        std::thread::sleep(Duration::from_millis(200));
-        if progress(&h) == at {
-            break;
-        }
-        std::fs::remove_file(&stall).unwrap();
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    while !stalls_in_a_band(&h, &stall) {}
     let read_before = gated.parts_read.load(SeqCst);
     a.kill().unwrap();
     let _ = a.wait();
