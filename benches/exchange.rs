@@ -9,12 +9,21 @@
 //! - `ft`: NAS FT's pattern on a 2-D complex grid, FFTs along rows with all-to-all
 //!   transposes between them (`Pattern::AllToAll`).
 //!
-//! Each variant (`sequential`, `rayon/1`, `rayon/2`, `malleable/1`, `malleable/2`) runs
-//! `EXCHANGE_RUNS` times (default 5), interleaved round-robin, every result checked against
-//! the sequential one; the medians are printed with the ratios (above 1: malleable faster):
-//! `exchange heat3d 2 threads: 0.93× rayon`. The malleable runs include starting the
-//! executor and making the partitions; the rayon and sequential runs include setting their
-//! data up the same way (the matrix of `cg` is built once, outside every run).
+//! Each variant (`sequential`, `rayon/1`, `rayon/2`, `malleable/1`, `malleable/2`,
+//! `processes/2`) runs `EXCHANGE_RUNS` times (default 5), interleaved round-robin, every
+//! result checked against the sequential one; the medians are printed with the ratios (above
+//! 1: malleable faster): `exchange heat3d 2 threads: 0.93× rayon`. The malleable runs include
+//! starting the executor and making the partitions; the rayon and sequential runs include
+//! setting their data up the same way (the matrix of `cg` is built once, outside every run).
+//!
+//! `processes/2` is the job run by 2 worker processes (this binary re-executed with
+//! `--worker ADDR`, one compute thread each, pieces sent process to process) for a
+//! coordinator that computes nothing, on loopback; printed against `malleable/2`, the same
+//! job on 2 local threads (`exchange heat3d 2 processes: 0.91× 2 threads`). Its time runs
+//! from the job's submission to its result: the processes are started before, wait for the
+//! job, and join it in the first milliseconds (their handshake is in the time); the matrix
+//! of `cg` is built by each process before (as the local runs find it built).
+//! `EXCHANGE_PROCESSES=0` leaves them out.
 //!
 //! ```text
 //! cargo bench --bench exchange
@@ -26,10 +35,17 @@
 
 #![allow(clippy::duplicate_mod)]
 
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use malleable::Executor;
+use malleable::cluster::{Registry, WorkerOptions};
+use malleable::{Executor, Job};
 use rayon::ThreadPoolBuilder;
+
+mod support;
+
+#[path = "../tests/common/log.rs"]
+mod log;
 
 #[allow(dead_code)]
 #[path = "../examples/heat3d.rs"]
@@ -48,8 +64,29 @@ mod ft_example;
 /// kernels, so each has its own type).
 type Bits = (u64, Vec<u64>);
 
-/// One way to run a kernel: its name and a run that returns its result.
-type Variant<'a> = (String, Box<dyn Fn() -> Bits + 'a>);
+/// One way to run a kernel: its name and a run that returns its result, and the time it
+/// took if the run measures it itself (else the whole call is timed).
+type Variant<'a> = (String, Box<dyn Fn() -> (Bits, Option<Duration>) + 'a>);
+
+/// A variant whose whole call is timed.
+fn whole<'a>(name: &str, run: impl Fn() -> Bits + 'a) -> Variant<'a> {
+    (name.into(), Box::new(move || (run(), None)))
+}
+
+/// Runs `$body` with the phase ends of example module `$m`'s kernels watched, and adds the
+/// gaps between them (every phase's time but the first's, which makes the partitions) to
+/// `$into`, a `RefCell<Vec<Duration>>`.
+macro_rules! phase_gaps {
+    ($m:ident, $into:expr, $body:expr) => {{
+        let ends = $m::kernels::stencil::watch_phases();
+        let result = $body;
+        let at: Vec<Instant> = ends.try_iter().map(|e| e.at).collect();
+        $into
+            .borrow_mut()
+            .extend(at.windows(2).map(|w| w[1].duration_since(w[0])));
+        result
+    }};
+}
 
 /// The bits of a digest of any example's copy of the kernels.
 macro_rules! bits {
@@ -61,6 +98,10 @@ macro_rules! bits {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--worker") {
+        return worker(&args[i + 1], args.iter().any(|a| a == "--bench"));
+    }
+    log::log_if_asked("EXCHANGE_LOG", "coordinator");
     let measuring = args.iter().any(|a| a == "--bench");
     let only: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
     let wanted = |k: &str| only.is_empty() || only.iter().any(|o| k.contains(o.as_str()));
@@ -92,8 +133,8 @@ fn measure(variants: &[Variant<'_>], runs: usize) -> Vec<Duration> {
     for _ in 0..runs {
         for (i, (name, run)) in variants.iter().enumerate() {
             let t = Instant::now();
-            let got = run();
-            times[i].push(t.elapsed());
+            let (got, took) = run();
+            times[i].push(took.unwrap_or_else(|| t.elapsed()));
             match &reference {
                 None => reference = Some(got),
                 Some(r) => assert!(got == *r, "{name} differs from the sequential loop"),
@@ -124,7 +165,7 @@ fn report(kernel: &str, variants: &[Variant<'_>], medians: &[Duration]) -> Vec<S
             .expect("a variant");
         medians[i].as_secs_f64()
     };
-    vec![
+    let mut lines = vec![
         format!(
             "exchange {kernel} 1 thread: {:.2}× rayon",
             at("rayon/1") / at("malleable/1")
@@ -137,7 +178,99 @@ fn report(kernel: &str, variants: &[Variant<'_>], medians: &[Duration]) -> Vec<S
             "exchange {kernel} 1 worker: {:.2}× sequential",
             at("sequential") / at("malleable/1")
         ),
-    ]
+    ];
+    if variants.iter().any(|(n, _)| n == PROCESSES) {
+        lines.push(format!(
+            "exchange {kernel} 2 processes: {:.2}× 2 threads",
+            at("malleable/2") / at(PROCESSES)
+        ));
+    }
+    lines
+}
+
+/// The phases' times after the first of `malleable/2` and of [`PROCESSES`], all runs
+/// together: what a phase costs once the partitions are made, without the job's start and
+/// end (with worker processes, the end brings every partition back to the coordinator).
+#[derive(Default)]
+struct Gaps {
+    threads: std::cell::RefCell<Vec<Duration>>,
+    processes: std::cell::RefCell<Vec<Duration>>,
+}
+
+impl Gaps {
+    /// The ratio of the median phases, if both were measured.
+    fn line(&self, kernel: &str) -> Option<String> {
+        let median = |v: &std::cell::RefCell<Vec<Duration>>| {
+            let mut v = v.borrow().clone();
+            (!v.is_empty()).then(|| support::percentile(&mut v, 0.5))
+        };
+        let (t, p) = (median(&self.threads)?, median(&self.processes)?);
+        Some(format!(
+            "exchange {kernel} 2 processes, median phase after the first: {:.2}× 2 threads \
+             ({:.2} ms against {:.2} ms)",
+            t.as_secs_f64() / p.as_secs_f64(),
+            p.as_secs_f64() * 1e3,
+            t.as_secs_f64() * 1e3,
+        ))
+    }
+}
+
+/// The name of the variant run by worker processes.
+const PROCESSES: &str = "processes/2";
+
+/// Whether the variants include [`PROCESSES`] (`EXCHANGE_PROCESSES=0` leaves it out).
+fn with_processes() -> bool {
+    std::env::var("EXCHANGE_PROCESSES").map_or(true, |v| v != "0")
+}
+
+/// This binary as a worker process of any of the three jobs, serving the coordinator at
+/// `addr` with one compute thread until its job ends. It builds `cg`'s matrix first, as the
+/// coordinator's process has it built.
+fn worker(addr: &str, measuring: bool) {
+    log::log_if_asked("EXCHANGE_LOG", "worker process");
+    let a = cg_args(measuring, 1);
+    let spec = cg_example::spec(&a);
+    cg_example::publish(spec, cg_example::kernels::cg::matrix(spec));
+    let registry = Registry::new()
+        .register::<heat3d_example::Heat3d>()
+        .register::<cg_example::Cg>()
+        .register::<ft_example::Ft>();
+    let options = WorkerOptions::default().threads(1);
+    support::serve_until_the_end(addr, &registry, &options);
+}
+
+/// `job`, run by 2 worker processes of this binary for a coordinator that computes nothing:
+/// the result, and the time from its submission to its result.
+fn processes<J: Job>(job: J, measuring: bool) -> (malleable::Finished<J>, Duration) {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .build()
+        .expect("a coordinator");
+    let addr = exec.local_addr().expect("listening").to_string();
+    let spawn = || -> Child {
+        let mut cmd = Command::new(std::env::current_exe().expect("the bench binary"));
+        cmd.args(["--worker", &addr]);
+        if measuring {
+            cmd.arg("--bench");
+        }
+        cmd.stdout(Stdio::null()).spawn().expect("a worker process")
+    };
+    let workers = [spawn(), spawn()];
+    // Long enough for both to start and build `cg`'s matrix: they wait for the job.
+    std::thread::sleep(Duration::from_millis(if measuring { 400 } else { 100 }));
+    let t = Instant::now();
+    let h = exec.submit(job).expect("submit");
+    // Polled: a thread in `wait` would compute (the executor's thread of last resort).
+    while !h.is_finished() {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let took = t.elapsed();
+    let done = h.wait().expect("the run").finished().expect("finished");
+    for mut w in workers {
+        let _ = w.wait();
+    }
+    (done, took)
 }
 
 fn pool(threads: usize) -> rayon::ThreadPool {
@@ -169,6 +302,7 @@ fn heat3d(measuring: bool, runs: usize) -> Vec<String> {
         a.n, a.phases, a.cut[0], a.cut[1]
     );
     let d = Dims::cube(a.n);
+    let gaps = Gaps::default();
     let (p1, p2) = (pool(1), pool(2));
     let (e1, e2) = (executor(1), executor(2));
     let mall = |e: &Executor, w| {
@@ -177,35 +311,52 @@ fn heat3d(measuring: bool, runs: usize) -> Vec<String> {
             .expect("the run");
         bits!(heat3d_example::digest(&done))
     };
-    let variants: Vec<Variant<'_>> = vec![
-        (
-            "sequential".into(),
-            Box::new(move || bits!(heat3d::sequential(d, a.phases).digest)),
-        ),
-        (
-            "rayon/1".into(),
-            Box::new(|| bits!(p1.install(|| heat3d::rayon(d, a.phases)).digest)),
-        ),
-        (
-            "rayon/2".into(),
-            Box::new(|| bits!(p2.install(|| heat3d::rayon(d, a.phases)).digest)),
-        ),
-        ("malleable/1".into(), Box::new(|| mall(&e1, 1))),
-        ("malleable/2".into(), Box::new(|| mall(&e2, 2))),
+    let mut variants: Vec<Variant<'_>> = vec![
+        whole("sequential", move || {
+            bits!(heat3d::sequential(d, a.phases).digest)
+        }),
+        whole("rayon/1", || {
+            bits!(p1.install(|| heat3d::rayon(d, a.phases)).digest)
+        }),
+        whole("rayon/2", || {
+            bits!(p2.install(|| heat3d::rayon(d, a.phases)).digest)
+        }),
+        whole("malleable/1", || mall(&e1, 1)),
+        whole("malleable/2", || {
+            phase_gaps!(heat3d_example, gaps.threads, mall(&e2, 2))
+        }),
     ];
+    if with_processes() {
+        variants.push((
+            PROCESSES.into(),
+            Box::new(|| {
+                let job = heat3d_example::job(&args(2)).expect("the job");
+                let (done, took) =
+                    phase_gaps!(heat3d_example, gaps.processes, processes(job, measuring));
+                (bits!(heat3d_example::digest(&done)), Some(took))
+            }),
+        ));
+    }
     let medians = measure(&variants, runs);
-    report("heat3d", &variants, &medians)
+    let mut lines = report("heat3d", &variants, &medians);
+    lines.extend(gaps.line("heat3d"));
+    lines
 }
 
-fn cg(measuring: bool, runs: usize) -> Vec<String> {
-    use cg_example::kernels::cg;
-    let args = |workers| cg_example::Args {
+/// The sizes of `cg`, for `workers` local threads.
+fn cg_args(measuring: bool, workers: usize) -> cg_example::Args {
+    cg_example::Args {
         side: if measuring { 64 } else { 6 },
         iterations: if measuring { 25 } else { 3 },
         blocks: 8,
         workers,
         processes: false,
-    };
+    }
+}
+
+fn cg(measuring: bool, runs: usize) -> Vec<String> {
+    use cg_example::kernels::cg;
+    let args = |workers| cg_args(measuring, workers);
     let a1 = args(1);
     let spec = cg_example::spec(&a1);
     let m = cg_example::publish(spec, cg::matrix(spec));
@@ -224,24 +375,39 @@ fn cg(measuring: bool, runs: usize) -> Vec<String> {
         bits!(cg_example::digest(&done))
     };
     let (it, blocks) = (a1.iterations, a1.blocks);
-    let variants: Vec<Variant<'_>> = vec![
-        (
-            "sequential".into(),
-            Box::new(|| bits!(cg::sequential(&m, &b, it, blocks).digest)),
-        ),
-        (
-            "rayon/1".into(),
-            Box::new(|| bits!(p1.install(|| cg::rayon(&m, &b, it, blocks)).digest)),
-        ),
-        (
-            "rayon/2".into(),
-            Box::new(|| bits!(p2.install(|| cg::rayon(&m, &b, it, blocks)).digest)),
-        ),
-        ("malleable/1".into(), Box::new(|| mall(&e1, 1))),
-        ("malleable/2".into(), Box::new(|| mall(&e2, 2))),
+    let gaps = Gaps::default();
+    let mut variants: Vec<Variant<'_>> = vec![
+        whole("sequential", || {
+            bits!(cg::sequential(&m, &b, it, blocks).digest)
+        }),
+        whole("rayon/1", || {
+            bits!(p1.install(|| cg::rayon(&m, &b, it, blocks)).digest)
+        }),
+        whole("rayon/2", || {
+            bits!(p2.install(|| cg::rayon(&m, &b, it, blocks)).digest)
+        }),
+        whole("malleable/1", || mall(&e1, 1)),
+        whole("malleable/2", || {
+            phase_gaps!(cg_example, gaps.threads, mall(&e2, 2))
+        }),
     ];
+    if with_processes() {
+        variants.push((
+            PROCESSES.into(),
+            Box::new(|| {
+                let (done, took) = phase_gaps!(
+                    cg_example,
+                    gaps.processes,
+                    processes(cg_example::job(&args(2)), measuring)
+                );
+                (bits!(cg_example::digest(&done)), Some(took))
+            }),
+        ));
+    }
     let medians = measure(&variants, runs);
-    report("cg", &variants, &medians)
+    let mut lines = report("cg", &variants, &medians);
+    lines.extend(gaps.line("cg"));
+    lines
 }
 
 fn ft(measuring: bool, runs: usize) -> Vec<String> {
@@ -267,22 +433,35 @@ fn ft(measuring: bool, runs: usize) -> Vec<String> {
         bits!(ft_example::digest(&done))
     };
     let steps = a1.steps;
-    let variants: Vec<Variant<'_>> = vec![
-        (
-            "sequential".into(),
-            Box::new(|| bits!(ft::sequential(&spec, steps).digest)),
-        ),
-        (
-            "rayon/1".into(),
-            Box::new(|| bits!(p1.install(|| ft::rayon(&spec, steps)).digest)),
-        ),
-        (
-            "rayon/2".into(),
-            Box::new(|| bits!(p2.install(|| ft::rayon(&spec, steps)).digest)),
-        ),
-        ("malleable/1".into(), Box::new(|| mall(&e1, 1))),
-        ("malleable/2".into(), Box::new(|| mall(&e2, 2))),
+    let gaps = Gaps::default();
+    let mut variants: Vec<Variant<'_>> = vec![
+        whole("sequential", || bits!(ft::sequential(&spec, steps).digest)),
+        whole("rayon/1", || {
+            bits!(p1.install(|| ft::rayon(&spec, steps)).digest)
+        }),
+        whole("rayon/2", || {
+            bits!(p2.install(|| ft::rayon(&spec, steps)).digest)
+        }),
+        whole("malleable/1", || mall(&e1, 1)),
+        whole("malleable/2", || {
+            phase_gaps!(ft_example, gaps.threads, mall(&e2, 2))
+        }),
     ];
+    if with_processes() {
+        variants.push((
+            PROCESSES.into(),
+            Box::new(|| {
+                let (done, took) = phase_gaps!(
+                    ft_example,
+                    gaps.processes,
+                    processes(ft_example::job(&args(2)), measuring)
+                );
+                (bits!(ft_example::digest(&done)), Some(took))
+            }),
+        ));
+    }
     let medians = measure(&variants, runs);
-    report("ft", &variants, &medians)
+    let mut lines = report("ft", &variants, &medians);
+    lines.extend(gaps.line("ft"));
+    lines
 }

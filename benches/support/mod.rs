@@ -69,7 +69,8 @@ pub(crate) fn fit(points: &[(f64, f64)]) -> (f64, f64) {
 
 /// A worker process's body: serves the coordinator at `addr` until its job ends. Started
 /// before its job is submitted, it is refused as a worker of no running job until then, and
-/// tries again; any other error ends the process with code 3.
+/// tries again; a job that ended before it could join (a short one, done by the other
+/// processes) ends it quietly; any other error ends the process with code 3.
 pub(crate) fn serve_until_the_end(
     addr: &str,
     registry: &malleable::cluster::Registry,
@@ -80,7 +81,7 @@ pub(crate) fn serve_until_the_end(
             Err(malleable::cluster::Error::UnknownJob { .. }) => {
                 std::thread::sleep(Duration::from_micros(500));
             }
-            Ok(_) => return,
+            Ok(_) | Err(malleable::cluster::Error::JobEnded { .. }) => return,
             Err(e) => {
                 eprintln!("worker: {e}");
                 std::process::exit(3);

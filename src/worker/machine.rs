@@ -51,9 +51,10 @@
 //!    (`Run::then`) gives the slot's thread one granted partition at a time, the next when
 //!    it reports the last, so that `Recall`, `Interrupt`, `Abandon` and a `Capture` of one
 //!    not started are answered here at once, whatever the thread does; while granted
-//!    runs are out, the `Done`s wait and go in one `Batch` with the last, or ahead of any
-//!    other message (a heartbeat at the latest), so the wire's order is the order they were
-//!    decided in. A `Batch` from the coordinator is taken message by message.
+//!    runs, or runs of partitions held here, are out, the `Done`s wait and go in one
+//!    `Batch` with the last, or ahead of any other message (a heartbeat at the latest), so
+//!    the wire's order is the order they were decided in. A `Batch` from the coordinator is
+//!    taken message by message.
 //! 4. *Parts* (step 7 of `mod.rs`). Once the offered store checked out ([`Out::Check`],
 //!    [`Machine::checked`]), a state captured for a snapshot is written by this process
 //!    ([`Out::Put`]) and answered by its reference; a write that fails sends the bytes and
@@ -385,6 +386,13 @@ pub(super) struct Machine {
     /// Granted runs (`Run::then`) handed to the threads and not reported yet, by chunk:
     /// while there are any, the `Done`s of this phase wait in `dones` and go together.
     granted: IdSet<u64>,
+    /// Runs of partitions held here (`Run` with `held`, each slot's first) handed to the
+    /// threads and not reported yet: the `Done`s wait for them too, so that a process whose
+    /// slots hold one partition each (4 partitions on a thread of 4 slots) still sends one
+    /// message a phase, not one per partition. (A run of a partition made or sent here, in
+    /// a first phase or after a move, is not waited for: the coordinator deals those one at
+    /// a time and needs each `Done` to deal the next.)
+    running: IdMap<u64, u32>,
     /// Each slot's grant (`Run::then`), by slot: its thread gets one chunk at a time, the
     /// next when it reports the last, so that a grant can be given back (`Returned`) at
     /// once, whatever the thread is doing.
@@ -556,6 +564,7 @@ impl Machine {
             ended: false,
             keeper: Keeper::default(),
             granted: IdSet::default(),
+            running: IdMap::default(),
             grants: IdMap::default(),
             dones: Vec::new(),
             store: None,
@@ -1265,12 +1274,14 @@ impl Machine {
             | ToCoordinator::Failed { slot, chunk, .. } => Some((*slot, *chunk, false)),
             ToCoordinator::Missing { chunk } => {
                 self.granted.remove(chunk);
+                self.running.remove(chunk);
                 None
             }
             _ => None,
         };
         if let Some((_, chunk, _)) = ended {
             self.granted.remove(&chunk);
+            self.running.remove(&chunk);
         }
         self.route(msg, None);
         let Some((slot, chunk, done)) = ended else {
@@ -1567,6 +1578,9 @@ impl Machine {
                 let Some((t, _)) = self.slot(slot) else {
                     return;
                 };
+                if held && self.config.partitioned {
+                    self.running.insert(chunk, slot);
+                }
                 self.out.push_back(Out::Thread(
                     t,
                     ToThread::Run {
@@ -1642,6 +1656,7 @@ impl Machine {
             }
             ToWorker::Release { slot } => {
                 self.grants.remove(&slot);
+                self.running.retain(|_, s| *s != slot);
                 let Some((t, i)) = self.slot(slot) else {
                     return;
                 };
@@ -1724,6 +1739,7 @@ impl Machine {
                 // are for the phase rolled back from.
                 self.placing.clear();
                 self.granted.clear();
+                self.running.clear();
                 self.grants.clear();
                 self.flush_dones();
                 if let Some(p) = &mut self.peering {
@@ -2052,7 +2068,7 @@ impl Machine {
         {
             if let ToCoordinator::Done { .. } = msg {
                 self.dones.push(msg);
-                if self.granted.is_empty() {
+                if self.granted.is_empty() && self.running.is_empty() {
                     self.flush_dones();
                 }
                 return;
@@ -2607,6 +2623,62 @@ mod tests {
                 "out of sender order or twice",
             );
         }
+    }
+
+    /// The `Done`s of partitions held here wait while runs of other partitions held here
+    /// are out, and go in one `Batch` with the last: four partitions on the four slots of
+    /// one thread cost one message, not four. A run of a partition not held here (made or
+    /// sent here) is not waited for, and its `Done` goes at once; a slot released with its
+    /// run out is not waited for either.
+    #[test]
+    fn the_dones_of_held_partitions_on_several_slots_go_together() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        let runs = (0..4).map(|s| run(s, u64::from(s) + 1, true)).collect();
+        m.received(t0, Some(ToWorker::Batch(runs)));
+        polled(&mut m);
+        for s in 0..3 {
+            m.reported(done(s, u64::from(s) + 1, false));
+            assert!(sent(polled(&mut m)).is_empty(), "slot {s}'s done waits");
+        }
+        m.reported(done(3, 4, false));
+        match &sent(polled(&mut m))[..] {
+            [ToCoordinator::Batch(dones)] => {
+                let chunks: Vec<u64> = dones.iter().filter_map(chunk_of).collect();
+                assert_eq!(chunks, [1, 2, 3, 4]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Not held here: not waited for.
+        m.received(t0, Some(run(0, 5, false)));
+        polled(&mut m);
+        m.received(t0, Some(run(1, 6, true)));
+        polled(&mut m);
+        m.reported(done(0, 5, false));
+        assert!(
+            sent(polled(&mut m)).is_empty(),
+            "the run of 6, held, is out"
+        );
+        m.reported(done(1, 6, false));
+        assert_eq!(sent(polled(&mut m)).len(), 1);
+        m.received(t0, Some(run(0, 5, false)));
+        polled(&mut m);
+        m.reported(done(0, 5, false));
+        assert!(matches!(
+            &sent(polled(&mut m))[..],
+            [ToCoordinator::Done { chunk: 5, .. }]
+        ));
+        // A slot released with its run out.
+        m.received(t0, Some(run(2, 7, true)));
+        m.received(t0, Some(run(3, 8, true)));
+        polled(&mut m);
+        m.received(t0, Some(ToWorker::Release { slot: 3 }));
+        polled(&mut m);
+        m.reported(done(2, 7, false));
+        assert!(matches!(
+            &sent(polled(&mut m))[..],
+            [ToCoordinator::Done { chunk: 7, .. }]
+        ));
     }
 
     /// A `Run` with a grant gives the slot's thread its chunk, and each granted one when it
