@@ -99,7 +99,8 @@ macro_rules! bits {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = args.iter().position(|a| a == "--worker") {
-        return worker(&args[i + 1], args.iter().any(|a| a == "--bench"));
+        let flag = |f: &str| args.iter().any(|a| a == f);
+        return worker(&args[i + 1], flag("--bench"), flag("--cg"));
     }
     log::log_if_asked("EXCHANGE_LOG", "coordinator");
     let measuring = args.iter().any(|a| a == "--bench");
@@ -224,13 +225,14 @@ fn with_processes() -> bool {
 }
 
 /// This binary as a worker process of any of the three jobs, serving the coordinator at
-/// `addr` with one compute thread until its job ends. It builds `cg`'s matrix first, as the
-/// coordinator's process has it built.
-fn worker(addr: &str, measuring: bool) {
+/// `addr` with one compute thread until its job ends. A worker for `cg` (`--cg`) builds its
+/// matrix first, as the coordinator's process has it built.
+fn worker(addr: &str, measuring: bool, cg: bool) {
     log::log_if_asked("EXCHANGE_LOG", "worker process");
-    let a = cg_args(measuring, 1);
-    let spec = cg_example::spec(&a);
-    cg_example::publish(spec, cg_example::kernels::cg::matrix(spec));
+    if cg {
+        let spec = cg_example::spec(&cg_args(measuring, 1));
+        cg_example::publish(spec, cg_example::kernels::cg::matrix(spec));
+    }
     let registry = Registry::new()
         .register::<heat3d_example::Heat3d>()
         .register::<cg_example::Cg>()
@@ -242,6 +244,7 @@ fn worker(addr: &str, measuring: bool) {
 /// `job`, run by 2 worker processes of this binary for a coordinator that computes nothing:
 /// the result, and the time from its submission to its result.
 fn processes<J: Job>(job: J, measuring: bool) -> (malleable::Finished<J>, Duration) {
+    let cg = J::NAME == cg_example::Cg::NAME;
     let exec = Executor::builder()
         .local_workers(0)
         .listen("127.0.0.1:0")
@@ -253,6 +256,9 @@ fn processes<J: Job>(job: J, measuring: bool) -> (malleable::Finished<J>, Durati
         cmd.args(["--worker", &addr]);
         if measuring {
             cmd.arg("--bench");
+        }
+        if cg {
+            cmd.arg("--cg");
         }
         cmd.stdout(Stdio::null()).spawn().expect("a worker process")
     };

@@ -387,7 +387,8 @@ pub(super) struct Machine {
     /// while there are any, the `Done`s of this phase wait in `dones` and go together.
     granted: IdSet<u64>,
     /// Runs of partitions held here (`Run` with `held`, each slot's first) handed to the
-    /// threads and not reported yet: the `Done`s wait for them too, so that a process whose
+    /// threads and not reported yet: the `Done`s wait for them too (and for the `Done`s
+    /// behind them that wait for their pushes' answers), so that a process whose
     /// slots hold one partition each (4 partitions on a thread of 4 slots) still sends one
     /// message a phase, not one per partition. (A run of a partition made or sent here, in
     /// a first phase or after a move, is not waited for: the coordinator deals those one at
@@ -2063,12 +2064,17 @@ impl Machine {
     }
 
     /// A message for the coordinator that waits for nothing: `Done`s are held while
-    /// granted runs are out; snapshot parts are counted.
+    /// granted runs, runs of held partitions, or `Done`s waiting for their pushes' answers
+    /// are out; snapshot parts are counted.
     fn deliver(&mut self, msg: ToCoordinator) {
         {
             if let ToCoordinator::Done { .. } = msg {
                 self.dones.push(msg);
-                if self.granted.is_empty() && self.running.is_empty() {
+                let behind = self
+                    .waiting
+                    .iter()
+                    .any(|w| matches!(w.msg, ToCoordinator::Done { .. }));
+                if self.granted.is_empty() && self.running.is_empty() && !behind {
                     self.flush_dones();
                 }
                 return;
@@ -2629,7 +2635,8 @@ mod tests {
     /// are out, and go in one `Batch` with the last: four partitions on the four slots of
     /// one thread cost one message, not four. A run of a partition not held here (made or
     /// sent here) is not waited for, and its `Done` goes at once; a slot released with its
-    /// run out is not waited for either.
+    /// run out is not waited for either. A `Done` whose pushes were answered waits for the
+    /// `Done`s behind it that wait for answers.
     #[test]
     fn the_dones_of_held_partitions_on_several_slots_go_together() {
         let (mut m, t0) = machine(true, 1);
@@ -2679,6 +2686,36 @@ mod tests {
             &sent(polled(&mut m))[..],
             [ToCoordinator::Done { chunk: 7, .. }]
         ));
+
+        // Two `Done`s waiting for their pushes' answers (chunks 2 and 4 each push a halo to
+        // chunk 3, in process 2): the first answered does not go alone.
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        m.received(
+            t0,
+            Some(ToWorker::Batch(vec![run(0, 2, true), run(1, 4, true)])),
+        );
+        polled(&mut m);
+        m.reported(done(0, 2, true));
+        m.reported(done(1, 4, true));
+        let (pushed, _, up) = peer_outs(polled(&mut m));
+        assert_eq!(pushed.len(), 2);
+        assert!(up.is_empty(), "{up:?}");
+        m.peer_answered(2, FromPeer::Ack { seq: 0, kept: true });
+        let (_, _, up) = peer_outs(polled(&mut m));
+        assert!(
+            up.is_empty(),
+            "the done of 2 waits for the one of 4: {up:?}"
+        );
+        m.peer_answered(2, FromPeer::Ack { seq: 1, kept: true });
+        match &sent(polled(&mut m))[..] {
+            [ToCoordinator::Batch(dones)] => {
+                let chunks: Vec<u64> = dones.iter().filter_map(chunk_of).collect();
+                assert_eq!(chunks, [2, 4]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A `Run` with a grant gives the slot's thread its chunk, and each granted one when it
