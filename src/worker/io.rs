@@ -283,12 +283,17 @@ pub(super) fn run_code<J: Job>(
                     source: None,
                 });
             };
+            let mut live = held.live();
             let inbox = halos
                 .into_iter()
                 .map(|(from, b)| match b {
-                    Some(b) => (hooks.decode_halo)(&b)
-                        .map(|p| (from, p))
-                        .map_err(|e| undecodable("a halo", e)),
+                    // A halo this process exported, kept here: the piece itself.
+                    Some(b) => match live.take(&b) {
+                        Some(p) => Ok((from, p)),
+                        None => (hooks.decode_halo)(&b)
+                            .map(|p| (from, p))
+                            .map_err(|e| undecodable("a halo", e)),
+                    },
                     // The machine checked that the phase's `Gathered` brought it.
                     None => {
                         gathered
@@ -303,6 +308,7 @@ pub(super) fn run_code<J: Job>(
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            drop(live);
             let mut parts = lock(held);
             let Some(part) = parts.get_mut(&chunk) else {
                 tracing::warn!(

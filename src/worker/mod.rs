@@ -89,6 +89,7 @@ use crate::wire::transport;
 
 mod halos;
 mod io;
+mod live;
 mod machine;
 mod peers;
 pub(crate) mod replay;
@@ -430,6 +431,9 @@ pub struct PeerTraffic {
     /// Pushes that failed because their peer was unreachable (they went through the
     /// coordinator).
     pub halos_unreachable: u64,
+    /// Halos its partitions exported for partitions of this process, handed over as the
+    /// values exported, not decoded from their bytes again.
+    pub halos_live: u64,
     /// Links of peers that broke the peer protocol, ended by this process.
     pub links_refused: u64,
     /// Connections to this process's peer listener whose handshake was refused (a stranger,
@@ -719,6 +723,7 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
                 halos_received: c.received,
                 halos_kept_here: c.accepted,
                 halos_unreachable: c.unreachable,
+                halos_live: held.live().taken(),
                 links_refused: c.refused_links,
                 handshakes_refused: c.refused_handshakes,
                 copies_pushed: c.copies_pushed,

@@ -22,6 +22,8 @@ use crate::metrics::StepStats;
 use crate::run::{self, Assignment, Attend, Cell, Held, Host, Inputs, MAIL, Ran};
 use crate::wire::frame::{Failure, Halo, SLOTS_PER_THREAD, ToCoordinator};
 
+use super::live::Live;
+
 /// A chunk to run in a slot.
 pub(super) struct Run<J: Job> {
     pub(super) slot: u32,
@@ -39,17 +41,42 @@ pub(super) struct Run<J: Job> {
     pub(super) queued: std::time::Instant,
 }
 
-/// Owned partitions this process holds between their runs, by chunk: a partition stays here
-/// after its chunk's `Done`, gets its halos (`Begin`), and runs here again in the next phase
-/// unless the coordinator asks for it (`Surrender`).
-pub(super) type HeldParts<C> = Arc<std::sync::Mutex<std::collections::HashMap<u64, C>>>;
+/// What the threads and the I/O task of a process share: the owned partitions it holds
+/// between their runs, and the halos they exported, live.
+pub(super) type HeldParts<C> = Arc<HeldState<C>>;
+
+/// See [`HeldParts`].
+pub(super) struct HeldState<C> {
+    /// By chunk: a partition stays here after its chunk's `Done`, gets its halos (`Begin`),
+    /// and runs here again in the next phase unless the coordinator asks for it
+    /// (`Surrender`).
+    parts: std::sync::Mutex<std::collections::HashMap<u64, C>>,
+    /// The pieces their runs exported, beside their bytes (`live.rs`).
+    live: std::sync::Mutex<Live>,
+}
+
+impl<C> Default for HeldState<C> {
+    fn default() -> Self {
+        HeldState {
+            parts: std::sync::Mutex::default(),
+            live: std::sync::Mutex::default(),
+        }
+    }
+}
+
+impl<C> HeldState<C> {
+    /// The halos exported here, live, locked (no user code runs under the lock).
+    pub(super) fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// The held partitions, locked (a poisoned lock still holds consistent partitions: no user
 /// code runs under it but `begin_phase`, whose panic is caught).
 pub(super) fn lock<C>(
     held: &HeldParts<C>,
 ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, C>> {
-    held.lock().unwrap_or_else(|p| p.into_inner())
+    held.parts.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What the I/O task queues for a thread.
@@ -423,15 +450,27 @@ impl<J: Job> Compute<J> {
                 // An owned partition stays here; its halos go to the coordinator.
                 let exported = match (kept, J::OWNERSHIP.hooks) {
                     (Some(k), Some(hooks)) => {
-                        let bytes: Result<Vec<_>, _> = k
-                            .halos
-                            .iter()
-                            .map(|(to, p)| {
-                                (hooks.encode_halo)(p).map(|b| (*to, Halo::Sent(b.into())))
-                            })
-                            .collect();
+                        let mut sent = Vec::with_capacity(k.halos.len());
+                        let mut encoded = Ok(());
+                        for (to, p) in k.halos {
+                            match (hooks.encode_halo)(&p) {
+                                Ok(b) => {
+                                    let b = Bytes::from(b);
+                                    if to.is_some() {
+                                        // Taken by a `Begin` of this process if the halo
+                                        // stays here (`live.rs`).
+                                        queue.held.live().keep(phase, &b, p);
+                                    }
+                                    sent.push((to, Halo::Sent(b)));
+                                }
+                                Err(e) => {
+                                    encoded = Err(Error::from(e));
+                                    break;
+                                }
+                            }
+                        }
                         lock(&queue.held).insert(chunk, k.state);
-                        bytes.map(|b| halos = Some(b)).map_err(Error::from)
+                        encoded.map(|()| halos = Some(sent))
                     }
                     _ => Ok(()),
                 };
