@@ -245,12 +245,7 @@ fn worker(addr: &str, measuring: bool, cg: bool) {
 /// the result, and the time from its submission to its result.
 fn processes<J: Job>(job: J, measuring: bool) -> (malleable::Finished<J>, Duration) {
     let cg = J::NAME == cg_example::Cg::NAME;
-    let exec = Executor::builder()
-        .local_workers(0)
-        .listen("127.0.0.1:0")
-        .build()
-        .expect("a coordinator");
-    let addr = exec.local_addr().expect("listening").to_string();
+    let (exec, addr) = support::loopback_coordinator();
     let spawn = || -> Child {
         let mut cmd = Command::new(std::env::current_exe().expect("the bench binary"));
         cmd.args(["--worker", &addr]);

@@ -225,12 +225,7 @@ fn local(bands: u64, phases: u64, threads: usize) -> (f64, Vec<Instant>) {
 /// The job on 2 worker processes over loopback, one thread each: the ends of the phases
 /// after both joined.
 fn processes(bands: u64, phases: u64) -> (f64, Vec<Instant>) {
-    let exec = Executor::builder()
-        .local_workers(0)
-        .listen("127.0.0.1:0")
-        .build()
-        .expect("a coordinator");
-    let addr = exec.local_addr().expect("listening").to_string();
+    let (exec, addr) = support::loopback_coordinator();
     let workers: Vec<Child> = (0..2).map(|_| spawn_worker(&addr)).collect();
     ENDS.lock().expect("the phase ends").clear();
     let h = exec

@@ -89,3 +89,15 @@ pub(crate) fn serve_until_the_end(
         }
     }
 }
+
+/// A coordinator that computes nothing (no local worker), listening on loopback for worker
+/// processes, and its address.
+pub(crate) fn loopback_coordinator() -> (malleable::Executor, String) {
+    let exec = malleable::Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .build()
+        .expect("a coordinator");
+    let addr = exec.local_addr().expect("listening").to_string();
+    (exec, addr)
+}
