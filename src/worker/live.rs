@@ -6,8 +6,8 @@
 //! replay). A halo kept here came back as the same bytes in its receiver's `Begin`, and the
 //! I/O thread decoded them into a new value: on the 1 000² grid of short phases, decoding
 //! was the largest part of a worker process's I/O thread's own code (BENCHMARKS.md, "Where a
-//! phase goes in a worker process"), and with pieces of an all-to-all half of a process's
-//! pieces are its own.
+//! phase goes in a worker process"), and in an all-to-all between two processes half of the
+//! pieces a process receives are its own partitions'.
 //!
 //! So the compute thread keeps each piece it encoded beside its bytes ([`Live::keep`]), and
 //! a `Begin` whose halo is *those very bytes* takes the piece instead of decoding them
@@ -44,7 +44,7 @@ pub(super) struct Live {
     entries: HashMap<usize, Entry>,
     /// The phase of the last pieces kept.
     phase: Option<u64>,
-    /// Pieces taken live, and bytes decoded because they were not here.
+    /// Pieces taken live so far.
     taken: u64,
 }
 
