@@ -150,7 +150,8 @@ fn served_line(s: &Served) -> String {
     let p = &s.peers;
     format!(
         "{} chunk{}, {} to the coordinator; to its peers {} halos, {} ({} kept there, {} \
-         unreachable); from its peers {} halos ({} kept){}",
+         unreachable); from its peers {} halos ({} kept); between its own partitions {} \
+         halos handed over live{}",
         s.chunks_done,
         if s.chunks_done == 1 { "" } else { "s" },
         bytes(s.bytes_to_coordinator),
@@ -160,6 +161,7 @@ fn served_line(s: &Served) -> String {
         p.halos_unreachable,
         p.halos_received,
         p.halos_kept_here,
+        p.halos_live,
         if s.left {
             "; left on a stop request"
         } else {
