@@ -318,6 +318,11 @@ impl Buddies {
         (v.len() as u64 == to + 1 - from.min(to + 1)).then_some(v)
     }
 
+    /// The pieces of `chunk`'s halo log: the process of each and the phase it begins at.
+    pub(crate) fn segments(&self, chunk: ChunkId) -> &[(ProcessId, u64)] {
+        self.logs.get(&chunk).map_or(&[], Vec::as_slice)
+    }
+
     /// Where the halo log of `chunk` is now, and since which phase.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn log_of(&self, chunk: ChunkId) -> Option<(ProcessId, u64)> {

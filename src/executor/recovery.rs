@@ -221,12 +221,20 @@ impl<J: Job> State<J> {
             return Err("the job values since the copies are not kept");
         }
         let chunks = self.core.plan().len();
-        let logged = (0..chunks).filter(|c| !lost.contains(c)).all(|y| {
-            self.remote.buddies.log_covers(y, copy_phase, |q| {
+        let short = (0..chunks).filter(|c| !lost.contains(c)).find(|&y| {
+            !self.remote.buddies.log_covers(y, copy_phase, |q| {
                 q == HERE || (q != from && self.remote.conns.contains_key(&q))
             })
         });
-        if !logged {
+        if let Some(y) = short {
+            // What the log has, for the reader of the warning that follows.
+            tracing::info!(
+                job = J::NAME,
+                chunk = y,
+                copy_phase,
+                segments = ?self.remote.buddies.segments(y),
+                "the halo log that is not whole: (process, since phase) of each piece"
+            );
             return Err("a partition's halo log since the copies is not whole");
         }
         Ok((buddy, copy_phase, held))
