@@ -93,6 +93,9 @@ pub(crate) struct Buddies {
     /// come, or whose copy was refused: not asked again before the next round of every
     /// partition (`Buddies::wants_round`).
     asked_for: IdMap<ChunkId, u64>,
+    /// Rounds asked of a process and not answered yet: `(owner, phase)`. Their copies may
+    /// still come, so the halo logs keep their phase's exports ([`Buddies::log_from`]).
+    awaiting: Vec<(ProcessId, u64)>,
     /// Processes a partition moved out of since their last round: the log of what it
     /// exported while there is there, and a replay of that process's partitions from their
     /// copies would need it (`Buddies::wants_round`).
@@ -162,6 +165,18 @@ impl Buddies {
         self.left.clear();
     }
 
+    /// A round of phase `phase` was sent to process `owner`.
+    pub(crate) fn round_asked(&mut self, owner: ProcessId, phase: u64) {
+        self.awaiting.push((owner, phase));
+    }
+
+    /// Process `owner` answered its round of phase `phase`.
+    pub(crate) fn round_answered(&mut self, owner: ProcessId, phase: u64) {
+        if let Some(i) = self.awaiting.iter().position(|&r| r == (owner, phase)) {
+            self.awaiting.swap_remove(i);
+        }
+    }
+
     /// A round asks process `holder` for a copy of `chunk` as phase `phase` left it.
     pub(crate) fn asking(&mut self, holder: ProcessId, chunk: ChunkId, phase: u64) {
         self.asked_for.insert(chunk, phase);
@@ -174,12 +189,19 @@ impl Buddies {
     }
 
     /// The first phase whose exports the processes' halo logs must keep: the oldest copy's
-    /// (a replay from it takes that phase's exports first), or `ended` if there is none.
+    /// (a replay from it takes that phase's exports first), or the oldest round's whose
+    /// answers have not come (they may still bring copies of that phase), or `ended` if
+    /// there is neither.
+    ///
+    /// (The rounds not answered were left out at first: when the round of phase `c` was
+    /// not answered by the next barrier, which trimmed the logs to `c + 1`, its copies,
+    /// recorded just after, could not be replayed, the exports of phase `c` being gone.)
     pub(crate) fn log_from(&mut self, ended: u64) -> u64 {
         let from = self
             .copies
             .values()
             .map(|c| c.phase)
+            .chain(self.awaiting.iter().map(|&(_, phase)| phase))
             .min()
             .unwrap_or(ended)
             .min(ended);
@@ -459,6 +481,8 @@ impl Buddies {
     pub(crate) fn lost(&mut self, process: ProcessId) {
         // Its log segments stay: a log that needs them is not whole any more.
         self.log_bytes.remove(&process);
+        // Its rounds will not be answered.
+        self.awaiting.retain(|&(owner, _)| owner != process);
         // What rounds asked for may never be answered now: asked again where needed.
         self.asked_for.clear();
         let Some(held) = self.held.remove(&process) else {
@@ -483,6 +507,7 @@ impl Buddies {
         self.here.clear();
         self.here_bytes = 0;
         self.asked_for.clear();
+        self.awaiting.clear();
         self.left.clear();
     }
 
@@ -662,6 +687,44 @@ mod tests {
         assert!(b.wants_round(p(6), [8]));
         b.asking(p(6), 8, 22);
         assert!(!b.wants_round(p(6), [8]));
+    }
+
+    /// A round not answered yet keeps the logs from its phase: its copies may still come,
+    /// and a replay from them needs that phase's exports.
+    #[test]
+    fn the_logs_keep_the_phase_of_a_round_not_answered_yet() {
+        let p = |n| ProcessId(n);
+        let mut b = Buddies::new(Some(1));
+        b.exported(0, p(1), 0);
+        b.exported(1, p(2), 0);
+        // The round after phase 0 is asked of processes 1 and 2; the next barrier (a round
+        // of every partition: what was asked is forgotten) comes before their answers.
+        assert_eq!(b.log_from(0), 0);
+        b.round_asked(p(1), 0);
+        b.round_asked(p(2), 0);
+        b.exported(1, p(3), 1);
+        b.full_round();
+        assert_eq!(b.log_from(1), 0, "the round of phase 0 is not answered");
+        assert!(
+            b.log_covers(1, 0, |_| true),
+            "chunk 1's phase 0 is in process 2"
+        );
+        b.round_asked(p(1), 1);
+        b.round_asked(p(3), 1);
+        // Phase 0's answers come: its copies can be replayed.
+        b.round_answered(p(1), 0);
+        b.copied(0, p(2), &[(0, 8)], 0);
+        b.round_answered(p(2), 0);
+        b.copied(0, p(1), &[(1, 8)], 0);
+        assert_eq!(b.copy_of(1), Some((0, p(1))));
+        assert!(b.log_covers(1, 0, |_| true));
+        // Phase 1's come, one of them from a process lost first: phase 0 may go.
+        b.round_answered(p(1), 1);
+        b.copied(1, p(2), &[(0, 8)], 0);
+        assert_eq!(b.log_from(2), 0, "chunk 1's copy is still of phase 0");
+        b.lost(p(3));
+        b.copied(1, p(2), &[(1, 8)], 0);
+        assert_eq!(b.log_from(2), 1);
     }
 
     /// The coordinator's own log: what a partition run here sent to partitions in

@@ -640,6 +640,7 @@ impl Remotes {
                 continue;
             };
             tracing::debug!(conn = %owner, %buddy, phase = ended, partitions = chunks.len(), "buddy copies");
+            self.buddies.round_asked(owner, ended);
             self.outbox.push((
                 owner,
                 ToWorker::Copy {
@@ -2262,6 +2263,7 @@ impl<J: Job> State<J> {
                     // earlier phase): its buddy dropped the copies.
                     return Ok(());
                 }
+                self.remote.buddies.round_answered(id, phase);
                 if phase > self.phase || !ordered(&kept) || !ordered(&refused) {
                     return Err(bad(format!(
                         "buddy copies of phase {phase} (now {}), or of chunks out of order or \
