@@ -2172,6 +2172,10 @@ impl<J: Job> State<J> {
                 if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
                     return Ok(());
                 }
+                // The restored phase's exports, in that process's halo log as a `Done`'s.
+                if self.remote.buddies.enabled() {
+                    self.remote.buddies.exported(chunk, id, self.phase);
+                }
                 let halos = self.remote.count_halos(id, chunk, halos).map_err(bad)?;
                 self.keep_halos(chunk, halos);
                 self.settle();

@@ -1748,10 +1748,15 @@ impl Machine {
                     p.generation = None;
                 }
                 // Copies and logs of the run rolled back from are of phases it will compute
-                // again.
+                // again. The log keeps every phase from now on, until the next `Logs` trims
+                // it: the restored run may be at a phase before the one it was trimmed to,
+                // and its first copies are of that phase.
                 self.drop_copies_all();
                 self.log.clear();
                 self.log_bytes = 0;
+                if self.logging.is_some() {
+                    self.logging = Some(0);
+                }
                 self.replaying.clear();
                 self.out.push_back(Out::Forget);
             }
@@ -2020,18 +2025,22 @@ impl Machine {
     /// A message for the coordinator, now: halos for partitions here are kept on the way
     /// ([`Keeper::outgoing`]); snapshot parts are counted.
     fn send(&mut self, msg: ToCoordinator) {
-        if let (
-            Some(from),
-            Some(phase),
+        let exported = match &msg {
             ToCoordinator::Done {
                 chunk,
                 halos: Some(halos),
                 ..
-            },
-        ) = (self.logging, self.phase, &msg)
+            }
+            | ToCoordinator::Exported { chunk, halos, .. } => Some((chunk, halos)),
+            _ => None,
+        };
+        if let (Some(from), Some(phase), Some((chunk, halos))) =
+            (self.logging, self.phase, exported)
         {
             // The halo log: the exports as they leave the partition (all bytes here, before
-            // the keeper keeps some and pushes send others), sharing their memory.
+            // the keeper keeps some and pushes send others), sharing their memory. Those of
+            // a partition placed by a rollback that had ended the restored phase
+            // (`Exported`) are that phase's, as its `Done` would have been.
             if phase >= from {
                 let logged: Vec<(Option<u64>, Bytes)> = halos
                     .iter()
@@ -3670,6 +3679,38 @@ mod tests {
         m.received(t0, Some(ToWorker::Forget));
         let _ = polled(&mut m);
         assert_eq!((m.log().0.len(), m.log().1), (0, 0));
+        // The rollback went back to phase 1, before the log's trim (3): that phase is logged
+        // (the restored run's first copies are of it), and so are the exports of a
+        // partition placed by the rollback that had ended it (`Exported`).
+        to_phase(&mut m, t0, 1);
+        m.received(
+            t0,
+            Some(ToWorker::Place {
+                chunk: 5,
+                state: Bytes::from_static(b"partition"),
+                export: Some(1),
+            }),
+        );
+        let _ = polled(&mut m);
+        m.placed(
+            5,
+            Ok(Some(Exported {
+                placement: 1,
+                halos: vec![(Some(4), halo(5, "up")), (Some(6), halo(5, "down"))],
+            })),
+        );
+        let _ = polled(&mut m);
+        m.received(t0, Some(run(0, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 2, true));
+        let _ = polled(&mut m);
+        let logged: Vec<(u64, u64, usize)> = m
+            .log()
+            .0
+            .iter()
+            .map(|(p, c, h)| (*p, *c, h.len()))
+            .collect();
+        assert_eq!(logged, vec![(1, 5, 2), (1, 2, 2)]);
     }
 
     /// Local recovery, the process's side: a `SendLog` gets the log's records of the phases
