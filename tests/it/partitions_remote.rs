@@ -426,14 +426,21 @@ fn replayed_after_a_kill(local: usize) {
     // their rows: no phase can end, so no partition starts to move between the kill and
     // the coordinator's noticing it.
     let before = loop {
-        until_replayable(&h);
+        let seen = until_replayable(&h);
         std::fs::write(&stall, b"").unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let at = (phase_of(&h), h.traffic().partitions_moved);
         std::thread::sleep(Duration::from_millis(50));
         // Each process runs partitions in the stalled phase: the victim holds some.
         let all_hold = h.remote_processes().iter().all(|p| p.chunks > 0);
-        if (phase_of(&h), h.traffic().partitions_moved) == at && replayable(&h) && all_hold {
+        // No move since the moment found either: a barrier between it and the stall once
+        // moved a partition out of the victim, whose exports since the copies stayed in
+        // the victim's log (the recovery refused: "halo log not whole").
+        if at.1 == seen
+            && (phase_of(&h), h.traffic().partitions_moved) == at
+            && replayable(&h)
+            && all_hold
+        {
             break at.0;
         }
         std::fs::remove_file(&stall).unwrap();
@@ -474,7 +481,7 @@ fn replayed_after_a_kill(local: usize) {
 /// were asked for before: under a full CI run, the 400 phases once had no such stretch.)
 /// The recovery trials (`recovery_trials`) kill at random moments instead, and judge each
 /// loss.
-fn until_replayable(h: &JobHandle<Banded<Grid>>) {
+fn until_replayable(h: &JobHandle<Banded<Grid>>) -> u64 {
     let mut last = (h.traffic().partitions_moved, phase_of(h));
     until("a moment a loss can be replayed at", || {
         let (phase, moved) = (phase_of(h), h.traffic().partitions_moved);
@@ -483,6 +490,8 @@ fn until_replayable(h: &JobHandle<Banded<Grid>>) {
         }
         replayable(h) && h.copies().oldest_phase.is_some_and(|c| c > last.1)
     });
+    // The moves counted at that moment.
+    last.0
 }
 
 /// Whether the last round of copies copied every partition, at one recent phase.
