@@ -452,6 +452,7 @@ impl<J: Job> Compute<J> {
                     (Some(k), Some(hooks)) => {
                         let mut sent = Vec::with_capacity(k.halos.len());
                         let mut encoded = Ok(());
+                        let mut live = queue.held.live();
                         for (to, p) in k.halos {
                             match (hooks.encode_halo)(&p) {
                                 Ok(b) => {
@@ -459,7 +460,7 @@ impl<J: Job> Compute<J> {
                                     if to.is_some() {
                                         // Taken by a `Begin` of this process if the halo
                                         // stays here (`live.rs`).
-                                        queue.held.live().keep(phase, &b, p);
+                                        live.keep(phase, &b, p);
                                     }
                                     sent.push((to, Halo::Sent(b)));
                                 }
@@ -469,6 +470,7 @@ impl<J: Job> Compute<J> {
                                 }
                             }
                         }
+                        drop(live);
                         lock(&queue.held).insert(chunk, k.state);
                         encoded.map(|()| halos = Some(sent))
                     }
