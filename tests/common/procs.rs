@@ -59,7 +59,8 @@ pub fn serve_and_exit(
             }
             Ok(_) => std::process::exit(0),
             Err(e) => {
-                eprintln!("WORKER ERROR {e}");
+                // `Debug` is the report: each cause, in order.
+                eprintln!("WORKER ERROR {e:?}");
                 std::process::exit(3);
             }
         }

@@ -143,7 +143,11 @@ fn run(name: &str, local: usize, phase: u64, delay: Duration) -> &'static str {
         }
         other => panic!("{diagnosis}: ended with {other:?}"),
     };
-    assert!(b.wait().unwrap().success(), "{diagnosis}");
+    let status = b.wait().unwrap();
+    assert!(
+        status.success(),
+        "the process not killed ended with {status}: {diagnosis}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     how
 }
