@@ -353,6 +353,12 @@ pub(crate) struct Remotes {
     messages: Option<MessageCounters>,
     /// Buddy copies of the partitions processes hold (`copies.rs`).
     pub(crate) buddies: Buddies,
+    /// Who exported each allgather piece (a piece for every partition), by sender chunk: the
+    /// process whose `Done` or `Exported` brought it, and the phase that ended. The barrier
+    /// that sends the pieces (`Gathered`) names that process's own pieces instead of sending
+    /// them back to it (it kept them, [`Keeper::outgoing`](crate::worker)). Emptied when the
+    /// processes forget their partitions (a rollback), whose pieces they forget too.
+    gathered_by: IdMap<ChunkId, (ProcessId, u64)>,
 }
 
 /// The handles of [`REMOTE_MESSAGES`](crate::metrics::REMOTE_MESSAGES), registered once per
@@ -524,7 +530,6 @@ impl Remotes {
                 }
             }
         }
-        let gathered_bytes = gathered.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         let mut gathered_to = IdSet::default();
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
@@ -535,8 +540,22 @@ impl Remotes {
                         .push((id, ToWorker::Phase { phase, chunks, job }));
                 }
                 if !gathered.is_empty() && gathered_to.insert(id) {
-                    self.traffic.halo_bytes_out += gathered_bytes;
-                    let pieces = gathered.clone();
+                    // A piece this process exported in the phase that ended is its own
+                    // already: named, not sent back.
+                    let pieces: Vec<(u64, Option<Bytes>)> = gathered
+                        .iter()
+                        .map(|(from, b)| {
+                            let own = phase
+                                .checked_sub(1)
+                                .is_some_and(|p| self.gathered_by.get(from) == Some(&(id, p)));
+                            (*from, (!own).then(|| b.clone()))
+                        })
+                        .collect();
+                    self.traffic.halo_bytes_out += pieces
+                        .iter()
+                        .filter_map(|(_, b)| b.as_ref())
+                        .map(|b| b.len() as u64)
+                        .sum::<u64>();
                     self.outbox.push((id, ToWorker::Gathered { pieces }));
                 }
                 tracing::debug!(conn = %id, chunk, phase, "begin");
@@ -557,7 +576,7 @@ impl Remotes {
     /// process itself must say `Kept`.
     fn count_halos(
         &mut self,
-        id: ProcessId,
+        (id, phase): (ProcessId, u64),
         chunk: ChunkId,
         halos: Vec<(Option<u64>, frame::Halo)>,
     ) -> Result<Outbox<HeldHalo>, String> {
@@ -573,8 +592,15 @@ impl Remotes {
                 frame::Halo::Sent(b) => {
                     self.halos.1 += 1;
                     self.traffic.halo_bytes_in += b.len() as u64;
-                    if let (Some(to), Some(c)) = (to, self.conns.get_mut(&id)) {
-                        c.told.relayed.insert(to);
+                    match to {
+                        Some(to) => {
+                            if let Some(c) = self.conns.get_mut(&id) {
+                                c.told.relayed.insert(to);
+                            }
+                        }
+                        None => {
+                            self.gathered_by.insert(chunk, (id, phase));
+                        }
                     }
                     HeldHalo::Bytes(b)
                 }
@@ -853,6 +879,7 @@ impl Remotes {
         // gets the new generation's roster with its next phase.
         self.generation += 1;
         self.early.clear();
+        self.gathered_by.clear();
         for c in self.conns.values_mut() {
             c.phase_sent = None;
             c.progress.iter_mut().for_each(|p| *p = 0);
@@ -2176,7 +2203,10 @@ impl<J: Job> State<J> {
                 if self.remote.buddies.enabled() {
                     self.remote.buddies.exported(chunk, id, self.phase);
                 }
-                let halos = self.remote.count_halos(id, chunk, halos).map_err(bad)?;
+                let halos = self
+                    .remote
+                    .count_halos((id, self.phase), chunk, halos)
+                    .map_err(bad)?;
                 self.keep_halos(chunk, halos);
                 self.settle();
                 return Ok(());
@@ -2485,7 +2515,10 @@ impl<J: Job> State<J> {
                         if self.remote.buddies.enabled() {
                             self.remote.buddies.exported(chunk, id, self.phase);
                         }
-                        let halos = self.remote.count_halos(id, chunk, halos).map_err(bad)?;
+                        let halos = self
+                            .remote
+                            .count_halos((id, self.phase), chunk, halos)
+                            .map_err(bad)?;
                         self.keep_halos(chunk, halos);
                         Some(Held::Elsewhere(id))
                     }

@@ -81,7 +81,9 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// again for every partition the process holds. Version 24: a process says whether the
 /// store a `Store` offered is usable from it (`StoreChecked`), so that a rollback places
 /// restored partitions on it by reference even if it wrote no part of the snapshot.
-pub const PROTOCOL_VERSION: u32 = 24;
+/// Version 25: `Gathered` names the pieces a process exported itself instead of sending
+/// them back to it.
+pub const PROTOCOL_VERSION: u32 = 25;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -135,7 +137,10 @@ pub(crate) fn weight(msg: &ToWorker) -> usize {
         ToWorker::Phase { job, .. } => job.len(),
         ToWorker::Run { state, then, .. } => state.as_ref().map_or(0, Bytes::len) + 24 * then.len(),
         ToWorker::Begin { halos: h, .. } => halos(h),
-        ToWorker::Gathered { pieces } => pieces.iter().map(|(_, b)| b.len() + 8).sum(),
+        ToWorker::Gathered { pieces } => pieces
+            .iter()
+            .map(|(_, b)| b.as_ref().map_or(0, Bytes::len) + 8)
+            .sum(),
         ToWorker::Piece { bytes, .. } => bytes.len(),
         ToWorker::Place { state, .. } => state.len(),
         ToWorker::Store { url, options, .. } => {
@@ -617,9 +622,12 @@ pub enum ToWorker {
     /// each with its sender's chunk, in chunk order. Each `Begin` of the phase names them
     /// ([`Halo::Gathered`]): they cross once per process, not once per partition, and the
     /// process decodes each once. Until the next `Phase`.
+    ///
+    /// A piece this process exported itself (in its `Done` or `Exported` of the phase that
+    /// ended) is named, not sent back (`None`): the process kept it (protocol 25).
     Gathered {
-        /// `(sender, piece)`, by sender.
-        pieces: Vec<(u64, Bytes)>,
+        /// `(sender, piece)`, by sender; `None`: the piece this process exported.
+        pieces: Vec<(u64, Option<Bytes>)>,
     },
 }
 

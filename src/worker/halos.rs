@@ -46,6 +46,12 @@ pub(super) struct Keeper {
     /// Kept halos, by the chunk they are for, the phase that exported them and the chunk that
     /// exported them (so that a partition's are one range, by phase, in sender order).
     kept: BTreeMap<(u64, u64, u64), Bytes>,
+    /// The allgather pieces (for every partition) partitions here exported, by sender, with
+    /// the phase that exported them: they go up, and the coordinator names them in the next
+    /// phase's `Gathered` instead of sending them back (protocol 25). The last two phases'
+    /// are kept ([`Keeper::phase`]); a partition that leaves leaves its piece here, since
+    /// the `Gathered` that names it comes after.
+    own: BTreeMap<u64, (u64, Bytes)>,
 }
 
 impl Keeper {
@@ -73,6 +79,7 @@ impl Keeper {
                 self.here.clear();
                 self.only.clear();
                 self.kept.clear();
+                self.own.clear();
             }
             _ => {}
         }
@@ -124,6 +131,20 @@ impl Keeper {
                 v.insert(bytes);
                 true
             }
+        }
+    }
+
+    /// Phase `phase` begins: the allgather pieces exported before the phase that just
+    /// ended are dropped (a `Gathered` names only those of the phase that ended).
+    pub(super) fn phase(&mut self, phase: u64) {
+        self.own.retain(|_, (p, _)| p.saturating_add(1) >= phase);
+    }
+
+    /// The allgather piece partition `from` exported here at the end of `phase`, if it did.
+    pub(super) fn own_piece(&self, from: u64, phase: u64) -> Option<Bytes> {
+        match self.own.get(&from) {
+            Some((p, b)) if *p == phase => Some(b.clone()),
+            _ => None,
         }
     }
 
@@ -198,12 +219,20 @@ impl Keeper {
 
     /// The halos `chunk` exported, each kept, and replaced by [`Halo::Kept`], where the
     /// partition it is for is here. One for every partition (an allgather's) goes up: the
-    /// others need it too.
+    /// others need it too; a handle on it stays here for the next `Gathered`.
     fn keep(&mut self, chunk: u64, phase: u64, halos: &mut [(Option<u64>, Halo)]) {
         for (to, h) in halos {
-            if let Some(to) = to.filter(|to| self.here.contains(to)) {
-                if let Halo::Sent(b) = std::mem::replace(h, Halo::Kept) {
-                    self.kept.insert((to, phase, chunk), b);
+            match to {
+                Some(to) if self.here.contains(to) => {
+                    if let Halo::Sent(b) = std::mem::replace(h, Halo::Kept) {
+                        self.kept.insert((*to, phase, chunk), b);
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    if let Halo::Sent(b) = h {
+                        self.own.insert(chunk, (phase, b.clone()));
+                    }
                 }
             }
         }

@@ -1535,6 +1535,7 @@ impl Machine {
                 self.phase = Some(phase);
                 self.chunks = Some(chunks);
                 self.gathered.clear();
+                self.keeper.phase(phase);
                 self.code(Code::Phase { phase, chunks, job }, None);
             }
             ToWorker::Gathered { pieces } => {
@@ -1543,17 +1544,33 @@ impl Machine {
                     return self.fail(self.bad(why.into()));
                 };
                 let mut senders = Vec::with_capacity(pieces.len());
-                for (from, _) in &pieces {
-                    if senders.last().is_some_and(|&last| last >= *from) || *from >= chunks {
+                let mut resolved = Vec::with_capacity(pieces.len());
+                let ended = self.phase.and_then(|p| p.checked_sub(1));
+                for (from, piece) in pieces {
+                    if senders.last().is_some_and(|&last| last >= from) || from >= chunks {
                         return self.fail(self.bad(format!(
                             "an allgather's pieces out of sender order, twice or past the \
                              last of {chunks} chunks (from {from})"
                         )));
                     }
-                    senders.push(*from);
+                    senders.push(from);
+                    let piece = match piece {
+                        Some(b) => b,
+                        None => match ended.and_then(|p| self.keeper.own_piece(from, p)) {
+                            Some(b) => b,
+                            None => {
+                                return self.fail(self.bad(format!(
+                                    "an allgather's piece from {from} named as exported here \
+                                     at the end of phase {ended:?}, which this process did not \
+                                     export"
+                                )));
+                            }
+                        },
+                    };
+                    resolved.push((from, piece));
                 }
                 self.gathered = senders;
-                self.code(Code::Gathered { pieces }, None);
+                self.code(Code::Gathered { pieces: resolved }, None);
             }
             ToWorker::Run {
                 slot,
@@ -2542,7 +2559,7 @@ mod tests {
         m.received(
             t0,
             Some(ToWorker::Gathered {
-                pieces: pieces.clone(),
+                pieces: pieces.iter().map(|(c, b)| (*c, Some(b.clone()))).collect(),
             }),
         );
         let outs = polled(&mut m);
@@ -2585,12 +2602,66 @@ mod tests {
         ends_refused(&mut m, "did not bring");
     }
 
+    /// A piece a partition here exported for every partition (an allgather's) goes up, and
+    /// the next phase's `Gathered` may name it instead of sending it back (`None`): the job's
+    /// code gets the bytes exported here. A `Gathered` that names as this process's own a
+    /// piece it did not export, or one of a phase before, is refused.
+    #[test]
+    fn a_gathered_piece_exported_here_is_named_not_sent_back() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(run(0, 1, false)));
+        assert!(matches!(&polled(&mut m)[..], [Out::Thread(0, _)]));
+        let mine = halo(1, "all");
+        let done = ToCoordinator::Done {
+            slot: 0,
+            chunk: 1,
+            output: Bytes::from_static(b"out"),
+            halos: Some(vec![(None, Halo::Sent(mine.clone()))]),
+            iterations: 1,
+            busy_ns: 1,
+        };
+        m.reported(done.clone());
+        // It goes up whole: the other processes need it.
+        assert_eq!(sent(polled(&mut m)), vec![done]);
+        to_phase(&mut m, t0, 3);
+        let other = halo(0, "all");
+        m.received(
+            t0,
+            Some(ToWorker::Gathered {
+                pieces: vec![(0, Some(other.clone())), (1, None)],
+            }),
+        );
+        let outs = polled(&mut m);
+        let [Out::Code(Code::Gathered { pieces })] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(pieces, &vec![(0, other), (1, mine.clone())]);
+        m.answer(Ok(None));
+        // Of phase 2, not 3: a `Gathered` of phase 4 cannot name it.
+        to_phase(&mut m, t0, 4);
+        m.received(
+            t0,
+            Some(ToWorker::Gathered {
+                pieces: vec![(1, None)],
+            }),
+        );
+        ends_refused(&mut m, "which this process did not export");
+        // Nor a piece no partition here exported.
+        refused(
+            ToWorker::Gathered {
+                pieces: vec![(5, None)],
+            },
+            "which this process did not export",
+        );
+    }
+
     /// Gathered pieces out of sender order, twice, past the last chunk, or naming a sender
     /// the `Gathered` did not bring, are refused before the job's code sees them; so are
     /// gathered pieces before any job value.
     #[test]
     fn bad_gathered_pieces_are_refused() {
-        let piece = |from| (from, halo(from, "all"));
+        let piece = |from| (from, Some(halo(from, "all")));
         for pieces in [
             vec![piece(2), piece(1)],
             vec![piece(1), piece(1)],

@@ -327,8 +327,9 @@ fn to_worker_messages_alone() -> Vec<(&'static str, ToWorker)> {
             "gathered",
             ToWorker::Gathered {
                 pieces: vec![
-                    (0, Bytes::from_static(b"\x02\x01\x02")),
-                    (5, Bytes::from_static(b"\x01\x07")),
+                    (0, Some(Bytes::from_static(b"\x02\x01\x02"))),
+                    (3, None),
+                    (5, Some(Bytes::from_static(b"\x01\x07"))),
                 ],
             },
         ),
