@@ -99,12 +99,15 @@ fn run(name: &str, local: usize, phase: u64, delay: Duration) -> &'static str {
     a.kill().unwrap();
     let _ = a.wait();
     let ended = rx.recv_timeout(STUCK);
+    // The coordinator's side of the last connections lost or refused (the killed process's
+    // among them), newest first.
+    let lost: Vec<_> = exec.peer_errors().into_iter().rev().take(4).collect();
     let diagnosis = format!(
-        "{name}: {:?}; rollbacks {:?}; snapshot failures {} (last {:?})",
+        "{name}: {:?}; rollbacks {:?}; snapshot failures {} (last {:?}); connections lost {lost:?}",
         h.progress(),
         h.rollbacks(),
         h.snapshot_failures(),
-        h.last_snapshot_error()
+        h.last_snapshot_error(),
     );
     let Ok(ended) = ended else {
         let _ = b.kill();
