@@ -478,7 +478,8 @@ impl Remotes {
 
     /// Owned partitions at the barrier before `phase`: each worker process that holds some
     /// gets the phase's job value, then the pieces of an allgather that ended (`gathered`,
-    /// by sender: once per process), then the halos of each of its partitions (`Begin`).
+    /// by sender: once per process, without the pieces it exported itself, which it kept),
+    /// then the halos of each of its partitions (`Begin`).
     pub(crate) fn begin_remote(
         &mut self,
         (phase, chunks): (u64, u64),
