@@ -2730,6 +2730,71 @@ mod tests {
     use super::{Failure, check_part, error_of};
     use crate::snapshot::PartRef;
 
+    /// The coordinator's side of an allgather's own pieces (protocol 25): a piece whose
+    /// `Done` came from a process is named (`None`) in that process's `Gathered` at the
+    /// barrier right after, and sent as bytes to every other process; a record of an older
+    /// phase names nothing, nor one from before the processes forgot their partitions.
+    #[test]
+    fn an_allgather_piece_is_named_only_to_the_process_that_exported_it() {
+        use super::{Conn, ProcessId, Remotes, frame};
+        use bytes::Bytes;
+        let mut r = Remotes::default();
+        let (a, b) = (ProcessId(0), ProcessId(1));
+        for id in [a, b] {
+            r.conns.insert(
+                id,
+                Conn {
+                    peer: format!("p{}", id.0).into(),
+                    node: super::NodeId(0),
+                    phase_sent: None,
+                    slots: Vec::new(),
+                    progress: Vec::new(),
+                    retiring: false,
+                    reads_store: false,
+                    listen: None,
+                    told: super::Told::default(),
+                },
+            );
+        }
+        let piece = |c: u64| Bytes::from(format!("piece of {c}"));
+        // Chunk 0 ran in `a` and chunk 1 in `b` in phase 4; chunk 2 in `a` in phase 3.
+        for (id, chunk, phase) in [(a, 0, 4), (b, 1, 4), (a, 2, 3)] {
+            let halos = vec![(None, frame::Halo::Sent(piece(chunk)))];
+            r.count_halos((id, phase), chunk, halos).unwrap();
+        }
+        let gathered: Vec<(u64, Bytes)> = (0..3).map(|c| (c, piece(c))).collect();
+        let begins = vec![(a, 0, Vec::new()), (b, 1, Vec::new())];
+        r.begin_remote(
+            (5, 3),
+            Bytes::from_static(b"job"),
+            begins.clone(),
+            gathered.clone(),
+        );
+        let sent = |r: &mut Remotes| -> Vec<(ProcessId, Vec<(u64, Option<Bytes>)>)> {
+            let mut all = Vec::new();
+            for (id, msg) in std::mem::take(&mut r.outbox) {
+                if let frame::ToWorker::Gathered { pieces } = msg {
+                    all.push((id, pieces));
+                }
+            }
+            all.sort_by_key(|(id, _)| *id);
+            all
+        };
+        assert_eq!(
+            sent(&mut r),
+            vec![
+                (a, vec![(0, None), (1, Some(piece(1))), (2, Some(piece(2)))]),
+                (b, vec![(0, Some(piece(0))), (1, None), (2, Some(piece(2)))]),
+            ]
+        );
+        // A rollback: the processes forget what they exported, and are sent every piece.
+        r.forget_partitions();
+        r.outbox.clear();
+        r.begin_remote((5, 3), Bytes::from_static(b"job"), begins, gathered);
+        let every: Vec<(u64, Option<Bytes>)> = (0..3).map(|c| (c, Some(piece(c)))).collect();
+        assert_eq!(sent(&mut r), vec![(a, every.clone()), (b, every)]);
+    }
+
     /// A process that could not read a placed partition's part: the job's error names the
     /// chunk and the process, and keeps the process's error chain as its sources.
     #[test]
