@@ -2770,7 +2770,8 @@ mod tests {
             begins.clone(),
             gathered.clone(),
         );
-        let sent = |r: &mut Remotes| -> Vec<(ProcessId, Vec<(u64, Option<Bytes>)>)> {
+        type Pieces = Vec<(u64, Option<Bytes>)>;
+        let sent = |r: &mut Remotes| -> Vec<(ProcessId, Pieces)> {
             let mut all = Vec::new();
             for (id, msg) in std::mem::take(&mut r.outbox) {
                 if let frame::ToWorker::Gathered { pieces } = msg {
@@ -2791,7 +2792,7 @@ mod tests {
         r.forget_partitions();
         r.outbox.clear();
         r.begin_remote((5, 3), Bytes::from_static(b"job"), begins, gathered);
-        let every: Vec<(u64, Option<Bytes>)> = (0..3).map(|c| (c, Some(piece(c)))).collect();
+        let every: Pieces = (0..3).map(|c| (c, Some(piece(c)))).collect();
         assert_eq!(sent(&mut r), vec![(a, every.clone()), (b, every)]);
     }
 
