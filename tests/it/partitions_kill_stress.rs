@@ -69,7 +69,11 @@ fn run(name: &str, local: usize, phase: u64, delay: Duration) -> &'static str {
     let exec = Executor::builder()
         .local_workers(local)
         .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        // A kill closes the process's connection: the loss is seen at once, whatever the
+        // lease. The lease is for a process that falls silent, which this test does not
+        // make: long enough that a process starved by a loaded machine (CI runs other
+        // tests beside this one) is not given up.
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(10))
         .snapshots(&url)
         .snapshot_every(Duration::from_millis(20))
         .build()
