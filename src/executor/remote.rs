@@ -532,6 +532,8 @@ impl Remotes {
             }
         }
         let mut gathered_to = IdSet::default();
+        // The phase whose pieces `gathered` are.
+        let ended = phase.checked_sub(1);
         for (id, chunk, halos) in begins {
             if let Some(c) = self.conns.get_mut(&id) {
                 if c.phase_sent != Some(phase) {
@@ -546,9 +548,8 @@ impl Remotes {
                     let pieces: Vec<(u64, Option<Bytes>)> = gathered
                         .iter()
                         .map(|(from, b)| {
-                            let own = phase
-                                .checked_sub(1)
-                                .is_some_and(|p| self.gathered_by.get(from) == Some(&(id, p)));
+                            let own =
+                                ended.is_some_and(|p| self.gathered_by.get(from) == Some(&(id, p)));
                             (*from, (!own).then(|| b.clone()))
                         })
                         .collect();
@@ -2039,6 +2040,23 @@ impl<J: Job> State<J> {
             .increment(1);
     }
 
+    /// The exports of `chunk`'s partition, which worker process `id` holds, for the phase
+    /// under way (its `Done`, or the `Exported` of a partition a rollback placed there):
+    /// in that process's halo log (with buddy copies), counted, and kept for the barrier.
+    fn keep_exports(
+        &mut self,
+        id: ProcessId,
+        chunk: ChunkId,
+        halos: Vec<(Option<u64>, frame::Halo)>,
+    ) -> Result<(), String> {
+        if self.remote.buddies.enabled() {
+            self.remote.buddies.exported(chunk, id, self.phase);
+        }
+        let halos = self.remote.count_halos((id, self.phase), chunk, halos)?;
+        self.keep_halos(chunk, halos);
+        Ok(())
+    }
+
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
     pub(crate) fn on_remote(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
         self.remote.traffic.messages_in += 1;
@@ -2200,15 +2218,8 @@ impl<J: Job> State<J> {
                 if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
                     return Ok(());
                 }
-                // The restored phase's exports, in that process's halo log as a `Done`'s.
-                if self.remote.buddies.enabled() {
-                    self.remote.buddies.exported(chunk, id, self.phase);
-                }
-                let halos = self
-                    .remote
-                    .count_halos((id, self.phase), chunk, halos)
-                    .map_err(bad)?;
-                self.keep_halos(chunk, halos);
+                // The restored phase's exports, as a `Done`'s.
+                self.keep_exports(id, chunk, halos).map_err(bad)?;
                 self.settle();
                 return Ok(());
             }
@@ -2511,16 +2522,8 @@ impl<J: Job> State<J> {
                         if self.check_addresses(chunk, &halos).map_err(bad)?.is_none() {
                             return Ok(());
                         }
-                        // Kept by that process, with its halos here for the barrier (and in
-                        // its halo log, with buddy copies).
-                        if self.remote.buddies.enabled() {
-                            self.remote.buddies.exported(chunk, id, self.phase);
-                        }
-                        let halos = self
-                            .remote
-                            .count_halos((id, self.phase), chunk, halos)
-                            .map_err(bad)?;
-                        self.keep_halos(chunk, halos);
+                        // Kept by that process, with its halos here for the barrier.
+                        self.keep_exports(id, chunk, halos).map_err(bad)?;
                         Some(Held::Elsewhere(id))
                     }
                     (false, None) => None,
