@@ -451,6 +451,9 @@ pub(crate) struct Tally {
     /// those given up for a rollback.
     pub(crate) recoveries: u64,
     pub(crate) abandoned: u64,
+    /// Allgather pieces a `Gathered` named as its receiver's own instead of carrying them
+    /// (protocol 25).
+    pub(crate) own_pieces: u64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -471,6 +474,7 @@ impl std::ops::AddAssign for Tally {
         self.logs_checked += t.logs_checked;
         self.recoveries += t.recoveries;
         self.abandoned += t.abandoned;
+        self.own_pieces += t.own_pieces;
         self.crashes += t.crashes;
         self.rollbacks += t.rollbacks;
         self.snapshots += t.snapshots;
@@ -941,10 +945,21 @@ impl<J: Simulated> History<J> {
                 let msg = self.procs[i].inbox.pop_front().expect("a message");
                 let granted =
                     |m: &ToWorker| matches!(m, ToWorker::Run { then, .. } if !then.is_empty());
-                self.tally.grants += match &msg {
-                    ToWorker::Batch(b) => b.iter().filter(|m| granted(m)).count() as u64,
-                    m => u64::from(granted(m)),
+                let own = |m: &ToWorker| match m {
+                    ToWorker::Gathered { pieces } => {
+                        pieces.iter().filter(|(_, b)| b.is_none()).count() as u64
+                    }
+                    _ => 0,
                 };
+                let (grants, own_pieces) = match &msg {
+                    ToWorker::Batch(b) => (
+                        b.iter().filter(|m| granted(m)).count() as u64,
+                        b.iter().map(own).sum(),
+                    ),
+                    m => (u64::from(granted(m)), own(m)),
+                };
+                self.tally.grants += grants;
+                self.tally.own_pieces += own_pieces;
                 if self.trace && !matches!(msg, ToWorker::Heartbeat) {
                     let line = format!("to {}: {}", self.procs[i].id, brief(&msg));
                     self.note(line);
@@ -2382,12 +2397,17 @@ mod tests {
     /// all-to-all pieces (`sim/mesh.rs`); replay one with `MALLEABLE_SIM_MESH_SEED`.
     #[test]
     fn histories_of_exchanges_end_exact() {
-        histories::<mesh::SimMesh>("MALLEABLE_SIM_MESH_SEED", 15);
+        let t = histories::<mesh::SimMesh>("MALLEABLE_SIM_MESH_SEED", 15);
+        // The allgathers between processes named their own pieces to them (protocol 25),
+        // and the histories checked every value they made. (One seed replayed may have none.)
+        if var("MALLEABLE_SIM_MESH_SEED").is_none() {
+            assert!(t.own_pieces > 0, "no piece named to its own process: {t:?}");
+        }
     }
 
     /// Runs histories of `J`: the one seed in variable `seed_var`, or as many as
     /// `MALLEABLE_SIM_SECONDS` (default `seconds`) allow from `MALLEABLE_SIM_FIRST`.
-    fn histories<J: Simulated>(seed_var: &str, seconds: u64) {
+    fn histories<J: Simulated>(seed_var: &str, seconds: u64) -> Tally {
         let rt = runtime();
         // `MALLEABLE_SIM_LOG=debug` prints what the coordinator and processes log (`warn`,
         // over many histories, what went wrong and why: a loss that rolled back rather
@@ -2403,10 +2423,12 @@ mod tests {
         }
         if let Some(seed) = var(seed_var) {
             match history_of::<J>(seed, &rt) {
-                Ok(t) => println!("history {seed}: {t:?}"),
+                Ok(t) => {
+                    println!("history {seed}: {t:?}");
+                    return t;
+                }
                 Err(e) => panic!("{e}"),
             }
-            return;
         }
         let budget = Duration::from_secs(var("MALLEABLE_SIM_SECONDS").unwrap_or(seconds));
         let first = var("MALLEABLE_SIM_FIRST").unwrap_or(0);
@@ -2441,5 +2463,6 @@ mod tests {
             J::NAME,
             n as f64 / minutes
         );
+        total
     }
 }
