@@ -103,7 +103,9 @@ pub(crate) struct Buddies {
     /// The coordinator's own halo log ([`HERE`]): what partitions it ran exported for
     /// partitions in worker processes, as sent to them, `(phase, sender, receiver,
     /// bytes)`, oldest first, and their bytes.
-    here: std::collections::VecDeque<(u64, ChunkId, ChunkId, bytes::Bytes)>,
+    /// `None` as the receiver: an allgather's piece, for every partition (one that came in
+    /// a `LogOf`).
+    here: std::collections::VecDeque<(u64, ChunkId, Option<ChunkId>, bytes::Bytes)>,
     here_bytes: u64,
     report: Copies,
 }
@@ -256,7 +258,30 @@ impl Buddies {
     ) {
         self.here_bytes += bytes.len() as u64;
         self.here
-            .push_back((phase, sender, receiver, bytes.clone()));
+            .push_back((phase, sender, Some(receiver), bytes.clone()));
+    }
+
+    /// Partition `chunk` left process `from`, with the records of the halo log it exported
+    /// there (`LogOf`): they are kept here from now on, and its log's segments that were
+    /// in `from` are here. (Otherwise they were lost with `from`, and a neighbour lost
+    /// later could not be replayed from copies older than the move.)
+    pub(crate) fn took_log(
+        &mut self,
+        from: ProcessId,
+        chunk: ChunkId,
+        records: Vec<crate::wire::frame::LogRecord>,
+    ) {
+        for (phase, sender, pieces) in records {
+            for (to, b) in pieces {
+                self.here_bytes += b.len() as u64;
+                self.here.push_back((phase, sender, to, b));
+            }
+        }
+        if let Some(segments) = self.logs.get_mut(&chunk) {
+            for s in segments.iter_mut().filter(|s| s.0 == from) {
+                s.0 = HERE;
+            }
+        }
     }
 
     /// Whether the newest segment of `chunk`'s log is here: its exports of this phase are
@@ -275,16 +300,29 @@ impl Buddies {
     ) -> impl Iterator<Item = (u64, ChunkId, ChunkId, bytes::Bytes)> + 'a {
         self.here
             .iter()
-            .filter(move |(p, _, r, _)| (from..=through).contains(p) && receivers.contains(r))
-            .cloned()
+            .filter(move |(p, ..)| (from..=through).contains(p))
+            .flat_map(move |(p, s, r, b)| {
+                let to: &[ChunkId] = match r {
+                    Some(r) if receivers.contains(r) => std::slice::from_ref(r),
+                    Some(_) => &[],
+                    None => receivers,
+                };
+                to.iter().map(move |&r| (*p, *s, r, b.clone()))
+            })
     }
 
     /// The logs' segments that end before `from` are no longer needed.
     fn trim_logs(&mut self, from: u64) {
-        while self.here.front().is_some_and(|h| h.0 < from) {
-            let (.., b) = self.here.pop_front().expect("checked");
-            self.here_bytes -= b.len() as u64;
-        }
+        // (Records a `LogOf` brought are older than those behind them: not a queue.)
+        let mut dropped = 0;
+        self.here.retain(|h| {
+            let keep = h.0 >= from;
+            if !keep {
+                dropped += h.3.len() as u64;
+            }
+            keep
+        });
+        self.here_bytes -= dropped;
 
         for segments in self.logs.values_mut() {
             if let Some(start) = segments.iter().rposition(|&(_, since)| since <= from) {
@@ -791,5 +829,44 @@ mod tests {
             (b.here_for(&[2, 4], 0, 9).count(), b.report().log_bytes),
             (0, 0)
         );
+    }
+
+    /// A partition that left a process brought the records of the log it exported there
+    /// (`LogOf`): they are the coordinator's from then on, so its log covers the phases it
+    /// ran there even once that process is lost; an allgather's piece among them is for
+    /// every receiver asked; older records that came late are trimmed all the same.
+    #[test]
+    fn the_log_a_leaving_partition_brought_is_kept_here() {
+        let mut b = Buddies::new(Some(2));
+        let bytes = |n: usize| bytes::Bytes::from(vec![7u8; n]);
+        let (p, q) = (ProcessId(1), ProcessId(2));
+        b.exported(3, p, 4);
+        b.exported(3, q, 6);
+        b.exported(5, q, 4);
+        let alive = |x: ProcessId| x != p;
+        assert!(!b.log_covers(3, 4, alive), "ran in a lost process since 4");
+        b.log_here(7, 9, 2, &bytes(5));
+        let records = vec![
+            (4, 3, vec![(Some(2), bytes(10)), (None, bytes(20))]),
+            (5, 3, vec![(Some(4), bytes(10))]),
+        ];
+        b.took_log(p, 3, records);
+        assert!(b.log_covers(3, 4, alive));
+        assert_eq!(b.segments(3), &[(HERE, 4), (q, 6)]);
+        assert_eq!(b.segments(5), &[(q, 4)], "another partition's log stays");
+        let mut to: Vec<_> = b
+            .here_for(&[2, 4], 4, 5)
+            .map(|(p, s, r, b)| (p, s, r, b.len()))
+            .collect();
+        to.sort_unstable();
+        assert_eq!(
+            to,
+            vec![(4, 3, 2, 10), (4, 3, 2, 20), (4, 3, 4, 20), (5, 3, 4, 10)]
+        );
+        assert_eq!(b.report().log_bytes, 45);
+        // The records of phase 4 go with the first trim past them, behind newer ones or not.
+        assert_eq!(b.log_from(5), 5);
+        assert_eq!(b.report().log_bytes, 15);
+        assert_eq!(b.here_for(&[2, 4], 0, 9).count(), 2);
     }
 }

@@ -139,6 +139,25 @@ impl Recovery {
         (self.phase, self.done.contains(&chunk))
     }
 
+    /// Log records from a process (its `Log`, or a `LogOf` of a partition that left it):
+    /// the pieces of phases `copy_phase..=phase` for lost partitions, from the others.
+    fn add_records(&mut self, records: Vec<crate::wire::frame::LogRecord>) {
+        for (phase, sender, pieces) in records {
+            if phase < self.copy_phase || phase > self.phase || self.lost.contains(&sender) {
+                continue;
+            }
+            for (to, b) in pieces {
+                match to {
+                    Some(to) if self.lost.contains(&to) => self.halos.push((phase, sender, to, b)),
+                    Some(_) => {}
+                    None => self
+                        .halos
+                        .extend(self.lost.iter().map(|&x| (phase, sender, x, b.clone()))),
+                }
+            }
+        }
+    }
+
     /// Partition `sender` exported `halos`: those kept in the lost process are refilled.
     pub(crate) fn kept_at_lost(
         &mut self,
@@ -426,24 +445,26 @@ impl<J: Job> State<J> {
         if !r.waiting.remove(&id) {
             return;
         }
-        for (phase, sender, pieces) in records {
-            if phase < r.copy_phase || phase > r.phase || r.lost.contains(&sender) {
-                continue;
-            }
-            for (to, b) in pieces {
-                match to {
-                    Some(to) if r.lost.contains(&to) => r.halos.push((phase, sender, to, b)),
-                    Some(_) => {}
-                    None => r
-                        .halos
-                        .extend(r.lost.iter().map(|&x| (phase, sender, x, b.clone()))),
-                }
-            }
-        }
+        r.add_records(records);
         if r.waiting.is_empty() && r.strays.is_empty() {
             self.replay_lost();
         }
         self.recovery_answered(id);
+    }
+
+    /// Partition `chunk` left process `id` with the records of the halo log it exported
+    /// there (`LogOf`): the coordinator keeps them from now on. A recovery that waits for
+    /// `id`'s log takes them now (that log will not have them); one that has it had them.
+    pub(crate) fn took_log(
+        &mut self,
+        id: ProcessId,
+        chunk: ChunkId,
+        records: Vec<crate::wire::frame::LogRecord>,
+    ) {
+        if let Some(r) = self.recovery.as_mut().filter(|r| r.waiting.contains(&id)) {
+            r.add_records(records.clone());
+        }
+        self.remote.buddies.took_log(id, chunk, records);
     }
 
     /// Process `id` answered the recovery: a drained process that waited only for that

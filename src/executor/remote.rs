@@ -2113,6 +2113,7 @@ impl<J: Job> State<J> {
                 ToCoordinator::Unreachable { .. } => ("unreachable", None),
                 ToCoordinator::Copied { .. } => ("copied", None),
                 ToCoordinator::Log { .. } => ("log", None),
+                ToCoordinator::LogOf { chunk, .. } => ("log of", Some(*chunk)),
                 ToCoordinator::CopiesOf { .. } => ("copies of", None),
                 ToCoordinator::Replayed { chunk, .. } => ("replayed", Some(*chunk)),
                 ToCoordinator::ReplayFailed { .. } => ("replay failed", None),
@@ -2339,6 +2340,21 @@ impl<J: Job> State<J> {
                 }
                 metrics::gauge!(crate::metrics::BUDDY_COPY_BYTES, "job" => J::NAME)
                     .set(self.remote.buddies.bytes() as f64);
+                return Ok(());
+            }
+            ToCoordinator::LogOf { chunk, records } => {
+                if !J::OWNERSHIP.is_partitioned() {
+                    return Err(bad("a halo log of a job without partitions".into()));
+                }
+                if chunk >= self.core.plan().len() {
+                    return Err(bad(format!("the halo log of chunk {chunk}, past the last")));
+                }
+                if let Some((_, other, _)) = records.iter().find(|(_, c, _)| *c != chunk) {
+                    return Err(bad(format!(
+                        "a record of chunk {other} in the halo log of chunk {chunk}"
+                    )));
+                }
+                self.took_log(id, chunk, records);
                 return Ok(());
             }
             ToCoordinator::Log { attempt, records } => {

@@ -2266,6 +2266,44 @@ mod tests {
         );
     }
 
+    /// A `LogOf` whose records are of another partition, or of a chunk past the last, is
+    /// refused (a process could otherwise put another partition's exports in the
+    /// coordinator's log); one of the partition it names is taken.
+    #[test]
+    fn a_log_of_another_partition_is_refused() {
+        let mut h = History::scripted(three_bands());
+        let a = h.join(1);
+        h.deliver_all(a);
+        let id = h.procs[a].id;
+        let record = |chunk: u64| (1, chunk, vec![(Some(0), bytes::Bytes::from_static(b"h"))]);
+        let mixed = ToCoordinator::LogOf {
+            chunk: 1,
+            records: vec![record(1), record(2)],
+        };
+        let refused = h.coord().on_remote(id, mixed);
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("a record of chunk 2 in the halo log of chunk 1")),
+            "{refused:?}"
+        );
+        let past = ToCoordinator::LogOf {
+            chunk: 3,
+            records: vec![record(3)],
+        };
+        let refused = h.coord().on_remote(id, past);
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("past the last")),
+            "{refused:?}"
+        );
+        let b = h.join(1);
+        h.deliver_all(b);
+        let id = h.procs[b].id;
+        let own = ToCoordinator::LogOf {
+            chunk: 1,
+            records: vec![record(1)],
+        };
+        assert!(h.coord().on_remote(id, own).is_ok());
+    }
+
     /// Late answers to an earlier placement are dropped (histories 9012039, 9029903); a
     /// process that sends halos nobody asked it to export is still refused.
     #[test]

@@ -82,8 +82,9 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// store a `Store` offered is usable from it (`StoreChecked`), so that a rollback places
 /// restored partitions on it by reference even if it wrote no part of the snapshot.
 /// Version 25: `Gathered` names the pieces a process exported itself instead of sending
-/// them back to it.
-pub const PROTOCOL_VERSION: u32 = 25;
+/// them back to it. Version 26: a partition that leaves a process takes the records of the
+/// halo log it exported there along (`LogOf`), into the coordinator's log.
+pub const PROTOCOL_VERSION: u32 = 26;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -897,6 +898,18 @@ pub enum ToCoordinator {
     StoreChecked {
         /// Whether the store is usable from here.
         usable: bool,
+    },
+    /// Owned partitions, buddy copies (protocol 26): the records of this process's halo log
+    /// that partition `chunk` exported here (`records`, oldest first, each of sender
+    /// `chunk`), sent right before the message that hands the partition back (`Surrendered`,
+    /// `Yielded`), and dropped here. The coordinator keeps them in its own log: a neighbour
+    /// lost later can still be replayed from its copy if this process is lost too, or
+    /// leaves, before the next copies.
+    LogOf {
+        /// The partition that leaves.
+        chunk: u64,
+        /// Its records.
+        records: Vec<LogRecord>,
     },
 }
 

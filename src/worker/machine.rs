@@ -637,6 +637,29 @@ impl Machine {
         (&self.log, self.log_bytes, self.logging)
     }
 
+    /// Partition `chunk` leaves this process: the records of the halo log it exported here
+    /// go along (`LogOf`, right before the message that hands it back) and leave the log,
+    /// so that a neighbour's replay finds them in the coordinator's log whatever becomes of
+    /// this process. `None` if it exported none here.
+    fn log_of_leaving(&mut self, chunk: u64) -> Option<ToCoordinator> {
+        if !self.log.iter().any(|(_, c, _)| *c == chunk) {
+            return None;
+        }
+        let (records, kept): (VecDeque<Logged>, VecDeque<Logged>) = std::mem::take(&mut self.log)
+            .into_iter()
+            .partition(|(_, c, _)| *c == chunk);
+        self.log = kept;
+        let bytes: u64 = records
+            .iter()
+            .flat_map(|(_, _, h)| h.iter().map(|(_, b)| b.len() as u64))
+            .sum();
+        self.log_bytes -= bytes;
+        Some(ToCoordinator::LogOf {
+            chunk,
+            records: records.into(),
+        })
+    }
+
     /// The halo log keeps the exports of phase `from` and later.
     fn trim_log(&mut self, from: u64) {
         self.logging = Some(from);
@@ -2042,6 +2065,13 @@ impl Machine {
     /// A message for the coordinator, now: halos for partitions here are kept on the way
     /// ([`Keeper::outgoing`]); snapshot parts are counted.
     fn send(&mut self, msg: ToCoordinator) {
+        if let ToCoordinator::Surrendered { chunk, .. } | ToCoordinator::Yielded { chunk, .. } =
+            &msg
+        {
+            if let Some(log) = self.log_of_leaving(*chunk) {
+                self.send(log);
+            }
+        }
         let exported = match &msg {
             ToCoordinator::Done {
                 chunk,
@@ -2173,6 +2203,7 @@ pub(super) fn chunk_of(msg: &ToCoordinator) -> Option<u64> {
         | ToCoordinator::Captured { chunk, .. }
         | ToCoordinator::CapturedPart { chunk, .. }
         | ToCoordinator::Failed { chunk, .. }
+        | ToCoordinator::LogOf { chunk, .. }
         | ToCoordinator::OutputDone { chunk } => Some(*chunk),
         ToCoordinator::Returned { .. }
         | ToCoordinator::Batch(_)
@@ -3782,6 +3813,87 @@ mod tests {
             .map(|(p, c, h)| (*p, *c, h.len()))
             .collect();
         assert_eq!(logged, vec![(1, 5, 2), (1, 2, 2)]);
+    }
+
+    /// A partition that leaves this process (`Surrendered`, `Yielded`) takes the records of
+    /// the halo log it exported here along, in a `LogOf` right before the message that
+    /// hands it back, and they leave the log (protocol 26); the other partitions' records
+    /// stay. A partition that exported nothing here sends none.
+    #[test]
+    fn a_partition_that_leaves_takes_its_halo_log_along() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(ToWorker::Logs { from: 2 }));
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 3, true)));
+        m.received(t0, Some(run(1, 2, true)));
+        let _ = polled(&mut m);
+        m.reported(done(0, 3, true));
+        m.reported(done(1, 2, true));
+        let _ = polled(&mut m);
+        let (_, all, _) = m.log();
+        to_phase(&mut m, t0, 3);
+        m.received(t0, Some(ToWorker::Surrender { chunk: 3 }));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(
+                &outs[..],
+                [Out::Code(Code::Held {
+                    chunk: 3,
+                    surrender: true
+                })]
+            ),
+            "{outs:?}"
+        );
+        let state = Bytes::from_static(b"partition");
+        m.answer(Ok(Some(ToCoordinator::Surrendered {
+            chunk: 3,
+            state: state.clone(),
+        })));
+        // (The halos kept here for it go up in `Released`, between the two.)
+        let up = sent(polled(&mut m));
+        let [
+            ToCoordinator::LogOf { chunk: 3, records },
+            ToCoordinator::Released { chunk: 3, .. },
+            ToCoordinator::Surrendered { chunk: 3, .. },
+        ] = &up[..]
+        else {
+            panic!("{up:?}");
+        };
+        let of: Vec<(u64, u64, usize)> =
+            records.iter().map(|(p, c, h)| (*p, *c, h.len())).collect();
+        assert_eq!(of, vec![(2, 3, 2)]);
+        let (log, bytes, _) = m.log();
+        let left: Vec<(u64, u64)> = log.iter().map(|(p, c, _)| (*p, *c)).collect();
+        assert_eq!(left, vec![(2, 2)]);
+        assert_eq!(bytes, all / 2);
+        // Chunk 2 leaves too, handed back after an interrupt; chunk 7 exported nothing here.
+        m.received(t0, Some(run(0, 2, true)));
+        m.received(t0, Some(run(1, 7, false)));
+        let _ = polled(&mut m);
+        for (slot, chunk) in [(0, 2), (1, 7)] {
+            m.reported(ToCoordinator::Yielded {
+                slot,
+                chunk,
+                state: state.clone(),
+                iterations: 0,
+                busy_ns: 0,
+            });
+        }
+        let up: Vec<_> = sent(polled(&mut m))
+            .into_iter()
+            .filter(|m| !matches!(m, ToCoordinator::Released { .. }))
+            .collect();
+        let [
+            ToCoordinator::LogOf { chunk: 2, records },
+            ToCoordinator::Yielded { chunk: 2, .. },
+            ToCoordinator::Yielded { chunk: 7, .. },
+        ] = &up[..]
+        else {
+            panic!("{up:?}");
+        };
+        assert_eq!(records.len(), 1);
+        assert_eq!((m.log().0.len(), m.log().1), (0, 0));
     }
 
     /// Local recovery, the process's side: a `SendLog` gets the log's records of the phases

@@ -587,6 +587,20 @@ fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
             },
         ),
         (
+            "log-of",
+            ToCoordinator::LogOf {
+                chunk: 9,
+                records: vec![
+                    (
+                        3,
+                        9,
+                        vec![(Some(8), Bytes::from_static(b"up")), (None, Bytes::new())],
+                    ),
+                    (4, 9, vec![]),
+                ],
+            },
+        ),
+        (
             "leave-grace",
             ToCoordinator::Leave {
                 grace_ms: Some(5_000),
