@@ -116,6 +116,13 @@ pub(crate) struct Buddies {
 /// the run) and is no process.
 pub(crate) const HERE: ProcessId = ProcessId(u64::MAX);
 
+/// The coordinator as the keeper of the pieces of halo logs that partitions took along when
+/// they left a process (`LogOf`, [`Buddies::took_log`]): kept in its own log, like
+/// [`HERE`]'s, and never lost; but unlike `HERE` it logs nothing those partitions export
+/// afterwards (they run elsewhere: a barrier that logged their next exports here as well
+/// gave a replay each of their pieces twice).
+pub(crate) const TAKEN: ProcessId = ProcessId(u64::MAX - 1);
+
 impl Buddies {
     /// A record for copies every `every` phases (`None` or 0: none).
     pub(crate) fn new(every: Option<u64>) -> Buddies {
@@ -219,7 +226,7 @@ impl Buddies {
             Some(&(p, _)) if p == by => {}
             last => {
                 if let Some(&(from, _)) = last {
-                    if from != HERE {
+                    if from != HERE && from != TAKEN {
                         self.left.insert(from);
                     }
                 }
@@ -230,7 +237,7 @@ impl Buddies {
 
     /// Whether the halo log of `chunk` holds its exports of phase `from` and later in
     /// processes that are `alive`: its log began at `from` or before, and every process
-    /// that ran it since is alive.
+    /// that ran it since is alive, or gave the coordinator its piece of the log ([`TAKEN`]).
     pub(crate) fn log_covers(
         &self,
         chunk: ChunkId,
@@ -243,7 +250,9 @@ impl Buddies {
         let Some(start) = segments.iter().rposition(|&(_, since)| since <= from) else {
             return false;
         };
-        segments[start..].iter().all(|&(p, _)| alive(p))
+        segments[start..]
+            .iter()
+            .all(|&(p, _)| p == TAKEN || alive(p))
     }
 
     /// Partition `sender`, run here, exported `bytes` at the end of `phase` for `receiver`,
@@ -279,7 +288,7 @@ impl Buddies {
         }
         if let Some(segments) = self.logs.get_mut(&chunk) {
             for s in segments.iter_mut().filter(|s| s.0 == from) {
-                s.0 = HERE;
+                s.0 = TAKEN;
             }
         }
     }
@@ -852,7 +861,13 @@ mod tests {
         ];
         b.took_log(p, 3, records);
         assert!(b.log_covers(3, 4, alive));
-        assert_eq!(b.segments(3), &[(HERE, 4), (q, 6)]);
+        assert_eq!(b.segments(3), &[(TAKEN, 4), (q, 6)]);
+        // One whose last stint was there: what it exports next is logged where it runs
+        // next, not here (a barrier would log it twice).
+        b.exported(6, p, 5);
+        b.took_log(p, 6, vec![(5, 6, vec![(Some(5), bytes(1))])]);
+        assert_eq!(b.segments(6), &[(TAKEN, 5)]);
+        assert!(!b.logged_here(6) && b.log_covers(6, 5, alive));
         assert_eq!(b.segments(5), &[(q, 4)], "another partition's log stays");
         let mut to: Vec<_> = b
             .here_for(&[2, 4], 4, 5)
@@ -863,10 +878,10 @@ mod tests {
             to,
             vec![(4, 3, 2, 10), (4, 3, 2, 20), (4, 3, 4, 20), (5, 3, 4, 10)]
         );
-        assert_eq!(b.report().log_bytes, 45);
+        assert_eq!(b.report().log_bytes, 46);
         // The records of phase 4 go with the first trim past them, behind newer ones or not.
         assert_eq!(b.log_from(5), 5);
-        assert_eq!(b.report().log_bytes, 15);
+        assert_eq!(b.report().log_bytes, 16);
         assert_eq!(b.here_for(&[2, 4], 0, 9).count(), 2);
     }
 }
