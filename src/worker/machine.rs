@@ -2343,6 +2343,29 @@ mod tests {
             .collect()
     }
 
+    /// The machine's next outputs are one question to the job's code: encode the partition
+    /// held for `chunk` (and drop it if `surrender`).
+    fn asks_held(m: &mut Machine, chunk: u64, surrender: bool) {
+        let outs = polled(m);
+        assert!(
+            matches!(&outs[..], [Out::Code(Code::Held { chunk: c, surrender: s })] if *c == chunk && *s == surrender),
+            "{outs:?}"
+        );
+    }
+
+    /// The halo log kept from phase 2 on; partitions 3 and 2, held here, run phase 2 and
+    /// export two halos each.
+    fn log_two_of_phase_2(m: &mut Machine, t0: Instant) {
+        m.received(t0, Some(ToWorker::Logs { from: 2 }));
+        m.received(t0, Some(roster(4)));
+        m.received(t0, Some(run(0, 3, true)));
+        m.received(t0, Some(run(1, 2, true)));
+        let _ = polled(m);
+        m.reported(done(0, 3, true));
+        m.reported(done(1, 2, true));
+        let _ = polled(m);
+    }
+
     fn run(slot: u32, chunk: u64, held: bool) -> ToWorker {
         ToWorker::Run {
             slot,
@@ -2547,14 +2570,7 @@ mod tests {
                 folder: 3,
             }),
         );
-        let outs = polled(&mut m);
-        assert!(matches!(
-            &outs[..],
-            [Out::Code(Code::Held {
-                chunk: 1,
-                surrender: false
-            })]
-        ));
+        asks_held(&mut m, 1, false);
         m.answer(Ok(Some(captured_held(1, b"one"))));
         assert_eq!(sent(polled(&mut m)), vec![captured_held(1, b"one")]);
         assert_eq!(m.parts(), (0, 1));
@@ -2900,17 +2916,7 @@ mod tests {
             folder: 0,
         };
         m.received(t0, Some(capture));
-        let outs = polled(&mut m);
-        assert!(
-            matches!(
-                &outs[..],
-                [Out::Code(Code::Held {
-                    chunk: 15,
-                    surrender: false
-                })]
-            ),
-            "{outs:?}"
-        );
+        asks_held(&mut m, 15, false);
         let state = Bytes::from_static(b"15");
         m.answer(Ok(Some(ToCoordinator::CapturedHeld { chunk: 15, state })));
         let got = sent(polled(&mut m));
@@ -3641,13 +3647,7 @@ mod tests {
             halos: vec![(4, Halo::Sent(halo(4, "down")))],
         };
         m.received(t0, Some(ToWorker::Batch(vec![copy(vec![3, 5]), begin])));
-        assert!(matches!(
-            &polled(&mut m)[..],
-            [Out::Code(Code::Held {
-                chunk: 3,
-                surrender: false
-            })]
-        ));
+        asks_held(&mut m, 3, false);
         m.answer(Ok(Some(captured_held(3, b"three"))));
         let outs = polled(&mut m);
         let [
@@ -3753,15 +3753,8 @@ mod tests {
         m.reported(done(0, 2, true));
         let _ = polled(&mut m);
         assert_eq!(m.log().0.len(), 0, "not asked");
-        m.received(t0, Some(ToWorker::Logs { from: 2 }));
-        m.received(t0, Some(roster(4)));
-        m.received(t0, Some(run(0, 3, true)));
-        m.received(t0, Some(run(1, 2, true)));
-        let _ = polled(&mut m);
-        m.reported(done(0, 3, true));
         // Chunk 2's halo for chunk 3 is kept here, the other goes up: both are logged.
-        m.reported(done(1, 2, true));
-        let _ = polled(&mut m);
+        log_two_of_phase_2(&mut m, t0);
         let (log, bytes, from) = m.log();
         let logged: Vec<(u64, u64, usize)> =
             log.iter().map(|(p, c, h)| (*p, *c, h.len())).collect();
@@ -3823,28 +3816,11 @@ mod tests {
     fn a_partition_that_leaves_takes_its_halo_log_along() {
         let (mut m, t0) = machine(true, 1);
         with_job(&mut m, t0);
-        m.received(t0, Some(ToWorker::Logs { from: 2 }));
-        m.received(t0, Some(roster(4)));
-        m.received(t0, Some(run(0, 3, true)));
-        m.received(t0, Some(run(1, 2, true)));
-        let _ = polled(&mut m);
-        m.reported(done(0, 3, true));
-        m.reported(done(1, 2, true));
-        let _ = polled(&mut m);
+        log_two_of_phase_2(&mut m, t0);
         let (_, all, _) = m.log();
         to_phase(&mut m, t0, 3);
         m.received(t0, Some(ToWorker::Surrender { chunk: 3 }));
-        let outs = polled(&mut m);
-        assert!(
-            matches!(
-                &outs[..],
-                [Out::Code(Code::Held {
-                    chunk: 3,
-                    surrender: true
-                })]
-            ),
-            "{outs:?}"
-        );
+        asks_held(&mut m, 3, true);
         let state = Bytes::from_static(b"partition");
         m.answer(Ok(Some(ToCoordinator::Surrendered {
             chunk: 3,
