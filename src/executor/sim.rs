@@ -1699,6 +1699,23 @@ mod tests {
         }
     }
 
+    /// Histories in which a partition the coordinator held after a restore, having ended
+    /// the restored phase, exported its pieces at the first barrier without a record in
+    /// the halo logs: a neighbour lost with copies of that phase was refused ("a partition's
+    /// halo log since the copies is not whole", its log beginning a phase later) and the job
+    /// rolled back. Those exports are the coordinator's log now, and each of these
+    /// histories recovers locally (none did before).
+    #[test]
+    fn exports_of_restored_partitions_held_here_are_logged() {
+        let rt = runtime();
+        for seed in [230, 1465, 2518, 3280, 5050] {
+            match history_of::<SimJob>(seed, &rt) {
+                Ok(t) => assert!(t.recoveries >= 1, "history {seed}: {t:?}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     /// Checks that a scripted history's job finished with `expected` (its log if not).
     fn finished_with(h: &mut History<SimJob>, expected: &[u64]) {
         let log = h.log.join("\n");
