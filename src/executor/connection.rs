@@ -153,8 +153,12 @@ async fn connection<J: Job>(
     }
 }
 
-/// How long a connection is read after `End`, waiting for the worker to close its side.
-const LINGER: Duration = Duration::from_secs(1);
+/// How long a connection is read after `End`, waiting for the worker to close its side (at
+/// most a lease). A worker reads `End` and closes at once; one starved of CPU for a moment
+/// (two cores, a test suite's processes) may take longer, and closing on it with its bytes
+/// unread resets the connection: its next write fails, and the worker ended with an error
+/// a job that had finished (1 s was seen too short in a CI run).
+const LINGER: Duration = Duration::from_secs(5);
 
 /// [`JobHandle::scale_remote`](super::JobHandle::scale_remote): processes are started outside
 /// the job's lock (starting one can take milliseconds).
