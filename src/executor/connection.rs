@@ -156,8 +156,9 @@ async fn connection<J: Job>(
 /// How long a connection is read after `End`, waiting for the worker to close its side (at
 /// most a lease). A worker reads `End` and closes at once; one starved of CPU for a moment
 /// (two cores, a test suite's processes) may take longer, and closing on it with its bytes
-/// unread resets the connection: its next write fails, and the worker ended with an error
-/// a job that had finished (1 s was seen too short in a CI run).
+/// unread resets the connection: its next write fails, and it ends with an error a job that
+/// had finished. (A CI run saw such a worker, with 1 s here; whether the linger was why was
+/// not shown: another such failure came with 5 s.)
 const LINGER: Duration = Duration::from_secs(5);
 
 /// [`JobHandle::scale_remote`](super::JobHandle::scale_remote): processes are started outside

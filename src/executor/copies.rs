@@ -219,8 +219,12 @@ impl Buddies {
     }
 
     /// Partition `chunk` exported its halos for `phase` in process `by`, which logs them: if
-    /// it ran elsewhere before, its log there starts at `phase`.
+    /// it ran elsewhere before, its log there starts at `phase`. Nothing without buddy
+    /// copies (nobody logs).
     pub(crate) fn exported(&mut self, chunk: ChunkId, by: ProcessId, phase: u64) {
+        if !self.enabled() {
+            return;
+        }
         let segments = self.logs.entry(chunk).or_default();
         match segments.last() {
             Some(&(p, _)) if p == by => {}

@@ -773,7 +773,10 @@ impl<J: Job> State<J> {
         let phase = next - 1;
         let chunks = plan.len();
         // Restored partitions (still the snapshot's bytes): decoded, and their halos
-        // exported, here, on as many threads as the machine has.
+        // exported, here, on as many threads as the machine has. What a partition held here
+        // exports at a barrier is the coordinator's halo log of that phase (`HERE`);
+        // unrecorded, a copy of that phase could not be replayed, its neighbour's log
+        // beginning a phase later.
         let mut restored = Vec::new();
         for (chunk, held) in self.core.kept_mut() {
             if let Held::Bytes(b) = held {
@@ -797,7 +800,9 @@ impl<J: Job> State<J> {
                     *held = Held::Live(Box::new(live));
                     if let Some(out) = halos {
                         self.exports[chunk as usize] = Some(live_outbox(out));
-                        exported_here(&mut self.remote.buddies, chunk, phase);
+                        self.remote
+                            .buddies
+                            .exported(chunk, super::copies::HERE, phase);
                     }
                 }
             }
@@ -815,7 +820,9 @@ impl<J: Job> State<J> {
                         (hooks.export)(c, job, at)
                     })?;
                     *slot = Some(live_outbox(out));
-                    exported_here(&mut self.remote.buddies, chunk, phase);
+                    self.remote
+                        .buddies
+                        .exported(chunk, super::copies::HERE, phase);
                 }
             }
         }
@@ -961,17 +968,6 @@ impl<J: Job> State<J> {
 /// A restored partition at the barrier as it comes out of [`decode_restored`]: the live
 /// partition and, if it was asked for, the halos it exports.
 type Decoded<J> = (<J as Job>::Chunk, Option<Outbox<Piece>>);
-
-/// A partition the coordinator holds exported the pieces of `phase` here, at a barrier (one
-/// restored from a snapshot, having ended the restored phase): with buddy copies, its log
-/// of that phase is the coordinator's ([`HERE`](super::copies::HERE)), and the barrier
-/// logs what it sends to processes. (Unrecorded, a copy of that phase could not be
-/// replayed: its neighbour's log began a phase later.)
-fn exported_here(buddies: &mut super::copies::Buddies, chunk: ChunkId, phase: u64) {
-    if buddies.enabled() {
-        buddies.exported(chunk, super::copies::HERE, phase);
-    }
-}
 
 /// Live pieces, as the barrier keeps them.
 fn live_outbox(out: Outbox<Piece>) -> Outbox<HeldHalo> {

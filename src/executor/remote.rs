@@ -2049,9 +2049,7 @@ impl<J: Job> State<J> {
         chunk: ChunkId,
         halos: Vec<(Option<u64>, frame::Halo)>,
     ) -> Result<(), String> {
-        if self.remote.buddies.enabled() {
-            self.remote.buddies.exported(chunk, id, self.phase);
-        }
+        self.remote.buddies.exported(chunk, id, self.phase);
         let halos = self.remote.count_halos((id, self.phase), chunk, halos)?;
         self.keep_halos(chunk, halos);
         Ok(())

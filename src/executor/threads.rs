@@ -135,13 +135,11 @@ fn run_one<J: Job>(
             chunk,
             output,
             kept: kept.map(|k| {
-                if st.remote.buddies.enabled() {
-                    // Its exports for partitions in worker processes are logged here.
-                    let phase = st.phase;
-                    st.remote
-                        .buddies
-                        .exported(chunk, super::copies::HERE, phase);
-                }
+                // Its exports for partitions in worker processes are logged here.
+                let phase = st.phase;
+                st.remote
+                    .buddies
+                    .exported(chunk, super::copies::HERE, phase);
                 st.keep_halos(chunk, exported.unwrap_or_default());
                 Held::Live(Box::new(k.state))
             }),
