@@ -82,13 +82,13 @@ async fn connection<J: Job>(
             tokio::select! {
                 msg = rx.recv() => {
                     let Some(msg) = msg else { return Ok(false) };
-                    let mut end = msg == ToWorker::End;
+                    let mut end = msg.ends();
                     for f in frame::Frames::new(&msg, limit) {
                         sink.feed(f).await.map_err(io_error)?;
                     }
                     while !end {
                         let Ok(m) = rx.try_recv() else { break };
-                        end = m == ToWorker::End;
+                        end = m.ends();
                         for f in frame::Frames::new(&m, limit) {
                             sink.feed(f).await.map_err(io_error)?;
                         }
@@ -157,8 +157,9 @@ async fn connection<J: Job>(
 /// most a lease). A worker reads `End` and closes at once; one starved of CPU for a moment
 /// (two cores, a test suite's processes) may take longer, and closing on it with its bytes
 /// unread resets the connection: its next write fails, and it ends with an error a job that
-/// had finished. (A CI run saw such a worker, with 1 s here; whether the linger was why was
-/// not shown: another such failure came with 5 s.)
+/// had finished. (The resets CI runs saw, with 1 s here and with 5 s, had another cause: an
+/// `End` batched with a job's last interrupts was not taken for an end, so the connection
+/// was dropped without a linger; see [`ToWorker::ends`].)
 const LINGER: Duration = Duration::from_secs(5);
 
 /// [`JobHandle::scale_remote`](super::JobHandle::scale_remote): processes are started outside

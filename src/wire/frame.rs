@@ -972,6 +972,21 @@ pub trait Message: Serialize + Sized {
     }
 }
 
+impl ToWorker {
+    /// Whether this ends the process's job: `End`, alone or in a batch (the coordinator
+    /// batches what it decided for a process at once, and a job that ends with slots still
+    /// running sends their interrupts and `End` together). Whoever waits for `End` (the
+    /// coordinator's writer, which then closes the socket gracefully; a worker whose write
+    /// failed) must find it in either form.
+    pub(crate) fn ends(&self) -> bool {
+        match self {
+            ToWorker::End => true,
+            ToWorker::Batch(batch) => batch.iter().any(|m| matches!(m, ToWorker::End)),
+            _ => false,
+        }
+    }
+}
+
 impl Message for ToWorker {
     const WHAT: &'static str = "a message to a worker";
     fn piece(more: bool, bytes: Bytes) -> Self {

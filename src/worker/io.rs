@@ -826,7 +826,7 @@ impl Io {
                 return false;
             };
             match pieces.frame::<ToWorker>(&self.peer, bytes.freeze()) {
-                Ok(Some(ToWorker::End)) => return true,
+                Ok(Some(msg)) if msg.ends() => return true,
                 Ok(_) => {}
                 Err(_) => return false,
             }
@@ -1371,7 +1371,7 @@ mod tests {
     /// and the loop says so (it ended with the write's error, and a worker process that
     /// served its job to the end exited with an error). Small socket buffers and a
     /// heartbeat at every turn make it certain: the process waits in a write when the reset
-    /// comes.
+    /// comes. Every other round, `End` comes in a batch: it was taken for an end only alone.
     #[test]
     fn a_write_that_fails_after_the_coordinator_s_end_is_no_error() {
         runtime().block_on(async {
@@ -1386,7 +1386,13 @@ mod tests {
                     let mut framed = Framed::new(socket, frame::codec(1 << 20));
                     // The worker's heartbeats pile up unread until it waits in a write.
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    SinkExt::<Bytes>::send(&mut framed, frame::encode(&ToWorker::End))
+                    // `End` alone, or in a batch with what else was decided at once.
+                    let end = if round % 2 == 0 {
+                        ToWorker::End
+                    } else {
+                        ToWorker::Batch(vec![ToWorker::Heartbeat, ToWorker::End])
+                    };
+                    SinkExt::<Bytes>::send(&mut framed, frame::encode(&end))
                         .await
                         .unwrap();
                     let _ = SinkExt::<Bytes>::close(&mut framed).await;

@@ -93,6 +93,81 @@ fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
     assert!(matches!(h.wait().unwrap(), Outcome::Finished(_)));
 }
 
+/// A job that ends while chunks run on a worker process sends their interrupts and `End`
+/// in one batch. The coordinator took only a lone `End` for the end: it wrote the batch,
+/// went on waiting, dropped the connection when the job let go of it, and closed the socket
+/// on what the worker still sent: a reset, and a worker that served its job to the end
+/// exited with an error (a CI run's worker, whose chunk state did not decode, did).
+#[test]
+fn an_end_in_a_batch_closes_the_connection_as_a_lone_end_does() {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .chunking(Chunking::Size(CHUNK))
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    let job = Walk {
+        tag: 3,
+        n: 16 * CHUNK,
+        per_step: 2,
+        phases: 1,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
+    };
+    let h = exec.submit(job).unwrap();
+    // The worker is given chunks it never runs; then the job is cancelled under them.
+    let mut s = authenticated(&addr, TOKEN);
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut cancelled = false;
+    let end = loop {
+        let f = read_frame(&mut s).expect("End before the connection closes");
+        let msg = frame::decode_to_worker("coordinator", &f).unwrap();
+        let msgs = match &msg {
+            frame::ToWorker::Batch(batch) => batch.clone(),
+            msg => vec![msg.clone()],
+        };
+        if msgs.contains(&frame::ToWorker::End) {
+            break msg;
+        }
+        if !cancelled
+            && msgs
+                .iter()
+                .any(|m| matches!(m, frame::ToWorker::Run { .. }))
+        {
+            h.cancel();
+            cancelled = true;
+        }
+    };
+    assert!(
+        cancelled,
+        "the job ended before it gave this worker a chunk"
+    );
+    match &end {
+        frame::ToWorker::Batch(batch) => assert!(batch.len() > 1, "{batch:?}"),
+        other => panic!("End came alone, not in a batch: {other:?}"),
+    }
+    // What a worker busy elsewhere sends after `End` is read, as after a lone `End`.
+    let beat = frame::encode(&frame::ToCoordinator::Heartbeat {
+        progress: Vec::new(),
+    });
+    for i in 0..2 {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Err(e) = try_send_frame(&mut s, &beat) {
+            panic!("heartbeat {i} after End: {e}");
+        }
+    }
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut rest = [0; 64];
+    match std::io::Read::read(&mut s, &mut rest) {
+        Ok(0) => {}
+        other => panic!("the coordinator did not close after the worker: {other:?}"),
+    }
+    assert!(matches!(h.wait(), Err(malleable::Error::Cancelled { .. })));
+}
+
 /// A worker process that dials after its job ended is told that the job ended (protocol
 /// 14), on its side and on the coordinator's; it was told "the coordinator runs no job yet;
 /// submit the job first". The executor still listens for a later run.
