@@ -131,15 +131,44 @@ fn assert_scenario(name: &str, out: &str) {
     }
 }
 
+// Each run is given four times the phases its example takes by default with `--processes`:
+// the scenario's steps are paced by phases (a tenth of the run apart), but its kill waits
+// for a snapshot to commit, which takes what the machine gives it. In a CI run on a busy
+// machine heat3d's first commit after the retire came some 450 ms late, when its 200 phases
+// of 2.5 ms were over: the run ended before the kill, and the example said so. Four times
+// the phases give the same steps four times the time.
+
 #[test]
 fn heat3d_with_worker_processes_that_come_go_and_die_gives_the_sequential_bits() {
-    let out = run("heat3d", &["--processes", "--n", "16", "--cut", "3x2"]);
+    let out = run(
+        "heat3d",
+        &[
+            "--processes",
+            "--n",
+            "16",
+            "--cut",
+            "3x2",
+            "--phases",
+            "800",
+        ],
+    );
     assert_scenario("heat3d", &out);
 }
 
 #[test]
 fn cg_with_worker_processes_that_come_go_and_die_gives_the_sequential_bits() {
-    let out = run("cg", &["--processes", "--side", "10", "--blocks", "8"]);
+    let out = run(
+        "cg",
+        &[
+            "--processes",
+            "--side",
+            "10",
+            "--blocks",
+            "8",
+            "--iterations",
+            "400",
+        ],
+    );
     assert_scenario("cg", &out);
 }
 
@@ -147,7 +176,17 @@ fn cg_with_worker_processes_that_come_go_and_die_gives_the_sequential_bits() {
 fn ft_with_worker_processes_that_come_go_and_die_gives_the_sequential_bits() {
     let out = run(
         "ft",
-        &["--processes", "--ny", "32", "--nx", "32", "--parts", "4"],
+        &[
+            "--processes",
+            "--ny",
+            "32",
+            "--nx",
+            "32",
+            "--parts",
+            "4",
+            "--steps",
+            "240",
+        ],
     );
     assert_scenario("ft", &out);
 }
