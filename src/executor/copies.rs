@@ -239,6 +239,20 @@ impl Buddies {
         }
     }
 
+    /// Partition `chunk` was replayed in process `by` from its copy of phase `copy_phase`:
+    /// its exports from that phase on are in `by`'s log (the replay logs them there), no
+    /// longer only in the lost process's. (Without this, a neighbour of a replayed partition
+    /// lost before the next copies was refused for a log "not whole", the replayed one's
+    /// log still naming the process lost first.)
+    pub(crate) fn replayed(&mut self, chunk: ChunkId, by: ProcessId, copy_phase: u64) {
+        if !self.enabled() {
+            return;
+        }
+        let segments = self.logs.entry(chunk).or_default();
+        segments.retain(|&(_, since)| since < copy_phase);
+        segments.push((by, copy_phase));
+    }
+
     /// Whether the halo log of `chunk` holds its exports of phase `from` and later in
     /// processes that are `alive`: its log began at `from` or before, and every process
     /// that ran it since is alive, or gave the coordinator its piece of the log ([`TAKEN`]).

@@ -11,8 +11,9 @@
 //!
 //! - every lost partition has a copy, all of the same phase `c` and in the same process
 //!   `B` (one buddy per process makes that the rule), and `B` is connected;
-//! - every other partition's halo log covers phases `c..=P` (`P`, the phase the job is in):
-//!   every process that ran it since `c` is alive; a partition that moved has its log in
+//! - the halo log of every other partition whose exports reach a lost one (a neighbour, or
+//!   any partition if a phase since `c` gathered or transposed) covers phases `c..=P` (`P`,
+//!   the phase the job is in): every process that ran it since `c` is alive; a partition that moved has its log in
 //!   pieces, one in each process it ran in, and every process sends its own. A partition
 //!   the coordinator's own threads ran logs in the coordinator (`copies::HERE`): what it
 //!   exported for partitions in processes, as the barrier sent it to them; and a partition
@@ -20,7 +21,10 @@
 //!   before its `Surrendered` or `Yielded`), into the coordinator's log: losing that
 //!   process later loses none of it. (Before protocol 26 the piece stayed behind, and a
 //!   loss of that process before its next copies refused the recovery of its partitions:
-//!   the largest cause of refusals the simulation counted.)
+//!   the largest cause of refusals the simulation counted.) A partition replayed from its
+//!   copy logs what it exported in the phases it went through where it was replayed, and its
+//!   log counts as that process's from the copy's phase on (`Buddies::replayed`); an
+//!   export two logs hold is taken once.
 //! - the job values of phases `c + 1..=P` are kept;
 //! - nothing else is under way that this would have to wait for or undo: no rollback, no
 //!   other recovery, no suspend's snapshot cut open, no partition on its way from `A`, the
@@ -244,8 +248,7 @@ impl<J: Job> State<J> {
         if self.remote.buddies.job_values(copy_phase, phase).is_none() {
             return Err("the job values since the copies are not kept");
         }
-        let chunks = self.core.plan().len();
-        let short = (0..chunks).filter(|c| !lost.contains(c)).find(|&y| {
+        let short = self.senders_to(lost, copy_phase).into_iter().find(|&y| {
             !self.remote.buddies.log_covers(y, copy_phase, |q| {
                 q == HERE || (q != from && self.remote.conns.contains_key(&q))
             })
@@ -262,6 +265,45 @@ impl<J: Job> State<J> {
             return Err("a partition's halo log since the copies is not whole");
         }
         Ok((buddy, copy_phase, held))
+    }
+
+    /// The partitions, the lost ones aside, whose exports since phase `copy_phase` may reach
+    /// one of `lost`: the halo logs a replay of them reads. Their neighbours while every
+    /// phase since exchanged with neighbours or nothing (`Pattern`); every partition if one
+    /// gathered or transposed, or if a kept job value does not decode or its `pattern`
+    /// panics. (Every partition's log was asked to be whole: a partition far from the lost
+    /// ones that had itself been replayed elsewhere since the copies, its own older exports
+    /// lost with the process it ran in, refused a recovery that never reads them.) A halo a
+    /// replay still finds missing ends it as before (`Recovery::missing`), and the job rolls
+    /// back.
+    fn senders_to(&self, lost: &[ChunkId], copy_phase: u64) -> Vec<ChunkId> {
+        let chunks = self.core.plan().len();
+        let everyone = || (0..chunks).filter(|c| !lost.contains(c)).collect();
+        let Some(hooks) = J::OWNERSHIP.hooks else {
+            return everyone();
+        };
+        let Some(values) = self.remote.buddies.job_values(copy_phase, self.phase) else {
+            return everyone();
+        };
+        for (phase, bytes) in values {
+            let Ok(job) = crate::codec::decode::<J>("the job", &bytes) else {
+                return everyone();
+            };
+            match crate::run::catch(crate::Site::Job { phase }, J::NAME, || {
+                (hooks.pattern)(&job, phase)
+            }) {
+                Ok(crate::exchange::Pattern::Neighbours | crate::exchange::Pattern::Nothing) => {}
+                _ => return everyone(),
+            }
+        }
+        let mut near: Vec<ChunkId> = lost
+            .iter()
+            .flat_map(|&x| self.shape.neighbours(x))
+            .filter(|c| !lost.contains(c))
+            .collect();
+        near.sort_unstable();
+        near.dedup();
+        near
     }
 
     /// Worker process `from` is lost (its connection is gone) with partitions only it held,
@@ -522,6 +564,28 @@ impl<J: Job> State<J> {
         let Some(r) = self.recovery.as_mut() else {
             return;
         };
+        // The same export may be in two logs: a partition replayed since logs what it
+        // exported in the phases it went through again where it was replayed, and the process
+        // it ran in before may still keep some of them. Taken once; two that differ would
+        // say that a log is wrong, and the job rolls back instead.
+        r.halos
+            .sort_by_key(|&(phase, sender, to, _)| (phase, sender, to));
+        let mut differ = None;
+        r.halos.dedup_by(|later, kept| {
+            let same = (later.0, later.1, later.2) == (kept.0, kept.1, kept.2);
+            if same && later.3 != kept.3 {
+                differ = Some((kept.0, kept.1, kept.2));
+            }
+            same
+        });
+        if let Some((phase, y, x)) = differ {
+            return self.abandon_recovery(format!(
+                "two logs differ on the halo of chunk {y} for chunk {x} in phase {phase}"
+            ));
+        }
+        let Some(r) = self.recovery.as_mut() else {
+            return;
+        };
         let mut by: IdMap<(ChunkId, ChunkId), Bytes> = IdMap::default();
         for (phase, sender, to, b) in &r.halos {
             if *phase == r.phase {
@@ -593,7 +657,11 @@ impl<J: Job> State<J> {
         if id != r.buddy || !r.lost.contains(&chunk) || !r.replayed.insert(chunk) {
             return Err(format!("a replay of chunk {chunk} nobody asked of it"));
         }
-        let from = r.from;
+        let (from, copy_phase) = (r.from, r.copy_phase);
+        self.remote.buddies.replayed(chunk, id, copy_phase);
+        let Some(r) = self.recovery.as_mut() else {
+            return Ok(());
+        };
         let refill: Vec<ChunkId> = r
             .refill
             .iter()

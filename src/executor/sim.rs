@@ -1511,6 +1511,9 @@ pub(crate) fn history(seed: u64, rt: &Arc<tokio::runtime::Runtime>) -> Result<Ta
 
 /// Runs the history of `seed` with a job of type `J`.
 fn history_of<J: Simulated>(seed: u64, rt: &Arc<tokio::runtime::Runtime>) -> Result<Tally, String> {
+    // Every line the coordinator logs in this history names its seed, so that a reason
+    // counted over thousands of histories (`MALLEABLE_SIM_LOG`) leads to one to replay.
+    let _history = tracing::info_span!("history", seed).entered();
     let mut h = History::<J>::new(seed, Arc::clone(rt));
     let expected = h.job.expected();
     let outcome = h.run().and_then(|got| {
@@ -1711,6 +1714,39 @@ mod tests {
         for seed in [230, 1465, 2518, 3280, 5050] {
             match history_of::<SimJob>(seed, &rt) {
                 Ok(t) => assert!(t.recoveries >= 1, "history {seed}: {t:?}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Histories whose losses recover locally more often than they did, each with the local
+    /// recoveries it makes now (one fewer before). Three changes: a recovery asks for
+    /// whole logs of the partitions that send to the lost ones only (their neighbours, unless
+    /// a phase since the copies gathered or transposed), not of every partition; a partition
+    /// replayed from its copy logs what it exported on the way where it was replayed, and
+    /// the coordinator counts its log as that process's from the copy's phase on (its log
+    /// named the process lost first, and a loss of a neighbour before the next copies was
+    /// refused); and an export found in two logs (the replayed partition's and that of the
+    /// process it ran in before) is taken once (the replay refused two pieces from one
+    /// sender).
+    #[test]
+    fn replayed_and_distant_partitions_no_longer_refuse_a_local_recovery() {
+        let rt = runtime();
+        for (seed, recoveries) in [
+            (44, 2),
+            (571, 3),
+            (776, 3),
+            (1205, 2),
+            (1243, 2),
+            (1447, 3),
+            (1805, 2),
+            (1817, 2),
+            (2678, 2),
+            (3587, 3),
+            (4549, 2),
+        ] {
+            match history_of::<SimJob>(seed, &rt) {
+                Ok(t) => assert!(t.recoveries >= recoveries, "history {seed}: {t:?}"),
                 Err(e) => panic!("{e}"),
             }
         }
@@ -2029,7 +2065,8 @@ mod tests {
     }
 
     /// Tiles replayed from their copies of phase `c` with the others' pieces of phases
-    /// `c..P` are the plain loop's, whatever the patterns in between.
+    /// `c..P` are the plain loop's, whatever the patterns in between; and so is what each
+    /// exported at the end of each phase on the way, which its process logs.
     #[test]
     fn a_replay_from_copies_gives_the_plain_loop_s_tiles() {
         let mesh = mesh::SimMesh {
@@ -2112,9 +2149,16 @@ mod tests {
             "{refused:?}"
         );
         let out = crate::worker::replay::replay::<mesh::SimMesh>(r, &Default::default()).unwrap();
-        for (x, state, _) in out {
+        for (x, state, _, exports) in out {
             let state = crate::codec::encode("a tile", &state).unwrap();
             mesh.check_begun(x, p, &state).unwrap();
+            // What it exported at the end of each phase from the copy's to the last before
+            // `p` (its halo log where it was replayed), as the plain loop exports it.
+            let phases: Vec<u64> = exports.iter().map(|(phase, _)| *phase).collect();
+            assert_eq!(phases, (c..p).collect::<Vec<_>>(), "chunk {x}");
+            for (phase, pieces) in &exports {
+                mesh.check_log(x, 0..0, *phase, pieces).unwrap();
+            }
         }
     }
 

@@ -201,18 +201,18 @@ pub(super) fn hold_replayed<C>(
     attempt: u64,
     held: &HeldParts<C>,
     parts: super::replay::Replayed<C>,
-) -> Vec<(u64, super::replay::Pieces)> {
+) -> Vec<(u64, super::replay::Pieces, super::replay::Exports)> {
     if !machine.is_replaying(attempt) {
         return Vec::new();
     }
     let mut held = lock(held);
     parts
         .into_iter()
-        .map(|(chunk, part, halos)| {
+        .map(|(chunk, part, halos, exports)| {
             if held.insert(chunk, part).is_some() {
                 tracing::warn!(chunk, "a replayed partition replaced one held here");
             }
-            (chunk, halos)
+            (chunk, halos, exports)
         })
         .collect()
 }

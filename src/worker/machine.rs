@@ -608,14 +608,15 @@ impl Machine {
     pub(super) fn replayed(
         &mut self,
         attempt: u64,
-        outcome: Result<Vec<(u64, super::replay::Pieces)>, String>,
+        outcome: Result<Vec<(u64, super::replay::Pieces, super::replay::Exports)>, String>,
     ) {
         if self.ended || !self.replaying.remove(&attempt) {
             return;
         }
         match outcome {
             Ok(parts) => {
-                for (chunk, halos) in parts {
+                for (chunk, halos, exports) in parts {
+                    self.log_replayed(chunk, exports);
                     self.keeper.replayed(chunk);
                     self.send(ToCoordinator::Replayed {
                         attempt,
@@ -628,6 +629,21 @@ impl Machine {
                 tracing::warn!(attempt, %reason, "a replay of lost partitions failed");
                 self.send(ToCoordinator::ReplayFailed { attempt, reason });
             }
+        }
+    }
+
+    /// What partition `chunk` exported in the phases it was replayed through here goes into
+    /// the halo log, in phase order, as if it had run them here: the coordinator counts its
+    /// log as this process's from the copy's phase on (`Buddies::replayed`). The log's
+    /// records of the phases it keeps only.
+    fn log_replayed(&mut self, chunk: u64, exports: super::replay::Exports) {
+        let Some(from) = self.logging else {
+            return;
+        };
+        for (phase, pieces) in exports.into_iter().filter(|(p, _)| *p >= from) {
+            self.log_bytes += pieces.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+            let at = self.log.partition_point(|(p, ..)| *p <= phase);
+            self.log.insert(at, (phase, chunk, pieces));
         }
     }
 
@@ -3812,6 +3828,31 @@ mod tests {
     /// the halo log it exported here along, in a `LogOf` right before the message that
     /// hands it back, and they leave the log (protocol 26); the other partitions' records
     /// stay. A partition that exported nothing here sends none.
+    /// A partition replayed here logs what it exported in the phases it went through, those
+    /// the log keeps, in phase order among the others' records; and takes them along when
+    /// it leaves.
+    #[test]
+    fn a_replayed_partition_s_exports_join_the_halo_log_in_phase_order() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        log_two_of_phase_2(&mut m, t0);
+        let (_, before, _) = m.log();
+        let pieces = |phase: u64| vec![(Some(4), halo(5, &format!("phase {phase}")))];
+        m.log_replayed(5, (1..=3).map(|p| (p, pieces(p))).collect());
+        let (log, bytes, _) = m.log();
+        let order: Vec<(u64, u64)> = log.iter().map(|(p, c, _)| (*p, *c)).collect();
+        assert_eq!(order, vec![(2, 3), (2, 2), (2, 5), (3, 5)]);
+        let added: u64 = [2, 3].iter().map(|&p| pieces(p)[0].1.len() as u64).sum();
+        assert_eq!(bytes, before + added);
+        let leaving = m.log_of_leaving(5);
+        let Some(ToCoordinator::LogOf { chunk: 5, records }) = &leaving else {
+            panic!("{leaving:?}");
+        };
+        let phases: Vec<u64> = records.iter().map(|(p, ..)| *p).collect();
+        assert_eq!(phases, vec![2, 3]);
+        assert_eq!(m.log().1, before);
+    }
+
     #[test]
     fn a_partition_that_leaves_takes_its_halo_log_along() {
         let (mut m, t0) = machine(true, 1);
@@ -3978,7 +4019,7 @@ mod tests {
         );
         assert!(m.copy_of(5).is_none(), "used up");
         assert!(m.is_replaying(7));
-        m.replayed(7, Ok(vec![(5, Vec::new())]));
+        m.replayed(7, Ok(vec![(5, Vec::new(), Vec::new())]));
         let up = sent(polled(&mut m));
         assert!(
             matches!(

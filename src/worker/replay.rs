@@ -44,9 +44,17 @@ pub(crate) struct Replay {
     pub(crate) halos: Vec<(u64, u64, u64, Bytes)>,
 }
 
-/// Each partition replayed: its chunk, its state, and what it exported at the end of the
-/// phase if it ran it.
-pub(crate) type Replayed<C> = Vec<(u64, C, Pieces)>;
+/// Each partition replayed: its chunk, its state, what it exported at the end of the
+/// phase if it ran it, and its exports at the end of each phase it went through (the
+/// copy's first, that one's last if it ran it), for the halo log of the process that
+/// replayed it ([`Exports`]).
+pub(crate) type Replayed<C> = Vec<(u64, C, Pieces, Exports)>;
+
+/// A replayed partition's exports by phase, oldest first: its halo log from the copy's
+/// phase on. Logged where it was replayed, they stand for the records lost with the
+/// process it ran in, so that a neighbour lost later can be replayed from copies older than
+/// this replay.
+pub(crate) type Exports = Vec<(u64, Pieces)>;
 
 /// Pieces a partition exported, each with the chunk it is for (`None`: every one).
 pub(crate) type Pieces = Vec<(Option<u64>, Bytes)>;
@@ -188,6 +196,7 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
         inbound.insert(*c, logged(r.copy_phase, *c).collect());
     }
     // The copies' own pieces of their phase, for each other's next one.
+    let mut exports: BTreeMap<u64, Exports> = BTreeMap::new();
     let first = jobs
         .get(&r.copy_phase)
         .ok_or_else(|| format!("no job value of phase {}", r.copy_phase))?;
@@ -207,13 +216,16 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
             || (hooks.export)(part, first, at),
         )
         .map_err(|e| format!("{e}"))?;
+        let mut pieces = Pieces::with_capacity(out.len());
         for (to, p) in &out {
             let b = Bytes::from(
                 (hooks.encode_halo)(p)
                     .map_err(|e| format!("a piece of chunk {chunk} does not encode: {e}"))?,
             );
-            route(&mut inbound, *chunk, *to, b);
+            route(&mut inbound, *chunk, *to, b.clone());
+            pieces.push((*to, b));
         }
+        exports.insert(*chunk, vec![(r.copy_phase, pieces)]);
     }
     // The partitions of a phase are independent of each other: they run on as many threads
     // as the machine has (the other processes wait at the barrier for them).
@@ -275,6 +287,10 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
         let mut exported: Vec<(u64, Outbox<Bytes>)> = Vec::new();
         for r in ran {
             if let Some(out) = r? {
+                exports
+                    .entry(out.0)
+                    .or_default()
+                    .push((phase, out.1.clone()));
                 exported.push(out);
             }
         }
@@ -297,7 +313,8 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
         .into_iter()
         .map(|(chunk, _, _, part)| {
             let part = part.ok_or_else(|| format!("chunk {chunk} was lost"))?;
-            Ok((chunk, part, last.remove(&chunk).unwrap_or_default()))
+            let log = exports.remove(&chunk).unwrap_or_default();
+            Ok((chunk, part, last.remove(&chunk).unwrap_or_default(), log))
         })
         .collect()
 }
