@@ -24,25 +24,10 @@ const PATIENCE: Duration = Duration::from_secs(20);
 
 #[test]
 fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
-    let exec = Executor::builder()
-        .local_workers(1)
-        .chunking(Chunking::Size(CHUNK))
-        .listen("127.0.0.1:0")
-        .cluster_token(Token::new(TOKEN).unwrap())
-        .build()
-        .unwrap();
-    let addr = exec.local_addr().unwrap().to_string();
+    let (exec, addr) = listening(1);
     // One chunk, paced to last about half a second on the local worker.
     pace(1, true);
-    let job = Walk {
-        tag: 1,
-        n: CHUNK,
-        per_step: 2,
-        phases: 1,
-        phase: 0,
-        carry: 0.0,
-        history: Vec::new(),
-    };
+    let job = walk(1, CHUNK);
     let h = exec.submit(job).unwrap();
     let start = Instant::now();
     while h.progress().done == 0 {
@@ -72,25 +57,30 @@ fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
             break;
         }
     }
-    // Heartbeats after `End`, as a worker busy elsewhere would send them: the coordinator
-    // reads them, so none resets the connection. (The handle's `wait` waits for that too, a
-    // second at most, so it comes last.)
+    // (The handle's `wait` waits for the connection's end too, a second at most, so it
+    // comes last.)
+    beats_after_end_then_closes(&mut s);
+    assert!(matches!(h.wait().unwrap(), Outcome::Finished(_)));
+}
+
+/// Heartbeats after `End`, as a worker busy elsewhere would send them: the coordinator reads
+/// them, so none resets the connection; and it closes its side after the worker's.
+fn beats_after_end_then_closes(s: &mut std::net::TcpStream) {
     let beat = frame::encode(&frame::ToCoordinator::Heartbeat {
         progress: Vec::new(),
     });
     for i in 0..2 {
         std::thread::sleep(Duration::from_millis(100));
-        if let Err(e) = try_send_frame(&mut s, &beat) {
+        if let Err(e) = try_send_frame(s, &beat) {
             panic!("heartbeat {i} after End: {e}");
         }
     }
     s.shutdown(Shutdown::Write).unwrap();
     let mut rest = [0; 64];
-    match std::io::Read::read(&mut s, &mut rest) {
+    match std::io::Read::read(s, &mut rest) {
         Ok(0) => {}
         other => panic!("the coordinator did not close after the worker: {other:?}"),
     }
-    assert!(matches!(h.wait().unwrap(), Outcome::Finished(_)));
 }
 
 /// A job that ends while chunks run on a worker process sends their interrupts and `End`
@@ -100,23 +90,8 @@ fn the_coordinator_reads_what_a_worker_sends_after_end_until_it_closes() {
 /// exited with an error (a CI run's worker, whose chunk state did not decode, did).
 #[test]
 fn an_end_in_a_batch_closes_the_connection_as_a_lone_end_does() {
-    let exec = Executor::builder()
-        .local_workers(0)
-        .chunking(Chunking::Size(CHUNK))
-        .listen("127.0.0.1:0")
-        .cluster_token(Token::new(TOKEN).unwrap())
-        .build()
-        .unwrap();
-    let addr = exec.local_addr().unwrap().to_string();
-    let job = Walk {
-        tag: 3,
-        n: 16 * CHUNK,
-        per_step: 2,
-        phases: 1,
-        phase: 0,
-        carry: 0.0,
-        history: Vec::new(),
-    };
+    let (exec, addr) = listening(0);
+    let job = walk(3, 16 * CHUNK);
     let h = exec.submit(job).unwrap();
     // The worker is given chunks it never runs; then the job is cancelled under them.
     let mut s = authenticated(&addr, TOKEN);
@@ -150,21 +125,7 @@ fn an_end_in_a_batch_closes_the_connection_as_a_lone_end_does() {
         other => panic!("End came alone, not in a batch: {other:?}"),
     }
     // What a worker busy elsewhere sends after `End` is read, as after a lone `End`.
-    let beat = frame::encode(&frame::ToCoordinator::Heartbeat {
-        progress: Vec::new(),
-    });
-    for i in 0..2 {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Err(e) = try_send_frame(&mut s, &beat) {
-            panic!("heartbeat {i} after End: {e}");
-        }
-    }
-    s.shutdown(Shutdown::Write).unwrap();
-    let mut rest = [0; 64];
-    match std::io::Read::read(&mut s, &mut rest) {
-        Ok(0) => {}
-        other => panic!("the coordinator did not close after the worker: {other:?}"),
-    }
+    beats_after_end_then_closes(&mut s);
     assert!(matches!(h.wait(), Err(malleable::Error::Cancelled { .. })));
 }
 
@@ -173,23 +134,8 @@ fn an_end_in_a_batch_closes_the_connection_as_a_lone_end_does() {
 /// submit the job first". The executor still listens for a later run.
 #[test]
 fn a_worker_that_dials_after_its_job_ended_is_told_so() {
-    let exec = Executor::builder()
-        .local_workers(1)
-        .chunking(Chunking::Size(CHUNK))
-        .listen("127.0.0.1:0")
-        .cluster_token(Token::new(TOKEN).unwrap())
-        .build()
-        .unwrap();
-    let addr = exec.local_addr().unwrap().to_string();
-    let job = Walk {
-        tag: 2,
-        n: CHUNK,
-        per_step: 2,
-        phases: 1,
-        phase: 0,
-        carry: 0.0,
-        history: Vec::new(),
-    };
+    let (exec, addr) = listening(1);
+    let job = walk(2, CHUNK);
     for keep_the_handle in [true, false] {
         let h = exec.submit(job.clone()).unwrap();
         assert!(matches!(h.clone().wait().unwrap(), Outcome::Finished(_)));
@@ -220,5 +166,32 @@ fn a_worker_that_dials_after_its_job_ended_is_told_so() {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+/// An executor with `local_workers` of its own, listening on loopback for worker processes
+/// with this file's token, and its address.
+fn listening(local_workers: usize) -> (Executor, String) {
+    let exec = Executor::builder()
+        .local_workers(local_workers)
+        .chunking(Chunking::Size(CHUNK))
+        .listen("127.0.0.1:0")
+        .cluster_token(Token::new(TOKEN).unwrap())
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    (exec, addr)
+}
+
+/// A walk of one phase over `n` iterations, named `tag` for its pace.
+fn walk(tag: u64, n: u64) -> Walk {
+    Walk {
+        tag,
+        n,
+        per_step: 2,
+        phases: 1,
+        phase: 0,
+        carry: 0.0,
+        history: Vec::new(),
     }
 }
