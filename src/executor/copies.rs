@@ -273,19 +273,19 @@ impl Buddies {
             .all(|&(p, _)| p == TAKEN || alive(p))
     }
 
-    /// Partition `sender`, run here, exported `bytes` at the end of `phase` for `receiver`,
-    /// held by a worker process: kept in the coordinator's own log while a copy may need
-    /// it.
+    /// Partition `sender`, run here, exported `bytes` at the end of `phase` for `receiver`
+    /// (`None`: every partition, an allgather's piece), held by a worker process: kept in
+    /// the coordinator's own log while a copy may need it.
     pub(crate) fn log_here(
         &mut self,
         phase: u64,
         sender: ChunkId,
-        receiver: ChunkId,
+        receiver: Option<ChunkId>,
         bytes: &bytes::Bytes,
     ) {
         self.here_bytes += bytes.len() as u64;
         self.here
-            .push_back((phase, sender, Some(receiver), bytes.clone()));
+            .push_back((phase, sender, receiver, bytes.clone()));
     }
 
     /// Partition `chunk` left process `from`, with the records of the halo log it exported
@@ -832,8 +832,8 @@ mod tests {
         b.exported(3, HERE, 4);
         assert!(b.logged_here(3) && !b.logged_here(4));
         for phase in 4..7 {
-            b.log_here(phase, 3, 2, &bytes(10));
-            b.log_here(phase, 3, 4, &bytes(20));
+            b.log_here(phase, 3, Some(2), &bytes(10));
+            b.log_here(phase, 3, Some(4), &bytes(20));
         }
         assert_eq!(b.report().log_bytes, 90);
         assert_eq!(
@@ -872,7 +872,7 @@ mod tests {
         b.exported(5, q, 4);
         let alive = |x: ProcessId| x != p;
         assert!(!b.log_covers(3, 4, alive), "ran in a lost process since 4");
-        b.log_here(7, 9, 2, &bytes(5));
+        b.log_here(7, 9, Some(2), &bytes(5));
         let records = vec![
             (4, 3, vec![(Some(2), bytes(10)), (None, bytes(20))]),
             (5, 3, vec![(Some(4), bytes(10))]),

@@ -525,9 +525,17 @@ impl Remotes {
                 for (from, h) in halos {
                     if let frame::Halo::Sent(b) = h {
                         if self.buddies.logged_here(*from) {
-                            self.buddies.log_here(phase - 1, *from, *chunk, b);
+                            self.buddies.log_here(phase - 1, *from, Some(*chunk), b);
                         }
                     }
+                }
+            }
+            // And an allgather's pieces, which go to every process once, not in a `Begin`.
+            // (Left out, the piece of a partition run here was in no log, and a replay of a
+            // lost partition that took it was refused for a sender missing.)
+            for (from, b) in &gathered {
+                if self.buddies.logged_here(*from) {
+                    self.buddies.log_here(phase - 1, *from, None, b);
                 }
             }
         }

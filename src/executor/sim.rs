@@ -1719,6 +1719,23 @@ mod tests {
         }
     }
 
+    /// Histories of exchanges in which a partition the coordinator ran exported an
+    /// allgather's piece, which went to the processes once for all (not in a `Begin`) and
+    /// into no log: the replay of a lost partition that took it was refused for a sender
+    /// missing ("would begin phase 2 with the pieces of [1, 2], not of [0, 1, 2]") and the
+    /// job rolled back. The coordinator logs those pieces now, and each of these histories
+    /// recovers locally (none did before).
+    #[test]
+    fn allgather_pieces_of_partitions_run_here_are_logged() {
+        let rt = runtime();
+        for seed in [311, 926, 4418, 6299, 7591, 16186] {
+            match history_of::<mesh::SimMesh>(seed, &rt) {
+                Ok(t) => assert!(t.recoveries >= 1, "history {seed}: {t:?}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     /// Histories whose losses recover locally more often than they did, each with the local
     /// recoveries it makes now (one fewer before). Three changes: a recovery asks for
     /// whole logs of the partitions that send to the lost ones only (their neighbours, unless
