@@ -3824,10 +3824,6 @@ mod tests {
         assert_eq!(logged, vec![(1, 5, 2), (1, 2, 2)]);
     }
 
-    /// A partition that leaves this process (`Surrendered`, `Yielded`) takes the records of
-    /// the halo log it exported here along, in a `LogOf` right before the message that
-    /// hands it back, and they leave the log (protocol 26); the other partitions' records
-    /// stay. A partition that exported nothing here sends none.
     /// A partition replayed here logs what it exported in the phases it went through, those
     /// the log keeps, in phase order among the others' records; and takes them along when
     /// it leaves.
@@ -3853,6 +3849,10 @@ mod tests {
         assert_eq!(m.log().1, before);
     }
 
+    /// A partition that leaves this process (`Surrendered`, `Yielded`) takes the records of
+    /// the halo log it exported here along, in a `LogOf` right before the message that
+    /// hands it back, and they leave the log (protocol 26); the other partitions' records
+    /// stay. A partition that exported nothing here sends none.
     #[test]
     fn a_partition_that_leaves_takes_its_halo_log_along() {
         let (mut m, t0) = machine(true, 1);
