@@ -902,4 +902,31 @@ mod tests {
         assert_eq!(b.report().log_bytes, 16);
         assert_eq!(b.here_for(&[2, 4], 0, 9).count(), 2);
     }
+
+    /// A partition replayed in process `r` from its copy of phase 3 has its log there from
+    /// phase 3 on: whole while `r` lives though the process it ran in since is lost, not
+    /// whole from before the copy; without copies, nothing is recorded.
+    #[test]
+    fn a_replayed_partition_s_log_is_where_it_was_replayed_from_the_copy_s_phase() {
+        let mut b = Buddies::new(Some(1));
+        let (p, q, r) = (ProcessId(1), ProcessId(2), ProcessId(3));
+        b.exported(4, p, 1);
+        b.exported(4, q, 4);
+        let alive = |x: ProcessId| x != q;
+        assert!(!b.log_covers(4, 3, alive), "ran in a lost process since 4");
+        b.replayed(4, r, 3);
+        assert_eq!(b.segments(4), &[(p, 1), (r, 3)]);
+        assert!(b.log_covers(4, 3, alive));
+        assert!(!b.log_covers(4, 3, |x| x != r), "its replayer lost");
+        assert!(
+            !b.log_covers(4, 2, |x| x != p),
+            "before the copy, where it ran"
+        );
+        // It runs on there: one piece of log.
+        b.exported(4, r, 5);
+        assert_eq!(b.segments(4), &[(p, 1), (r, 3)]);
+        let mut off = Buddies::new(None);
+        off.replayed(4, r, 3);
+        assert!(off.segments(4).is_empty());
+    }
 }

@@ -13,17 +13,18 @@
 //!   `B` (one buddy per process makes that the rule), and `B` is connected;
 //! - the halo log of every other partition whose exports reach a lost one (a neighbour, or
 //!   any partition if a phase since `c` gathered or transposed) covers phases `c..=P` (`P`,
-//!   the phase the job is in): every process that ran it since `c` is alive; a partition that moved has its log in
-//!   pieces, one in each process it ran in, and every process sends its own. A partition
-//!   the coordinator's own threads ran logs in the coordinator (`copies::HERE`): what it
-//!   exported for partitions in processes, as the barrier sent it to them; and a partition
+//!   the phase the job is in): every process that ran it since `c` is alive; a partition
+//!   that moved has its log in pieces, one in each process it ran in, and every process
+//!   sends its own. A partition the coordinator's own threads ran logs in the coordinator
+//!   (`copies::HERE`): what it exported for partitions in processes, as the barrier sent it
+//!   to them (an allgather's piece too); and a partition
 //!   that left a process took the piece of its log that process kept along (`LogOf`, right
 //!   before its `Surrendered` or `Yielded`), into the coordinator's log: losing that
 //!   process later loses none of it. (Before protocol 26 the piece stayed behind, and a
 //!   loss of that process before its next copies refused the recovery of its partitions:
 //!   the largest cause of refusals the simulation counted.) A partition replayed from its
-//!   copy logs what it exported in the phases it went through where it was replayed, and its
-//!   log counts as that process's from the copy's phase on (`Buddies::replayed`); an
+//!   copy logs what it exported in the phases it went through where it was replayed, and
+//!   its log counts as that process's from the copy's phase on (`Buddies::replayed`); an
 //!   export two logs hold is taken once.
 //! - the job values of phases `c + 1..=P` are kept;
 //! - nothing else is under way that this would have to wait for or undo: no rollback, no
@@ -165,6 +166,24 @@ impl Recovery {
                 }
             }
         }
+    }
+
+    /// The same export may be in two logs: a partition replayed since logs what it exported
+    /// in the phases it went through again where it was replayed, and the process it ran in
+    /// before may still keep some of them. Each is kept once; two that differ say that a
+    /// log is wrong: returned, `(phase, sender, receiver)`, for the job to roll back.
+    fn take_each_halo_once(&mut self) -> Option<(u64, ChunkId, ChunkId)> {
+        self.halos
+            .sort_by_key(|&(phase, sender, to, _)| (phase, sender, to));
+        let mut differ = None;
+        self.halos.dedup_by(|later, kept| {
+            let same = (later.0, later.1, later.2) == (kept.0, kept.1, kept.2);
+            if same && later.3 != kept.3 {
+                differ = Some((kept.0, kept.1, kept.2));
+            }
+            same
+        });
+        differ
     }
 
     /// Partition `sender` exported `halos`: those kept in the lost process are refilled.
@@ -564,28 +583,11 @@ impl<J: Job> State<J> {
         let Some(r) = self.recovery.as_mut() else {
             return;
         };
-        // The same export may be in two logs: a partition replayed since logs what it
-        // exported in the phases it went through again where it was replayed, and the process
-        // it ran in before may still keep some of them. Taken once; two that differ would
-        // say that a log is wrong, and the job rolls back instead.
-        r.halos
-            .sort_by_key(|&(phase, sender, to, _)| (phase, sender, to));
-        let mut differ = None;
-        r.halos.dedup_by(|later, kept| {
-            let same = (later.0, later.1, later.2) == (kept.0, kept.1, kept.2);
-            if same && later.3 != kept.3 {
-                differ = Some((kept.0, kept.1, kept.2));
-            }
-            same
-        });
-        if let Some((phase, y, x)) = differ {
+        if let Some((phase, y, x)) = r.take_each_halo_once() {
             return self.abandon_recovery(format!(
                 "two logs differ on the halo of chunk {y} for chunk {x} in phase {phase}"
             ));
         }
-        let Some(r) = self.recovery.as_mut() else {
-            return;
-        };
         let mut by: IdMap<(ChunkId, ChunkId), Bytes> = IdMap::default();
         for (phase, sender, to, b) in &r.halos {
             if *phase == r.phase {
@@ -657,11 +659,8 @@ impl<J: Job> State<J> {
         if id != r.buddy || !r.lost.contains(&chunk) || !r.replayed.insert(chunk) {
             return Err(format!("a replay of chunk {chunk} nobody asked of it"));
         }
-        let (from, copy_phase) = (r.from, r.copy_phase);
-        self.remote.buddies.replayed(chunk, id, copy_phase);
-        let Some(r) = self.recovery.as_mut() else {
-            return Ok(());
-        };
+        let from = r.from;
+        self.remote.buddies.replayed(chunk, id, r.copy_phase);
         let refill: Vec<ChunkId> = r
             .refill
             .iter()
@@ -805,5 +804,53 @@ fn fill(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An export two logs hold is taken once, whichever log it came from first; two records
+    /// of one export that differ are named, and nothing is taken for them silently.
+    #[test]
+    fn an_export_two_logs_hold_is_taken_once_and_two_that_differ_are_named() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let mut r = Recovery {
+            attempt: 0,
+            from: ProcessId(1),
+            buddy: ProcessId(2),
+            lost: vec![4],
+            done: IdSet::default(),
+            copy_phase: 2,
+            phase: 4,
+            waiting: IdSet::default(),
+            strays: IdMap::default(),
+            copies: Vec::new(),
+            halos: vec![
+                (3, 5, 4, b("five, 3")),
+                (2, 3, 4, b("three, 2")),
+                (3, 3, 4, b("three, 3")),
+                (2, 3, 4, b("three, 2")),
+                (2, 5, 4, b("five, 2")),
+            ],
+            refill: Vec::new(),
+            replayed: IdSet::default(),
+            surrendering: IdSet::default(),
+            since: Duration::ZERO,
+        };
+        assert_eq!(r.take_each_halo_once(), None);
+        let kept: Vec<(u64, u64, &[u8])> = r.halos.iter().map(|h| (h.0, h.1, &h.3[..])).collect();
+        assert_eq!(
+            kept,
+            vec![
+                (2, 3, &b"three, 2"[..]),
+                (2, 5, &b"five, 2"[..]),
+                (3, 3, &b"three, 3"[..]),
+                (3, 5, &b"five, 3"[..]),
+            ]
+        );
+        r.halos.push((3, 5, 4, b("five, 3, otherwise")));
+        assert_eq!(r.take_each_halo_once(), Some((3, 5, 4)));
     }
 }
