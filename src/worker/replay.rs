@@ -233,7 +233,6 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
         .map_or(1, usize::from)
         .min(parts.len())
         .max(1);
-    let mut last: BTreeMap<u64, Vec<(Option<u64>, Bytes)>> = BTreeMap::new();
     for phase in r.copy_phase + 1..=r.phase {
         let job = jobs
             .get(&phase)
@@ -284,14 +283,9 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
                 })
                 .collect()
         });
-        let mut exported: Vec<(u64, Outbox<Bytes>)> = Vec::new();
         for r in ran {
-            if let Some(out) = r? {
-                exports
-                    .entry(out.0)
-                    .or_default()
-                    .push((phase, out.1.clone()));
-                exported.push(out);
+            if let Some((chunk, out)) = r? {
+                exports.entry(chunk).or_default().push((phase, out));
             }
         }
         // What the partitions replayed here exported feeds each other's next phase; the
@@ -300,13 +294,16 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
             for (c, ..) in &parts {
                 inbound.insert(*c, logged(phase, *c).collect());
             }
-            for (from, out) in &exported {
-                for (to, b) in out {
+            for (from, log) in &exports {
+                for (to, b) in log
+                    .last()
+                    .filter(|(p, _)| *p == phase)
+                    .into_iter()
+                    .flat_map(|(_, out)| out)
+                {
                     route(&mut inbound, *from, *to, b.clone());
                 }
             }
-        } else {
-            last = exported.into_iter().collect();
         }
     }
     parts
@@ -314,7 +311,13 @@ pub(crate) fn replay<J: Job>(r: Replay, inputs: &Inputs<J>) -> Result<Replayed<J
         .map(|(chunk, _, _, part)| {
             let part = part.ok_or_else(|| format!("chunk {chunk} was lost"))?;
             let log = exports.remove(&chunk).unwrap_or_default();
-            Ok((chunk, part, last.remove(&chunk).unwrap_or_default(), log))
+            // What it exported at the end of the phase, if it ran it (`Replayed`).
+            let halos = log
+                .last()
+                .filter(|(p, _)| *p == r.phase)
+                .map(|(_, out)| out.clone())
+                .unwrap_or_default();
+            Ok((chunk, part, halos, log))
         })
         .collect()
 }
