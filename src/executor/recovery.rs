@@ -292,9 +292,9 @@ impl<J: Job> State<J> {
     /// gathered or transposed, or if a kept job value does not decode or its `pattern`
     /// panics. (Every partition's log was asked to be whole: a partition far from the lost
     /// ones that had itself been replayed elsewhere since the copies, its own older exports
-    /// lost with the process it ran in, refused a recovery that never reads them.) A halo a
-    /// replay still finds missing ends it as before (`Recovery::missing`), and the job rolls
-    /// back.
+    /// lost with the process it ran in, refused a recovery that never reads them.) A piece
+    /// still missing ends the recovery as before (the buddy's replay checks each phase's
+    /// senders, `replay_lost` the halos of the phase under way), and the job rolls back.
     fn senders_to(&self, lost: &[ChunkId], copy_phase: u64) -> Vec<ChunkId> {
         let chunks = self.core.plan().len();
         let everyone = || (0..chunks).filter(|c| !lost.contains(c)).collect();
