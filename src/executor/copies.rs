@@ -50,6 +50,10 @@ pub struct Copies {
     pub refused: u64,
     /// Copies lost with the process that kept them.
     pub lost: u64,
+    /// Rounds not asked of a process because two of its rounds were not answered yet:
+    /// asked at the first barrier after an answer instead (copies that take longer than
+    /// the phases between rounds do not pile up).
+    pub deferred: u64,
     /// The bytes of the halo logs worker processes keep (the halos each partition
     /// exported since the oldest copy, what a replay from it needs), as they last said,
     /// and the coordinator's own (what partitions its threads run exported for partitions
@@ -94,8 +98,12 @@ pub(crate) struct Buddies {
     /// partition (`Buddies::wants_round`).
     asked_for: IdMap<ChunkId, u64>,
     /// Rounds asked of a process and not answered yet: `(owner, phase)`. Their copies may
-    /// still come, so the halo logs keep their phase's exports ([`Buddies::log_from`]).
+    /// still come, so the halo logs keep their phase's exports ([`Buddies::log_from`]);
+    /// and a process with [`OPEN_ROUNDS`] of them is asked no other ([`Buddies::round_open`]).
     awaiting: Vec<(ProcessId, u64)>,
+    /// Processes whose round was deferred (`Buddies::round_open`): they want one as soon
+    /// as nothing is open.
+    deferred: crate::schedule::idhash::IdSet<ProcessId>,
     /// Processes a partition moved out of since their last round: the log of what it
     /// exported while there is there, and a replay of that process's partitions from their
     /// copies would need it (`Buddies::wants_round`).
@@ -109,6 +117,14 @@ pub(crate) struct Buddies {
     here_bytes: u64,
     report: Copies,
 }
+
+/// Copy rounds a process may have open (asked, not answered) at once: see
+/// [`Buddies::round_open`]. Two, measured with the simulation's copies at every barrier
+/// (`BENCHMARKS.md`): with one, or with a partition's round held back while the process it
+/// moved out of had one open, a round a phase late held the next back and partitions were
+/// lost with no copy more often (local recoveries in 8.7-8.8% of the grid's histories,
+/// against 9.1% before this rule and with it).
+pub(crate) const OPEN_ROUNDS: usize = 2;
 
 /// The coordinator as the keeper of a halo log (`Buddies::exported`): the partitions its
 /// own threads run log their exports for partitions in worker processes here, so that a
@@ -149,7 +165,7 @@ impl Buddies {
         if !self.enabled() {
             return false;
         }
-        if self.left.contains(&holder) {
+        if self.left.contains(&holder) || self.deferred.contains(&holder) {
             return true;
         }
         let mut phase = None;
@@ -176,7 +192,27 @@ impl Buddies {
 
     /// A round of phase `phase` was sent to process `owner`.
     pub(crate) fn round_asked(&mut self, owner: ProcessId, phase: u64) {
+        self.deferred.remove(&owner);
         self.awaiting.push((owner, phase));
+    }
+
+    /// Whether a round of process `owner` must wait: [`OPEN_ROUNDS`] of its rounds are not
+    /// answered yet. If so, the round is deferred (counted): `owner` wants one at the next
+    /// barrier where it may have one ([`Buddies::wants_round`]).
+    ///
+    /// Why: rounds asked at every barrier whatever the answers pile up the copies' bytes
+    /// in the owners' memory and on the links when copying takes longer than the phases
+    /// between rounds; this bounds them. And a buddy keeps the newest copy of a partition
+    /// and the one it replaced: with more rounds open it drops the copy the coordinator
+    /// knows of, and a replay then starts from a newer copy the buddy keeps of every lost
+    /// partition, if there is one (the worker's `replay_from`), else the job rolls back.
+    pub(crate) fn round_open(&mut self, owner: ProcessId) -> bool {
+        let open = self.awaiting.iter().filter(|r| r.0 == owner).count() >= OPEN_ROUNDS;
+        if open {
+            self.deferred.insert(owner);
+            self.report.deferred += 1;
+        }
+        open
     }
 
     /// Process `owner` answered its round of phase `phase`.
@@ -251,6 +287,17 @@ impl Buddies {
         let segments = self.logs.entry(chunk).or_default();
         segments.retain(|&(_, since)| since < copy_phase);
         segments.push((by, copy_phase));
+        // The copy the buddy replayed from is used up, even one newer than this record's:
+        // a late answer of its round must not bring it back, and one that came since the
+        // recovery began (recorded, as newer than the copy it named) is gone from `by`.
+        let f = self.floor.entry(chunk).or_default();
+        *f = (*f).max(copy_phase + 1);
+        if let Some(k) = self.copies.get(&chunk).copied() {
+            if k.buddy == by && k.phase <= copy_phase {
+                self.copies.remove(&chunk);
+                self.unhold(k.buddy, k.bytes);
+            }
+        }
     }
 
     /// Whether the halo log of `chunk` holds its exports of phase `from` and later in
@@ -555,6 +602,7 @@ impl Buddies {
         self.log_bytes.remove(&process);
         // Its rounds will not be answered.
         self.awaiting.retain(|&(owner, _)| owner != process);
+        self.deferred.remove(&process);
         // What rounds asked for may never be answered now: asked again where needed.
         self.asked_for.clear();
         let Some(held) = self.held.remove(&process) else {
@@ -580,6 +628,7 @@ impl Buddies {
         self.here_bytes = 0;
         self.asked_for.clear();
         self.awaiting.clear();
+        self.deferred.clear();
         self.left.clear();
     }
 
@@ -799,6 +848,38 @@ mod tests {
         assert_eq!(b.log_from(2), 1);
     }
 
+    /// Two rounds open per process at most; a deferred round is asked at the first barrier
+    /// after an answer, even between rounds of every partition.
+    #[test]
+    fn rounds_wait_for_the_answers_to_the_last_two() {
+        let p = |n| ProcessId(n);
+        let mut b = Buddies::new(Some(1));
+        b.full_round();
+        assert!(!b.round_open(p(1)));
+        b.round_asked(p(1), 0);
+        b.full_round();
+        assert!(!b.round_open(p(1)), "one round open");
+        b.round_asked(p(1), 1);
+        b.full_round();
+        assert!(b.round_open(p(1)), "two rounds open");
+        assert!(!b.round_open(p(2)));
+        b.round_asked(p(2), 2);
+        assert_eq!(b.report().deferred, 1);
+        // An answer comes: the deferred one wants a round at once (its copies are of one
+        // phase, and no round of every partition is due).
+        b.round_answered(p(1), 0);
+        b.copied(0, p(3), &[(0, 8), (1, 8)], 0);
+        assert!(b.wants_round(p(1), [0, 1]) && !b.wants_round(p(2), [0]));
+        assert!(!b.round_open(p(1)));
+        b.round_asked(p(1), 3);
+        assert!(!b.wants_round(p(1), [0, 1]), "asked: not deferred any more");
+        assert!(b.round_open(p(1)));
+        // A lost owner's rounds will not be answered: it is not held back by them.
+        b.lost(p(1));
+        assert!(!b.round_open(p(1)));
+        assert_eq!(b.report().deferred, 2);
+    }
+
     /// The first barrier records the next phase's job value before it asks the round of
     /// the phase that ended: that phase's value stays for the round's copies.
     #[test]
@@ -928,5 +1009,18 @@ mod tests {
         let mut off = Buddies::new(None);
         off.replayed(4, r, 3);
         assert!(off.segments(4).is_empty());
+        // Replayed from a copy newer than the one recorded (a round answered after the
+        // recovery began, then used up by the replay): the record goes, and a late answer
+        // of that round does not bring it back; a newer round's copy is kept.
+        b.copied(2, r, &[(6, 8)], 0);
+        b.copied(3, ProcessId(9), &[(7, 8)], 0);
+        b.replayed(6, r, 5);
+        b.replayed(7, r, 5);
+        assert_eq!(b.copy_of(6), None);
+        assert_eq!(b.copy_of(7), Some((3, ProcessId(9))), "kept elsewhere");
+        b.copied(4, r, &[(6, 8)], 0);
+        assert_eq!(b.copy_of(6), None, "stale");
+        b.copied(6, r, &[(6, 8)], 0);
+        assert_eq!(b.copy_of(6), Some((6, r)));
     }
 }

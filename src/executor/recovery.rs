@@ -96,7 +96,9 @@ pub struct Recovered {
     pub lost: Vec<ChunkId>,
     /// The phase the job was in.
     pub phase: u64,
-    /// The phase of the copies they were replayed from.
+    /// The phase of the copies they were replayed from (newer than the copies this
+    /// coordinator knew of when the buddy kept newer ones of them all: a copy round whose
+    /// answer never came).
     pub copy_phase: u64,
     /// The worker process that kept the copies and replayed them (its number).
     pub buddy: u64,
@@ -126,6 +128,9 @@ pub(crate) struct Recovery {
     /// Halos of `phase` pushed to the lost process, to fill in: `(sender, receiver)`.
     refill: Vec<(ChunkId, ChunkId)>,
     replayed: IdSet<ChunkId>,
+    /// The phase of the copies the buddy replayed from (`copy_phase` or newer: see
+    /// [`State::recovery_replayed`]).
+    replayed_from: u64,
     /// Replayed partitions the ledger had handed to another process meanwhile, asked back
     /// of the buddy (`Surrender`).
     surrendering: IdSet<ChunkId>,
@@ -495,6 +500,7 @@ impl<J: Job> State<J> {
                 .collect(),
             refill,
             replayed: IdSet::default(),
+            replayed_from: copy_phase,
             surrendering: IdSet::default(),
             since: self.now,
         });
@@ -646,11 +652,16 @@ impl<J: Job> State<J> {
     /// meanwhile, it is asked for it (its fetch goes on, as for a partition handed back);
     /// what it exported at the end of the phase fills in what the lost process kept for the
     /// others lost.
+    ///
+    /// `copy_phase` is the phase of the copy the buddy replayed it from: the `Recover`'s,
+    /// or a newer one it kept of every partition it replayed (from a round whose answer
+    /// never came here); the halo log of the partition is the buddy's from that phase on.
     pub(crate) fn recovery_replayed(
         &mut self,
         id: ProcessId,
         attempt: u64,
         chunk: ChunkId,
+        copy_phase: u64,
         halos: Vec<(Option<u64>, Bytes)>,
     ) -> Result<(), String> {
         let Some(r) = self.recovery.as_mut().filter(|r| r.attempt == attempt) else {
@@ -659,8 +670,16 @@ impl<J: Job> State<J> {
         if id != r.buddy || !r.lost.contains(&chunk) || !r.replayed.insert(chunk) {
             return Err(format!("a replay of chunk {chunk} nobody asked of it"));
         }
+        if copy_phase < r.copy_phase || copy_phase >= r.phase {
+            return Err(format!(
+                "chunk {chunk} replayed from a copy of phase {copy_phase}, not between the \
+                 recovery's copies ({}) and its phase ({})",
+                r.copy_phase, r.phase
+            ));
+        }
+        r.replayed_from = r.replayed_from.max(copy_phase);
         let from = r.from;
-        self.remote.buddies.replayed(chunk, id, r.copy_phase);
+        self.remote.buddies.replayed(chunk, id, copy_phase);
         let refill: Vec<ChunkId> = r
             .refill
             .iter()
@@ -712,7 +731,7 @@ impl<J: Job> State<J> {
                 job = J::NAME,
                 lost = ?r.lost,
                 phase = r.phase,
-                copy_phase = r.copy_phase,
+                copy_phase = r.replayed_from,
                 ?took,
                 "lost partitions replayed from their buddy copies"
             );
@@ -720,7 +739,7 @@ impl<J: Job> State<J> {
             self.recoveries.push(Recovered {
                 lost: r.lost,
                 phase: r.phase,
-                copy_phase: r.copy_phase,
+                copy_phase: r.replayed_from,
                 buddy: r.buddy.0,
                 took,
             });
@@ -836,6 +855,7 @@ mod tests {
             ],
             refill: Vec::new(),
             replayed: IdSet::default(),
+            replayed_from: 2,
             surrendering: IdSet::default(),
             since: Duration::ZERO,
         };

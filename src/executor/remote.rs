@@ -664,6 +664,10 @@ impl Remotes {
                 continue;
             };
             let chunks: Vec<u64> = group.iter().map(|&(_, c)| c).collect();
+            if self.buddies.round_open(owner) {
+                tracing::debug!(conn = %owner, phase = ended, "buddy copies deferred: two rounds are not answered yet");
+                continue;
+            }
             self.buddies.asked();
             for &c in &chunks {
                 self.buddies.asking(owner, c, ended);
@@ -2382,13 +2386,14 @@ impl<J: Job> State<J> {
             ToCoordinator::Replayed {
                 attempt,
                 chunk,
+                copy_phase,
                 halos,
             } => {
                 if !J::OWNERSHIP.is_partitioned() {
                     return Err(bad("a replay of a job without partitions".into()));
                 }
                 return self
-                    .recovery_replayed(id, attempt, chunk, halos)
+                    .recovery_replayed(id, attempt, chunk, copy_phase, halos)
                     .map_err(bad);
             }
             ToCoordinator::ReplayFailed { attempt, reason } => {

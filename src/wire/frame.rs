@@ -83,8 +83,10 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// restored partitions on it by reference even if it wrote no part of the snapshot.
 /// Version 25: `Gathered` names the pieces a process exported itself instead of sending
 /// them back to it. Version 26: a partition that leaves a process takes the records of the
-/// halo log it exported there along (`LogOf`), into the coordinator's log.
-pub const PROTOCOL_VERSION: u32 = 26;
+/// halo log it exported there along (`LogOf`), into the coordinator's log. Version 27:
+/// `Replayed` names the phase of the copy the buddy replayed from, which may be newer than
+/// the `Recover`'s.
+pub const PROTOCOL_VERSION: u32 = 27;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following
@@ -876,6 +878,10 @@ pub enum ToCoordinator {
         attempt: u64,
         /// The chunk.
         chunk: u64,
+        /// The phase of the copy it was replayed from: the `Recover`'s, or a newer one the
+        /// buddy kept of every partition of the `Recover` (a round whose answer never
+        /// came).
+        copy_phase: u64,
         /// What it exported at the end of the phase, if it ended it.
         halos: Vec<(Option<u64>, Bytes)>,
     },

@@ -453,9 +453,9 @@ pub(super) struct Machine {
     logging: Option<u64>,
     log: VecDeque<Logged>,
     log_bytes: u64,
-    /// Replays under way (`Recover`), by attempt: a `Forget` drops them, and their outcome
-    /// with them.
-    replaying: IdSet<u64>,
+    /// Replays under way (`Recover`), by attempt, with the phase of the copies each
+    /// replays from: a `Forget` drops them, and their outcome with them.
+    replaying: IdMap<u64, u64>,
 }
 
 /// A record of the halo log: the phase, the partition (chunk) that exported, and its halos
@@ -593,13 +593,13 @@ impl Machine {
             logging: None,
             log: VecDeque::new(),
             log_bytes: 0,
-            replaying: IdSet::default(),
+            replaying: IdMap::default(),
         }
     }
 
     /// Whether a replay (`Recover`) of this attempt is under way (not dropped by a `Forget`).
     pub(super) fn is_replaying(&self, attempt: u64) -> bool {
-        self.replaying.contains(&attempt)
+        self.replaying.contains_key(&attempt)
     }
 
     /// A replay (`Recover`) ended: its partitions are held here (the pump holds them) and
@@ -610,9 +610,9 @@ impl Machine {
         attempt: u64,
         outcome: Result<Vec<(u64, super::replay::Pieces, super::replay::Exports)>, String>,
     ) {
-        if self.ended || !self.replaying.remove(&attempt) {
+        let Some(copy_phase) = self.replaying.remove(&attempt).filter(|_| !self.ended) else {
             return;
-        }
+        };
         match outcome {
             Ok(parts) => {
                 for (chunk, halos, exports) in parts {
@@ -621,6 +621,7 @@ impl Machine {
                     self.send(ToCoordinator::Replayed {
                         attempt,
                         chunk,
+                        copy_phase,
                         halos,
                     });
                 }
@@ -703,6 +704,43 @@ impl Machine {
             .flatten()
             .find(|(p, _)| *p == phase)
             .map(|(_, b)| b)
+    }
+
+    /// The phase a replay of `chunks` (a `Recover`'s) starts from: the copies' phase the
+    /// coordinator named, if they are all here (or sent along); else the newest phase
+    /// before `phase` of which this process keeps a copy of every one of them, if none was
+    /// sent along (the replay runs all from one phase). Such a newer copy came in a round
+    /// whose answer the coordinator never had (its owner was lost before it answered, or
+    /// the buddy's acknowledgement was lost): the copy it knew of was dropped when the
+    /// second newer one came, as a buddy keeps two. The replay from it runs the phases
+    /// since, a subset of those whose job values and pieces the `Recover` carries, and
+    /// says which phase it started from (`Replayed::copy_phase`).
+    fn replay_from(
+        &self,
+        chunks: &[(u64, u64, u64, bool)],
+        copy_phase: u64,
+        phase: u64,
+        sent: &IdMap<u64, Bytes>,
+    ) -> u64 {
+        let here = |p: u64| {
+            chunks
+                .iter()
+                .all(|c| sent.contains_key(&c.0) || self.copy_at(c.0, p).is_some())
+        };
+        if here(copy_phase) || !sent.is_empty() {
+            return copy_phase;
+        }
+        let Some(&(first, ..)) = chunks.first() else {
+            return copy_phase;
+        };
+        let mut newer: Vec<u64> = [self.copies.get(&first), self.previous.get(&first)]
+            .into_iter()
+            .flatten()
+            .map(|(p, _)| *p)
+            .filter(|&p| p > copy_phase && p < phase)
+            .collect();
+        newer.sort_unstable_by(|a, b| b.cmp(a));
+        newer.into_iter().find(|&p| here(p)).unwrap_or(copy_phase)
     }
 
     /// What the peer data plane did so far.
@@ -1890,13 +1928,14 @@ impl Machine {
                 if let Some(&(c, ..)) = chunks.iter().find(|c| c.0 >= total) {
                     return self.fail(self.bad(format!("a recovery of chunk {c} of {total}")));
                 }
+                let from = self.replay_from(&chunks, copy_phase, phase, &sent);
                 let mut parts = Vec::with_capacity(chunks.len());
                 for &(chunk, start, end, done) in &chunks {
                     if let Some(b) = sent.get(&chunk).filter(|_| start <= end) {
                         parts.push((chunk, start..end, done, b.clone()));
                         continue;
                     }
-                    match self.copy_at(chunk, copy_phase) {
+                    match self.copy_at(chunk, from) {
                         Some(b) if start <= end => {
                             parts.push((chunk, start..end, done, b.clone()));
                         }
@@ -1911,11 +1950,15 @@ impl Machine {
                 }
                 // The copies are used up: the replayed partitions go to the coordinator. (A
                 // newer copy, of a round under way at the loss, stays.)
-                self.drop_copies(chunks.iter().map(|c| c.0), copy_phase + 1);
-                self.replaying.insert(attempt);
+                self.drop_copies(chunks.iter().map(|c| c.0), from + 1);
+                self.replaying.insert(attempt, from);
+                // From a newer copy, the phases before it are not replayed: their job values
+                // and pieces are left out.
+                let jobs = jobs.into_iter().filter(|(p, _)| *p >= from).collect();
+                let halos = halos.into_iter().filter(|h| h.0 >= from).collect();
                 self.out.push_back(Out::Replay(super::replay::Replay {
                     attempt,
-                    copy_phase,
+                    copy_phase: from,
                     phase,
                     chunks: total,
                     parts,
@@ -3911,6 +3954,100 @@ mod tests {
         };
         assert_eq!(records.len(), 1);
         assert_eq!((m.log().0.len(), m.log().1), (0, 0));
+    }
+
+    /// A buddy that no longer keeps the copies a `Recover` names (two newer rounds came, whose
+    /// answers the coordinator never had) replays from the newest phase of which it keeps a
+    /// copy of every partition asked, with the job values and pieces of the phases since,
+    /// and says so; copies of no common phase, or copies sent along of the named phase, and
+    /// it refuses as before.
+    #[test]
+    fn a_replay_starts_from_newer_copies_when_the_named_ones_are_gone() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        m.received(t0, Some(roster(4)));
+        let _ = polled(&mut m);
+        let copy = |seq, phase, chunk| ToPeer::Copy {
+            seq,
+            generation: 4,
+            phase,
+            chunk,
+            bytes: Bytes::from(vec![(10 * phase + chunk) as u8; 4]),
+        };
+        // Chunk 5: phases 1, 2, 3 (1 dropped); chunk 6: 2, 3; chunk 7: 2 only.
+        for (seq, (phase, chunk)) in [(1, 5), (1, 6), (2, 5), (2, 6), (3, 5), (3, 6), (2, 7)]
+            .into_iter()
+            .enumerate()
+        {
+            m.peer_received(9, copy(seq as u64, phase, chunk));
+        }
+        let _ = polled(&mut m);
+        let recover = |attempt, chunks: Vec<u64>, copies| ToWorker::Recover {
+            attempt,
+            copy_phase: 1,
+            phase: 5,
+            total: 8,
+            chunks: chunks
+                .into_iter()
+                .map(|c| (c, 10 * c, 10 * c + 10, false))
+                .collect(),
+            jobs: (1..=5).map(|p| (p, Bytes::from(vec![p as u8]))).collect(),
+            halos: (1..5)
+                .map(|p| (p, 4, 5, Bytes::from(vec![p as u8])))
+                .collect(),
+            copies,
+        };
+        // 5 and 6 share phases 2 and 3: the newest.
+        m.received(t0, Some(recover(7, vec![5, 6], Vec::new())));
+        let outs = polled(&mut m);
+        let [Out::Replay(r)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(r.copy_phase, 3);
+        let parts: Vec<(u64, u8)> = r.parts.iter().map(|p| (p.0, p.3[0])).collect();
+        assert_eq!(parts, vec![(5, 35), (6, 36)]);
+        assert_eq!(
+            r.jobs.iter().map(|j| j.0).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        assert_eq!(r.halos.iter().map(|h| h.0).collect::<Vec<_>>(), vec![3, 4]);
+        m.replayed(7, Ok(vec![(5, Vec::new(), Vec::new())]));
+        let up = sent(polled(&mut m));
+        assert!(
+            matches!(
+                &up[..],
+                [ToCoordinator::Replayed {
+                    attempt: 7,
+                    chunk: 5,
+                    copy_phase: 3,
+                    ..
+                }]
+            ),
+            "{up:?}"
+        );
+        // Used up: phase 3 and older gone.
+        assert!(m.copy_at(5, 2).is_none() && m.copy_at(6, 3).is_none());
+        for (seq, (phase, chunk)) in [(2, 1), (3, 1)].into_iter().enumerate() {
+            m.peer_received(9, copy(10 + seq as u64, phase, chunk));
+        }
+        let _ = polled(&mut m);
+        // 1 (2 and 3) and 7 (2 only): phase 2.
+        m.received(t0, Some(recover(8, vec![1, 7], Vec::new())));
+        let outs = polled(&mut m);
+        assert!(
+            matches!(&outs[..], [Out::Replay(r)] if r.copy_phase == 2),
+            "{outs:?}"
+        );
+        // A copy sent along is of the named phase: no other phase for the rest.
+        m.peer_received(9, copy(20, 4, 6));
+        m.peer_received(9, copy(21, 4, 7));
+        let _ = polled(&mut m);
+        let sent_along = vec![(6, Bytes::from_static(b"six"))];
+        m.received(t0, Some(recover(9, vec![6, 7], sent_along)));
+        assert!(matches!(
+            &sent(polled(&mut m))[..],
+            [ToCoordinator::ReplayFailed { attempt: 9, .. }]
+        ));
     }
 
     /// Local recovery, the process's side: a `SendLog` gets the log's records of the phases

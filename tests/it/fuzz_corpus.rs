@@ -601,6 +601,15 @@ fn to_coordinator_messages_alone() -> Vec<(&'static str, ToCoordinator)> {
             },
         ),
         (
+            "replayed",
+            ToCoordinator::Replayed {
+                attempt: 2,
+                chunk: 9,
+                copy_phase: 6,
+                halos: vec![(Some(8), Bytes::from_static(b"up")), (None, Bytes::new())],
+            },
+        ),
+        (
             "leave-grace",
             ToCoordinator::Leave {
                 grace_ms: Some(5_000),
