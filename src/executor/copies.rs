@@ -524,8 +524,12 @@ impl Buddies {
                 self.asked_for.remove(&chunk);
             }
             if self.floor.get(&chunk).is_some_and(|&f| phase < f) {
-                // Older than a copy a replay used up: its buddy does not need it.
-                stale.push((buddy, self.floor[&chunk], chunk));
+                // Older than a copy a replay used up: its buddy does not need it. Only it
+                // and older ones are dropped: a newer copy there may be the one a recovery
+                // under way replays (its start raised the floor past it; told to drop
+                // everything before the floor, the buddy dropped it before the `Recover`
+                // came, and the recovery was abandoned).
+                stale.push((buddy, phase + 1, chunk));
                 continue;
             }
             let new = Kept {
@@ -730,8 +734,9 @@ mod tests {
         );
         assert_eq!((r.oldest_phase, r.newest_phase), (Some(1), Some(3)));
         assert_eq!((r.kept, r.refused), (3, 1));
-        // An answer overtaken by a newer one changes nothing, and its copy goes.
-        assert_eq!(b.copied(1, p(2), &[(1, 20)], 0), vec![(p(2), 3, vec![1])]);
+        // An answer overtaken by a newer one changes nothing, and its copy goes (that
+        // phase's and older: a newer one may be a recovery's, see below).
+        assert_eq!(b.copied(1, p(2), &[(1, 20)], 0), vec![(p(2), 2, vec![1])]);
         assert_eq!(b.copy_of(1), Some((3, p(3))));
         b.lost(p(3));
         assert_eq!(b.copy_of(1), None);
@@ -756,10 +761,12 @@ mod tests {
         b.lost(p(4));
         assert_eq!(b.report().log_bytes, 0);
         assert!(!b.log_covers(0, 6, |q| q != p(4)));
-        // A copy used up by a replay: a late answer of an older round does not bring it back.
+        // A copy used up by a replay: a late answer of an older round does not bring it
+        // back, and its buddy drops that round's copy and older ones only: the copy of
+        // phase 8 there is the one the replay, just begun, is about to take.
         b.copied(8, p(5), &[(7, 9)], 0);
         b.used(&[7]);
-        assert_eq!(b.copied(7, p(6), &[(7, 9)], 0), vec![(p(6), 9, vec![7])]);
+        assert_eq!(b.copied(7, p(5), &[(7, 9)], 0), vec![(p(5), 8, vec![7])]);
         assert_eq!(b.copy_of(7), None);
         // A newer copy elsewhere, lost before an older round's answer came: that answer is
         // stale (its buddy was told to drop the copy when the newer one was recorded).

@@ -1736,6 +1736,55 @@ mod tests {
         }
     }
 
+    /// Histories in which a buddy no longer kept the copies the coordinator had recorded
+    /// and a recovery named: rounds were asked at every barrier whatever the answers, the
+    /// buddy took two newer copies before the coordinator heard of either and dropped the
+    /// recorded one, and the owner was lost ("no copy of chunk 6 of phase 1 here (it has
+    /// Some(3))"; each of these rolled back). A process has two rounds open at most now,
+    /// and a buddy replays from the newest copies it keeps of every lost partition, saying
+    /// which (`Replayed::copy_phase`): each recovers locally, none abandoned.
+    #[test]
+    fn a_buddy_replays_from_newer_copies_than_the_coordinator_knew_of() {
+        let rt = runtime();
+        for (seed, recoveries) in [
+            (9445, 1),
+            (10243, 1),
+            (16837, 1),
+            (24445, 1),
+            (25120, 1),
+            (29881, 1),
+            (35416, 2),
+            (51607, 1),
+        ] {
+            match history_of::<SimJob>(seed, &rt) {
+                Ok(t) => assert!(
+                    t.recoveries >= recoveries && t.abandoned == 0,
+                    "history {seed}: {t:?}"
+                ),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// Histories of exchanges in which a late answer of an older copy round, stale since
+    /// a recovery began (which used the newer copy up), told the buddy to drop every copy
+    /// before the newer one's phase and one: the buddy dropped the copy the recovery was
+    /// about to replay ("no copy of chunk 5 of phase 1 here (it has None)") and the job
+    /// rolled back. A stale answer drops its own phase's copy and older ones only.
+    #[test]
+    fn a_stale_copy_answer_does_not_drop_the_copy_a_recovery_replays() {
+        let rt = runtime();
+        for seed in [16405, 19120] {
+            match history_of::<mesh::SimMesh>(seed, &rt) {
+                Ok(t) => assert!(
+                    t.recoveries >= 1 && t.abandoned == 0,
+                    "history {seed}: {t:?}"
+                ),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     /// Histories whose losses recover locally more often than they did, each with the local
     /// recoveries it makes now (one fewer before). Three changes: a recovery asks for
     /// whole logs of the partitions that send to the lost ones only (their neighbours, unless
