@@ -15,7 +15,10 @@
 //!   grid, and each process's share is reported ([`Copies`]);
 //! - a copy is forgotten with the process that kept it, and all are forgotten at a
 //!   rollback (the processes drop theirs at `Forget`);
-//! - an answer of another generation (from before a rollback) is dropped.
+//! - an answer of another generation (from before a rollback) is dropped;
+//! - a process has two rounds open (asked, not answered) at most: another is deferred to
+//!   the first barrier after an answer ([`Copies::deferred`]), so copies slower than the
+//!   phases between rounds do not pile up.
 //!
 //! What the copies are for: the replay of a lost process's partitions from them while the
 //! survivors go on (`recovery.rs`, DESIGN §10). The job values of the phases since the oldest

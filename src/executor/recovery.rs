@@ -50,7 +50,12 @@
 //!    come runs `P` too; the others only begin it.
 //! 3. *The replay.* `B` holds each partition it replayed from then on and says so
 //!    (`Replayed`), with the pieces it exported at the end of `P` if it ran it (what it had
-//!    exported for a partition also lost is filled in with them). A partition the ledger
+//!    exported for a partition also lost is filled in with them), and the phase of the
+//!    copies it replayed from: `c`, or a newer `c'` if `B` no longer keeps those of `c` but
+//!    keeps copies of `c'` of every partition it replays (a copy round whose answer never
+//!    came here: its owner was lost first, or an acknowledgement was lost with a link;
+//!    the phases since `c'` need a subset of the logs and job values asked for), and the
+//!    partition's log is `B`'s from that phase on. A partition the ledger
 //!    handed to another worker meanwhile (pinned, only if `B` lost its slots) is asked of `B`
 //!    (`Surrender`), as any partition on its way; the others run in `B` as partitions held
 //!    there. (The first version sent

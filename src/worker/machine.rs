@@ -3956,6 +3956,12 @@ mod tests {
         assert_eq!((m.log().0.len(), m.log().1), (0, 0));
     }
 
+    /// The replay of attempt `attempt` ended with chunk 5 replayed: what `m` sends.
+    fn replayed_5(m: &mut Machine, attempt: u64) -> Vec<ToCoordinator> {
+        m.replayed(attempt, Ok(vec![(5, Vec::new(), Vec::new())]));
+        sent(polled(m))
+    }
+
     /// A buddy that no longer keeps the copies a `Recover` names (two newer rounds came, whose
     /// answers the coordinator never had) replays from the newest phase of which it keeps a
     /// copy of every partition asked, with the job values and pieces of the phases since,
@@ -4011,8 +4017,7 @@ mod tests {
             vec![3, 4, 5]
         );
         assert_eq!(r.halos.iter().map(|h| h.0).collect::<Vec<_>>(), vec![3, 4]);
-        m.replayed(7, Ok(vec![(5, Vec::new(), Vec::new())]));
-        let up = sent(polled(&mut m));
+        let up = replayed_5(&mut m, 7);
         assert!(
             matches!(
                 &up[..],
@@ -4156,8 +4161,7 @@ mod tests {
         );
         assert!(m.copy_of(5).is_none(), "used up");
         assert!(m.is_replaying(7));
-        m.replayed(7, Ok(vec![(5, Vec::new(), Vec::new())]));
-        let up = sent(polled(&mut m));
+        let up = replayed_5(&mut m, 7);
         assert!(
             matches!(
                 &up[..],
