@@ -658,6 +658,7 @@ impl Remotes {
         ids.sort_unstable();
         self.outbox
             .extend(ids.into_iter().map(|id| (id, ToWorker::Logs { from })));
+        let mut deferred = 0;
         for group in owned.chunk_by(|a, b| a.0 == b.0) {
             let owner = group[0].0;
             let Some(node) = self.conns.get(&owner).map(|c| c.node) else {
@@ -666,6 +667,7 @@ impl Remotes {
             let chunks: Vec<u64> = group.iter().map(|&(_, c)| c).collect();
             if self.buddies.round_open(owner) {
                 tracing::debug!(conn = %owner, phase = ended, "buddy copies deferred: two rounds are not answered yet");
+                deferred += 1;
                 continue;
             }
             self.buddies.asked();
@@ -691,6 +693,15 @@ impl Remotes {
                     chunks,
                 },
             ));
+        }
+        if deferred > 0 {
+            // Once per barrier, not per process: the sign that copies take longer than the
+            // phases between rounds (`Copies::deferred` counts them too).
+            tracing::info!(
+                phase = ended,
+                processes = deferred,
+                "buddy copy rounds deferred: two earlier rounds of each of these processes are not answered yet"
+            );
         }
     }
 
