@@ -406,9 +406,25 @@ impl Owners {
         // every worker.)
         let never_held = homeless.iter().all(|&c| self.holder(c).is_none());
         if never_held && !homeless.is_empty() {
+            // Gathered by worker first, then queued with one look-up per worker, not one
+            // per chunk: while the first phase is fresh this runs at every join, over every
+            // chunk. (The deal is in chunk order: each worker's share comes sorted, and an
+            // empty queue, as every queue is then, takes it as it is.)
+            let mut dealt: Vec<Vec<ChunkId>> = vec![Vec::new(); k];
             for (c, i) in self.deal_blocks(workers, homeless, plan) {
                 load[i] += len_of(plan, c) / speed(i);
-                push_sorted(self.queues.entry(ids[i]).or_default(), c);
+                dealt[i].push(c);
+            }
+            for (i, chunks) in dealt.into_iter().enumerate() {
+                if chunks.is_empty() {
+                    continue;
+                }
+                let q = self.queues.entry(ids[i]).or_default();
+                if q.back().is_none_or(|&b| b < chunks[0]) {
+                    q.extend(chunks);
+                } else {
+                    chunks.into_iter().for_each(|c| push_sorted(q, c));
+                }
             }
         } else {
             let shape = Shape::chain(plan.len());
