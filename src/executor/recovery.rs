@@ -672,15 +672,15 @@ impl<J: Job> State<J> {
         let Some(r) = self.recovery.as_mut().filter(|r| r.attempt == attempt) else {
             return Ok(());
         };
-        if id != r.buddy || !r.lost.contains(&chunk) || !r.replayed.insert(chunk) {
-            return Err(format!("a replay of chunk {chunk} nobody asked of it"));
-        }
         if copy_phase < r.copy_phase || copy_phase >= r.phase {
             return Err(format!(
                 "chunk {chunk} replayed from a copy of phase {copy_phase}, not between the \
                  recovery's copies ({}) and its phase ({})",
                 r.copy_phase, r.phase
             ));
+        }
+        if id != r.buddy || !r.lost.contains(&chunk) || !r.replayed.insert(chunk) {
+            return Err(format!("a replay of chunk {chunk} nobody asked of it"));
         }
         r.replayed_from = r.replayed_from.max(copy_phase);
         let from = r.from;

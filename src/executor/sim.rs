@@ -2022,6 +2022,77 @@ mod tests {
         assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
     }
 
+    /// A buddy's `Replayed` names the phase of the copy it replayed from: one before the
+    /// recovery's copies, or at the phase the job is in or after, is refused (and counts
+    /// the partition as replayed no more than before); the genuine one after it is taken.
+    #[test]
+    fn a_replay_from_a_copy_outside_the_recovery_is_refused() {
+        let (mut h, expected) = three_with_copies(6, 8, 3);
+        h.close(1, "killed");
+        h.route();
+        assert!(h.state.recovery.is_some(), "{}", h.log.join("\n"));
+        let mut forged = 0;
+        for _ in 0..1000 {
+            for i in 0..h.procs.len() {
+                if !h.live(i) {
+                    continue;
+                }
+                h.deliver_all(i);
+                for t in h.procs[i].sim.busy_threads() {
+                    h.procs[i].sim.turn(t);
+                }
+                while h.procs[i].sim.background() > 0 {
+                    h.procs[i].sim.settle(0);
+                }
+                let id = h.procs[i].id;
+                while let Some(msg) = h.procs[i].sim.next_sent() {
+                    let msgs = match msg {
+                        ToCoordinator::Batch(b) => b,
+                        m => vec![m],
+                    };
+                    for msg in msgs {
+                        if let ToCoordinator::Replayed {
+                            attempt,
+                            chunk,
+                            copy_phase,
+                            halos,
+                        } = &msg
+                        {
+                            let phase = h.state.phase;
+                            let bad = [copy_phase.checked_sub(1), Some(phase), Some(phase + 1)];
+                            for p in bad.into_iter().flatten() {
+                                let forgery = ToCoordinator::Replayed {
+                                    attempt: *attempt,
+                                    chunk: *chunk,
+                                    copy_phase: p,
+                                    halos: halos.clone(),
+                                };
+                                let refused = h.coord().on_remote(id, forgery);
+                                assert!(
+                                    matches!(&refused, Err(e) if e.to_string().contains("replayed from a copy of phase")),
+                                    "{refused:?}"
+                                );
+                                forged += 1;
+                            }
+                        }
+                        if let Err(e) = h.coord().on_remote(id, msg) {
+                            panic!("{id} was refused: {e}");
+                        }
+                        h.route();
+                    }
+                }
+            }
+            h.deliver_peers();
+            if h.state.recovery.is_none() {
+                break;
+            }
+        }
+        assert!(forged > 0, "no replay came:\n{}", h.log.join("\n"));
+        h.drain();
+        finished_with(&mut h, &expected);
+        assert_eq!(h.state.recoveries.len(), 1, "{}", h.log.join("\n"));
+    }
+
     /// A slot that waits for a partition its process must fetch from another process is
     /// left out of the ledger when that other process is lost (it never got its `Run`); its
     /// own process's loss later is news from a worker the ledger no longer has: dropped and
