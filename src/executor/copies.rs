@@ -96,6 +96,14 @@ pub(crate) struct Buddies {
     /// recorded (an older one's buddy was told to drop it), or used up by a replay (a late
     /// answer of an older round must not bring one back).
     floor: IdMap<ChunkId, u64>,
+    /// Partitions a replay is making again from their copies (from [`Buddies::used`] to
+    /// [`Buddies::replayed`]): an answer of a round that copied one of them is neither
+    /// recorded nor answered with a drop meanwhile. The buddy may replay from a newer copy
+    /// than the one recorded, and drops what the replay used when the `Recover` comes: a
+    /// copy recorded meanwhile was gone from it (the simulation's "records a copy of chunk 5
+    /// of phase 2 in 6, which keeps none", mesh seed 325390), and a drop sent meanwhile
+    /// could take the copy the replay was about to use.
+    replaying: crate::schedule::idhash::IdSet<ChunkId>,
     /// Partitions a round asked to be copied (by the phase it ended) whose answer has not
     /// come, or whose copy was refused: not asked again before the next round of every
     /// partition (`Buddies::wants_round`).
@@ -287,6 +295,7 @@ impl Buddies {
         if !self.enabled() {
             return;
         }
+        self.replaying.remove(&chunk);
         let segments = self.logs.entry(chunk).or_default();
         segments.retain(|&(_, since)| since < copy_phase);
         segments.push((by, copy_phase));
@@ -526,6 +535,9 @@ impl Buddies {
             if self.asked_for.get(&chunk).is_some_and(|&p| p <= phase) {
                 self.asked_for.remove(&chunk);
             }
+            if self.replaying.contains(&chunk) {
+                continue;
+            }
             if self.floor.get(&chunk).is_some_and(|&f| phase < f) {
                 // Older than a copy a replay used up: its buddy does not need it. Only it
                 // and older ones are dropped: a newer copy there may be the one a recovery
@@ -636,6 +648,7 @@ impl Buddies {
         self.asked_for.clear();
         self.awaiting.clear();
         self.deferred.clear();
+        self.replaying.clear();
         self.left.clear();
     }
 
@@ -662,6 +675,7 @@ impl Buddies {
                 self.floor.insert(*c, k.phase + 1);
             }
         }
+        self.replaying.extend(chunks.iter().copied());
         let _ = self.forget(chunks);
     }
 
@@ -764,11 +778,16 @@ mod tests {
         b.lost(p(4));
         assert_eq!(b.report().log_bytes, 0);
         assert!(!b.log_covers(0, 6, |q| q != p(4)));
-        // A copy used up by a replay: a late answer of an older round does not bring it
-        // back, and its buddy drops that round's copy and older ones only: the copy of
-        // phase 8 there is the one the replay, just begun, is about to take.
+        // A copy used up by a replay: while it runs, an answer of a round that copied the
+        // partition is neither recorded nor answered with a drop (the buddy may be about
+        // to replay from that very copy); after it, a late answer of an older round does
+        // not bring one back, and its buddy drops that round's copy and older ones only.
         b.copied(8, p(5), &[(7, 9)], 0);
         b.used(&[7]);
+        assert!(b.copied(9, p(5), &[(7, 9)], 0).is_empty());
+        assert!(b.copied(7, p(5), &[(7, 9)], 0).is_empty());
+        assert_eq!(b.copy_of(7), None);
+        b.replayed(7, p(5), 9);
         assert_eq!(b.copied(7, p(5), &[(7, 9)], 0), vec![(p(5), 8, vec![7])]);
         assert_eq!(b.copy_of(7), None);
         // A newer copy elsewhere, lost before an older round's answer came: that answer is
