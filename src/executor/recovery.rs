@@ -148,6 +148,11 @@ impl Recovery {
         self.attempt
     }
 
+    /// The process whose loss it recovers from.
+    pub(crate) fn from(&self) -> ProcessId {
+        self.from
+    }
+
     /// Whether it waits for an answer of process `id`: its halo log, or copies it keeps.
     pub(crate) fn waits_for(&self, id: ProcessId) -> bool {
         self.waiting.contains(&id) || self.strays.contains_key(&id)

@@ -343,6 +343,12 @@ pub(crate) struct Remotes {
     /// receiver left, all before the sender's report that it was kept there (two
     /// connections, no order between them). The sender's `Done` takes them.
     pub(crate) early: IdMap<(ChunkId, ChunkId), (ProcessId, Bytes)>,
+    /// Partitions whose report (`Done`, `Exported`) named a halo kept at a peer process
+    /// that was lost before the report came (the peer acknowledged the push, then was
+    /// lost): the halo is gone, and the sender, which goes on elsewhere, cannot export it
+    /// again. The job rolls back once the report is taken (`State::halos_gone_with_a_peer`),
+    /// as it does for such halos of a loss it saw first (`drop_conn`).
+    pub(crate) halos_gone: Vec<ChunkId>,
     /// Connected processes that listen for their peers' halos.
     listeners: usize,
     /// Emptied outboxes of the last barrier (`route`), filled again by the next phase's
@@ -2074,8 +2080,43 @@ impl<J: Job> State<J> {
     ) -> Result<(), String> {
         self.remote.buddies.exported(chunk, id, self.phase);
         let halos = self.remote.count_halos((id, self.phase), chunk, halos)?;
+        // A halo kept at a peer that is gone, unless a recovery of that peer's partitions
+        // refills what was pushed to it (`Recovery::kept_at_lost`).
+        let recovering = self.recovery.as_ref().map(|r| r.from());
+        let gone = halos.iter().any(|(_, h)| {
+            matches!(h, HeldHalo::Kept(p) if *p != id
+                && !self.remote.conns.contains_key(p)
+                && recovering != Some(*p))
+        });
+        if gone {
+            self.remote.halos_gone.push(chunk);
+        }
         self.keep_halos(chunk, halos);
         Ok(())
+    }
+
+    /// Partitions whose report named a halo kept at a peer lost before it came
+    /// (`Remotes::halos_gone`): the job rolls back, as for a loss that found such halos
+    /// already reported (`drop_conn`). (The barrier ended the job instead, with "sent a
+    /// kept halo that is refused here": grid seed 529107 of the simulation.)
+    fn halos_gone_with_a_peer(&mut self) {
+        if self.remote.halos_gone.is_empty() {
+            return;
+        }
+        let mut lost = std::mem::take(&mut self.remote.halos_gone);
+        if self.rollback.is_under_way() {
+            // The rollback drops this phase's exports anyway (the report came late).
+            return;
+        }
+        lost.sort_unstable();
+        lost.dedup();
+        tracing::warn!(
+            job = J::NAME,
+            exporters = ?lost,
+            "halos kept by a worker process lost before their senders' reports came cannot be exported again: the job rolls back"
+        );
+        self.core.lose(&lost);
+        self.partitions_lost(&[]);
     }
 
     /// Protocol step 3: a message from connection `id`. An error drops the connection.
@@ -2242,6 +2283,7 @@ impl<J: Job> State<J> {
                 }
                 // The restored phase's exports, as a `Done`'s.
                 self.keep_exports(id, chunk, halos).map_err(bad)?;
+                self.halos_gone_with_a_peer();
                 self.settle();
                 return Ok(());
             }
@@ -2668,15 +2710,20 @@ impl<J: Job> State<J> {
         let (event, output_bytes, kind, slot, chunk) = event;
         match self.feed_checked(event, output_bytes) {
             Ok(()) => {
+                self.halos_gone_with_a_peer();
                 self.settle();
                 Ok(())
             }
-            Err(rejected) => Err(PeerError::Rejected {
-                peer: peer.to_string(),
-                what: kind,
-                reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
-                source: Some(Box::new(rejected)),
-            }),
+            Err(rejected) => {
+                // Not taken: its halos are not kept either.
+                self.remote.halos_gone.clear();
+                Err(PeerError::Rejected {
+                    peer: peer.to_string(),
+                    what: kind,
+                    reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
+                    source: Some(Box::new(rejected)),
+                })
+            }
         }
     }
 }
