@@ -110,9 +110,9 @@ pub(crate) struct Buddies {
     asked_for: IdMap<ChunkId, u64>,
     /// Rounds asked of a process and not answered yet: `(owner, phase)`. Their copies may
     /// still come, so the halo logs keep their phase's exports ([`Buddies::log_from`]);
-    /// and a process with [`OPEN_ROUNDS`] of them is asked no other ([`Buddies::round_open`]).
+    /// and a process with [`OPEN_ROUNDS`] of them is asked no other ([`Buddies::defers_round`]).
     awaiting: Vec<(ProcessId, u64)>,
-    /// Processes whose round was deferred (`Buddies::round_open`): they want one as soon
+    /// Processes whose round was deferred (`Buddies::defers_round`): they want one as soon
     /// as nothing is open.
     deferred: crate::schedule::idhash::IdSet<ProcessId>,
     /// Processes a partition moved out of since their last round: the log of what it
@@ -130,7 +130,7 @@ pub(crate) struct Buddies {
 }
 
 /// Copy rounds a process may have open (asked, not answered) at once: see
-/// [`Buddies::round_open`]. Two, measured with the simulation's copies at every barrier
+/// [`Buddies::defers_round`]. Two, measured with the simulation's copies at every barrier
 /// (`BENCHMARKS.md`): with one, or with a partition's round held back while the process it
 /// moved out of had one open, a round a phase late held the next back and partitions were
 /// lost with no copy more often (local recoveries in 8.7-8.8% of the grid's histories,
@@ -207,9 +207,9 @@ impl Buddies {
         self.awaiting.push((owner, phase));
     }
 
-    /// Whether a round of process `owner` must wait: [`OPEN_ROUNDS`] of its rounds are not
-    /// answered yet. If so, the round is deferred (counted): `owner` wants one at the next
-    /// barrier where it may have one ([`Buddies::wants_round`]).
+    /// Defers a round of process `owner` if [`OPEN_ROUNDS`] of its rounds are not answered
+    /// yet, and says whether it did: a deferred round is counted, and `owner` wants one at
+    /// the next barrier where it may have one ([`Buddies::wants_round`]).
     ///
     /// Why: rounds asked at every barrier whatever the answers pile up the copies' bytes
     /// in the owners' memory and on the links when copying takes longer than the phases
@@ -217,7 +217,7 @@ impl Buddies {
     /// and the one it replaced: with more rounds open it drops the copy the coordinator
     /// knows of, and a replay then starts from a newer copy the buddy keeps of every lost
     /// partition, if there is one (the worker's `replay_from`), else the job rolls back.
-    pub(crate) fn round_open(&mut self, owner: ProcessId) -> bool {
+    pub(crate) fn defers_round(&mut self, owner: ProcessId) -> bool {
         let open = self.awaiting.iter().filter(|r| r.0 == owner).count() >= OPEN_ROUNDS;
         if open {
             self.deferred.insert(owner);
@@ -884,14 +884,14 @@ mod tests {
         let p = |n| ProcessId(n);
         let mut b = Buddies::new(Some(1));
         b.full_round();
-        assert!(!b.round_open(p(1)));
+        assert!(!b.defers_round(p(1)));
         b.round_asked(p(1), 0);
         b.full_round();
-        assert!(!b.round_open(p(1)), "one round open");
+        assert!(!b.defers_round(p(1)), "one round open");
         b.round_asked(p(1), 1);
         b.full_round();
-        assert!(b.round_open(p(1)), "two rounds open");
-        assert!(!b.round_open(p(2)));
+        assert!(b.defers_round(p(1)), "two rounds open");
+        assert!(!b.defers_round(p(2)));
         b.round_asked(p(2), 2);
         assert_eq!(b.report().deferred, 1);
         // An answer comes: the deferred one wants a round at once (its copies are of one
@@ -899,13 +899,13 @@ mod tests {
         b.round_answered(p(1), 0);
         b.copied(0, p(3), &[(0, 8), (1, 8)], 0);
         assert!(b.wants_round(p(1), [0, 1]) && !b.wants_round(p(2), [0]));
-        assert!(!b.round_open(p(1)));
+        assert!(!b.defers_round(p(1)));
         b.round_asked(p(1), 3);
         assert!(!b.wants_round(p(1), [0, 1]), "asked: not deferred any more");
-        assert!(b.round_open(p(1)));
+        assert!(b.defers_round(p(1)));
         // A lost owner's rounds will not be answered: it is not held back by them.
         b.lost(p(1));
-        assert!(!b.round_open(p(1)));
+        assert!(!b.defers_round(p(1)));
         assert_eq!(b.report().deferred, 2);
     }
 

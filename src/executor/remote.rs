@@ -671,7 +671,7 @@ impl Remotes {
                 continue;
             };
             let chunks: Vec<u64> = group.iter().map(|&(_, c)| c).collect();
-            if self.buddies.round_open(owner) {
+            if self.buddies.defers_round(owner) {
                 tracing::debug!(conn = %owner, phase = ended, "buddy copies deferred: two rounds are not answered yet");
                 deferred += 1;
                 continue;
@@ -2128,7 +2128,7 @@ impl<J: Job> State<J> {
             .into
             .increment(1);
         let ToCoordinator::Batch(batch) = msg else {
-            return self.on_remote_one(id, msg);
+            return self.on_remote_taken(id, msg);
         };
         for msg in batch {
             if matches!(msg, ToCoordinator::Batch(_)) {
@@ -2140,9 +2140,21 @@ impl<J: Job> State<J> {
                     source: None,
                 });
             }
-            self.on_remote_one(id, msg)?;
+            self.on_remote_taken(id, msg)?;
         }
         Ok(())
+    }
+
+    /// [`State::on_remote_one`], and on an error, nothing left of the message: a report
+    /// refused after its halos were looked at (its output does not decode, the ledger
+    /// refuses it) leaves no halo gone with a peer for the next message to roll back for
+    /// (`Remotes::halos_gone`).
+    fn on_remote_taken(&mut self, id: ProcessId, msg: ToCoordinator) -> Result<(), PeerError> {
+        let taken = self.on_remote_one(id, msg);
+        if taken.is_err() {
+            self.remote.halos_gone.clear();
+        }
+        taken
     }
 
     /// One message of connection `id`, alone or from a batch.
@@ -2714,16 +2726,12 @@ impl<J: Job> State<J> {
                 self.settle();
                 Ok(())
             }
-            Err(rejected) => {
-                // Not taken: its halos are not kept either.
-                self.remote.halos_gone.clear();
-                Err(PeerError::Rejected {
-                    peer: peer.to_string(),
-                    what: kind,
-                    reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
-                    source: Some(Box::new(rejected)),
-                })
-            }
+            Err(rejected) => Err(PeerError::Rejected {
+                peer: peer.to_string(),
+                what: kind,
+                reason: format!("the job's ledger refuses chunk {chunk} from slot {slot}"),
+                source: Some(Box::new(rejected)),
+            }),
         }
     }
 }
