@@ -1706,6 +1706,21 @@ mod tests {
         }
     }
 
+    /// Each history of `seeds`, `(seed, recoveries, none abandoned)`, ends exact with at
+    /// least `recoveries` local recoveries, and, where asked, none abandoned.
+    fn recovers<J: Simulated>(seeds: &[(u64, u64, bool)]) {
+        let rt = runtime();
+        for &(seed, recoveries, whole) in seeds {
+            match history_of::<J>(seed, &rt) {
+                Ok(t) => assert!(
+                    t.recoveries >= recoveries && (!whole || t.abandoned == 0),
+                    "history {seed}: {t:?}"
+                ),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     /// Histories in which a partition the coordinator held after a restore, having ended
     /// the restored phase, exported its pieces at the first barrier without a record in
     /// the halo logs: a neighbour lost with copies of that phase was refused ("a partition's
@@ -1714,13 +1729,7 @@ mod tests {
     /// histories recovers locally (none did before).
     #[test]
     fn exports_of_restored_partitions_held_here_are_logged() {
-        let rt = runtime();
-        for seed in [230, 1465, 2518, 3280, 5050] {
-            match history_of::<SimJob>(seed, &rt) {
-                Ok(t) => assert!(t.recoveries >= 1, "history {seed}: {t:?}"),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        recovers::<SimJob>(&[230, 1465, 2518, 3280, 5050].map(|s| (s, 1, false)));
     }
 
     /// Histories of exchanges in which a partition the coordinator ran exported an
@@ -1731,13 +1740,7 @@ mod tests {
     /// recovers locally (none did before).
     #[test]
     fn allgather_pieces_of_partitions_run_here_are_logged() {
-        let rt = runtime();
-        for seed in [311, 926, 4418, 6299, 7591, 16186] {
-            match history_of::<mesh::SimMesh>(seed, &rt) {
-                Ok(t) => assert!(t.recoveries >= 1, "history {seed}: {t:?}"),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        recovers::<mesh::SimMesh>(&[311, 926, 4418, 6299, 7591, 16186].map(|s| (s, 1, false)));
     }
 
     /// Histories in which a buddy no longer kept the copies the coordinator had recorded
@@ -1749,25 +1752,16 @@ mod tests {
     /// which (`Replayed::copy_phase`): each recovers locally, none abandoned.
     #[test]
     fn a_buddy_replays_from_newer_copies_than_the_coordinator_knew_of() {
-        let rt = runtime();
-        for (seed, recoveries) in [
-            (9445, 1),
-            (10243, 1),
-            (16837, 1),
-            (24445, 1),
-            (25120, 1),
-            (29881, 1),
-            (35416, 2),
-            (51607, 1),
-        ] {
-            match history_of::<SimJob>(seed, &rt) {
-                Ok(t) => assert!(
-                    t.recoveries >= recoveries && t.abandoned == 0,
-                    "history {seed}: {t:?}"
-                ),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        recovers::<SimJob>(&[
+            (9445, 1, true),
+            (10243, 1, true),
+            (16837, 1, true),
+            (24445, 1, true),
+            (25120, 1, true),
+            (29881, 1, true),
+            (35416, 2, true),
+            (51607, 1, true),
+        ]);
     }
 
     /// Histories of exchanges in which a late answer of an older copy round, stale since
@@ -1782,18 +1776,9 @@ mod tests {
     /// Answers for partitions a replay is making again are taken as neither now.
     #[test]
     fn a_stale_copy_answer_does_not_drop_the_copy_a_recovery_replays() {
-        let rt = runtime();
-        // (Seed, whether every recovery it begins must end: 325390 has other losses that
-        // abandon theirs; what it checks is its end, exact.)
-        for (seed, all) in [(16405, true), (19120, true), (325390, false)] {
-            match history_of::<mesh::SimMesh>(seed, &rt) {
-                Ok(t) => assert!(
-                    t.recoveries >= 1 && (!all || t.abandoned == 0),
-                    "history {seed}: {t:?}"
-                ),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        // (325390 has other losses that abandon their recoveries; what it checks is its
+        // end, exact.)
+        recovers::<mesh::SimMesh>(&[(16405, 1, true), (19120, 1, true), (325390, 1, false)]);
     }
 
     /// Histories whose losses recover locally more often than they did, each with the local
@@ -1808,25 +1793,22 @@ mod tests {
     /// sender).
     #[test]
     fn replayed_and_distant_partitions_no_longer_refuse_a_local_recovery() {
-        let rt = runtime();
-        for (seed, recoveries) in [
-            (44, 2),
-            (571, 3),
-            (776, 3),
-            (1205, 2),
-            (1243, 2),
-            (1447, 3),
-            (1805, 2),
-            (1817, 2),
-            (2678, 2),
-            (3587, 3),
-            (4549, 2),
-        ] {
-            match history_of::<SimJob>(seed, &rt) {
-                Ok(t) => assert!(t.recoveries >= recoveries, "history {seed}: {t:?}"),
-                Err(e) => panic!("{e}"),
-            }
-        }
+        recovers::<SimJob>(
+            &[
+                (44, 2),
+                (571, 3),
+                (776, 3),
+                (1205, 2),
+                (1243, 2),
+                (1447, 3),
+                (1805, 2),
+                (1817, 2),
+                (2678, 2),
+                (3587, 3),
+                (4549, 2),
+            ]
+            .map(|(s, r)| (s, r, false)),
+        );
     }
 
     /// Checks that a scripted history's job finished with `expected` (its log if not).
