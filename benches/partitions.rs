@@ -56,12 +56,17 @@
 //! 5. **Buddy copies** ([`Builder::buddy_copies`](malleable::Builder::buddy_copies)): 2
 //!    worker processes (one thread each, halos direct), `PARTITIONS_COPY_PHASES` phases
 //!    (default 100), with a copy of every partition into the other process's memory every
-//!    `PARTITIONS_COPY_EVERY` phases (default 20), against the same without copies, in
-//!    turn. Printed: the run with copies ÷ the run without, the median over the rounds
-//!    (target: overhead ≤ 3%); the pause, the phase after each copy barrier against the
-//!    median phase of the run without copies, ÷ postcard serializing one process's half of
-//!    the grid alone (target ≤ 1.1×); and the copies' bytes per process. Values are checked
-//!    equal.
+//!    `PARTITIONS_COPY_EVERY` phases (default 20), through memory both processes map (the
+//!    default between processes of a node) and over the links
+//!    ([`WorkerOptions::shared_copies`](malleable::cluster::WorkerOptions::shared_copies)
+//!    off), against the same without copies, in turn. Printed: each run with copies ÷ the
+//!    run without, whole and from the third copy barrier on (the steady state: the first
+//!    two rounds encode into memory mapped for the first time), the median over the rounds
+//!    (target: overhead ≤ 3%); the pause, the phase after each copy barrier of the steady
+//!    state against the median phase of the run without copies, ÷ copying a process's
+//!    bytes into memory already mapped (target ≤ 1.1×) and ÷ postcard serializing one
+//!    process's half of the grid alone into fresh memory; and the copies' bytes per
+//!    process. Values are checked equal.
 //! 6. **Local recovery**: 4 worker processes (one thread each, no local worker), one
 //!    killed with SIGKILL `PARTITIONS_LOCAL_AFTER` phases (default 10) after a buddy-copy
 //!    barrier (copies every `PARTITIONS_COPY_EVERY`, default 20; no snapshot store): its
@@ -405,7 +410,11 @@ fn worker(addr: &str) {
     log::log_if_asked("PARTITIONS_LOG", "worker process");
     let registry = Registry::new().register::<Banded<Heat>>();
     let direct = std::env::var("MALLEABLE_DIRECT_HALOS").map_or(true, |v| v != "0");
-    let options = WorkerOptions::default().threads(1).direct_halos(direct);
+    let shared = std::env::var("MALLEABLE_SHARED_COPIES").map_or(true, |v| v != "0");
+    let options = WorkerOptions::default()
+        .threads(1)
+        .direct_halos(direct)
+        .shared_copies(shared);
     support::serve_until_the_end(addr, &registry, &options);
 }
 
@@ -1101,19 +1110,24 @@ fn copies(s: Sizes) -> Vec<String> {
         )
     };
     println!(
-        "\n== buddy copies: 2 worker processes, a copy every {every} phases against none, \
-         {phases} phases, {} rounds",
+        "\n== buddy copies: 2 worker processes, a copy every {every} phases through memory both \
+         map, and over the links, against none, {phases} phases, {} rounds",
         s.pairs
     );
     let job = || Banded(Heat::new(s.n, phases));
     // One run: its time, its phases' times, what the handle says of the copies, the value.
-    let run = |copies: bool| {
+    // `copies`: none, through memory both processes map (the default), or over the links.
+    let run = |copies: Copying| {
         let exec = coordinator()
-            .buddy_copies(if copies { every } else { 0 })
+            .buddy_copies(if copies == Copying::None { 0 } else { every })
             .build()
             .expect("a coordinator");
         let addr = exec.local_addr().expect("listening").to_string();
-        let workers = [spawn_worker_env(&addr, &[]), spawn_worker_env(&addr, &[])];
+        let env = match copies {
+            Copying::Link => vec![("MALLEABLE_SHARED_COPIES".to_owned(), "0".to_owned())],
+            _ => Vec::new(),
+        };
+        let workers = [spawn_worker_env(&addr, &env), spawn_worker_env(&addr, &env)];
         std::thread::sleep(Duration::from_millis(if s.quick { 100 } else { 700 }));
         let t = Instant::now();
         let mut log = Phases::watch(t);
@@ -1128,18 +1142,32 @@ fn copies(s: Sizes) -> Vec<String> {
         let times: Vec<(u64, Duration)> = log.seen.iter().map(|&(p, d, _)| (p, d)).collect();
         (took, times, h.copies(), Heat::solution(&done))
     };
-    let (mut ratios, mut pauses, mut normals) = (Vec::new(), Vec::new(), Vec::new());
+    // The steady state: the phases from the third copy barrier on (the first two rounds
+    // encode into memory the process maps for the first time; from the third on, into the
+    // memory of the copies their buddy let go of).
+    let steady = |times: &[(u64, Duration)]| -> Duration {
+        times
+            .iter()
+            .filter(|(p, _)| *p >= 2 * every)
+            .map(|&(_, d)| d)
+            .sum()
+    };
+    let modes = [Copying::None, Copying::Shared, Copying::Link];
+    let mut ratios = [Vec::new(), Vec::new()];
+    let mut steadies = [Vec::new(), Vec::new()];
+    let mut pauses = [Vec::new(), Vec::new()];
     let mut last = None;
     let mut reference: Option<Solution> = None;
     for round in 0..s.pairs {
-        let (with, without) = if round % 2 == 0 {
-            let w = run(true);
-            (w, run(false))
-        } else {
-            let wo = run(false);
-            (run(true), wo)
+        // Each round in another order, so that none runs always first.
+        let mut got: [Option<_>; 3] = [None, None, None];
+        for k in (0..3).map(|k| (round + k) % 3) {
+            got[k] = Some(run(modes[k]));
+        }
+        let [Some(without), Some(shared), Some(link)] = got else {
+            unreachable!("three runs")
         };
-        for (_, _, _, value) in [&with, &without] {
+        for (_, _, _, value) in [&without, &shared, &link] {
             match &reference {
                 Some(r) => check("copies", value, r),
                 None => reference = Some(value.clone()),
@@ -1155,24 +1183,31 @@ fn copies(s: Sizes) -> Vec<String> {
                 .map(|&(_, d)| d)
                 .collect(),
         );
-        for &(p, d) in &with.1 {
-            if p > 0 && p % every == 0 {
-                pauses.push(d.saturating_sub(normal));
-            }
-        }
-        normals.push(normal);
-        let ratio = with.0.as_secs_f64() / without.0.as_secs_f64();
-        println!(
-            "round {}: with copies {:.3} s, without {:.3} s: {ratio:.3}x; median phase without \
-             {:.1} ms; copies {:?}",
+        let mut line = format!(
+            "round {}: without copies {:.3} s (median phase {:.1} ms)",
             round + 1,
-            with.0.as_secs_f64(),
             without.0.as_secs_f64(),
-            ms(normal),
-            with.2,
+            ms(normal)
         );
-        ratios.push(ratio);
-        last = Some(with.2);
+        for (i, with) in [&shared, &link].into_iter().enumerate() {
+            for &(p, d) in &with.1 {
+                if p >= 2 * every && p % every == 0 {
+                    pauses[i].push(d.saturating_sub(normal));
+                }
+            }
+            let ratio = with.0.as_secs_f64() / without.0.as_secs_f64();
+            let steady_ratio = steady(&with.1).as_secs_f64() / steady(&without.1).as_secs_f64();
+            ratios[i].push(ratio);
+            steadies[i].push(steady_ratio);
+            line += &format!(
+                "; {} {:.3} s: {ratio:.3}x, from phase {} {steady_ratio:.3}x",
+                ["shared", "over the links"][i],
+                with.0.as_secs_f64(),
+                2 * every
+            );
+        }
+        println!("{line}; copies {:?}", shared.2);
+        last = Some(shared.2);
     }
     // What a process does at a copy barrier, alone: postcard of its half of the grid.
     let heat = Banded(Heat::new(s.n, phases));
@@ -1181,33 +1216,52 @@ fn copies(s: Sizes) -> Vec<String> {
         .collect();
     let (alone, bytes) = serialize_alone(&half, 5);
     let (mapped, fresh) = copy_alone(bytes, 5);
-    let pause = median(pauses.clone());
+    let [pause_shared, pause_link] = pauses.clone().map(median);
     println!(
-        "pauses after copy barriers: {:?} ms; median {:.1} ms; serializing one process's half \
-         ({:.0} MB) alone {:.1} ms; copying as many bytes into memory already mapped {:.1} ms, \
-         into fresh memory {:.1} ms",
-        pauses.iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
-        ms(pause),
+        "pauses after copy barriers from phase {}: shared {:?} ms, over the links {:?} ms; \
+         serializing one process's half ({:.0} MB) alone {:.1} ms; copying as many bytes into \
+         memory already mapped {:.1} ms, into fresh memory {:.1} ms",
+        2 * every,
+        pauses[0].iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
+        pauses[1].iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
         bytes as f64 / 1e6,
         ms(alone),
         ms(mapped),
         ms(fresh),
     );
     let c = last.unwrap_or_default();
+    let [ratio_shared, ratio_link] = ratios.map(median_f64);
+    let [steady_shared, steady_link] = steadies.map(median_f64);
     vec![
         format!(
-            "buddy copies every {every} phases: run with ÷ without {:.3}x (median of {} rounds; target <= 1.03x)",
-            median_f64(ratios),
+            "buddy copies every {every} phases, shared: run with ÷ without {ratio_shared:.3}x, \
+             from phase {} {steady_shared:.3}x (median of {} rounds; target <= 1.03x); over the \
+             links {ratio_link:.3}x, {steady_link:.3}x",
+            2 * every,
             s.pairs
         ),
         format!(
-            "buddy copy pause: {:.1} ms, {:.2}x serializing a process's partitions alone (target <= 1.1x); copies kept {:.0} MB, at most {:.0} MB in one process",
-            ms(pause),
-            pause.as_secs_f64() / alone.as_secs_f64().max(1e-9),
+            "buddy copy pause from phase {}, shared: {:.1} ms, {:.2}x copying a process's bytes \
+             into memory already mapped (target <= 1.1x), {:.2}x serializing them alone into \
+             fresh memory; over the links {:.1} ms; copies kept {:.0} MB, at most {:.0} MB in \
+             one process",
+            2 * every,
+            ms(pause_shared),
+            pause_shared.as_secs_f64() / mapped.as_secs_f64().max(1e-9),
+            pause_shared.as_secs_f64() / alone.as_secs_f64().max(1e-9),
+            ms(pause_link),
             c.bytes as f64 / 1e6,
             c.max_bytes_per_process as f64 / 1e6,
         ),
     ]
+}
+
+/// How a run of the copies bench takes its buddy copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copying {
+    None,
+    Shared,
+    Link,
 }
 
 // ---------------------------------------------------------------------------------------

@@ -66,16 +66,37 @@ pub(crate) fn encode_sized<T: Serialize + ?Sized>(
         .map_err(|source| Error { what, source })
 }
 
-/// Serializes `value` into a buffer taken from `buffers`, of its exact size (a first pass
-/// measures it): a buddy copy round then writes into memory whose pages are mapped already.
-pub(crate) fn encode_reusing<T: Serialize + ?Sized>(
+/// Serializes `value` into memory kept from earlier encodings, of its exact size (a first
+/// pass measures it), so that a buddy copy round writes into pages mapped already: a segment
+/// of memory other processes of the node can map (`wire/shared.rs`) if `segments` are given
+/// and it is long enough to be worth one (a buddy copy then reaches a buddy on the same node
+/// without its bytes crossing a link), else a buffer taken from `buffers`.
+pub(crate) fn encode_shared<T: Serialize + ?Sized>(
     what: &'static str,
     value: &T,
+    segments: Option<&crate::wire::shared::Segments>,
     buffers: &crate::wire::buffers::Buffers,
-) -> Result<Vec<u8>, Error> {
+) -> Result<bytes::Bytes, Error> {
     let len =
         postcard::experimental::serialized_size(value).map_err(|source| Error { what, source })?;
-    postcard::to_extend(value, buffers.take(len)).map_err(|source| Error { what, source })
+    if let Some(segments) = segments.filter(|_| len >= crate::wire::shared::AT_LEAST) {
+        let written = segments.encode(len, |buf| {
+            let n = postcard::to_slice(value, buf)?.len();
+            // The size measured is the size written: a serializer that disagrees with
+            // itself is refused, not cut short.
+            if n == len {
+                Ok(())
+            } else {
+                Err(postcard::Error::SerializeBufferFull)
+            }
+        });
+        if let Some(written) = written {
+            return written.map_err(|source| Error { what, source });
+        }
+    }
+    postcard::to_extend(value, buffers.take(len))
+        .map(bytes::Bytes::from)
+        .map_err(|source| Error { what, source })
 }
 
 /// Deserializes a value of type `T` from `bytes`.

@@ -140,8 +140,8 @@ pub mod cluster {
         TOKEN_ENV, Token, frame, handshake, peer,
     };
     pub use crate::worker::{
-        DIRECT_HALOS_ENV, GRACE_ENV, NODE_ENV, PeerTraffic, Registry, Served, WAIT_FOR_JOB_ENV,
-        WorkerOptions, serve,
+        DIRECT_HALOS_ENV, GRACE_ENV, NODE_ENV, PeerTraffic, Registry, SHARED_COPIES_ENV, Served,
+        WAIT_FOR_JOB_ENV, WorkerOptions, serve,
     };
 }
 

@@ -85,8 +85,11 @@ pub const MAGIC: [u8; 8] = *b"MALLEABL";
 /// them back to it. Version 26: a partition that leaves a process takes the records of the
 /// halo log it exported there along (`LogOf`), into the coordinator's log. Version 27:
 /// `Replayed` names the phase of the copy the buddy replayed from, which may be newer than
-/// the `Recover`'s.
-pub const PROTOCOL_VERSION: u32 = 27;
+/// the `Recover`'s. Version 28: a buddy copy between processes of one node goes through
+/// memory both map ([`ToPeer::SharedCopy`](super::peer::ToPeer::SharedCopy), answered by
+/// `Unshared` if the buddy does not map it and followed by `Released` when it lets go of it;
+/// `wire/shared.rs`).
+pub const PROTOCOL_VERSION: u32 = 28;
 /// Slots per thread of a worker process. Each slot is a worker in the coordinator's ledger and
 /// holds at most one chunk, so a thread holds the chunk it runs and the next ones: when a
 /// chunk ends, the next is already there, and the round trip of its `Done` and the following

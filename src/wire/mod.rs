@@ -12,6 +12,7 @@
 //!   through the `Attach` trait (the job's side of membership is `executor/remote.rs`).
 //! - `launch.rs`: launchers that start worker processes for `JobHandle::scale_remote`.
 //! - `buffers.rs`: large buffers kept for reuse (buddy copies, encoded and read).
+//! - `shared.rs`: buddy copies through memory shared by two processes of one node.
 //! - `error.rs`: the one error type of both sides of a connection.
 //!
 //! Inside the crate this module is `wire`; the public [`cluster`](crate::cluster) module
@@ -26,6 +27,7 @@ pub mod handshake;
 mod launch;
 pub(crate) mod listener;
 pub mod peer;
+pub(crate) mod shared;
 pub(crate) mod transport;
 
 pub use error::{AuthFailure, Error};

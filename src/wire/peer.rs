@@ -197,6 +197,41 @@ pub enum ToPeer {
         #[serde(deserialize_with = "in_frame")]
         bytes: Bytes,
     },
+    /// A buddy copy in memory the sender shares (protocol 28): as [`ToPeer::Copy`], but the
+    /// bytes are in a memory file of the sender's, which the receiver maps instead of
+    /// reading them from the link (two processes of one node). Answered as a `Copy` is, or
+    /// by [`FromPeer::Unshared`] if the receiver does not map it; a copy it mapped is
+    /// followed by [`FromPeer::Released`] once it lets go of it.
+    SharedCopy {
+        /// The sender's number for it, which the answer quotes.
+        seq: u64,
+        /// The job's generation the copy is of.
+        generation: u64,
+        /// The phase the partition ended.
+        phase: u64,
+        /// The partition (chunk).
+        chunk: u64,
+        /// Where its bytes are.
+        at: SharedAt,
+    },
+}
+
+/// Where a shared buddy copy's bytes are ([`ToPeer::SharedCopy`]): in the memory file that
+/// process `pid`'s descriptor `fd` names, bytes `offset..offset + len`, under a header that
+/// repeats the nonce (so that a process of another node with the same numbers is not
+/// mistaken for the sender).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedAt {
+    /// The sender's process id.
+    pub pid: u32,
+    /// The memory file's descriptor number in that process.
+    pub fd: u32,
+    /// Where the copy starts in the file.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+    /// The lend's nonce, in the file's header too.
+    pub nonce: [u8; 16],
 }
 
 /// A message from a listener to a dialer, after the handshake.
@@ -220,6 +255,18 @@ pub enum FromPeer {
         /// The piece.
         #[serde(deserialize_with = "in_frame")]
         bytes: Bytes,
+    },
+    /// The answer to [`ToPeer::SharedCopy`] number `seq` that the listener did not map
+    /// (protocol 28): the dialer sends the copy's bytes instead, and every later copy too.
+    Unshared {
+        /// The copy's number.
+        seq: u64,
+    },
+    /// The listener no longer maps the shared copy of this nonce (protocol 28): its memory
+    /// may serve the dialer again.
+    Released {
+        /// The nonce of the [`SharedAt`] it was lent with.
+        nonce: [u8; 16],
     },
 }
 
@@ -285,7 +332,7 @@ pub(crate) fn weight(msg: &ToPeer) -> usize {
         ToPeer::Halo { bytes, .. } | ToPeer::Piece { bytes, .. } | ToPeer::Copy { bytes, .. } => {
             bytes.len()
         }
-        ToPeer::Heartbeat => 0,
+        ToPeer::Heartbeat | ToPeer::SharedCopy { .. } => 0,
     }
 }
 

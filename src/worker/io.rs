@@ -28,6 +28,7 @@ use crate::run::{Inputs, MAIL, SuspendToken};
 use crate::wire::Error;
 use crate::wire::buffers::Buffers;
 use crate::wire::frame::{self, Failure, Message, ToCoordinator, ToWorker};
+use crate::wire::shared::Segments;
 
 pub(super) struct Io {
     pub(super) peer: String,
@@ -60,6 +61,13 @@ pub(super) struct Io {
     /// Large buffers kept for reuse
     /// ([`WorkerOptions::buffer_memory`](super::WorkerOptions::buffer_memory)).
     pub(super) buffers: Arc<Buffers>,
+    /// Memory other processes of the node can map: buddy copies are encoded there and lent
+    /// to buddies that map them; `None` if this process shares none
+    /// ([`WorkerOptions::shared_copies`](super::WorkerOptions::shared_copies)).
+    pub(super) segments: Option<Arc<Segments>>,
+    /// Whether this process maps the copies its peers share with it (else it answers
+    /// `Unshared`, and they send the bytes).
+    pub(super) map_shared: bool,
 }
 
 /// The pump's side of the peer data plane: the links, once the coordinator said who this
@@ -121,8 +129,10 @@ struct Pump<J: Job> {
     background: UnboundedSender<Background<J::Chunk>>,
     /// The job's input, shared with the threads (for `Partition::output`).
     inputs: Arc<Inputs<J>>,
-    /// Large buffers kept for reuse: a buddy copy is encoded into one.
+    /// Large buffers kept for reuse: a buddy copy is encoded into one, or into one of
+    /// `segments` (memory a buddy on this node can map) if sharing is on.
     buffers: Arc<Buffers>,
+    segments: Option<Arc<Segments>>,
 }
 
 impl<J: Job> Pump<J> {
@@ -139,7 +149,14 @@ impl<J: Job> Pump<J> {
             *lock_buffers(&self.placing.buffers) = None;
         }
         let state = (&mut self.job, &mut self.gathered);
-        run_code(peer, code, state, &self.inputs, held, &self.buffers)
+        run_code(
+            peer,
+            code,
+            state,
+            &self.inputs,
+            held,
+            (&self.buffers, self.segments.as_deref()),
+        )
     }
 
     /// Checks an offered store in the background ([`Out::Check`]).
@@ -219,14 +236,14 @@ pub(super) fn hold_replayed<C>(
 
 /// Runs the job's code for the machine ([`Out::Code`]): `job` is the pump's job value and
 /// its phase, `held` the partitions held here; a partition's copy is encoded into one of
-/// `buffers`.
+/// `segments` (memory a buddy on this node can map), else into one of `buffers`.
 pub(super) fn run_code<J: Job>(
     peer: &str,
     code: Code,
     (job, gathered): (&mut PhaseValue<J>, &mut GatheredHere),
     inputs: &Inputs<J>,
     held: &HeldParts<J::Chunk>,
-    buffers: &Buffers,
+    (buffers, segments): (&Buffers, Option<&Segments>),
 ) -> Result<Option<ToCoordinator>, Error> {
     // Bytes of the job's own types that do not decode although the versions matched.
     let undecodable = |what: &'static str, e: codec::Error| Error::Undecodable {
@@ -336,13 +353,13 @@ pub(super) fn run_code<J: Job>(
             let encoded = if surrender {
                 parts
                     .remove(&chunk)
-                    .map(|p| codec::encode("a chunk state", &p))
+                    .map(|p| codec::encode("a chunk state", &p).map(bytes::Bytes::from))
             } else {
                 // A copy (or a capture) of a partition that stays here: encoded into memory
                 // kept from an earlier copy, not into fresh pages.
                 parts
                     .get(&chunk)
-                    .map(|p| codec::encode_reusing("a chunk state", p, buffers))
+                    .map(|p| codec::encode_shared("a chunk state", p, segments, buffers))
             };
             Ok(Some(match encoded {
                 None => {
@@ -357,14 +374,8 @@ pub(super) fn run_code<J: Job>(
                     chunk,
                     failure: super::thread::failure_of(e.into()),
                 },
-                Some(Ok(b)) if surrender => ToCoordinator::Surrendered {
-                    chunk,
-                    state: b.into(),
-                },
-                Some(Ok(b)) => ToCoordinator::CapturedHeld {
-                    chunk,
-                    state: b.into(),
-                },
+                Some(Ok(b)) if surrender => ToCoordinator::Surrendered { chunk, state: b },
+                Some(Ok(b)) => ToCoordinator::CapturedHeld { chunk, state: b },
             }))
         }
         Code::Output { chunk, phase } => {
@@ -536,6 +547,7 @@ impl Io {
             background: bg_tx,
             inputs: Arc::clone(inputs),
             buffers: Arc::clone(&self.buffers),
+            segments: self.segments.clone(),
         };
         let ended: Result<bool, Error> = async {
             loop {
@@ -621,6 +633,7 @@ impl Io {
         let mut counts = machine.peer_counts();
         if let Some(peers) = plane.peers.take() {
             counts.refused_handshakes = peers.refusals().len() as u64;
+            counts.shared = peers.shared_counts();
             peers.close();
         }
         self.peer_counts.set(counts);
@@ -727,6 +740,8 @@ impl Io {
                                 lease: self.lease,
                                 handshake_timeout,
                                 buffers: Arc::clone(&self.buffers),
+                                segments: self.segments.clone(),
+                                map_shared: self.map_shared,
                             };
                             match Peers::bind(ip, config, plane.events.clone()).await {
                                 Ok((peers, addr)) => {
@@ -1077,6 +1092,8 @@ mod tests {
             copies_held: std::cell::Cell::new((0, 0)),
             log_bytes: std::cell::Cell::new(0),
             buffers: Arc::new(Buffers::new(1 << 30)),
+            segments: None,
+            map_shared: false,
         }
     }
 
@@ -1183,7 +1200,7 @@ mod tests {
             state,
             &Inputs::default(),
             &held,
-            &buffers,
+            (&buffers, None),
         );
         assert!(matches!(got, Ok(None)), "{got:?}");
         let (a, b) = (gathered.share(2).unwrap(), gathered.share(2).unwrap());
@@ -1202,7 +1219,7 @@ mod tests {
             state,
             &Inputs::default(),
             &held,
-            &buffers,
+            (&buffers, None),
         );
         assert!(
             matches!(&got, Err(Error::Undecodable { what, .. }) if what.contains("halo")),
@@ -1228,7 +1245,7 @@ mod tests {
             (&mut job, &mut gathered),
             &Inputs::default(),
             &held,
-            &buffers,
+            (&buffers, None),
         );
         assert!(
             matches!(&got, Err(Error::Rejected { reason, .. }) if reason.contains("neighbours only")),

@@ -548,6 +548,8 @@ pub(super) struct PeerCounts {
     /// Buddy copies peers pushed here, and how many were kept.
     pub(super) copies_received: u64,
     pub(super) copies_accepted: u64,
+    /// What the links did with copies shared through memory (filled by the pump).
+    pub(super) shared: super::peers::SharedCounts,
 }
 
 impl Machine {
@@ -777,7 +779,8 @@ impl Machine {
                 chunk,
                 bytes,
             } => return self.copy_received(from, seq, generation, phase, chunk, bytes),
-            ToPeer::Heartbeat | ToPeer::Piece { .. } => return,
+            // A shared copy is mapped, or answered, by its link (`worker/peers.rs`).
+            ToPeer::Heartbeat | ToPeer::Piece { .. } | ToPeer::SharedCopy { .. } => return,
         };
         self.peer_counts.received += 1;
         if self.chunks.is_some_and(|n| sender >= n || to >= n) {

@@ -120,6 +120,9 @@ pub const NODE_ENV: &str = "MALLEABLE_NODE";
 /// The environment variable [`WorkerOptions::from_env`] reads
 /// [`WorkerOptions::direct_halos`] from: `1` (the default) or `0`.
 pub const DIRECT_HALOS_ENV: &str = "MALLEABLE_DIRECT_HALOS";
+/// Whether a worker process's buddy copies go through memory its peers of the node map
+/// (`1`, the default) or over their links (`0`): [`WorkerOptions::shared_copies`].
+pub const SHARED_COPIES_ENV: &str = "MALLEABLE_SHARED_COPIES";
 
 /// The job types a worker process can run.
 #[derive(Clone, Default)]
@@ -196,6 +199,7 @@ pub struct WorkerOptions {
     direct_halos: bool,
     copy_memory: u64,
     buffer_memory: usize,
+    shared_copies: bool,
 }
 
 impl Default for WorkerOptions {
@@ -214,6 +218,7 @@ impl Default for WorkerOptions {
             direct_halos: true,
             copy_memory: u64::MAX,
             buffer_memory: DEFAULT_BUFFER_MEMORY,
+            shared_copies: true,
         }
     }
 }
@@ -246,17 +251,10 @@ impl WorkerOptions {
             options.node = node.to_string_lossy().into_owned();
         }
         if let Some(v) = std::env::var_os(DIRECT_HALOS_ENV) {
-            options.direct_halos = match v.to_string_lossy().as_ref() {
-                "1" | "true" | "on" => true,
-                "0" | "false" | "off" => false,
-                other => {
-                    return Err(Error::Environment {
-                        var: DIRECT_HALOS_ENV,
-                        value: other.to_owned(),
-                        expected: "1 or 0 (on or off)",
-                    });
-                }
-            };
+            options.direct_halos = on_off(DIRECT_HALOS_ENV, &v.to_string_lossy())?;
+        }
+        if let Some(v) = std::env::var_os(SHARED_COPIES_ENV) {
+            options.shared_copies = on_off(SHARED_COPIES_ENV, &v.to_string_lossy())?;
         }
         Ok(options)
     }
@@ -377,6 +375,35 @@ impl WorkerOptions {
         self.buffer_memory = bytes;
         self
     }
+
+    /// Whether buddy copies between this process and its peers of the same node go through
+    /// memory both map (default on, on Linux): the process encodes a copy into a memory
+    /// file and its buddy maps it, so that the copy's bytes do not cross the link; a buddy
+    /// on another node, or one that cannot map it, gets the bytes over the link instead
+    /// (counted on both sides, [`PeerTraffic::copies_not_shared`]). Off, this process
+    /// neither shares its copies nor maps its peers'. Also read from [`SHARED_COPIES_ENV`]
+    /// (`1` or `0`) by [`from_env`](Self::from_env).
+    ///
+    /// On the copies bench (2 processes of one node, 64 MB each copied every 20 phases), the
+    /// copies cost the run 1.26-1.35x through the link and the encoding alone 1.01-1.05x:
+    /// the transmission was nearly all of it (`BENCHMARKS.md`).
+    pub fn shared_copies(mut self, on: bool) -> Self {
+        self.shared_copies = on;
+        self
+    }
+}
+
+/// An on/off environment variable's value.
+fn on_off(var: &'static str, value: &str) -> Result<bool, Error> {
+    match value {
+        "1" | "true" | "on" => Ok(true),
+        "0" | "false" | "off" => Ok(false),
+        other => Err(Error::Environment {
+            var,
+            value: other.to_owned(),
+            expected: "1 or 0 (on or off)",
+        }),
+    }
 }
 
 /// The default of [`WorkerOptions::buffer_memory`].
@@ -464,6 +491,21 @@ pub struct PeerTraffic {
     pub buffers_made: u64,
     /// The bytes kept for reuse when the process ended.
     pub buffer_bytes_kept: u64,
+    /// Buddy copies of the partitions held here lent to a buddy of this node through
+    /// memory it maps ([`WorkerOptions::shared_copies`]), their bytes not sent.
+    pub copies_shared: u64,
+    /// Of those, the ones the buddy did not map (another node, sharing off there): sent
+    /// over the link after all, as every later copy to that buddy.
+    pub copies_not_shared: u64,
+    /// Buddy copies peers of this node shared here, mapped.
+    pub copies_mapped: u64,
+    /// Shared copies this process did not map (answered so: their bytes came instead).
+    pub copies_not_mapped: u64,
+    /// Shared copies whose buddy let go of them, so that their memory served again.
+    pub copies_released: u64,
+    /// The bytes of the memory files kept for copies when the process ended (those its
+    /// buddies still map included).
+    pub shared_bytes_kept: u64,
 }
 
 /// A number of seconds in an environment variable.
@@ -689,6 +731,12 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         copies_held: std::cell::Cell::new((0, 0)),
         log_bytes: std::cell::Cell::new(0),
         buffers: std::sync::Arc::new(crate::wire::buffers::Buffers::new(options.buffer_memory)),
+        segments: options
+            .shared_copies
+            .then(|| crate::wire::shared::Segments::new(options.buffer_memory))
+            .flatten()
+            .map(std::sync::Arc::new),
+        map_shared: options.shared_copies,
     };
     let ended = rt.block_on(io.run(framed, &mut threads, &held, &inputs, out_rx));
     // Whatever happened, the threads stop: their queues close and their flags are raised.
@@ -737,6 +785,12 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
                 buffers_reused: reuse.reused,
                 buffers_made: reuse.made,
                 buffer_bytes_kept: reuse.kept as u64,
+                copies_shared: c.shared.lent,
+                copies_not_shared: c.shared.not_shared,
+                copies_mapped: c.shared.mapped,
+                copies_not_mapped: c.shared.not_mapped,
+                copies_released: c.shared.released,
+                shared_bytes_kept: io.segments.as_ref().map_or(0, |s| s.sharing().bytes),
             }
         },
     })

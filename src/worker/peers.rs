@@ -59,7 +59,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::{
+    UnboundedReceiver, UnboundedSender, WeakUnboundedSender, unbounded_channel,
+};
 use tokio_util::codec::Framed;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -67,7 +69,8 @@ use crate::wire::Error;
 use crate::wire::buffers::Buffers;
 use crate::wire::frame::{self, Message};
 use crate::wire::handshake::Token;
-use crate::wire::peer::{self, FromPeer, Session, ToPeer};
+use crate::wire::peer::{self, FromPeer, Session, SharedAt, ToPeer};
+use crate::wire::shared::{self, NotShared, Segments};
 use crate::wire::transport::{self, Acceptor, Stream};
 
 /// How many refused handshakes [`Peers::refusals`] remembers.
@@ -100,6 +103,53 @@ pub(super) struct PeerConfig {
     /// The process's buffers kept for reuse: a long frame is read into one (after the
     /// handshake), and a buddy copy's bytes go back there once written.
     pub(super) buffers: Arc<Buffers>,
+    /// The memory this process shares with buddies of its node (`wire/shared.rs`): a buddy
+    /// copy encoded there is lent (`ToPeer::SharedCopy`) instead of sent, until a buddy
+    /// answers that it does not map it. `None`: copies cross the links as bytes.
+    pub(super) segments: Option<Arc<Segments>>,
+    /// Whether this process maps the copies its dialers share with it (else it answers
+    /// `Unshared`).
+    pub(super) map_shared: bool,
+}
+
+/// What the links did with buddy copies shared through memory (`wire/shared.rs`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SharedCounts {
+    /// Copies lent to a buddy instead of sent, and those it did not map (sent after all).
+    pub(super) lent: u64,
+    pub(super) not_shared: u64,
+    /// Lends the buddy let go of.
+    pub(super) released: u64,
+    /// Copies dialers shared here, mapped, and those not mapped (answered `Unshared`).
+    pub(super) mapped: u64,
+    pub(super) not_mapped: u64,
+}
+
+/// [`SharedCounts`], counted by the links' tasks.
+#[derive(Debug, Default)]
+struct SharedCounters {
+    lent: AtomicU64,
+    not_shared: AtomicU64,
+    released: AtomicU64,
+    mapped: AtomicU64,
+    not_mapped: AtomicU64,
+}
+
+impl SharedCounters {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> SharedCounts {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SharedCounts {
+            lent: n(&self.lent),
+            not_shared: n(&self.not_shared),
+            released: n(&self.released),
+            mapped: n(&self.mapped),
+            not_mapped: n(&self.not_mapped),
+        }
+    }
 }
 
 /// The number of one link (one connection, either way), unique within a [`Peers`].
@@ -197,6 +247,8 @@ struct Shared {
     next_link: AtomicU64,
     /// Cancelled when the [`Peers`] is closed or dropped: every task ends.
     shutdown: CancellationToken,
+    /// What the links did with shared copies.
+    sharing: SharedCounters,
 }
 
 /// The session and the accepted links, under one lock so that a link accepted in an old
@@ -334,6 +386,7 @@ impl Peers {
             refusals: Mutex::new(VecDeque::new()),
             next_link: AtomicU64::new(0),
             shutdown: CancellationToken::new(),
+            sharing: SharedCounters::default(),
         });
         runtime.spawn(accept_loop(Arc::clone(&shared), acceptor));
         tracing::info!(%addr, me = shared.config.me, "listening for peers");
@@ -369,7 +422,7 @@ impl Peers {
         self.runtime.spawn(dial(
             Arc::clone(&self.shared),
             (to, addr, id),
-            rx,
+            (rx, tx.downgrade()),
             close.clone(),
             session,
         ));
@@ -451,6 +504,11 @@ impl Peers {
         refusals.iter().cloned().collect()
     }
 
+    /// What the links did with buddy copies shared through memory so far.
+    pub(super) fn shared_counts(&self) -> SharedCounts {
+        self.shared.sharing.get()
+    }
+
     /// Ends every link and the listener (the job ended), without events.
     pub(super) fn close(self) {
         tracing::info!(me = self.shared.config.me, "peer links closed");
@@ -511,6 +569,9 @@ async fn accept(shared: Arc<Shared>, stream: Stream, addr: SocketAddr) {
     };
     let id = shared.link();
     let (tx, rx) = unbounded_channel();
+    // For the link's own answers to shared copies (`Unshared`, `Released`): weak, so that
+    // the link still ends when `State::accepted` lets go of it.
+    let answers = tx.downgrade();
     let close = shared.shutdown.child_token();
     {
         let mut state = shared.lock();
@@ -537,8 +598,54 @@ async fn accept(shared: Arc<Shared>, stream: Stream, addr: SocketAddr) {
     shared.up(from, id, Direction::Accepted, addr);
     let name = format!("worker process {from} at {addr}");
     let events = shared.events.clone();
+    let mut warned = false;
     let deliver = |msg: ToPeer| match msg {
         ToPeer::Heartbeat => true,
+        ToPeer::SharedCopy {
+            seq,
+            generation,
+            phase,
+            chunk,
+            at,
+        } => match map_shared(config, &at, &answers) {
+            Ok(bytes) => {
+                SharedCounters::add(&shared.sharing.mapped);
+                let msg = ToPeer::Copy {
+                    seq,
+                    generation,
+                    phase,
+                    chunk,
+                    bytes,
+                };
+                events
+                    .send(PeerEvent::Received {
+                        from,
+                        link: id,
+                        msg,
+                    })
+                    .is_ok()
+            }
+            Err(e) => {
+                SharedCounters::add(&shared.sharing.not_mapped);
+                if std::mem::replace(&mut warned, true) {
+                    tracing::debug!(
+                        peer = from,
+                        error = &e as &dyn std::error::Error,
+                        "a shared copy not mapped"
+                    );
+                } else {
+                    tracing::warn!(
+                        peer = from,
+                        error = &e as &dyn std::error::Error,
+                        "a shared copy is not mapped here: its bytes are asked for instead"
+                    );
+                }
+                if let Some(tx) = answers.upgrade() {
+                    let _ = tx.send(FromPeer::Unshared { seq });
+                }
+                true
+            }
+        },
         msg => events
             .send(PeerEvent::Received {
                 from,
@@ -549,7 +656,7 @@ async fn accept(shared: Arc<Shared>, stream: Stream, addr: SocketAddr) {
     };
     let ended = tokio::select! {
         () = close.cancelled() => Ended::Closed,
-        ended = run(framed, &name, rx, config, || FromPeer::Heartbeat, deliver) => ended,
+        ended = run(framed, &name, rx, config, || FromPeer::Heartbeat, (|m| m, deliver)) => ended,
     };
     // `rx` went with `run`'s future: answers on this link fail from here on.
     {
@@ -561,19 +668,44 @@ async fn accept(shared: Arc<Shared>, stream: Stream, addr: SocketAddr) {
     shared.ended(from, id, Direction::Accepted, ended);
 }
 
+/// Maps a copy a dialer shares (`wire/shared.rs`), if this process maps them: its last
+/// drop says so on the link (`Released`) if the link is still up.
+fn map_shared(
+    config: &PeerConfig,
+    at: &SharedAt,
+    answers: &WeakUnboundedSender<FromPeer>,
+) -> Result<bytes::Bytes, NotShared> {
+    if !config.map_shared {
+        return Err(NotShared::Off);
+    }
+    let answers = answers.clone();
+    let nonce = at.nonce;
+    let released = Box::new(move || {
+        if let Some(tx) = answers.upgrade() {
+            let _ = tx.send(FromPeer::Released { nonce });
+        }
+    });
+    shared::map(at, config.max_message, released)
+}
+
 /// A dialled link: the connection, the dialer's handshake, then the link until it ends or
-/// `close` is cancelled.
+/// `close` is cancelled. `again` is the link's own queue, for a shared copy its buddy did
+/// not map (sent again as bytes).
 async fn dial(
     shared: Arc<Shared>,
     (to, addr, id): (u64, SocketAddr, LinkId),
-    rx: UnboundedReceiver<ToPeer>,
+    (rx, again): (UnboundedReceiver<ToPeer>, WeakUnboundedSender<ToPeer>),
     close: CancellationToken,
     session: Session,
 ) {
     let ended = tokio::select! {
         () = close.cancelled() => Ended::Closed,
-        ended = dial_and_run(&shared, (to, addr, id), rx, session) => ended,
+        ended = dial_and_run(&shared, (to, addr, id), (rx, again), session) => ended,
     };
+    // No release can come for what was lent on this link any more: never written again.
+    if let Some(segments) = &shared.config.segments {
+        segments.forget_link(id.0);
+    }
     // `rx` went with `dial_and_run`'s future: `Peers::send` dials again from here on, before
     // the `Down` is sent.
     shared.ended(to, id, Direction::Dialled, ended);
@@ -583,7 +715,7 @@ async fn dial(
 async fn dial_and_run(
     shared: &Shared,
     (to, addr, id): (u64, SocketAddr, LinkId),
-    rx: UnboundedReceiver<ToPeer>,
+    (rx, again): (UnboundedReceiver<ToPeer>, WeakUnboundedSender<ToPeer>),
     session: Session,
 ) -> Ended {
     let config = &shared.config;
@@ -615,18 +747,106 @@ async fn dial_and_run(
     shared.up(to, id, Direction::Dialled, addr);
     let name = format!("worker process {to} at {addr}");
     let events = shared.events.clone();
+    // Copies lent on this link and not answered yet, by number: the message (sent as bytes
+    // if the buddy does not map it) and the lend's nonce. Lent while the buddy maps them.
+    let lent: Mutex<HashMap<u64, (ToPeer, [u8; 16])>> = Mutex::new(HashMap::new());
+    let lent = &lent;
+    let lock = || lent.lock().unwrap_or_else(|p| p.into_inner());
+    let sharing = std::sync::atomic::AtomicBool::new(config.segments.is_some());
+    let sharing = &sharing;
+    let share = |msg: ToPeer| -> ToPeer {
+        let (
+            Some(segments),
+            ToPeer::Copy {
+                seq,
+                generation,
+                phase,
+                chunk,
+                bytes,
+            },
+        ) = (&config.segments, &msg)
+        else {
+            return msg;
+        };
+        if !sharing.load(Ordering::Relaxed) {
+            return msg;
+        }
+        let Some(at) = segments.lend(bytes, id.0) else {
+            return msg;
+        };
+        SharedCounters::add(&shared.sharing.lent);
+        let lend = ToPeer::SharedCopy {
+            seq: *seq,
+            generation: *generation,
+            phase: *phase,
+            chunk: *chunk,
+            at,
+        };
+        lock().insert(*seq, (msg, at.nonce));
+        lend
+    };
     let deliver = |msg: FromPeer| match msg {
         FromPeer::Heartbeat => true,
-        msg => events
-            .send(PeerEvent::Answered { to, link: id, msg })
-            .is_ok(),
+        FromPeer::Unshared { seq } => {
+            let Some((copy, nonce)) = lock().remove(&seq) else {
+                tracing::debug!(peer = to, seq, "`Unshared` for no copy lent");
+                return true;
+            };
+            if let Some(segments) = &config.segments {
+                segments.unlend(id.0, nonce);
+            }
+            SharedCounters::add(&shared.sharing.not_shared);
+            if sharing.swap(false, Ordering::Relaxed) {
+                tracing::warn!(
+                    peer = to,
+                    "a buddy does not map the copies shared with it (another node?): they \
+                     cross the link as bytes"
+                );
+            }
+            // Into the link's own queue again, as bytes this time. (A link closing drops
+            // it: the push fails with the link, as any other.)
+            if let Some(tx) = again.upgrade() {
+                let _ = tx.send(copy);
+            }
+            true
+        }
+        FromPeer::Released { nonce } => {
+            if config
+                .segments
+                .as_ref()
+                .is_some_and(|s| s.release(id.0, nonce))
+            {
+                SharedCounters::add(&shared.sharing.released);
+            } else {
+                tracing::debug!(peer = to, "`Released` for no copy lent on this link");
+            }
+            true
+        }
+        msg => {
+            if let FromPeer::Ack { seq, .. } = &msg {
+                // The buddy maps it, or refused it: this process's view goes.
+                lock().remove(seq);
+            }
+            events
+                .send(PeerEvent::Answered { to, link: id, msg })
+                .is_ok()
+        }
     };
-    run(framed, &name, rx, config, || ToPeer::Heartbeat, deliver).await
+    run(
+        framed,
+        &name,
+        rx,
+        config,
+        || ToPeer::Heartbeat,
+        (share, deliver),
+    )
+    .await
 }
 
-/// Moves a link's frames until it ends: what `rx` brings goes out (with a heartbeat every
-/// heartbeat period; short messages before the long ones queued, which keep their order),
-/// what comes in goes to `deliver` (false: nobody listens any more, the link is closed).
+/// Moves a link's frames until it ends: what `rx` brings goes out, as `outgoing` turns it
+/// (with a heartbeat every heartbeat period; short messages before the long ones queued,
+/// which keep their order), what comes in goes to `deliver` (false: nobody listens any
+/// more, the link is closed).
 /// Reading and writing go on together, so that a long write never delays the reading of
 /// the other side's heartbeats.
 async fn run<In: Message, Out: Message>(
@@ -635,7 +855,7 @@ async fn run<In: Message, Out: Message>(
     mut rx: UnboundedReceiver<Out>,
     config: &PeerConfig,
     heartbeat: fn() -> Out,
-    mut deliver: impl FnMut(In) -> bool,
+    (mut outgoing, mut deliver): (impl FnMut(Out) -> Out, impl FnMut(In) -> bool),
 ) -> Ended {
     framed.codec_mut().reuse(config.buffers.clone());
     let (mut sink, mut stream) = framed.split();
@@ -691,7 +911,7 @@ async fn run<In: Message, Out: Message>(
                 rx.try_recv().ok()
             };
             // The short messages queued go first, then one long one, with one flush.
-            while let Some(msg) = next {
+            while let Some(msg) = next.map(&mut outgoing) {
                 if msg.long_tail().is_some() {
                     long.push_back(msg);
                 } else if let Err(e) = write_frames(peer, lease, config, &mut sink, msg).await {
@@ -796,6 +1016,8 @@ mod tests {
             lease: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(2),
             buffers: Arc::new(Buffers::new(1 << 30)),
+            segments: None,
+            map_shared: false,
         }
     }
 
@@ -1377,6 +1599,187 @@ mod tests {
             let (_b, b_addr, mut b_events) = peers(PeerConfig { me: 2, ..open }).await;
             a.send(2, b_addr, halo(1, 1));
             received(next(&mut b_events).await, 1, &halo(1, 1));
+        });
+    }
+
+    /// Waits until `done` holds.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < PATIENCE, "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A copy `seq` of `payload` encoded into `segments` (memory a buddy can map).
+    fn shared_copy(segments: &Segments, seq: u64, payload: &[u8]) -> ToPeer {
+        let bytes = segments
+            .encode(payload.len(), |buf| {
+                buf.copy_from_slice(payload);
+                Ok::<_, ()>(())
+            })
+            .unwrap()
+            .unwrap();
+        ToPeer::Copy {
+            seq,
+            generation: 1,
+            phase: 7,
+            chunk: 3,
+            bytes,
+        }
+    }
+
+    /// Both sides of a shared copy (protocol 28): the dialer lends the memory its copy was
+    /// encoded into, the listener's machine gets a `Copy` of the same bytes, mapped; the
+    /// answer goes back as for any copy; the memory is not taken again until the buddy's
+    /// last drop releases it, and then it is.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_shared_copy_is_mapped_by_its_buddy_and_its_memory_comes_back_when_released() {
+        block_on(async {
+            let segments = Arc::new(Segments::new(1 << 30).unwrap());
+            let (mut a, _, mut a_events) = peers(PeerConfig {
+                segments: Some(Arc::clone(&segments)),
+                ..config(1)
+            })
+            .await;
+            let (mut b, b_addr, mut b_events) = peers(PeerConfig {
+                map_shared: true,
+                ..config(2)
+            })
+            .await;
+            let payload: Vec<u8> = (0..300_000).map(|i| (i * 13) as u8).collect();
+            let copy = shared_copy(&segments, 1, &payload);
+            let ToPeer::Copy { bytes, .. } = &copy else {
+                unreachable!()
+            };
+            let at = bytes.as_ptr();
+            a.send(2, b_addr, copy);
+            let (link, got) = match next(&mut b_events).await {
+                PeerEvent::Received {
+                    from: 1,
+                    link,
+                    msg:
+                        ToPeer::Copy {
+                            seq: 1,
+                            chunk: 3,
+                            bytes,
+                            ..
+                        },
+                } => (link, bytes),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(&got[..], &payload[..]);
+            assert_eq!(a.shared_counts().lent, 1);
+            assert_eq!(b.shared_counts().mapped, 1);
+            assert!(b.answer(1, link, FromPeer::Ack { seq: 1, kept: true }));
+            match next(&mut a_events).await {
+                PeerEvent::Answered {
+                    to: 2,
+                    msg: FromPeer::Ack { seq: 1, kept: true },
+                    ..
+                } => {}
+                other => panic!("{other:?}"),
+            }
+            // Answered, but still mapped: another encoding gets other memory.
+            let other = shared_copy(&segments, 2, &payload);
+            let ToPeer::Copy { bytes, .. } = &other else {
+                unreachable!()
+            };
+            assert_ne!(bytes.as_ptr(), at);
+            drop(other);
+            drop(got);
+            until("the release", || a.shared_counts().released == 1).await;
+            assert_eq!(
+                b.shared_counts(),
+                SharedCounts {
+                    mapped: 1,
+                    ..Default::default()
+                }
+            );
+            let again = shared_copy(&segments, 3, &payload);
+            assert_eq!(segments.sharing().made, 2, "{:?}", segments.sharing());
+            drop(again);
+        });
+    }
+
+    /// A buddy that does not map shared copies (sharing off there, another node) answers
+    /// `Unshared`: the dialer sends the copy's bytes instead, and sends every later copy so
+    /// without trying again; both sides count it. The machine above sees a plain copy and
+    /// its answer either way.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_buddy_that_does_not_map_gets_the_bytes_of_that_copy_and_of_every_later_one() {
+        let segments = Arc::new(Segments::new(1 << 30).unwrap());
+        block_on(async {
+            let (mut a, _, mut a_events) = peers(PeerConfig {
+                segments: Some(Arc::clone(&segments)),
+                ..config(1)
+            })
+            .await;
+            let (mut b, b_addr, mut b_events) = peers(config(2)).await;
+            let payload: Vec<u8> = (0..200_000).map(|i| (i * 7) as u8).collect();
+            for seq in [1, 2] {
+                a.send(2, b_addr, shared_copy(&segments, seq, &payload));
+                let link = match next(&mut b_events).await {
+                    PeerEvent::Received {
+                        from: 1,
+                        link,
+                        msg: ToPeer::Copy { seq: s, bytes, .. },
+                    } if s == seq && bytes[..] == payload[..] => link,
+                    other => panic!("{other:?}"),
+                };
+                assert!(b.answer(1, link, FromPeer::Ack { seq, kept: true }));
+                match next(&mut a_events).await {
+                    PeerEvent::Answered {
+                        msg: FromPeer::Ack { seq: s, kept: true },
+                        ..
+                    } if s == seq => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            // One lend, refused; the second copy was not lent at all.
+            let (sa, sb) = (a.shared_counts(), b.shared_counts());
+            assert_eq!((sa.lent, sa.not_shared), (1, 1), "{sa:?}");
+            assert_eq!((sb.mapped, sb.not_mapped), (0, 1), "{sb:?}");
+            // Nothing is lent any more: both segments serve again.
+            let s = segments.sharing();
+            assert_eq!((s.lent, s.released), (1, 0), "{s:?}");
+        });
+    }
+
+    /// A dialer that names memory it did not lend (a descriptor of no process, another
+    /// nonce) gets `Unshared`, and its link goes on: a halo after it still arrives.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_shared_copy_that_does_not_check_is_answered_and_the_link_goes_on() {
+        block_on(async {
+            let (mut a, _, _a_events) = peers(config(1)).await;
+            let (b, b_addr, mut b_events) = peers(PeerConfig {
+                map_shared: true,
+                ..config(2)
+            })
+            .await;
+            let forged = |seq, pid, fd| ToPeer::SharedCopy {
+                seq,
+                generation: 1,
+                phase: 7,
+                chunk: 3,
+                at: SharedAt {
+                    pid,
+                    fd,
+                    offset: 64,
+                    len: 1000,
+                    nonce: [9; 16],
+                },
+            };
+            a.send(2, b_addr, forged(1, u32::MAX, 3));
+            // This process's standard input: not a memory file.
+            a.send(2, b_addr, forged(2, std::process::id(), 0));
+            a.send(2, b_addr, halo(3, 10));
+            received(next(&mut b_events).await, 1, &halo(3, 10));
+            assert_eq!(b.shared_counts().not_mapped, 2);
+            assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
         });
     }
 }

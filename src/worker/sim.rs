@@ -314,7 +314,7 @@ impl<J: Job> SimProcess<J> {
                         (&mut self.job, &mut self.gathered),
                         &self.inputs,
                         &self.held,
-                        &self.buffers,
+                        (&self.buffers, None),
                     );
                     self.machine.answer(answer);
                 }

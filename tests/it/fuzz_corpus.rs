@@ -20,7 +20,9 @@ use bytes::Bytes;
 use malleable::Layout;
 use malleable::cluster::frame::{self, Failure, PROTOCOL_VERSION, ToCoordinator, ToWorker, encode};
 use malleable::cluster::handshake::{Hello, JobType, ProofMsg, Refusal, Reply, WorkerLayout};
-use malleable::cluster::peer::{FromPeer, PeerHello, PeerProof, PeerRefusal, PeerReply, ToPeer};
+use malleable::cluster::peer::{
+    FromPeer, PeerHello, PeerProof, PeerRefusal, PeerReply, SharedAt, ToPeer,
+};
 use malleable::snapshot::{Dimension, FORMAT_VERSION, MAGIC, Manifest, PartRef, encode_manifest};
 
 #[path = "../../fuzz/checks.rs"]
@@ -1011,6 +1013,22 @@ fn peer_seeds(seeds: &mut BTreeMap<(&'static str, String), Vec<u8>>) {
                 bytes: Bytes::from_static(b"\x00\x01\x02"),
             },
         ),
+        (
+            "shared-copy",
+            ToPeer::SharedCopy {
+                seq: 4,
+                generation: 2,
+                phase: 19,
+                chunk: 7,
+                at: SharedAt {
+                    pid: 4242,
+                    fd: 17,
+                    offset: 64,
+                    len: 1 << 20,
+                    nonce: [0xA5; 16],
+                },
+            },
+        ),
     ];
     for (name, msg) in &to_peer {
         p(&format!("valid-to-peer-{name}"), encode(msg).to_vec());
@@ -1032,6 +1050,8 @@ fn peer_seeds(seeds: &mut BTreeMap<(&'static str, String), Vec<u8>>) {
                 bytes: Bytes::from_static(b"\x01"),
             },
         ),
+        ("unshared", FromPeer::Unshared { seq: 4 }),
+        ("released", FromPeer::Released { nonce: [0x5A; 16] }),
     ];
     for (name, msg) in &from_peer {
         p(&format!("valid-from-peer-{name}"), encode(msg).to_vec());

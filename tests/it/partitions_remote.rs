@@ -44,7 +44,9 @@ fn worker_process() {
                 "SERVED parts={} sent={} done={} pushed={} kept_by_peers={} received={} \
                  kept_here={} unreachable={} copies_pushed={} copy_bytes_pushed={} \
                  copies_kept_by_peers={} copies_received={} copies_kept_here={} \
-                 copies_held={} copy_bytes_held={} to_coordinator={} log_bytes={} live={}",
+                 copies_held={} copy_bytes_held={} to_coordinator={} log_bytes={} live={} \
+                 copies_shared={} copies_not_shared={} copies_mapped={} copies_not_mapped={} \
+                 copies_released={}",
                 served.parts_written,
                 served.parts_sent,
                 served.chunks_done,
@@ -63,6 +65,11 @@ fn worker_process() {
                 served.bytes_to_coordinator,
                 p.log_bytes,
                 p.halos_live,
+                p.copies_shared,
+                p.copies_not_shared,
+                p.copies_mapped,
+                p.copies_not_mapped,
+                p.copies_released,
             );
             std::process::exit(0);
         }
@@ -383,7 +390,96 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
 fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
     // Nobody waits on the job (a waiting thread would compute partitions that have no
     // copy): it runs on the processes alone.
-    replayed_after_a_kill(0);
+    replayed_after_a_kill(0, grid(400));
+}
+
+/// The same with bands long enough to be copied through memory both processes map
+/// (protocol 28): the victim's copies are in memory files of the victim, which its buddy
+/// mapped; they outlive the victim's SIGKILL, and the replay from them is exact. Every
+/// copy between the processes was mapped, none sent as bytes.
+#[test]
+fn a_killed_process_s_partitions_are_replayed_from_the_memory_it_shared() {
+    // 20 rows of 512 cells a band: 80 KiB.
+    let served = replayed_after_a_kill(0, Grid::new(240, 512, 400));
+    let sum = |k: &str| served.iter().map(|s| s[k]).sum::<u64>();
+    assert!(sum("copies_mapped") > 0, "{served:?}");
+    assert_eq!(
+        sum("copies_not_mapped") + sum("copies_not_shared"),
+        0,
+        "{served:?}"
+    );
+    // Each survivor kept copies of the victim's partitions or of the other's, all mapped.
+    for s in &served {
+        assert!(
+            s["copies_kept_here"] > 0 && s["copies_mapped"] >= s["copies_kept_here"],
+            "{served:?}"
+        );
+    }
+}
+
+/// Buddy copies between processes of one node go through memory both map (protocol 28):
+/// the owner lends the memory it encoded each copy into, its buddy maps it, and lets go of
+/// it when a newer copy replaces it. Both sides of the fallback too: a process with
+/// sharing off (`MALLEABLE_SHARED_COPIES=0`) lends none of its copies and maps none of
+/// those lent to it, whose owners send their bytes instead. Each side counts what it did,
+/// the counts agree, and the grid is exact.
+#[test]
+fn buddy_copies_between_processes_of_a_node_go_through_memory_both_map() {
+    let exec = Executor::builder()
+        .local_workers(0)
+        .listen("127.0.0.1:0")
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .buddy_copies(2)
+        .build()
+        .unwrap();
+    let addr = exec.local_addr().unwrap().to_string();
+    // 20 rows of 512 cells a band: 80 KiB, worth memory of its own.
+    let job = Grid::new(240, 512, 40);
+    let h = exec.submit(Banded(job.clone())).unwrap();
+    let procs = [
+        start_logged(&addr, "shared-a"),
+        start_logged(&addr, "shared-b"),
+        start_logged_with(&addr, "shared-off", &[(cluster::SHARED_COPIES_ENV, "0")]),
+    ];
+    let got = finished(h.clone());
+    assert_same(&got, &sequential(&job));
+    let c = h.copies();
+    let served: Vec<_> = procs
+        .into_iter()
+        .map(|(child, out)| served(child, &out))
+        .collect();
+    let sum = |k: &str| served.iter().map(|s| s[k]).sum::<u64>();
+    let off = &served[2];
+    assert!(c.kept >= 12, "{c:?}");
+    assert_eq!(sum("copies_kept_by_peers"), c.kept, "{c:?} {served:?}");
+    assert_eq!(sum("copies_pushed"), sum("copies_received"), "{served:?}");
+    // The two that share lent copies, and their buddies mapped them, but for those lent to
+    // the process with sharing off, which answered each one and got its bytes.
+    assert!(sum("copies_shared") > 0, "{served:?}");
+    assert_eq!(off["copies_shared"] + off["copies_mapped"], 0, "{served:?}");
+    assert_eq!(
+        sum("copies_mapped") + sum("copies_not_shared"),
+        sum("copies_shared"),
+        "{served:?}"
+    );
+    assert_eq!(
+        sum("copies_not_shared"),
+        off["copies_not_mapped"],
+        "{served:?}"
+    );
+    // The one the process with sharing off dials was lent nothing.
+    assert!(
+        served[..2].iter().any(|s| s["copies_not_shared"] > 0),
+        "{served:?}"
+    );
+    assert!(
+        served[..2]
+            .iter()
+            .any(|s| s["copies_mapped"] > 0 && s["copies_not_mapped"] == 0),
+        "{served:?}"
+    );
+    // Newer copies replaced older ones: their memory went back to its owner.
+    assert!(sum("copies_released") > 0, "{served:?}");
 }
 
 /// The same beside a local thread of the coordinator, which runs partitions too (they need
@@ -392,13 +488,13 @@ fn a_killed_process_s_partitions_are_replayed_from_their_copies() {
 /// the grid is exact.
 #[test]
 fn a_process_lost_beside_local_threads_is_replayed_with_the_coordinator_s_log() {
-    replayed_after_a_kill(1);
+    replayed_after_a_kill(1, grid(400));
 }
 
 /// Three processes (and `local` threads of the coordinator), copies every 3 phases; one
 /// process is killed after phase 20: its partitions are replayed from their copies, with
-/// no rollback, and the grid is exact.
-fn replayed_after_a_kill(local: usize) {
+/// no rollback, and the grid is exact. What the two others said they did.
+fn replayed_after_a_kill(local: usize, job: Grid) -> Vec<std::collections::HashMap<String, u64>> {
     common::log::log_if_asked("MALLEABLE_TEST_LOG", "coordinator");
     let exec = Executor::builder()
         .local_workers(local)
@@ -409,13 +505,16 @@ fn replayed_after_a_kill(local: usize) {
         .unwrap();
     let addr = exec.local_addr().unwrap().to_string();
     // Long enough for a stretch of phases without a move on a loaded machine.
-    let job = grid(400);
     let h = exec.submit(Banded(job.clone())).unwrap();
-    let stall = stall_file(&format!("replayed-{local}"));
+    let stall = stall_file(&format!("replayed-{local}-{}", job.w));
     // A failure while the file is there would leave the processes stalled for good.
     let _unstall = Unstall(stall.clone());
     let mut victim = start_stalling(&addr, &stall);
-    let others = [start_stalling(&addr, &stall), start_stalling(&addr, &stall)];
+    let stalling = [(common::grid::STALL_ENV, stall.to_str().unwrap())];
+    let others = [
+        start_logged_with(&addr, &format!("replayed-{local}-{}-a", job.w), &stalling),
+        start_logged_with(&addr, &format!("replayed-{local}-{}-b", job.w), &stalling),
+    ];
     until("three processes", || h.remote_workers() == 3);
     until("phase 20", || phase_of(&h) >= 20);
     if local > 0 {
@@ -465,9 +564,10 @@ fn replayed_after_a_kill(local: usize) {
     assert!(r.phase >= before && r.copy_phase < r.phase, "{r:?}");
     // Copies every 3 phases; the last round's answers may not have come yet.
     assert!(r.phase - r.copy_phase <= 6, "{r:?}");
-    for mut p in others {
-        assert!(p.wait().unwrap().success());
-    }
+    others
+        .into_iter()
+        .map(|(child, out)| served(child, &out))
+        .collect()
 }
 
 /// Waits for a moment at which the loss of any process can be replayed from its copies
