@@ -62,11 +62,13 @@
 //!    off), against the same without copies, in turn. Printed: each run with copies ÷ the
 //!    run without, whole and from the third copy barrier on (the steady state: the first
 //!    two rounds encode into memory mapped for the first time), the median over the rounds
-//!    (target: overhead ≤ 3%); the pause, the phase after each copy barrier of the steady
-//!    state against the median phase of the run without copies, ÷ copying a process's
-//!    bytes into memory already mapped (target ≤ 1.1×) and ÷ postcard serializing one
-//!    process's half of the grid alone into fresh memory; and the copies' bytes per
-//!    process. Values are checked equal.
+//!    (target: overhead ≤ 3%), and what the phases after its barriers took over the run's
+//!    own median (a measure the machine's drift between runs does not blur); the pause,
+//!    the phase after each copy barrier of the steady state against the run's own median
+//!    phase, ÷ copying a process's bytes into memory already mapped (target ≤ 1.1×), ÷ two
+//!    threads doing so at once (both processes copy at a barrier) and ÷ postcard
+//!    serializing one process's half of the grid alone into fresh memory; and the copies'
+//!    bytes per process. Values are checked equal.
 //! 6. **Local recovery**: 4 worker processes (one thread each, no local worker), one
 //!    killed with SIGKILL `PARTITIONS_LOCAL_AFTER` phases (default 10) after a buddy-copy
 //!    barrier (copies every `PARTITIONS_COPY_EVERY`, default 20; no snapshot store): its
@@ -725,6 +727,34 @@ fn copy_alone(bytes: usize, runs: usize) -> (Duration, Duration) {
     (median(mapped), median(fresh))
 }
 
+/// As the copy into memory already mapped of [`copy_alone`], by two threads at once, each
+/// its own `bytes`: what the two processes of the copies bench do at one barrier. The time
+/// until both are done, median of `runs`.
+fn copy_pair(bytes: usize, runs: usize) -> Duration {
+    let mut bufs: Vec<(Vec<u8>, Vec<u8>)> = (0..2)
+        .map(|_| (vec![1u8; bytes], vec![0u8; bytes]))
+        .collect();
+    let took = (0..runs)
+        .map(|_| {
+            let start = std::sync::Barrier::new(3);
+            std::thread::scope(|scope| {
+                for (src, dst) in &mut bufs {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        dst.copy_from_slice(src);
+                        std::hint::black_box(&dst);
+                    });
+                }
+                start.wait();
+                Instant::now()
+            })
+            .elapsed()
+        })
+        .collect();
+    median(took)
+}
+
 fn pause(s: Sizes, snapshotter: &Snapshotter) -> Vec<String> {
     let snapshots = s.snapshots;
     println!("\n== snapshot pause: 2 local workers, {snapshots} snapshots asked for mid-phase");
@@ -1156,6 +1186,11 @@ fn copies(s: Sizes) -> Vec<String> {
     let mut ratios = [Vec::new(), Vec::new()];
     let mut steadies = [Vec::new(), Vec::new()];
     let mut pauses = [Vec::new(), Vec::new()];
+    // Within each run with copies, from the third barrier on: what the phases after a
+    // copy barrier took over the run's own median phase, ÷ the run's time from there. This
+    // does not see a cost spread over every phase (the halo log), but neither does it see
+    // the machine's speed drift between runs, which is larger than the target here.
+    let mut direct = [Vec::new(), Vec::new()];
     let mut last = None;
     let mut reference: Option<Solution> = None;
     for round in 0..s.pairs {
@@ -1173,8 +1208,7 @@ fn copies(s: Sizes) -> Vec<String> {
                 None => reference = Some(value.clone()),
             }
         }
-        // The phase after a copy barrier (the copies are taken before it starts) against the
-        // median phase of the run without copies, past the first few.
+        // The median phase of the run without copies, past the first few.
         let normal = median(
             without
                 .1
@@ -1190,11 +1224,26 @@ fn copies(s: Sizes) -> Vec<String> {
             ms(normal)
         );
         for (i, with) in [&shared, &link].into_iter().enumerate() {
+            // Against the run's own median phase: the machine's speed drifts between runs.
+            let own = median(
+                with.1
+                    .iter()
+                    .filter(|(p, _)| *p >= 3)
+                    .map(|&(_, d)| d)
+                    .collect(),
+            );
             for &(p, d) in &with.1 {
                 if p >= 2 * every && p % every == 0 {
-                    pauses[i].push(d.saturating_sub(normal));
+                    pauses[i].push(d.saturating_sub(own));
                 }
             }
+            let excess: Duration = with
+                .1
+                .iter()
+                .filter(|(p, _)| *p >= 2 * every && p % every == 0)
+                .map(|&(_, d)| d.saturating_sub(own))
+                .sum();
+            direct[i].push(excess.as_secs_f64() / steady(&with.1).as_secs_f64());
             let ratio = with.0.as_secs_f64() / without.0.as_secs_f64();
             let steady_ratio = steady(&with.1).as_secs_f64() / steady(&without.1).as_secs_f64();
             ratios[i].push(ratio);
@@ -1216,38 +1265,46 @@ fn copies(s: Sizes) -> Vec<String> {
         .collect();
     let (alone, bytes) = serialize_alone(&half, 5);
     let (mapped, fresh) = copy_alone(bytes, 5);
+    let pair = copy_pair(bytes, 5);
     let [pause_shared, pause_link] = pauses.clone().map(median);
     println!(
         "pauses after copy barriers from phase {}: shared {:?} ms, over the links {:?} ms; \
          serializing one process's half ({:.0} MB) alone {:.1} ms; copying as many bytes into \
-         memory already mapped {:.1} ms, into fresh memory {:.1} ms",
+         memory already mapped {:.1} ms (two threads at once, each as many: {:.1} ms), into \
+         fresh memory {:.1} ms",
         2 * every,
         pauses[0].iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
         pauses[1].iter().map(|&d| ms(d).round()).collect::<Vec<_>>(),
         bytes as f64 / 1e6,
         ms(alone),
         ms(mapped),
+        ms(pair),
         ms(fresh),
     );
     let c = last.unwrap_or_default();
     let [ratio_shared, ratio_link] = ratios.map(median_f64);
     let [steady_shared, steady_link] = steadies.map(median_f64);
+    let [direct_shared, direct_link] = direct.map(median_f64);
     vec![
         format!(
             "buddy copies every {every} phases, shared: run with ÷ without {ratio_shared:.3}x, \
-             from phase {} {steady_shared:.3}x (median of {} rounds; target <= 1.03x); over the \
-             links {ratio_link:.3}x, {steady_link:.3}x",
+             from phase {} {steady_shared:.3}x (median of {} rounds; target <= 1.03x), the \
+             phases after its barriers over the run's median {:.1}%; over the links \
+             {ratio_link:.3}x, {steady_link:.3}x, {:.1}%",
             2 * every,
-            s.pairs
+            s.pairs,
+            100.0 * direct_shared,
+            100.0 * direct_link,
         ),
         format!(
             "buddy copy pause from phase {}, shared: {:.1} ms, {:.2}x copying a process's bytes \
-             into memory already mapped (target <= 1.1x), {:.2}x serializing them alone into \
-             fresh memory; over the links {:.1} ms; copies kept {:.0} MB, at most {:.0} MB in \
-             one process",
+             into memory already mapped (target <= 1.1x), {:.2}x both processes doing so at \
+             once (as at a barrier), {:.2}x serializing them alone into fresh memory; over the \
+             links {:.1} ms; copies kept {:.0} MB, at most {:.0} MB in one process",
             2 * every,
             ms(pause_shared),
             pause_shared.as_secs_f64() / mapped.as_secs_f64().max(1e-9),
+            pause_shared.as_secs_f64() / pair.as_secs_f64().max(1e-9),
             pause_shared.as_secs_f64() / alone.as_secs_f64().max(1e-9),
             ms(pause_link),
             c.bytes as f64 / 1e6,
