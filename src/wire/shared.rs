@@ -811,14 +811,6 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = std::fs::File::create(dir.join("plain")).unwrap();
         file.set_len(1 << 20).unwrap();
-        let plain = SharedAt {
-            fd: file.as_raw_fd() as u32,
-            ..at
-        };
-        assert!(matches!(
-            try_map(plain),
-            Err(NotShared::NotAMemoryFile { .. })
-        ));
         let fifo = dir.join("fifo");
         let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid path; the result is checked.
@@ -828,14 +820,16 @@ mod tests {
             .write(true)
             .open(&fifo)
             .unwrap();
-        let fifo = SharedAt {
-            fd: fifo.as_raw_fd() as u32,
-            ..at
-        };
-        assert!(matches!(
-            try_map(fifo),
-            Err(NotShared::NotAMemoryFile { .. })
-        ));
+        for fd in [file.as_raw_fd(), fifo.as_raw_fd()] {
+            let other = SharedAt {
+                fd: fd as u32,
+                ..at
+            };
+            assert!(matches!(
+                try_map(other),
+                Err(NotShared::NotAMemoryFile { .. })
+            ));
+        }
 
         // A memory file of the same name, not sealed.
         // SAFETY: a valid name and flags; checked.

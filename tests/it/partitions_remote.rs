@@ -315,13 +315,9 @@ fn halos_between_worker_processes_go_from_one_to_the_other() {
     assert!(live >= pushed, "{a:?} {b:?}");
 }
 
-/// Buddy copies every other phase: each of three processes copies its partitions into
-/// the next one's memory, process to process (the thread that waits for the job runs some
-/// partitions too, which need no copy). Both sides count the same copies, the
-/// coordinator's handle shows one copy per partition at most and what they weigh, none of
-/// the copies' bytes crossed the coordinator, and the grid is exact.
-#[test]
-fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
+/// A coordinator of worker processes only that takes buddy copies every other phase, and
+/// its address.
+fn copying_every_other_phase() -> (Executor, String) {
     let exec = Executor::builder()
         .local_workers(0)
         .listen("127.0.0.1:0")
@@ -330,6 +326,17 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
         .build()
         .unwrap();
     let addr = exec.local_addr().unwrap().to_string();
+    (exec, addr)
+}
+
+/// Buddy copies every other phase: each of three processes copies its partitions into
+/// the next one's memory, process to process (the thread that waits for the job runs some
+/// partitions too, which need no copy). Both sides count the same copies, the
+/// coordinator's handle shows one copy per partition at most and what they weigh, none of
+/// the copies' bytes crossed the coordinator, and the grid is exact.
+#[test]
+fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
+    let (exec, addr) = copying_every_other_phase();
     let job = grid(40);
     let h = exec.submit(Banded(job.clone())).unwrap();
     let procs: Vec<_> = ["copies-a", "copies-b", "copies-c"]
@@ -425,14 +432,7 @@ fn a_killed_process_s_partitions_are_replayed_from_the_memory_it_shared() {
 /// the counts agree, and the grid is exact.
 #[test]
 fn buddy_copies_between_processes_of_a_node_go_through_memory_both_map() {
-    let exec = Executor::builder()
-        .local_workers(0)
-        .listen("127.0.0.1:0")
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
-        .buddy_copies(2)
-        .build()
-        .unwrap();
-    let addr = exec.local_addr().unwrap().to_string();
+    let (exec, addr) = copying_every_other_phase();
     // 20 rows of 512 cells a band: 80 KiB, worth memory of its own.
     let job = Grid::new(240, 512, 40);
     let h = exec.submit(Banded(job.clone())).unwrap();
