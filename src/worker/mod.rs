@@ -370,7 +370,11 @@ impl WorkerOptions {
     /// replaced, the bytes of copies sent), that memory's pages are mapped already, and the
     /// round does not wait for the kernel to map and clear fresh ones (on the copies bench,
     /// a plain copy of 64 MB took 3-7 ms into mapped memory and 24-35 ms into fresh
-    /// memory). A buffer not used again within a minute is let go.
+    /// memory). A buffer not used again within a minute is let go. With
+    /// [`shared_copies`](Self::shared_copies), the same limit bounds the memory files copies
+    /// are encoded into: those free for the next round, and, apart, those lent to buddies
+    /// (past it, the oldest lent ones are forgotten: never written again, their pages gone
+    /// once their buddy lets go of them).
     pub fn buffer_memory(mut self, bytes: usize) -> Self {
         self.buffer_memory = bytes;
         self
