@@ -619,8 +619,17 @@ mod linux {
         let (pid, fd) = (at.pid, at.fd);
         let path = format!("/proc/{pid}/fd/{fd}");
         // What the descriptor is, before opening it: only a memory file of this crate.
-        let link =
-            std::fs::read_link(&path).map_err(|source| NotShared::Gone { pid, fd, source })?;
+        // Not there (another node, or gone) and out of reach (another user's process) are
+        // told apart.
+        let link = std::fs::read_link(&path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => NotShared::Gone { pid, fd, source },
+            _ => NotShared::Io {
+                pid,
+                fd,
+                what: "looked at",
+                source,
+            },
+        })?;
         let link = link.to_string_lossy().into_owned();
         if !link.starts_with("/memfd:malleable-copy") {
             return Err(NotShared::NotAMemoryFile { pid, fd, link });
