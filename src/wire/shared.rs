@@ -229,7 +229,7 @@ pub(crate) fn map(
 mod linux {
     use std::fs::File;
     use std::os::fd::{AsRawFd, FromRawFd};
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     use std::sync::{Arc, Mutex, MutexGuard};
     use std::time::Instant;
 
@@ -648,7 +648,7 @@ mod linux {
             .open(&path)
             .map_err(io("opened"))?;
         let meta = file.metadata().map_err(io("looked at"))?;
-        if !meta.file_type().is_file() || meta.file_type().is_fifo() {
+        if !meta.file_type().is_file() {
             return Err(NotShared::NotAMemoryFile { pid, fd, link });
         }
         // SAFETY: a valid descriptor; the result is checked. Only memory files have seals.
@@ -657,10 +657,12 @@ mod linux {
             return Err(NotShared::NotSealed { pid, fd });
         }
         let size = meta.len();
-        let end = at.offset.checked_add(at.len);
-        let fits =
-            at.offset >= HEADER as u64 && end.is_some_and(|e| e <= size) && at.len <= max as u64;
-        let (Some(end), true) = (end, fits) else {
+        let end = at
+            .offset
+            .checked_add(at.len)
+            .filter(|&e| at.offset >= HEADER as u64 && e <= size && at.len <= max as u64)
+            .and_then(|e| usize::try_from(e).ok());
+        let Some(end) = end else {
             return Err(NotShared::OutOfRange {
                 pid,
                 fd,
@@ -670,14 +672,6 @@ mod linux {
                 max: max as u64,
             });
         };
-        let end = usize::try_from(end).map_err(|_| NotShared::OutOfRange {
-            pid,
-            fd,
-            offset: at.offset,
-            len: at.len,
-            size,
-            max: max as u64,
-        })?;
         // SAFETY: the file is sealed against shrinking and `end` bytes long at least, so
         // every page of the mapping stays backed (no SIGBUS). Its owner writes the range
         // only after this process released it (the module's docs).

@@ -768,6 +768,11 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
         peers: {
             let c = io.peer_counts.get();
             let reuse = io.buffers.reuse();
+            let sharing = io
+                .segments
+                .as_ref()
+                .map(|s| s.sharing())
+                .unwrap_or_default();
             PeerTraffic {
                 halos_pushed: c.pushed,
                 halo_bytes_pushed: c.bytes_pushed,
@@ -789,12 +794,12 @@ fn run_job<J: Job>(rt: &tokio::runtime::Runtime, session: Session) -> Result<Ser
                 buffers_reused: reuse.reused,
                 buffers_made: reuse.made,
                 buffer_bytes_kept: reuse.kept as u64,
-                copies_shared: c.shared.lent,
+                copies_shared: sharing.lent,
                 copies_not_shared: c.shared.not_shared,
                 copies_mapped: c.shared.mapped,
                 copies_not_mapped: c.shared.not_mapped,
-                copies_released: c.shared.released,
-                shared_bytes_kept: io.segments.as_ref().map_or(0, |s| s.sharing().bytes),
+                copies_released: sharing.released,
+                shared_bytes_kept: sharing.bytes,
             }
         },
     })

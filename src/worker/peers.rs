@@ -112,14 +112,12 @@ pub(super) struct PeerConfig {
     pub(super) map_shared: bool,
 }
 
-/// What the links did with buddy copies shared through memory (`wire/shared.rs`).
+/// What the links did with buddy copies shared through memory (`wire/shared.rs`); the
+/// lends and releases are the owner's memory's to count ([`Segments::sharing`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct SharedCounts {
-    /// Copies lent to a buddy instead of sent, and those it did not map (sent after all).
-    pub(super) lent: u64,
+    /// Copies lent to a buddy that it did not map (sent after all).
     pub(super) not_shared: u64,
-    /// Lends the buddy let go of.
-    pub(super) released: u64,
     /// Copies dialers shared here, mapped, and those not mapped (answered `Unshared`).
     pub(super) mapped: u64,
     pub(super) not_mapped: u64,
@@ -128,9 +126,7 @@ pub(super) struct SharedCounts {
 /// [`SharedCounts`], counted by the links' tasks.
 #[derive(Debug, Default)]
 struct SharedCounters {
-    lent: AtomicU64,
     not_shared: AtomicU64,
-    released: AtomicU64,
     mapped: AtomicU64,
     not_mapped: AtomicU64,
 }
@@ -143,9 +139,7 @@ impl SharedCounters {
     fn get(&self) -> SharedCounts {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         SharedCounts {
-            lent: n(&self.lent),
             not_shared: n(&self.not_shared),
-            released: n(&self.released),
             mapped: n(&self.mapped),
             not_mapped: n(&self.not_mapped),
         }
@@ -774,7 +768,6 @@ async fn dial_and_run(
         let Some(at) = segments.lend(bytes, id.0) else {
             return msg;
         };
-        SharedCounters::add(&shared.sharing.lent);
         let lend = ToPeer::SharedCopy {
             seq: *seq,
             generation: *generation,
@@ -811,13 +804,11 @@ async fn dial_and_run(
             true
         }
         FromPeer::Released { nonce } => {
-            if config
+            if !config
                 .segments
                 .as_ref()
                 .is_some_and(|s| s.release(id.0, nonce))
             {
-                SharedCounters::add(&shared.sharing.released);
-            } else {
                 tracing::debug!(peer = to, "`Released` for no copy lent on this link");
             }
             true
@@ -1670,7 +1661,7 @@ mod tests {
                 other => panic!("{other:?}"),
             };
             assert_eq!(&got[..], &payload[..]);
-            assert_eq!(a.shared_counts().lent, 1);
+            assert_eq!(segments.sharing().lent, 1);
             assert_eq!(b.shared_counts().mapped, 1);
             assert!(b.answer(1, link, FromPeer::Ack { seq: 1, kept: true }));
             match next(&mut a_events).await {
@@ -1689,7 +1680,7 @@ mod tests {
             assert_ne!(bytes.as_ptr(), at);
             drop(other);
             drop(got);
-            until("the release", || a.shared_counts().released == 1).await;
+            until("the release", || segments.sharing().released == 1).await;
             assert_eq!(
                 b.shared_counts(),
                 SharedCounts {
@@ -1740,7 +1731,7 @@ mod tests {
             }
             // One lend, refused; the second copy was not lent at all.
             let (sa, sb) = (a.shared_counts(), b.shared_counts());
-            assert_eq!((sa.lent, sa.not_shared), (1, 1), "{sa:?}");
+            assert_eq!(sa.not_shared, 1, "{sa:?}");
             assert_eq!((sb.mapped, sb.not_mapped), (0, 1), "{sb:?}");
             // Nothing is lent any more: both segments serve again.
             let s = segments.sharing();
@@ -1780,6 +1771,46 @@ mod tests {
             received(next(&mut b_events).await, 1, &halo(3, 10));
             assert_eq!(b.shared_counts().not_mapped, 2);
             assert!(matches!(b_events.try_recv(), Err(TryRecvError::Empty)));
+        });
+    }
+
+    /// The failure nobody waits for: the buddy's link ends while it maps a lent copy (its
+    /// `Released` can no longer come). The owner forgets that memory when its link goes
+    /// down, never to write it again, and the buddy's mapping keeps the copy's bytes.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_lend_whose_link_ended_is_forgotten_and_the_buddy_keeps_its_bytes() {
+        block_on(async {
+            let segments = Arc::new(Segments::new(1 << 30).unwrap());
+            let (mut a, _, mut a_events) = peers(PeerConfig {
+                segments: Some(Arc::clone(&segments)),
+                ..config(1)
+            })
+            .await;
+            let (b, b_addr, mut b_events) = peers(PeerConfig {
+                map_shared: true,
+                ..config(2)
+            })
+            .await;
+            let payload: Vec<u8> = (0..150_000).map(|i| (i * 3) as u8).collect();
+            a.send(2, b_addr, shared_copy(&segments, 1, &payload));
+            let got = match next(&mut b_events).await {
+                PeerEvent::Received {
+                    msg: ToPeer::Copy { bytes, .. },
+                    ..
+                } => bytes,
+                other => panic!("{other:?}"),
+            };
+            drop(b);
+            down(next(&mut a_events).await, 2, true);
+            let s = segments.sharing();
+            assert_eq!((s.lent, s.released, s.forgotten), (1, 0, 1), "{s:?}");
+            // New encodings take new memory; the buddy's copy is intact.
+            for k in 0..3 {
+                drop(shared_copy(&segments, 10 + k, &[k as u8; 150_000]));
+            }
+            assert_eq!(&got[..], &payload[..]);
+            drop(got);
         });
     }
 }
