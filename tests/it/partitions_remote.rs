@@ -189,6 +189,16 @@ fn served(mut child: Child, out: &std::path::Path) -> std::collections::HashMap<
         .collect()
 }
 
+/// [`served`] of each process, in order.
+fn served_all(
+    procs: impl IntoIterator<Item = (Child, std::path::PathBuf)>,
+) -> Vec<std::collections::HashMap<String, u64>> {
+    procs
+        .into_iter()
+        .map(|(child, out)| served(child, &out))
+        .collect()
+}
+
 fn until(what: &str, cond: impl FnMut() -> bool) {
     common::until(what, Duration::from_secs(60), cond);
 }
@@ -346,10 +356,7 @@ fn buddy_copies_go_from_process_to_process_and_the_handle_counts_them() {
     let got = finished(h.clone());
     assert_same(&got, &sequential(&job));
     let c = h.copies();
-    let served: Vec<_> = procs
-        .into_iter()
-        .map(|(child, out)| served(child, &out))
-        .collect();
+    let served: Vec<_> = served_all(procs);
     let sum = |k: &str| served.iter().map(|s| s[k]).sum::<u64>();
     assert!(c.rounds >= 10, "{c:?}");
     // A copy is refused when its partition moved into its buddy meanwhile, or away from its
@@ -444,10 +451,7 @@ fn buddy_copies_between_processes_of_a_node_go_through_memory_both_map() {
     let got = finished(h.clone());
     assert_same(&got, &sequential(&job));
     let c = h.copies();
-    let served: Vec<_> = procs
-        .into_iter()
-        .map(|(child, out)| served(child, &out))
-        .collect();
+    let served: Vec<_> = served_all(procs);
     let sum = |k: &str| served.iter().map(|s| s[k]).sum::<u64>();
     let off = &served[2];
     assert!(c.kept >= 12, "{c:?}");
@@ -564,10 +568,7 @@ fn replayed_after_a_kill(local: usize, job: Grid) -> Vec<std::collections::HashM
     assert!(r.phase >= before && r.copy_phase < r.phase, "{r:?}");
     // Copies every 3 phases; the last round's answers may not have come yet.
     assert!(r.phase - r.copy_phase <= 6, "{r:?}");
-    others
-        .into_iter()
-        .map(|(child, out)| served(child, &out))
-        .collect()
+    served_all(others)
 }
 
 /// Waits for a moment at which the loss of any process can be replayed from its copies
