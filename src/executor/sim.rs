@@ -1710,10 +1710,19 @@ mod tests {
     ///   attempts from 0), and restarted it before its own read: five restored partitions
     ///   were placed on the processes with empty states, and a process failed the job
     ///   decoding one (attempts are numbered across the run now).
+    /// - 756221 (found in 420 s of new seeds, one of 141 956): a worker process wrote a
+    ///   running chunk's captured part in the background; the job rolled back, and a new
+    ///   cut asked the same slot to capture the same chunk again; the second write ended
+    ///   first, and the coordinator, which matches the answers of one slot and chunk first
+    ///   in first out, dropped it as the old cut's and took the old run's part (of phase 1)
+    ///   for the new cut of phase 0: the job resumed from it with a wrong value. A running
+    ///   capture's write now holds back the messages about its chunk, as a held one's does.
     #[test]
     fn replayed_exchange_histories_end_exact() {
         let rt = runtime();
-        for seed in [1013043, 1006888, 2356, 980, 1550, 392, 1022, 4105, 22368] {
+        for seed in [
+            1013043, 1006888, 2356, 980, 1550, 392, 1022, 4105, 22368, 756221,
+        ] {
             if let Err(e) = history_of::<mesh::SimMesh>(seed, &rt) {
                 panic!("{e}");
             }
@@ -1751,10 +1760,13 @@ mod tests {
     /// into no log: the replay of a lost partition that took it was refused for a sender
     /// missing ("would begin phase 2 with the pieces of [1, 2], not of [0, 1, 2]") and the
     /// job rolled back. The coordinator logs those pieces now, and each of these histories
-    /// recovers locally (none did before).
+    /// recovers locally (none did before). (926 and 6299 were among them until a running
+    /// chunk's captured part began to hold back the messages about its chunk: their
+    /// histories took another course, in which a partition lost has no copy, or a second
+    /// loss during the replay rolls the job back, and both end exact.)
     #[test]
     fn allgather_pieces_of_partitions_run_here_are_logged() {
-        recovers::<mesh::SimMesh>(&[311, 926, 4418, 6299, 7591, 16186].map(|s| (s, 1, false)));
+        recovers::<mesh::SimMesh>(&[311, 4418, 7591, 16186].map(|s| (s, 1, false)));
     }
 
     /// Histories in which a buddy no longer kept the copies the coordinator had recorded

@@ -91,7 +91,10 @@
 //! `Surrendered`), as when the answer was made at once. A write in the background would let
 //! those overtake it, so while a held partition's part is written, every message about that
 //! chunk waits behind it (`behind`) and goes, in order, once the write ends; other chunks'
-//! messages go at once. The partition's bytes are taken when the capture is asked, so its
+//! messages go at once. The same holds for a running chunk's capture (`Capture`, answered
+//! by `CapturedPart`), whose answers the coordinator matches to its requests first in first
+//! out: a capture asked before a rollback and one asked after it, written in the background
+//! and ending in the other order, gave the new cut the old run's state. The partition's bytes are taken when the capture is asked, so its
 //! next run is not held up.
 //!
 //! # Why no answer is lost or doubled
@@ -1480,8 +1483,8 @@ impl Machine {
     }
 
     /// A part's write ended: its reference goes to the coordinator, or its bytes if it
-    /// failed (and no part is written here from now on); what waited behind a held
-    /// partition's write goes next.
+    /// failed (and no part is written here from now on); what waited behind the write goes
+    /// next.
     pub(super) fn stored(&mut self, put: Put, written: Result<PartRef, crate::snapshot::Error>) {
         if self.ended {
             return;
@@ -1507,9 +1510,7 @@ impl Machine {
             }
         };
         self.send(reply);
-        if slot.is_none() {
-            self.written(chunk);
-        }
+        self.written(chunk);
     }
 
     /// A placement ended: the partition is held here (the pump holds it) and its halos go
@@ -2101,6 +2102,10 @@ impl Machine {
         };
         match msg {
             ToCoordinator::Captured { slot, chunk, state } => {
+                // Messages about the chunk wait behind its write, as behind a held one's: a
+                // second capture's answer written sooner would be matched to this one
+                // (simulation seed 756221).
+                self.behind.insert(chunk, VecDeque::new());
                 self.out.push_back(Out::Put(put(chunk, state, Some(slot))));
             }
             ToCoordinator::CapturedHeld { chunk, state } => {
@@ -2111,8 +2116,8 @@ impl Machine {
         }
     }
 
-    /// The write of `chunk`'s held partition ended: the messages that waited behind it go
-    /// now in order, up to the next held write of that chunk (the rest waits for it).
+    /// The write of `chunk`'s part ended: the messages that waited behind it go now in
+    /// order, up to the next write of that chunk (the rest waits for it).
     fn written(&mut self, chunk: u64) {
         let mut queue = self.behind.remove(&chunk).unwrap_or_default();
         while let Some((msg, folder, phase)) = queue.pop_front() {
@@ -3124,6 +3129,72 @@ mod tests {
         m.reported(done(0, 3, false));
         assert_eq!(sent(polled(&mut m)), vec![done(0, 3, false)]);
         assert_eq!(m.parts(), (2, 0));
+    }
+
+    /// A running chunk's captures are answered in the order they were asked, whatever
+    /// order their writes end in, and its `Done` waits behind them (simulation seed 756221:
+    /// a capture asked before a rollback, written after the one asked after it, was taken
+    /// for the second).
+    #[test]
+    fn a_running_capture_is_answered_before_what_comes_after_it() {
+        let (mut m, t0) = machine(true, 1);
+        with_job(&mut m, t0);
+        with_store(&mut m, t0);
+        m.received(t0, Some(run(1, 5, false)));
+        let capture = |folder| ToWorker::Capture {
+            slot: 1,
+            chunk: 5,
+            folder,
+        };
+        let captured = |state: &'static [u8]| ToCoordinator::Captured {
+            slot: 1,
+            chunk: 5,
+            state: Bytes::from_static(state),
+        };
+        m.received(t0, Some(capture(9)));
+        let _ = polled(&mut m);
+        m.reported(captured(b"old"));
+        let outs = polled(&mut m);
+        let [Out::Put(first)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        let first = first.clone();
+        // A second capture of the same run of slot 1: its write waits for the first's.
+        m.received(t0, Some(capture(9)));
+        let _ = polled(&mut m);
+        m.reported(captured(b"new"));
+        assert!(polled(&mut m).is_empty());
+        m.reported(done(1, 5, false));
+        assert!(polled(&mut m).is_empty());
+        m.stored(first, Ok(part(5, 9)));
+        let outs = polled(&mut m);
+        let [Out::Send(a), Out::Put(second)] = &outs[..] else {
+            panic!("{outs:?}");
+        };
+        assert_eq!(
+            a,
+            &ToCoordinator::CapturedPart {
+                slot: 1,
+                chunk: 5,
+                part: part(5, 9)
+            }
+        );
+        assert_eq!(second.state, &b"new"[..]);
+        let second = second.clone();
+        let mut later = part(5, 9);
+        later.key.push('x');
+        m.stored(second, Ok(later.clone()));
+        assert_eq!(
+            sent(polled(&mut m)),
+            vec![
+                ToCoordinator::CapturedPart {
+                    slot: 1,
+                    chunk: 5,
+                    part: later
+                },
+                done(1, 5, false)
+            ]
+        );
     }
 
     /// Without a store that this process showed it reaches, a held partition's bytes go to
