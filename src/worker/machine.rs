@@ -91,11 +91,13 @@
 //! `Surrendered`), as when the answer was made at once. A write in the background would let
 //! those overtake it, so while a held partition's part is written, every message about that
 //! chunk waits behind it (`behind`) and goes, in order, once the write ends; other chunks'
-//! messages go at once. The same holds for a running chunk's capture (`Capture`, answered
-//! by `CapturedPart`), whose answers the coordinator matches to its requests first in first
-//! out: a capture asked before a rollback and one asked after it, written in the background
-//! and ending in the other order, gave the new cut the old run's state. The partition's bytes are taken when the capture is asked, so its
-//! next run is not held up.
+//! messages go at once. The partition's bytes are taken when the capture is asked, so its
+//! next run is not held up (its `Done` is).
+//!
+//! The same holds for a running chunk's capture (`Capture`, answered by `CapturedPart`),
+//! whose answers the coordinator matches to its requests of that slot and chunk first in
+//! first out: a capture asked before a rollback and one asked after it, written in the
+//! background and ending in the other order, gave the new cut the old run's state.
 //!
 //! # Why no answer is lost or doubled
 //!
@@ -341,7 +343,7 @@ pub(super) struct Config {
     pub(super) buffers: Arc<Buffers>,
 }
 
-/// A message about a chunk waiting behind the write of that chunk's held partition: the
+/// A message about a chunk waiting behind the write of that chunk's part: the
 /// message, the epoch folder of the capture it answers (if it does), and the phase.
 type Behind = (ToCoordinator, Option<u64>, Option<u64>);
 
@@ -412,8 +414,8 @@ pub(super) struct Machine {
     checking: bool,
     /// The epoch folder of each requested capture of a running chunk, by slot and chunk.
     folders: IdMap<(u32, u64), u64>,
-    /// Held partitions whose part is being written, by chunk, with the messages about that
-    /// chunk that wait for the write, oldest first.
+    /// Chunks whose part (a held partition's or a running chunk's capture) is being
+    /// written, with the messages about that chunk that wait for the write, oldest first.
     behind: IdMap<u64, VecDeque<Behind>>,
     /// Placements under way, by chunk.
     placing: IdMap<u64, usize>,
@@ -2063,8 +2065,8 @@ impl Machine {
     }
 
     /// Routes a message for the coordinator: a captured state or held partition that this
-    /// process can store is written in the background; a message about a chunk whose held
-    /// partition is being written waits behind it; anything else goes now. `held_folder` is
+    /// process can store is written in the background; a message about a chunk whose part
+    /// is being written waits behind it; anything else goes now. `held_folder` is
     /// the epoch folder of the `CaptureHeld` that `msg` answers.
     fn route(&mut self, msg: ToCoordinator, held_folder: Option<u64>) {
         let folder = match &msg {
